@@ -1,0 +1,282 @@
+package tier
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// BackingKind says what kind of memory a device of the tier is.
+type BackingKind int
+
+const (
+	BackingShm  BackingKind = iota // a file under /dev/shm
+	BackingFile                    // any file: tmpfs, hugetlbfs, a plain file
+	BackingDax                     // a devdax character device (CXL memory)
+	BackingAnon                    // private anonymous memory, one process only
+)
+
+// ShmDir is where shm: backings live.
+const ShmDir = "/dev/shm"
+
+const daxAlign = 2 << 20 // devdax mappings must be 2 MiB aligned
+
+// Backing names one device of a tier: "shm:NAME", "file:PATH", "dax:PATH" or "anon".
+type Backing struct {
+	Kind BackingKind
+	Path string // file system path; empty for anon
+}
+
+// ParseBacking parses a backing spec.
+func ParseBacking(spec string) (Backing, error) {
+	kind, arg, hasArg := strings.Cut(spec, ":")
+	bad := func(why string) (Backing, error) {
+		return Backing{}, fmt.Errorf("tier: backing %q: %s: %w", spec, why, ErrInvalidConfig)
+	}
+	switch kind {
+	case "anon":
+		if hasArg {
+			return bad("anon takes no argument")
+		}
+		return Backing{Kind: BackingAnon}, nil
+	case "shm":
+		if arg == "" || strings.ContainsAny(arg, "/\x00") || arg == "." || arg == ".." {
+			return bad("shm name must be a plain file name")
+		}
+		return Backing{Kind: BackingShm, Path: filepath.Join(ShmDir, arg)}, nil
+	case "file", "dax":
+		if arg == "" || strings.ContainsRune(arg, 0) {
+			return bad("path is empty")
+		}
+		k := BackingFile
+		if kind == "dax" {
+			k = BackingDax
+		}
+		return Backing{Kind: k, Path: filepath.Clean(arg)}, nil
+	}
+	return bad(`want shm:NAME, file:PATH, dax:PATH or anon`)
+}
+
+func (b Backing) String() string {
+	switch b.Kind {
+	case BackingShm:
+		return "shm:" + filepath.Base(b.Path)
+	case BackingFile:
+		return "file:" + b.Path
+	case BackingDax:
+		return "dax:" + b.Path
+	}
+	return "anon"
+}
+
+// mapping is one mapped device.
+type mapping struct {
+	backing Backing
+	data    []byte // the whole mapped device; its address is stable until unmap
+	unmap   func() error
+}
+
+// createBacking makes a new backing of the given size, 0600, and maps it.
+// Files are allocated up front (fallocate) so a full tmpfs fails here with an
+// error instead of with SIGBUS on first touch.
+func createBacking(b Backing, size int64, overwrite bool) (*mapping, error) {
+	switch b.Kind {
+	case BackingAnon:
+		return mapAnon(size)
+	case BackingDax:
+		m, err := openBacking(b, true)
+		if err != nil {
+			return nil, err
+		}
+		if int64(len(m.data)) < size {
+			_ = m.unmap()
+			return nil, fmt.Errorf("tier: %s has %d bytes, need %d: %w", b, len(m.data), size, ErrTooSmall)
+		}
+		return m, nil
+	}
+	flags := os.O_RDWR | os.O_CREATE | os.O_EXCL
+	if overwrite {
+		flags = os.O_RDWR | os.O_CREATE | os.O_TRUNC
+	}
+	f, err := os.OpenFile(b.Path, flags, 0o600)
+	if err != nil {
+		return nil, classifyOpenErr(b, err)
+	}
+	defer f.Close()
+	if err := checkMode(b, f); err != nil {
+		return nil, err
+	}
+	size = roundToFSBlock(f, size)
+	if err := f.Truncate(size); err != nil {
+		return nil, fmt.Errorf("tier: size %s to %d: %w", b, size, err)
+	}
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, size); err != nil &&
+		!errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOSYS) {
+		_ = os.Remove(b.Path)
+		if errors.Is(err, unix.ENOSPC) {
+			return nil, fmt.Errorf("tier: allocate %d bytes for %s: %w: %w", size, b, ErrTooSmall, err)
+		}
+		return nil, fmt.Errorf("tier: allocate %d bytes for %s: %w", size, b, err)
+	}
+	return mapFile(b, f, size, true)
+}
+
+// openBacking maps an existing backing. A read-only mapping is for inspection.
+func openBacking(b Backing, writable bool) (*mapping, error) {
+	if b.Kind == BackingAnon {
+		return nil, fmt.Errorf("tier: anon backing cannot be reopened: %w", ErrNoBacking)
+	}
+	flags := os.O_RDONLY
+	if writable {
+		flags = os.O_RDWR
+	}
+	f, err := os.OpenFile(b.Path, flags, 0)
+	if err != nil {
+		return nil, classifyOpenErr(b, err)
+	}
+	defer f.Close()
+	if err := checkMode(b, f); err != nil {
+		return nil, err
+	}
+	size, err := backingSize(b, f)
+	if err != nil {
+		return nil, err
+	}
+	if size < headerPage {
+		return nil, fmt.Errorf("tier: %s has %d bytes, less than one header page: %w", b, size, ErrTruncated)
+	}
+	return mapFile(b, f, size, writable)
+}
+
+func classifyOpenErr(b Backing, err error) error {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("tier: open %s: %w: %w", b, ErrNoBacking, err)
+	case errors.Is(err, fs.ErrExist):
+		return fmt.Errorf("tier: create %s: %w: %w", b, ErrExists, err)
+	case errors.Is(err, fs.ErrPermission), errors.Is(err, unix.EROFS):
+		return fmt.Errorf("tier: open %s: %w: %w", b, ErrPermission, err)
+	}
+	return fmt.Errorf("tier: open %s: %w", b, err)
+}
+
+// checkMode refuses group- or world-writable backings: anyone who can write
+// the region can forge every structure in it.
+func checkMode(b Backing, f *os.File) error {
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("tier: stat %s: %w", b, err)
+	}
+	wantChar := b.Kind == BackingDax
+	isChar := st.Mode()&fs.ModeCharDevice != 0
+	switch {
+	case wantChar && !isChar:
+		return fmt.Errorf("tier: %s is not a character device (devdax): %w", b, ErrInvalidConfig)
+	case !wantChar && !st.Mode().IsRegular():
+		return fmt.Errorf("tier: %s is not a regular file: %w", b, ErrInvalidConfig)
+	case st.Mode().Perm()&0o022 != 0:
+		return fmt.Errorf("tier: %s has mode %v, group/world-writable backings are refused: %w",
+			b, st.Mode().Perm(), ErrPermission)
+	}
+	return nil
+}
+
+func backingSize(b Backing, f *os.File) (int64, error) {
+	if b.Kind != BackingDax {
+		st, err := f.Stat()
+		if err != nil {
+			return 0, fmt.Errorf("tier: stat %s: %w", b, err)
+		}
+		return st.Size(), nil
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return 0, fmt.Errorf("tier: stat %s: %w", b, err)
+	}
+	return daxSize(unix.Major(st.Rdev), unix.Minor(st.Rdev))
+}
+
+// daxSize reads a devdax device's size from sysfs; the character device
+// itself reports no size.
+func daxSize(major, minor uint32) (int64, error) {
+	p := fmt.Sprintf("/sys/dev/char/%d:%d/size", major, minor)
+	raw, err := os.ReadFile(p)
+	if err != nil {
+		return 0, fmt.Errorf("tier: dax size from %s: %w", p, err)
+	}
+	return parseSysSize(p, raw)
+}
+
+func parseSysSize(path string, raw []byte) (int64, error) {
+	n, err := strconv.ParseInt(strings.TrimSpace(string(raw)), 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("tier: size in %s is %q: %w", path, raw, ErrInvalidConfig)
+	}
+	return n, nil
+}
+
+// roundToFSBlock rounds a size up to the file system's block size, which on
+// hugetlbfs is the huge page size (truncating to less would fail there).
+func roundToFSBlock(f *os.File, size int64) int64 {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil || st.Type != unix.HUGETLBFS_MAGIC {
+		return size
+	}
+	return alignUp(size, st.Bsize)
+}
+
+func mapFile(b Backing, f *os.File, size int64, writable bool) (*mapping, error) {
+	if size != int64(int(size)) {
+		return nil, fmt.Errorf("tier: %s size %d does not fit the address space: %w", b, size, ErrInvalidConfig)
+	}
+	prot := unix.PROT_READ
+	if writable {
+		prot |= unix.PROT_WRITE
+	}
+	if b.Kind == BackingDax {
+		return mapAligned(b, f, size, prot)
+	}
+	data, err := unix.Mmap(int(f.Fd()), 0, int(size), prot, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("tier: mmap %s (%d bytes): %w", b, size, err)
+	}
+	return &mapping{backing: b, data: data, unmap: func() error { return unix.Munmap(data) }}, nil
+}
+
+func mapAnon(size int64) (*mapping, error) {
+	data, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("tier: mmap anon (%d bytes): %w", size, err)
+	}
+	return &mapping{backing: Backing{Kind: BackingAnon}, data: data, unmap: func() error { return unix.Munmap(data) }}, nil
+}
+
+// prefault touches every page of the mapping from all cores, so first-touch
+// costs are paid once at start and in parallel rather than on the data path.
+func prefault(data []byte) {
+	const page = 4096
+	workers := runtime.NumCPU()
+	span := alignUp(int64(len(data))/int64(workers)+1, page)
+	var wg sync.WaitGroup
+	for start := int64(0); start < int64(len(data)); start += span {
+		end := min(start+span, int64(len(data)))
+		wg.Add(1)
+		go func(part []byte) {
+			defer wg.Done()
+			var sink byte
+			for i := 0; i < len(part); i += page {
+				sink += part[i]
+			}
+			_ = sink
+		}(data[start:end])
+	}
+	wg.Wait()
+}

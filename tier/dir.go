@@ -1,0 +1,207 @@
+package tier
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+)
+
+// The root directory maps names to regions of the tier (an Engram table, a
+// prefix index). Writers hold the system lock; readers take no lock and use
+// the entry's sequence word (odd while a write is in progress) to detect a
+// torn read and retry.
+//
+// Entry layout (128 B): seq u32 · kind u32 · offset u64 · size u64 ·
+// created i64 · name length u32 · pad · name [64]byte at byte 64.
+
+// DirEntry is one named object in the root directory.
+type DirEntry struct {
+	Name    string
+	Kind    uint32 // caller-defined; 0 is reserved for "empty"
+	Offset  Offset
+	Size    int64
+	Created time.Time
+}
+
+type dirEntry struct {
+	DirEntry
+	seq uint32
+}
+
+const tornAfter = 10 * time.Millisecond
+
+func (e dirEntry) empty() bool { return e.Kind == 0 }
+func (e dirEntry) torn() bool  { return e.seq%2 == 1 }
+
+func checkDirName(name string) error {
+	if name == "" || len(name) > dirNameMax || !utf8.ValidString(name) {
+		return fmt.Errorf("tier: directory name %q must be 1..%d bytes of UTF-8: %w", name, dirNameMax, ErrInvalidConfig)
+	}
+	for _, c := range name {
+		if c < 0x20 || c == 0x7f {
+			return fmt.Errorf("tier: directory name %q has a control character: %w", name, ErrInvalidConfig)
+		}
+	}
+	return nil
+}
+
+// decodeDirEntry parses an entry and checks it against the region size.
+func decodeDirEntry(b []byte, regionSize int64) (dirEntry, error) {
+	le := binary.LittleEndian
+	e := dirEntry{seq: le.Uint32(b[0:])}
+	e.Kind = le.Uint32(b[4:])
+	if e.torn() || e.empty() {
+		return e, nil // a torn entry is repaired by the next writer
+	}
+	e.Offset = Offset(le.Uint64(b[8:]))
+	e.Size = int64(le.Uint64(b[16:]))
+	e.Created = time.Unix(0, int64(le.Uint64(b[24:])))
+	n := le.Uint32(b[32:])
+	if n == 0 || n > dirNameMax {
+		return e, fmt.Errorf("tier: name length %d: %w", n, ErrCorrupt)
+	}
+	e.Name = string(b[64 : 64+n])
+	if err := checkDirName(e.Name); err != nil {
+		return e, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	if e.Size < 0 || uint64(e.Offset) > uint64(regionSize) || uint64(e.Size) > uint64(regionSize)-uint64(e.Offset) {
+		return e, fmt.Errorf("tier: %q spans %v+%d outside the %d-byte region: %w", e.Name, e.Offset, e.Size, regionSize, ErrCorrupt)
+	}
+	return e, nil
+}
+
+func encodeDirEntry(b []byte, e DirEntry) {
+	le := binary.LittleEndian
+	clear(b[4:])
+	le.PutUint32(b[4:], e.Kind)
+	le.PutUint64(b[8:], uint64(e.Offset))
+	le.PutUint64(b[16:], uint64(e.Size))
+	le.PutUint64(b[24:], uint64(e.Created.UnixNano()))
+	le.PutUint32(b[32:], uint32(len(e.Name)))
+	copy(b[64:], e.Name)
+}
+
+// readDir reads entry i consistently, retrying while a writer is active.
+// An entry that stays odd for tornAfter belongs to a writer that died
+// mid-update (a live one finishes in microseconds); it reads as torn.
+func (r *Region) readDir(i int) (dirEntry, error) {
+	line := r.dirLine(i)
+	seq := u32At(line, 0)
+	var snap [dirEntryLen]byte
+	var start time.Time
+	for try := 0; ; try++ {
+		r.sync.refresh(line)
+		s1 := atomic.LoadUint32(seq)
+		copy(snap[:], line)
+		if s1%2 == 0 && atomic.LoadUint32(seq) == s1 {
+			binary.LittleEndian.PutUint32(snap[0:], s1)
+			return decodeDirEntry(snap[:], r.l.size())
+		}
+		if try == 0 {
+			start = time.Now()
+		} else if time.Since(start) > tornAfter {
+			return dirEntry{seq: s1}, nil
+		}
+		backoff(try)
+	}
+}
+
+// DirLookup finds a name without taking any lock.
+func (r *Region) DirLookup(name string) (DirEntry, error) {
+	for i := 0; i < r.l.DirEntries; i++ {
+		e, err := r.readDir(i)
+		if err != nil {
+			return DirEntry{}, fmt.Errorf("tier: directory entry %d: %w", i, err)
+		}
+		if !e.empty() && !e.torn() && e.Name == name {
+			return e.DirEntry, nil
+		}
+	}
+	return DirEntry{}, fmt.Errorf("tier: directory %q: %w", name, ErrNotFound)
+}
+
+// DirList returns every live entry.
+func (r *Region) DirList() ([]DirEntry, error) {
+	var out []DirEntry
+	for i := 0; i < r.l.DirEntries; i++ {
+		e, err := r.readDir(i)
+		if err != nil {
+			return nil, fmt.Errorf("tier: directory entry %d: %w", i, err)
+		}
+		if !e.empty() && !e.torn() {
+			out = append(out, e.DirEntry)
+		}
+	}
+	return out, nil
+}
+
+// writeDir rewrites entry i under the seqlock; the caller holds the system lock.
+func (r *Region) writeDir(i int, e DirEntry) {
+	line := r.dirLine(i)
+	seq := u32At(line, 0)
+	s := atomic.LoadUint32(seq) | 1 // odd: write in progress (also repairs a torn entry)
+	atomic.StoreUint32(seq, s)
+	r.sync.publish(line[:LineSize])
+	encodeDirEntry(line, e)
+	r.sync.publish(line)
+	atomic.StoreUint32(seq, s+1)
+	r.sync.publish(line[:LineSize])
+}
+
+// DirPut adds a name. It fails with ErrExists if the name is taken and with
+// ErrDirFull when no entry is free.
+func (c *Client) DirPut(e DirEntry) error {
+	if err := checkDirName(e.Name); err != nil {
+		return err
+	}
+	if e.Kind == 0 {
+		return fmt.Errorf("tier: directory %q: kind 0 is reserved: %w", e.Name, ErrInvalidConfig)
+	}
+	if e.Size < 0 || uint64(e.Offset)+uint64(e.Size) > uint64(c.r.Size()) {
+		return fmt.Errorf("tier: directory %q: %v+%d outside region: %w", e.Name, e.Offset, e.Size, ErrOutOfBounds)
+	}
+	if e.Created.IsZero() {
+		e.Created = time.Now()
+	}
+	return c.withLock(SystemLock, func() error {
+		free := -1
+		for i := 0; i < c.r.l.DirEntries; i++ {
+			cur, err := c.r.readDir(i)
+			if err != nil {
+				return err
+			}
+			switch {
+			case cur.torn() || cur.empty():
+				if free < 0 {
+					free = i
+				}
+			case cur.Name == e.Name:
+				return fmt.Errorf("tier: directory %q: %w", e.Name, ErrExists)
+			}
+		}
+		if free < 0 {
+			return fmt.Errorf("tier: directory %q (%d entries): %w", e.Name, c.r.l.DirEntries, ErrDirFull)
+		}
+		c.r.writeDir(free, e)
+		return nil
+	})
+}
+
+// DirDelete removes a name.
+func (c *Client) DirDelete(name string) error {
+	return c.withLock(SystemLock, func() error {
+		for i := 0; i < c.r.l.DirEntries; i++ {
+			cur, err := c.r.readDir(i)
+			if err != nil {
+				return err
+			}
+			if !cur.empty() && !cur.torn() && cur.Name == name {
+				c.r.writeDir(i, DirEntry{})
+				return nil
+			}
+		}
+		return fmt.Errorf("tier: directory %q: %w", name, ErrNotFound)
+	})
+}

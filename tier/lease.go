@@ -1,0 +1,231 @@
+package tier
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Lease slots are partitioned by node: node n owns slots
+// [n*ClientsPerNode, (n+1)*ClientsPerNode). Processes of one node claim a
+// slot with a CAS, which is safe because they share that host's caches; the
+// reapers of other hosts only write a slot whose owner is dead.
+//
+// Slot layout (one line): state u32 · gen u32 · pid u32 · node u32 ·
+// beat u64 · beat wall ns i64 · attached wall ns i64 · process start u64 ·
+// flags u32 · name [12]byte.
+
+const (
+	leaseFree uint32 = 0
+	leaseLive uint32 = 1
+	leaseDead uint32 = 2 // owner presumed dead; resources being reclaimed
+)
+
+const leaseFlagDaemon = 1 << 0
+
+const leaseNameLen = 12
+
+// LeaseInfo is a decoded lease slot.
+type LeaseInfo struct {
+	Slot     int
+	State    string // free, live, dead
+	Gen      uint32
+	PID      int
+	Node     int
+	Name     string
+	Daemon   bool
+	Beat     uint64
+	LastBeat time.Time
+	Attached time.Time
+	start    uint64
+}
+
+func (r *Region) readLease(slot int) LeaseInfo {
+	line := r.leaseLine(slot)
+	r.sync.refresh(line)
+	st := atomic.LoadUint32(u32At(line, 0))
+	inf := LeaseInfo{
+		Slot:     slot,
+		State:    [...]string{"free", "live", "dead"}[min(st, 2)],
+		Gen:      atomic.LoadUint32(u32At(line, 4)),
+		PID:      int(atomic.LoadUint32(u32At(line, 8))),
+		Node:     int(atomic.LoadUint32(u32At(line, 12))),
+		Beat:     atomic.LoadUint64(u64At(line, 16)),
+		LastBeat: time.Unix(0, int64(atomic.LoadUint64(u64At(line, 24)))),
+		Attached: time.Unix(0, int64(atomic.LoadUint64(u64At(line, 32)))),
+		start:    atomic.LoadUint64(u64At(line, 40)),
+		Daemon:   atomic.LoadUint32(u32At(line, 48))&leaseFlagDaemon != 0,
+	}
+	name := line[52 : 52+leaseNameLen]
+	for i, c := range name {
+		if c == 0 {
+			name = name[:i]
+			break
+		}
+	}
+	inf.Name = string(name)
+	return inf
+}
+
+// Leases returns every non-free lease slot.
+func (r *Region) Leases() []LeaseInfo {
+	var out []LeaseInfo
+	for s := 0; s < r.l.Nodes*r.l.ClientsPerNode; s++ {
+		if inf := r.readLease(s); inf.State != "free" {
+			out = append(out, inf)
+		}
+	}
+	return out
+}
+
+// ClientOptions configure an attached client.
+type ClientOptions struct {
+	Node   int    // this host's node id
+	Name   string // shown in status; up to 12 bytes are kept
+	Daemon bool   // the node's daemon (its liveness stands for the node's)
+	// Heartbeat period; 0 means a quarter of the region's lease timeout.
+	Heartbeat time.Duration
+}
+
+// Client is one attached process (or one daemon): it holds a lease slot,
+// heartbeats it, and is the identity that holds locks and owns chunks.
+type Client struct {
+	r     *Region
+	node  int
+	slot  int
+	gen   uint32
+	token uint64 // lock holder word: gen<<32 | slot+1
+	hint  int64  // next-fit start for chunk searches; used under SystemLock
+
+	lost    atomic.Bool
+	stop    chan struct{}
+	done    sync.WaitGroup
+	closeMu sync.Mutex
+	closed  bool
+}
+
+// Attach takes a lease slot on the given node and starts its heartbeat.
+func (r *Region) Attach(opts ClientOptions) (*Client, error) {
+	if r.readOnly {
+		return nil, fmt.Errorf("tier: attach: %w", ErrReadOnly)
+	}
+	if opts.Node < 0 || opts.Node >= r.l.Nodes {
+		return nil, fmt.Errorf("tier: attach: node %d not in [0,%d): %w", opts.Node, r.l.Nodes, ErrInvalidConfig)
+	}
+	start, _ := procStartTime(os.Getpid())
+	first := opts.Node * r.l.ClientsPerNode
+	for s := first; s < first+r.l.ClientsPerNode; s++ {
+		line := r.leaseLine(s)
+		r.sync.refresh(line)
+		if !atomic.CompareAndSwapUint32(u32At(line, 0), leaseFree, leaseLive) {
+			continue
+		}
+		c := &Client{r: r, node: opts.Node, slot: s, stop: make(chan struct{})}
+		c.gen = atomic.AddUint32(u32At(line, 4), 1)
+		c.token = uint64(c.gen)<<32 | uint64(s+1)
+		now := uint64(time.Now().UnixNano())
+		atomic.StoreUint32(u32At(line, 8), uint32(os.Getpid()))
+		atomic.StoreUint32(u32At(line, 12), uint32(opts.Node))
+		atomic.StoreUint64(u64At(line, 16), 1)
+		atomic.StoreUint64(u64At(line, 24), now)
+		atomic.StoreUint64(u64At(line, 32), now)
+		atomic.StoreUint64(u64At(line, 40), start)
+		var flags uint32
+		if opts.Daemon {
+			flags |= leaseFlagDaemon
+		}
+		atomic.StoreUint32(u32At(line, 48), flags)
+		name := line[52 : 52+leaseNameLen]
+		clear(name)
+		copy(name, opts.Name)
+		r.sync.publish(line)
+		period := opts.Heartbeat
+		if period <= 0 {
+			period = r.l.LeaseTimeout / 4
+		}
+		c.done.Add(1)
+		go c.heartbeat(period)
+		return c, nil
+	}
+	return nil, fmt.Errorf("tier: attach on node %d: all %d slots taken: %w", opts.Node, r.l.ClientsPerNode, ErrLeaseTable)
+}
+
+// owns reports whether the slot is still this client's live lease.
+func (c *Client) owns(line []byte) bool {
+	return atomic.LoadUint32(u32At(line, 0)) == leaseLive && atomic.LoadUint32(u32At(line, 4)) == c.gen
+}
+
+func (c *Client) heartbeat(period time.Duration) {
+	defer c.done.Done()
+	t := time.NewTicker(period)
+	defer t.Stop()
+	line := c.r.leaseLine(c.slot)
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		c.r.sync.refresh(line)
+		if !c.owns(line) {
+			c.lost.Store(true)
+			return
+		}
+		atomic.AddUint64(u64At(line, 16), 1)
+		atomic.StoreUint64(u64At(line, 24), uint64(time.Now().UnixNano()))
+		c.r.sync.publish(line[:32])
+	}
+}
+
+// Slot is the client's lease slot index.
+func (c *Client) Slot() int { return c.slot }
+
+// Node is the client's node id.
+func (c *Client) Node() int { return c.node }
+
+// Region is the region the client is attached to.
+func (c *Client) Region() *Region { return c.r }
+
+// Err reports ErrLeaseLost once a reaper has taken the lease away (the
+// process was presumed dead, e.g. it stalled past the lease timeout).
+func (c *Client) Err() error {
+	if c.lost.Load() {
+		return fmt.Errorf("tier: client slot %d: %w", c.slot, ErrLeaseLost)
+	}
+	return nil
+}
+
+// Close frees the chunks the client still owns and releases its lease.
+// Locks still held are released too. If the lock manager does not answer
+// within the lease timeout, the client leaves its lease marked dead for the
+// reaper to finish, and says so.
+func (c *Client) Close() error {
+	c.closeMu.Lock()
+	defer c.closeMu.Unlock()
+	if c.closed {
+		return fmt.Errorf("tier: client slot %d: %w", c.slot, ErrClosed)
+	}
+	c.closed = true
+	close(c.stop)
+	c.done.Wait()
+	if c.lost.Load() {
+		return nil // a reaper already reclaimed everything
+	}
+	c.r.releaseLocksOf(c.node, c.token, c.token)
+	line := c.r.leaseLine(c.slot)
+	if c.r.ownsChunks(c.slot) {
+		if !c.lockWithin(SystemLock, c.r.l.LeaseTimeout) {
+			atomic.StoreUint32(u32At(line, 0), leaseDead)
+			c.r.sync.publish(line)
+			return fmt.Errorf("tier: close client slot %d: no lock grant within %v; left to the reaper: %w",
+				c.slot, c.r.l.LeaseTimeout, ErrLeaseLost)
+		}
+		c.r.freeOwnedLocked(c.slot)
+		_ = c.Unlock(SystemLock)
+	}
+	atomic.StoreUint32(u32At(line, 0), leaseFree)
+	c.r.sync.publish(line)
+	return nil
+}

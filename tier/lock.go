@@ -1,0 +1,247 @@
+package tier
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// The two-tier lock (TraCT §3.3). A process first wins its node's local
+// holder word (a CAS: processes of one node share caches). If the tier has
+// more than one node, the local winner then asks the lock manager through its
+// node's global state word: it writes Waiting, the manager writes Locked when
+// no other node holds the lock, and the node writes Idle to release. Each
+// global word therefore has one writer at a time, which is what makes it
+// safe on non-coherent memory with publish/refresh around every access.
+// With one node the global step is skipped: the local word is the lock.
+
+const (
+	lockIdle    uint32 = 0
+	lockWaiting uint32 = 1
+	lockLocked  uint32 = 2
+)
+
+// SystemLock guards the chunk allocator and the root directory. Other
+// packages take ids from FirstUserLock upward.
+const (
+	SystemLock    = 0
+	FirstUserLock = 1
+)
+
+func (r *Region) checkLockID(id int) error {
+	if id < 0 || id >= r.l.LockSlots {
+		return fmt.Errorf("tier: lock %d not in [0,%d): %w", id, r.l.LockSlots, ErrInvalidConfig)
+	}
+	return nil
+}
+
+// Lock acquires global lock id, waiting as long as it takes.
+func (c *Client) Lock(id int) error { return c.LockContext(context.Background(), id) }
+
+// LockContext acquires global lock id. ctx bounds the wait for the node-local
+// stage; once this node has asked the manager, the wait ends with the grant
+// (the manager takes the lock back from dead holders, so it does end).
+func (c *Client) LockContext(ctx context.Context, id int) error {
+	if err := c.r.checkLockID(id); err != nil {
+		return err
+	}
+	global, local := c.r.lockLines(id, c.node)
+	holder := u64At(local, 0)
+	for try := 0; ; try++ {
+		c.r.sync.refresh(local)
+		if atomic.LoadUint64(holder) == 0 && atomic.CompareAndSwapUint64(holder, 0, c.token) {
+			break
+		}
+		if err := c.Err(); err != nil {
+			return err
+		}
+		if try%64 == 63 {
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("tier: lock %d: %w", id, err)
+			}
+		}
+		backoff(try)
+	}
+	c.r.sync.publish(local)
+	if c.r.l.Nodes == 1 {
+		return nil
+	}
+	return c.r.awaitGrant(global)
+}
+
+// lockWithin takes lock id, giving up after limit. On a give-up in the
+// global stage the request stays posted (withdrawing it would race the
+// manager's grant); the caller must leave it to a reaper.
+func (c *Client) lockWithin(id int, limit time.Duration) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	global, local := c.r.lockLines(id, c.node)
+	holder := u64At(local, 0)
+	for try := 0; ; try++ {
+		c.r.sync.refresh(local)
+		if atomic.LoadUint64(holder) == 0 && atomic.CompareAndSwapUint64(holder, 0, c.token) {
+			break
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		backoff(try)
+	}
+	c.r.sync.publish(local)
+	if c.r.l.Nodes == 1 {
+		return true
+	}
+	atomic.StoreUint32(u32At(global, 0), lockWaiting)
+	c.r.sync.publish(global)
+	return c.r.awaitGrantFor(global, limit)
+}
+
+// awaitGrant asks the manager for the lock and waits for Locked.
+func (r *Region) awaitGrant(global []byte) error {
+	state := u32At(global, 0)
+	atomic.StoreUint32(state, lockWaiting)
+	r.sync.publish(global)
+	r.awaitGrantFor(global, 0)
+	return nil
+}
+
+// awaitGrantFor waits up to limit (0: forever) for the manager's grant.
+func (r *Region) awaitGrantFor(global []byte, limit time.Duration) bool {
+	state := u32At(global, 0)
+	deadline := time.Now().Add(limit)
+	for try := 0; ; try++ {
+		r.sync.refresh(global)
+		if atomic.LoadUint32(state) == lockLocked {
+			return true
+		}
+		if limit > 0 && try%64 == 63 && time.Now().After(deadline) {
+			return false
+		}
+		backoff(try)
+	}
+}
+
+// Unlock releases lock id, which this client must hold.
+func (c *Client) Unlock(id int) error {
+	if err := c.r.checkLockID(id); err != nil {
+		return err
+	}
+	global, local := c.r.lockLines(id, c.node)
+	c.r.sync.refresh(local)
+	if atomic.LoadUint64(u64At(local, 0)) != c.token {
+		return fmt.Errorf("tier: unlock %d: not held by client slot %d: %w", id, c.slot, ErrNotOwner)
+	}
+	c.r.releaseHeld(global, local, c.token)
+	return nil
+}
+
+// releaseHeld releases a lock whose local word holds token: global word
+// first, so no process of this node can start a new request before the
+// manager sees this one end.
+func (r *Region) releaseHeld(global, local []byte, token uint64) {
+	if r.l.Nodes > 1 {
+		atomic.StoreUint32(u32At(global, 0), lockIdle)
+		r.sync.publish(global)
+	}
+	atomic.CompareAndSwapUint64(u64At(local, 0), token, 0)
+	r.sync.publish(local)
+}
+
+// withLock runs fn holding lock id.
+func (c *Client) withLock(id int, fn func() error) error {
+	if err := c.Lock(id); err != nil {
+		return err
+	}
+	err := fn()
+	if uerr := c.Unlock(id); err == nil {
+		err = uerr
+	}
+	return err
+}
+
+// releaseLocksOf releases every lock whose node-local word on node holds
+// dead, acting as its holder: the caller (the client itself at Close, or the
+// node's reaper with its own token as heir) takes the dead holder's place
+// with a CAS and completes the protocol from whatever global state it finds.
+// It returns the number of locks released.
+func (r *Region) releaseLocksOf(node int, dead, heir uint64) int {
+	n := 0
+	for id := 0; id < r.l.LockSlots; id++ {
+		global, local := r.lockLines(id, node)
+		holder := u64At(local, 0)
+		r.sync.refresh(local)
+		if atomic.LoadUint64(holder) != dead {
+			continue
+		}
+		if dead != heir && !atomic.CompareAndSwapUint64(holder, dead, heir) {
+			continue
+		}
+		r.sync.publish(local)
+		if r.l.Nodes > 1 {
+			r.sync.refresh(global)
+			if atomic.LoadUint32(u32At(global, 0)) == lockWaiting && !r.awaitGrantFor(global, r.l.LeaseTimeout) {
+				// The manager may be granting right now, so the heir must
+				// finish the handshake rather than race it. No grant yet:
+				// keep the heir as holder and finish on a later pass.
+				continue
+			}
+		}
+		r.releaseHeld(global, local, heir)
+		n++
+	}
+	return n
+}
+
+// LockState describes one lock for status pages.
+type LockState struct {
+	ID     int
+	Holder int    // lease slot of the holder, -1 if free
+	Node   int    // node that holds it (global stage), -1 if none
+	Nodes  []byte // per node: 'I'dle, 'W'aiting, 'L'ocked ('-' for one-node tiers)
+}
+
+// Locks returns the state of every lock that is held or requested.
+func (r *Region) Locks() []LockState {
+	var out []LockState
+	for id := 0; id < r.l.LockSlots; id++ {
+		st := LockState{ID: id, Holder: -1, Node: -1, Nodes: make([]byte, r.l.Nodes)}
+		busy := false
+		for n := 0; n < r.l.Nodes; n++ {
+			global, local := r.lockLines(id, n)
+			r.sync.refresh(global)
+			r.sync.refresh(local)
+			if tok := atomic.LoadUint64(u64At(local, 0)); tok != 0 {
+				busy = true
+				if st.Holder < 0 {
+					st.Holder = int(uint32(tok)) - 1
+				}
+			}
+			st.Nodes[n] = '-'
+			if r.l.Nodes > 1 {
+				s := atomic.LoadUint32(u32At(global, 0))
+				st.Nodes[n] = "IWL"[min(s, 2)]
+				if s == lockLocked {
+					st.Node = n
+				}
+			} else if st.Holder >= 0 {
+				st.Node = 0
+			}
+		}
+		if busy {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// holderAlive says whether the lease named by a lock token is still live.
+func (r *Region) holderAlive(token uint64) bool {
+	slot := int(uint32(token)) - 1
+	if slot < 0 || slot >= r.l.Nodes*r.l.ClientsPerNode {
+		return false
+	}
+	line := r.leaseLine(slot)
+	r.sync.refresh(line)
+	return atomic.LoadUint32(u32At(line, 0)) == leaseLive && atomic.LoadUint32(u32At(line, 4)) == uint32(token>>32)
+}

@@ -1,0 +1,286 @@
+package tier
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ManagerOptions configure the daemon-side duties of a node.
+type ManagerOptions struct {
+	Node int // this daemon's node id
+	// GrantLocks makes this node the lock manager: it grants global locks and
+	// reaps clients of nodes whose daemon is gone. Exactly one node should.
+	GrantLocks bool
+	// SkipPIDCheck judges same-node clients by heartbeat alone (as remote
+	// nodes always are). By default a same-node client whose process has
+	// exited is reaped at once.
+	SkipPIDCheck bool
+	// Reap period; 0 means a quarter of the lease timeout.
+	Interval time.Duration
+	Logf     func(format string, args ...any)
+}
+
+// Reaped records one reclaimed client.
+type Reaped struct {
+	Slot   int       `json:"slot"`
+	PID    int       `json:"pid"`
+	Node   int       `json:"node"`
+	Name   string    `json:"name"`
+	Reason string    `json:"reason"`
+	At     time.Time `json:"at"`
+	Chunks int64     `json:"chunks_freed"`
+	Locks  int       `json:"locks_released"`
+}
+
+// ManagerStats are cumulative counters.
+type ManagerStats struct {
+	Reaped uint64
+	Grants uint64
+}
+
+// Manager runs a node's lock manager and lease reaper. The manager holds a
+// lease of its own (flagged as the node's daemon).
+type Manager struct {
+	r    *Region
+	self *Client
+	opts ManagerOptions
+
+	beats     map[int]beatSeen // reaper goroutine only
+	lastGrant []int            // grant goroutine only
+
+	mu     sync.Mutex
+	reaped []Reaped // most recent last, bounded
+
+	nReaped atomic.Uint64
+	nGrants atomic.Uint64
+}
+
+type beatSeen struct {
+	gen  uint32
+	beat uint64
+	at   time.Time
+}
+
+const keepReaped = 64
+
+// NewManager attaches the daemon's own lease on node opts.Node.
+func NewManager(r *Region, opts ManagerOptions) (*Manager, error) {
+	self, err := r.Attach(ClientOptions{Node: opts.Node, Name: "cxltierd", Daemon: true})
+	if err != nil {
+		return nil, fmt.Errorf("tier: manager: %w", err)
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = r.l.LeaseTimeout / 4
+	}
+	if opts.Logf == nil {
+		opts.Logf = func(string, ...any) {}
+	}
+	m := &Manager{r: r, self: self, opts: opts, beats: map[int]beatSeen{}, lastGrant: make([]int, r.l.LockSlots)}
+	return m, nil
+}
+
+// Run grants locks (if configured) and reaps until ctx ends, then releases
+// the manager's lease.
+func (m *Manager) Run(ctx context.Context) error {
+	// The grant loop outlives ctx by the manager's own Close, which may
+	// need a grant to free the manager's chunks.
+	grantCtx, stopGrants := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	if m.opts.GrantLocks && m.r.l.Nodes > 1 {
+		wg.Add(1)
+		go func() { defer wg.Done(); m.grantLoop(grantCtx) }()
+	}
+	defer func() { stopGrants(); wg.Wait() }()
+	t := time.NewTicker(m.opts.Interval)
+	defer t.Stop()
+	for {
+		m.ReapOnce()
+		select {
+		case <-ctx.Done():
+			return m.self.Close()
+		case <-t.C:
+		}
+	}
+}
+
+// Client is the manager's own lease.
+func (m *Manager) Client() *Client { return m.self }
+
+// Stats returns cumulative counters.
+func (m *Manager) Stats() ManagerStats {
+	return ManagerStats{Reaped: m.nReaped.Load(), Grants: m.nGrants.Load()}
+}
+
+// Reaped returns the most recently reclaimed clients, oldest first.
+func (m *Manager) Reaped() []Reaped {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]Reaped(nil), m.reaped...)
+}
+
+// grantLoop polls the global lock words. It spins while there is traffic
+// and backs off to short sleeps when idle, so an idle daemon costs little.
+func (m *Manager) grantLoop(ctx context.Context) {
+	idle := 0
+	for ctx.Err() == nil {
+		if m.grantPass() {
+			idle = 0
+			runtime.Gosched()
+			continue
+		}
+		idle++
+		backoff(idle)
+	}
+}
+
+// grantPass grants each free lock to the next waiting node after the one it
+// last granted (round robin, so no node starves). It reports whether any
+// lock was held or requested.
+func (m *Manager) grantPass() bool {
+	active := false
+	nodes := m.r.l.Nodes
+	for id := 0; id < m.r.l.LockSlots; id++ {
+		held, waiting := false, -1
+		for k := 1; k <= nodes; k++ {
+			n := (m.lastGrant[id] + k) % nodes
+			global, _ := m.r.lockLines(id, n)
+			m.r.sync.refresh(global)
+			switch atomic.LoadUint32(u32At(global, 0)) {
+			case lockLocked:
+				held = true
+			case lockWaiting:
+				if waiting < 0 {
+					waiting = n
+				}
+			}
+		}
+		if held || waiting >= 0 {
+			active = true
+		}
+		if held || waiting < 0 {
+			continue
+		}
+		global, _ := m.r.lockLines(id, waiting)
+		atomic.StoreUint32(u32At(global, 0), lockLocked)
+		m.r.sync.publish(global)
+		m.lastGrant[id] = waiting
+		m.nGrants.Add(1)
+	}
+	return active
+}
+
+// ReapOnce judges every lease this node is responsible for and reclaims the
+// dead: its own node's clients, and, on the lock manager, the clients of
+// nodes whose daemon is gone. It returns the clients reclaimed in this pass.
+func (m *Manager) ReapOnce() []Reaped {
+	total := m.r.l.Nodes * m.r.l.ClientsPerNode
+	daemons := m.liveDaemons()
+	var out []Reaped
+	for slot := 0; slot < total; slot++ {
+		node := slot / m.r.l.ClientsPerNode
+		if slot == m.self.slot || (node != m.opts.Node && !(m.opts.GrantLocks && !daemons[node])) {
+			continue
+		}
+		inf := m.r.readLease(slot)
+		reason := ""
+		switch inf.State {
+		case "live":
+			if reason = m.judge(inf, node == m.opts.Node); reason == "" {
+				continue
+			}
+			line := m.r.leaseLine(slot)
+			if !atomic.CompareAndSwapUint32(u32At(line, 0), leaseLive, leaseDead) {
+				continue
+			}
+			m.r.sync.publish(line)
+		case "dead":
+			reason = "marked dead earlier"
+		default:
+			delete(m.beats, slot)
+			continue
+		}
+		if rp, done := m.finalize(inf, node, reason); done {
+			out = append(out, rp)
+		}
+	}
+	return out
+}
+
+func (m *Manager) liveDaemons() []bool {
+	live := make([]bool, m.r.l.Nodes)
+	for _, inf := range m.r.Leases() {
+		if inf.State == "live" && inf.Daemon {
+			live[inf.Node] = true
+		}
+	}
+	return live
+}
+
+// judge returns why a live lease is dead, or "" if it is not.
+func (m *Manager) judge(inf LeaseInfo, sameNode bool) string {
+	if sameNode && !m.opts.SkipPIDCheck && !processAlive(inf.PID, inf.start) {
+		return fmt.Sprintf("process %d exited", inf.PID)
+	}
+	// Heartbeats are judged by this host's monotonic clock from the moment
+	// the counter last changed, so clock skew between hosts does not matter.
+	now := time.Now()
+	seen, ok := m.beats[inf.Slot]
+	if !ok || seen.gen != inf.Gen || seen.beat != inf.Beat {
+		m.beats[inf.Slot] = beatSeen{gen: inf.Gen, beat: inf.Beat, at: now}
+		return ""
+	}
+	if quiet := now.Sub(seen.at); quiet > m.r.l.LeaseTimeout {
+		return fmt.Sprintf("no heartbeat for %v", quiet.Round(time.Millisecond))
+	}
+	return ""
+}
+
+// finalize releases a dead client's locks (the manager inherits and
+// completes them), frees its chunks and frees its slot.
+func (m *Manager) finalize(inf LeaseInfo, node int, reason string) (Reaped, bool) {
+	token := uint64(inf.Gen)<<32 | uint64(inf.Slot+1)
+	locks := m.r.releaseLocksOf(node, token, m.self.token)
+	// Locks whose grant did not arrive yet are held by the manager now;
+	// finish them before the slot can be reused.
+	locks += m.r.releaseLocksOf(node, m.self.token, m.self.token)
+	if m.pendingLocks(node) {
+		return Reaped{}, false
+	}
+	chunks, err := m.r.freeOwnedBy(m.self, inf.Slot)
+	if err != nil {
+		m.opts.Logf("reap slot %d: free chunks: %v", inf.Slot, err)
+		return Reaped{}, false
+	}
+	line := m.r.leaseLine(inf.Slot)
+	atomic.StoreUint32(u32At(line, 0), leaseFree)
+	m.r.sync.publish(line)
+	delete(m.beats, inf.Slot)
+	rp := Reaped{Slot: inf.Slot, PID: inf.PID, Node: inf.Node, Name: inf.Name, Reason: reason,
+		At: time.Now(), Chunks: chunks, Locks: locks}
+	m.nReaped.Add(1)
+	m.mu.Lock()
+	m.reaped = append(m.reaped, rp)
+	if len(m.reaped) > keepReaped {
+		m.reaped = m.reaped[len(m.reaped)-keepReaped:]
+	}
+	m.mu.Unlock()
+	m.opts.Logf("reaped client slot %d pid %d node %d (%s): %d locks released, %d chunks freed",
+		rp.Slot, rp.PID, rp.Node, reason, locks, chunks)
+	return rp, true
+}
+
+// pendingLocks reports whether the manager still holds a lock it inherited.
+func (m *Manager) pendingLocks(node int) bool {
+	for id := 0; id < m.r.l.LockSlots; id++ {
+		_, local := m.r.lockLines(id, node)
+		m.r.sync.refresh(local)
+		if atomic.LoadUint64(u64At(local, 0)) == m.self.token {
+			return true
+		}
+	}
+	return false
+}

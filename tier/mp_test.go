@@ -1,0 +1,342 @@
+package tier
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Multi-process tests re-execute this test binary; TestMain sends a child to
+// its role. Children talk to the parent through the environment, stdout and
+// their exit status only.
+
+const (
+	envRole    = "CXLTIER_TEST_ROLE"
+	envDevices = "CXLTIER_TEST_DEVICES"
+	envNode    = "CXLTIER_TEST_NODE"
+	envOffset  = "CXLTIER_TEST_OFFSET"
+	envIters   = "CXLTIER_TEST_ITERS"
+)
+
+func TestMain(m *testing.M) {
+	if role := os.Getenv(envRole); role != "" {
+		if err := runChild(role); err != nil {
+			fmt.Fprintf(os.Stderr, "child %s: %v\n", role, err)
+			os.Exit(3)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func runChild(role string) error {
+	var devs []Backing
+	for _, s := range strings.Split(os.Getenv(envDevices), ",") {
+		b, err := ParseBacking(s)
+		if err != nil {
+			return err
+		}
+		devs = append(devs, b)
+	}
+	r, err := Open(Options{Devices: devs})
+	if err != nil {
+		return err
+	}
+	node, _ := strconv.Atoi(os.Getenv(envNode))
+	c, err := r.Attach(ClientOptions{Node: node, Name: role})
+	if err != nil {
+		return err
+	}
+	off, _ := strconv.ParseUint(os.Getenv(envOffset), 10, 64)
+	iters, _ := strconv.Atoi(os.Getenv(envIters))
+	switch role {
+	case "counter":
+		err = childCounter(c, Offset(off), iters)
+	case "alloc":
+		err = childAlloc(c, iters)
+	case "holder":
+		err = childHolder(c)
+	case "contender":
+		for {
+			if err := c.Lock(FirstUserLock); err != nil {
+				return err
+			}
+			if err := c.Unlock(FirstUserLock); err != nil {
+				return err
+			}
+		}
+	default:
+		err = fmt.Errorf("unknown role")
+	}
+	if cerr := c.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// childCounter does a non-atomic read-modify-write under the global lock.
+func childCounter(c *Client, off Offset, iters int) error {
+	r := c.Region()
+	buf := make([]byte, 8)
+	for i := 0; i < iters; i++ {
+		if err := c.Lock(FirstUserLock); err != nil {
+			return err
+		}
+		if err := r.ReadAt(buf, off); err != nil {
+			return err
+		}
+		binary.LittleEndian.PutUint64(buf, binary.LittleEndian.Uint64(buf)+1)
+		if err := r.WriteAt(buf, off); err != nil {
+			return err
+		}
+		if err := c.Unlock(FirstUserLock); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// childAlloc allocates and frees at random, filling each block with a
+// pattern unique to this process and block, and checks it before freeing:
+// a block another process also got would be overwritten.
+func childAlloc(c *Client, iters int) error {
+	r := c.Region()
+	h := NewHeap(c)
+	rng := rand.New(rand.NewPCG(uint64(os.Getpid()), 7))
+	type block struct {
+		off  Offset
+		size int64
+		tag  uint64
+	}
+	var live []block
+	pattern := func(b block) []byte {
+		p := make([]byte, b.size)
+		for i := 0; i+8 <= len(p); i += 8 {
+			binary.LittleEndian.PutUint64(p[i:], b.tag^uint64(i))
+		}
+		return p
+	}
+	verifyFree := func(i int) error {
+		b := live[i]
+		got := make([]byte, b.size)
+		if err := r.ReadAt(got, b.off); err != nil {
+			return err
+		}
+		if string(got) != string(pattern(b)) {
+			return fmt.Errorf("block %v+%d overwritten by someone else", b.off, b.size)
+		}
+		live = append(live[:i], live[i+1:]...)
+		return h.Free(b.off)
+	}
+	for i := 0; i < iters; i++ {
+		if len(live) > 0 && (rng.IntN(2) == 0 || len(live) > 200) {
+			if err := verifyFree(rng.IntN(len(live))); err != nil {
+				return err
+			}
+			continue
+		}
+		size := int64(8 * (1 + rng.IntN(1024)))
+		off, err := h.Alloc(size)
+		if err != nil {
+			return err
+		}
+		b := block{off, size, uint64(os.Getpid())<<32 | uint64(i)}
+		if err := r.WriteAt(pattern(b), off); err != nil {
+			return err
+		}
+		live = append(live, b)
+	}
+	for len(live) > 0 {
+		if err := verifyFree(len(live) - 1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// childHolder takes the lock and a chunk, says so, and waits to be killed.
+func childHolder(c *Client) error {
+	if err := c.Lock(FirstUserLock); err != nil {
+		return err
+	}
+	if _, err := c.AllocChunks(2); err != nil {
+		return err
+	}
+	fmt.Println("locked")
+	select {}
+}
+
+type child struct {
+	cmd *exec.Cmd
+	out *bufio.Reader
+}
+
+func spawn(t testing.TB, r *Region, role string, node int, extra ...string) *child {
+	t.Helper()
+	var devs []string
+	for _, d := range r.Info().Devices {
+		devs = append(devs, d)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envRole+"="+role, envDevices+"="+strings.Join(devs, ","),
+		envNode+"="+strconv.Itoa(node))
+	cmd.Env = append(cmd.Env, extra...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return &child{cmd: cmd, out: bufio.NewReader(out)}
+}
+
+// runManager runs a manager until the test ends.
+func runManager(t testing.TB, r *Region, opts ManagerOptions) *Manager {
+	t.Helper()
+	m, err := NewManager(r, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); m.Run(ctx) }()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	return m
+}
+
+func TestMultiProcessCounter(t *testing.T) {
+	for _, nodes := range []int{1, 2} {
+		t.Run(fmt.Sprintf("nodes=%d", nodes), func(t *testing.T) {
+			g := testGeometry()
+			g.Nodes = nodes
+			r := formatTest(t, g)
+			runManager(t, r, ManagerOptions{Node: 0, GrantLocks: true})
+			owner := attachTest(t, r, 0)
+			off, err := owner.AllocChunks(1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const procs, iters = 4, 10000
+			var kids []*child
+			for i := 0; i < procs; i++ {
+				kids = append(kids, spawn(t, r, "counter", i%nodes,
+					fmt.Sprintf("%s=%d", envOffset, off), fmt.Sprintf("%s=%d", envIters, iters)))
+			}
+			for i, k := range kids {
+				if err := k.cmd.Wait(); err != nil {
+					t.Fatalf("child %d: %v", i, err)
+				}
+			}
+			buf := make([]byte, 8)
+			if err := r.ReadAt(buf, off); err != nil {
+				t.Fatal(err)
+			}
+			if got := binary.LittleEndian.Uint64(buf); got != procs*iters {
+				t.Fatalf("counter %d, want %d", got, procs*iters)
+			}
+		})
+	}
+}
+
+func TestMultiProcessAlloc(t *testing.T) {
+	r := formatTest(t, testGeometry())
+	const procs = 4
+	var kids []*child
+	for i := 0; i < procs; i++ {
+		kids = append(kids, spawn(t, r, "alloc", 0, envIters+"=3000"))
+	}
+	for i, k := range kids {
+		if err := k.cmd.Wait(); err != nil {
+			t.Fatalf("child %d: %v", i, err)
+		}
+	}
+	if u := r.Usage(); u.UsedChunks != 0 {
+		t.Fatalf("%d chunks leaked after all clients closed", u.UsedChunks)
+	}
+	if ls := r.Leases(); len(ls) != 0 {
+		t.Fatalf("leases left: %+v", ls)
+	}
+}
+
+func TestKilledLockHolder(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		nodes      int
+		holderNode int
+		skipPID    bool
+	}{
+		{"same node, process check", 1, 0, false},
+		{"same node, heartbeat only", 1, 0, true},
+		{"other node without daemon", 2, 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := testGeometry()
+			g.Nodes = tc.nodes
+			g.LeaseTimeout = 400 * time.Millisecond
+			r := formatTest(t, g)
+			m := runManager(t, r, ManagerOptions{Node: 0, GrantLocks: true, SkipPIDCheck: tc.skipPID})
+			k := spawn(t, r, "holder", tc.holderNode)
+			line, err := k.out.ReadString('\n')
+			if err != nil || line != "locked\n" {
+				t.Fatalf("holder said %q, %v", line, err)
+			}
+			pid := k.cmd.Process.Pid
+			if used := r.Usage().UsedChunks; used != 2 {
+				t.Fatalf("holder's chunks: %d used", used)
+			}
+			killed := time.Now()
+			k.cmd.Process.Signal(syscall.SIGKILL)
+			k.cmd.Wait()
+
+			c := attachTest(t, r, 0)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*g.LeaseTimeout)
+			defer cancel()
+			if err := c.LockContext(ctx, FirstUserLock); err != nil {
+				t.Fatalf("lock after holder died: %v", err)
+			}
+			took := time.Since(killed)
+			if err := c.Unlock(FirstUserLock); err != nil {
+				t.Fatal(err)
+			}
+			limit := g.LeaseTimeout
+			if tc.skipPID || tc.holderNode != 0 {
+				limit += 2 * g.LeaseTimeout / 4 // heartbeat period + reap period
+			}
+			if took > limit {
+				t.Errorf("lock usable again after %v, limit %v", took, limit)
+			}
+			// The lock is released before the chunks are freed and the
+			// client recorded, so wait for the record.
+			var found *Reaped
+			for deadline := time.Now().Add(5 * time.Second); found == nil && time.Now().Before(deadline); {
+				for _, rp := range m.Reaped() {
+					if rp.PID == pid {
+						found = &rp
+					}
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			if found == nil || found.Locks != 1 || found.Chunks != 2 {
+				t.Fatalf("reaped %+v, want pid %d with 1 lock and 2 chunks", m.Reaped(), pid)
+			}
+			if used := r.Usage().UsedChunks; used != 0 {
+				t.Errorf("%d chunks still used after reaping", used)
+			}
+			t.Logf("lock back after %v; reaped: %s", took, found.Reason)
+		})
+	}
+}
