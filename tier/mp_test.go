@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,6 +29,7 @@ const (
 	envNode    = "CXLTIER_TEST_NODE"
 	envOffset  = "CXLTIER_TEST_OFFSET"
 	envIters   = "CXLTIER_TEST_ITERS"
+	envShared  = "CXLTIER_TEST_SHARED"
 )
 
 func TestMain(m *testing.M) {
@@ -48,7 +52,20 @@ func runChild(role string) error {
 		}
 		devs = append(devs, b)
 	}
-	r, err := Open(Options{Devices: devs})
+	coh := Local
+	if os.Getenv(envShared) != "" {
+		coh = Shared
+	}
+	r, err := Open(Options{Devices: devs, Coherence: coh})
+	if role == "open" {
+		if errors.Is(err, ErrPermission) {
+			os.Exit(4)
+		}
+		if err == nil {
+			return r.Close()
+		}
+		return err
+	}
 	if err != nil {
 		return err
 	}
@@ -219,11 +236,29 @@ func runManager(t testing.TB, r *Region, opts ManagerOptions) *Manager {
 }
 
 func TestMultiProcessCounter(t *testing.T) {
-	for _, nodes := range []int{1, 2} {
-		t.Run(fmt.Sprintf("nodes=%d", nodes), func(t *testing.T) {
+	for _, tc := range []struct {
+		nodes  int
+		shared bool
+	}{{1, false}, {2, false}, {2, true}} {
+		nodes := tc.nodes
+		t.Run(fmt.Sprintf("nodes=%d,shared=%v", nodes, tc.shared), func(t *testing.T) {
 			g := testGeometry()
 			g.Nodes = nodes
-			r := formatTest(t, g)
+			var r *Region
+			var extra []string
+			if tc.shared {
+				// Every access goes through the flush/invalidate path.
+				b := shmBacking(t)
+				formatTest(t, g, b).Close()
+				var err error
+				if r, err = Open(Options{Devices: []Backing{b}, Coherence: Shared}); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { r.Close() })
+				extra = append(extra, envShared+"=1")
+			} else {
+				r = formatTest(t, g)
+			}
 			runManager(t, r, ManagerOptions{Node: 0, GrantLocks: true})
 			owner := attachTest(t, r, 0)
 			off, err := owner.AllocChunks(1)
@@ -233,8 +268,8 @@ func TestMultiProcessCounter(t *testing.T) {
 			const procs, iters = 4, 10000
 			var kids []*child
 			for i := 0; i < procs; i++ {
-				kids = append(kids, spawn(t, r, "counter", i%nodes,
-					fmt.Sprintf("%s=%d", envOffset, off), fmt.Sprintf("%s=%d", envIters, iters)))
+				kids = append(kids, spawn(t, r, "counter", i%nodes, append(extra,
+					fmt.Sprintf("%s=%d", envOffset, off), fmt.Sprintf("%s=%d", envIters, iters))...))
 			}
 			for i, k := range kids {
 				if err := k.cmd.Wait(); err != nil {
@@ -339,4 +374,58 @@ func TestKilledLockHolder(t *testing.T) {
 			t.Logf("lock back after %v; reaped: %s", took, found.Reason)
 		})
 	}
+}
+
+// TestNoPermission opens a 0600 region as a user who may not. As root (as in
+// CI) the child is this test binary re-executed as nobody.
+func TestNoPermission(t *testing.T) {
+	b := shmBacking(t)
+	formatTest(t, testGeometry(), b).Close()
+	if os.Geteuid() != 0 {
+		if err := os.Chmod(b.Path, 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Open(Options{Devices: []Backing{b}}); !errors.Is(err, ErrPermission) {
+			t.Fatalf("open unreadable region: %v, want ErrPermission", err)
+		}
+		return
+	}
+	// nobody must be able to execute a copy of the test binary.
+	dir, err := os.MkdirTemp("", "cxltier-perm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	exe := filepath.Join(dir, "tier.test")
+	if err := copyFile(os.Args[0], exe); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), envRole+"=open", envDevices+"="+b.String())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 4 {
+		t.Fatalf("open as nobody: %v (%s), want exit 4 (ErrPermission)", err, out)
+	}
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }

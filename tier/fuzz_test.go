@@ -1,0 +1,54 @@
+package tier
+
+import (
+	"encoding/binary"
+	"testing"
+)
+
+// FuzzParseControl feeds arbitrary bytes to the code that validates a
+// control area (header, area headers, root directory) before Open trusts
+// it. It must never panic, and whatever it accepts must be self-consistent.
+func FuzzParseControl(f *testing.F) {
+	g := testGeometry()
+	g.DeviceSize = 1 << 20
+	g.ChunkSize, g.Stripe = 4096, 4096
+	g.ClientsPerNode, g.LockSlots, g.DirEntries = 4, 4, 8
+	r, err := Format(Options{Devices: []Backing{{Kind: BackingAnon}}, Geometry: g})
+	if err != nil {
+		f.Fatal(err)
+	}
+	c, err := r.Attach(ClientOptions{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	if err := c.DirPut(DirEntry{Name: "table", Kind: 3, Offset: r.DataStart(), Size: 100}); err != nil {
+		f.Fatal(err)
+	}
+	seed := append([]byte(nil), r.ctl...)
+	c.Close()
+	r.Close()
+	f.Add(seed)
+	f.Add(seed[:headerLen])
+	bad := append([]byte(nil), seed...)
+	binary.LittleEndian.PutUint32(bad[8:], 99)
+	f.Add(bad)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		l, err := parseControl(b)
+		if err != nil {
+			return
+		}
+		if int64(len(b)) < l.ControlSize || l.ChunkCount <= 0 || l.size() <= l.ControlSize {
+			t.Fatalf("accepted inconsistent layout %+v for %d bytes", l, len(b))
+		}
+		for i := 0; i < l.DirEntries; i++ {
+			e := b[l.DirOff+areaHeaderLen+int64(i)*dirEntryLen:][:dirEntryLen]
+			d, err := decodeDirEntry(e, l.size())
+			if err != nil {
+				t.Fatalf("entry %d accepted by parseControl, refused alone: %v", i, err)
+			}
+			if !d.empty() && !d.torn() && uint64(d.Offset)+uint64(d.Size) > uint64(l.size()) {
+				t.Fatalf("entry %d outside region", i)
+			}
+		}
+	})
+}
