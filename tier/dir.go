@@ -18,11 +18,11 @@ import (
 
 // DirEntry is one named object in the root directory.
 type DirEntry struct {
-	Name    string
-	Kind    uint32 // caller-defined; 0 is reserved for "empty"
-	Offset  Offset
-	Size    int64
-	Created time.Time
+	Name    string    `json:"name"`
+	Kind    uint32    `json:"kind"` // caller-defined; 0 is reserved for "empty"
+	Offset  Offset    `json:"offset"`
+	Size    int64     `json:"size"`
+	Created time.Time `json:"created"`
 }
 
 type dirEntry struct {

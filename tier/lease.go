@@ -29,16 +29,16 @@ const leaseNameLen = 12
 
 // LeaseInfo is a decoded lease slot.
 type LeaseInfo struct {
-	Slot     int
-	State    string // free, live, dead
-	Gen      uint32
-	PID      int
-	Node     int
-	Name     string
-	Daemon   bool
-	Beat     uint64
-	LastBeat time.Time
-	Attached time.Time
+	Slot     int       `json:"slot"`
+	State    string    `json:"state"` // free, live, dead
+	Gen      uint32    `json:"gen"`
+	PID      int       `json:"pid"`
+	Node     int       `json:"node"`
+	Name     string    `json:"name"`
+	Daemon   bool      `json:"daemon"`
+	Beat     uint64    `json:"heartbeats"`
+	LastBeat time.Time `json:"last_heartbeat"`
+	Attached time.Time `json:"attached"`
 	start    uint64
 }
 

@@ -195,17 +195,18 @@ func (r *Region) releaseLocksOf(node int, dead, heir uint64) int {
 
 // LockState describes one lock for status pages.
 type LockState struct {
-	ID     int
-	Holder int    // lease slot of the holder, -1 if free
-	Node   int    // node that holds it (global stage), -1 if none
-	Nodes  []byte // per node: 'I'dle, 'W'aiting, 'L'ocked ('-' for one-node tiers)
+	ID     int    `json:"id"`
+	Holder int    `json:"holder_slot"` // lease slot of the node-local holder, -1 if none
+	Node   int    `json:"node"`        // node that holds it (global stage), -1 if none
+	Nodes  string `json:"nodes"`       // per node: I(dle), W(aiting), L(ocked); "-" on one-node tiers
 }
 
 // Locks returns the state of every lock that is held or requested.
 func (r *Region) Locks() []LockState {
 	var out []LockState
 	for id := 0; id < r.l.LockSlots; id++ {
-		st := LockState{ID: id, Holder: -1, Node: -1, Nodes: make([]byte, r.l.Nodes)}
+		st := LockState{ID: id, Holder: -1, Node: -1}
+		nodeStates := make([]byte, r.l.Nodes)
 		busy := false
 		for n := 0; n < r.l.Nodes; n++ {
 			global, local := r.lockLines(id, n)
@@ -217,10 +218,10 @@ func (r *Region) Locks() []LockState {
 					st.Holder = int(uint32(tok)) - 1
 				}
 			}
-			st.Nodes[n] = '-'
+			nodeStates[n] = '-'
 			if r.l.Nodes > 1 {
 				s := atomic.LoadUint32(u32At(global, 0))
-				st.Nodes[n] = "IWL"[min(s, 2)]
+				nodeStates[n] = "IWL"[min(s, 2)]
 				if s == lockLocked {
 					st.Node = n
 				}
@@ -229,6 +230,7 @@ func (r *Region) Locks() []LockState {
 			}
 		}
 		if busy {
+			st.Nodes = string(nodeStates)
 			out = append(out, st)
 		}
 	}

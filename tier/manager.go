@@ -49,7 +49,8 @@ type Manager struct {
 	self *Client
 	opts ManagerOptions
 
-	beats     map[int]beatSeen // reaper goroutine only
+	reapMu    sync.Mutex       // one reap pass at a time (the loop, or an admin request)
+	beats     map[int]beatSeen // guarded by reapMu
 	lastGrant []int            // grant goroutine only
 
 	mu     sync.Mutex
@@ -177,6 +178,8 @@ func (m *Manager) grantPass() bool {
 // dead: its own node's clients, and, on the lock manager, the clients of
 // nodes whose daemon is gone. It returns the clients reclaimed in this pass.
 func (m *Manager) ReapOnce() []Reaped {
+	m.reapMu.Lock()
+	defer m.reapMu.Unlock()
 	total := m.r.l.Nodes * m.r.l.ClientsPerNode
 	daemons := m.liveDaemons()
 	var out []Reaped

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/cxltier/cxltier/cmd/internal/adminapi"
+	"github.com/cxltier/cxltier/cmd/internal/tierflags"
+	"github.com/cxltier/cxltier/tier"
+)
+
+func cmdStatus(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("status", stderr, "[-addr HOST:PORT] [-json]")
+	addr := fs.String("addr", adminapi.DefaultAddr, "cxltierd admin address")
+	asJSON := fs.Bool("json", false, "print the daemon's JSON as is")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	st, raw, err := adminapi.FetchStatus(*addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		_, err := stdout.Write(raw)
+		return err
+	}
+	fmt.Fprintf(stdout, "daemon: node %d, lock manager %v, up %s, flush %s\n", st.Node, st.LockManager, st.Uptime, st.Flush)
+	printSnapshot(stdout, st.Snapshot)
+	fmt.Fprintf(stdout, "reaped clients: %d in total\n", st.ReapedTotal)
+	for _, rp := range st.Reaped {
+		fmt.Fprintf(stdout, "  %s  slot %d pid %d node %d %q: %s (%d locks released, %d chunks freed)\n",
+			rp.At.Format(time.RFC3339), rp.Slot, rp.PID, rp.Node, rp.Name, rp.Reason, rp.Locks, rp.Chunks)
+	}
+	return nil
+}
+
+func cmdInspect(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("inspect", stderr, "[-json] PATH|SPEC...  (devices in tier order; a bare path means file:PATH)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return errUsage
+	}
+	var devs []tier.Backing
+	for _, a := range fs.Args() {
+		if !strings.Contains(a, ":") {
+			a = "file:" + a
+		}
+		b, err := tier.ParseBacking(a)
+		if err != nil {
+			return err
+		}
+		devs = append(devs, b)
+	}
+	r, err := tier.Open(tier.Options{Devices: devs, ReadOnly: true})
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	snap := r.Snapshot()
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(snap)
+	}
+	printSnapshot(stdout, snap)
+	return nil
+}
+
+func cmdFormat(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("format", stderr, "[-device SPEC]... [-size N] [flags]")
+	cfg := tierflags.Default()
+	cfg.Register(fs)
+	force := fs.Bool("force", false, "replace existing backing files (destroys their content)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	opts, err := cfg.Options()
+	if err != nil {
+		return err
+	}
+	opts.Overwrite = *force
+	start := time.Now()
+	fmt.Fprintf(stderr, "formatting %d device(s) of %s...\n", len(opts.Devices), tierflags.FormatSize(opts.Geometry.DeviceSize))
+	r, err := tier.Format(opts)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	inf := r.Info()
+	fmt.Fprintf(stdout, "formatted %v in %v: %d chunks of %s, %s of data\n", inf.Devices,
+		time.Since(start).Round(time.Millisecond), inf.ChunkCount, tierflags.FormatSize(inf.Geometry.ChunkSize),
+		tierflags.FormatSize(inf.Size-inf.ControlSize))
+	return nil
+}
+
+func printSnapshot(w io.Writer, s tier.Snapshot) {
+	fs := tierflags.FormatSize
+	fmt.Fprintf(w, "tier %s (format v%d), created %s\n", s.UUID, s.FormatVersion, s.Created.Format(time.RFC3339))
+	fmt.Fprintf(w, "devices: %s, %s each, stripe %s; %d node(s); coherence %s (formatted for %s); lease timeout %s\n",
+		strings.Join(s.Devices, ", "), fs(s.DeviceSize), fs(s.Stripe), s.Nodes, s.Coherence, s.FormattedAs, s.LeaseTimeout)
+	fmt.Fprintf(w, "size %s: control area %s, data %d chunks × %s\n", fs(s.Size), fs(s.ControlSize), s.Chunks.Total, fs(s.Chunks.Size))
+	pct := 0.0
+	if s.Chunks.Total > 0 {
+		pct = 100 * float64(s.Chunks.Used) / float64(s.Chunks.Total)
+	}
+	fmt.Fprintf(w, "used %d chunks (%.1f%%, %d shared), free %d chunks (%s)\n", s.Chunks.Used, pct, s.Chunks.Shared, s.Chunks.Free, fs(s.Free))
+	fmt.Fprintf(w, "clients: %d (capacity %d per node)\n", len(s.Clients), s.Geometry.ClientsPerNode)
+	for _, c := range s.Clients {
+		role := ""
+		if c.Daemon {
+			role = " [daemon]"
+		}
+		fmt.Fprintf(w, "  slot %-4d %-5s pid %-8d node %d %q%s, %d heartbeats, last %s\n",
+			c.Slot, c.State, c.PID, c.Node, c.Name, role, c.Beat, c.LastBeat.Format(time.RFC3339))
+	}
+	fmt.Fprintf(w, "locks held or requested: %d\n", len(s.Locks))
+	for _, l := range s.Locks {
+		fmt.Fprintf(w, "  lock %d: holder slot %d, granted to node %d, nodes %s\n", l.ID, l.Holder, l.Node, l.Nodes)
+	}
+	fmt.Fprintf(w, "directory: %d of %d entries\n", len(s.Directory), s.Geometry.DirEntries)
+	for _, e := range s.Directory {
+		fmt.Fprintf(w, "  %-24q kind %-4d at %v, %s\n", e.Name, e.Kind, e.Offset, fs(e.Size))
+	}
+	for _, t := range s.Torn {
+		fmt.Fprintf(w, "warning: %s\n", t)
+	}
+}

@@ -1,0 +1,77 @@
+// Command cxltier is the cxltier command-line tool: it asks a running daemon
+// for its status, inspects a region without a daemon, and formats tiers.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+)
+
+const usage = `usage: cxltier COMMAND [flags]
+
+commands:
+  status    ask the running cxltierd for the tier's state
+  inspect   read a region's backing files directly (no daemon needed)
+  format    create and format a new tier
+
+Run 'cxltier COMMAND -h' for a command's flags.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+type command func(args []string, stdout, stderr io.Writer) error
+
+func run(args []string, stdout, stderr io.Writer) int {
+	commands := map[string]command{"status": cmdStatus, "inspect": cmdInspect, "format": cmdFormat}
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stderr, usage)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	cmd, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "cxltier: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+	err := cmd(args[1:], stdout, stderr)
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	}
+	fmt.Fprintf(stderr, "cxltier %s: %v\n", args[0], err)
+	return 1
+}
+
+// errUsage marks an error the flag package already reported.
+var errUsage = errors.New("usage")
+
+func newFlags(name string, stderr io.Writer, synopsis string) *flag.FlagSet {
+	fs := flag.NewFlagSet("cxltier "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: cxltier %s %s\n\n", name, synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	return nil
+}

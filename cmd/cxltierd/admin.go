@@ -1,0 +1,185 @@
+package main
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/cxltier/cxltier/cmd/internal/adminapi"
+	"github.com/cxltier/cxltier/tier"
+)
+
+// admin serves the daemon's HTTP API: read-only endpoints for anyone who can
+// reach the (loopback by default) address, mutating ones only with the
+// bearer token.
+type admin struct {
+	r       *tier.Region
+	m       *tier.Manager
+	cfg     config
+	token   []byte
+	started time.Time
+}
+
+func newAdmin(r *tier.Region, m *tier.Manager, cfg config, token []byte) *admin {
+	return &admin{r: r, m: m, cfg: cfg, token: token, started: time.Now()}
+}
+
+func (a *admin) server() *fasthttp.Server {
+	return &fasthttp.Server{
+		Handler:               a.handle,
+		Name:                  "cxltierd",
+		ReadTimeout:           5 * time.Second,
+		WriteTimeout:          10 * time.Second,
+		IdleTimeout:           30 * time.Second,
+		MaxRequestBodySize:    64 << 10,
+		ReadBufferSize:        8 << 10,
+		Concurrency:           256,
+		MaxConnsPerIP:         64,
+		NoDefaultServerHeader: true,
+		NoDefaultDate:         true,
+	}
+}
+
+type route struct {
+	method  string
+	mutates bool
+	fn      func(*fasthttp.RequestCtx)
+}
+
+func (a *admin) routes() map[string]route {
+	return map[string]route{
+		"/healthz":   {fasthttp.MethodGet, false, a.healthz},
+		"/v1/status": {fasthttp.MethodGet, false, a.status},
+		"/metrics":   {fasthttp.MethodGet, false, a.metrics},
+		"/v1/reap":   {fasthttp.MethodPost, true, a.reap},
+	}
+}
+
+func (a *admin) handle(ctx *fasthttp.RequestCtx) {
+	rt, ok := a.routes()[string(ctx.Path())]
+	switch {
+	case !ok:
+		writeError(ctx, fasthttp.StatusNotFound, "no such endpoint: %s", ctx.Path())
+	case string(ctx.Method()) != rt.method && !(rt.method == fasthttp.MethodGet && ctx.IsHead()):
+		ctx.Response.Header.Set("Allow", rt.method)
+		writeError(ctx, fasthttp.StatusMethodNotAllowed, "%s %s: use %s", ctx.Method(), ctx.Path(), rt.method)
+	case rt.mutates && !a.authorized(ctx):
+	default:
+		rt.fn(ctx)
+	}
+}
+
+// authorized checks the bearer token in constant time. Without a configured
+// token every mutation is refused: an open admin port must not be writable.
+func (a *admin) authorized(ctx *fasthttp.RequestCtx) bool {
+	if len(a.token) == 0 {
+		writeError(ctx, fasthttp.StatusForbidden, "mutating endpoints are disabled: start cxltierd with -token-file or %s", tokenEnv)
+		return false
+	}
+	const prefix = "Bearer "
+	h := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
+	if len(h) < len(prefix) || string(h[:len(prefix)]) != prefix ||
+		subtle.ConstantTimeCompare(h[len(prefix):], a.token) != 1 {
+		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="cxltierd"`)
+		writeError(ctx, fasthttp.StatusUnauthorized, "missing or wrong bearer token")
+		return false
+	}
+	return true
+}
+
+func (a *admin) healthz(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("text/plain; charset=utf-8")
+	ctx.SetBodyString("ok\n")
+}
+
+func (a *admin) snapshot() adminapi.Status {
+	st := a.m.Stats()
+	reaped := a.m.Reaped()
+	if reaped == nil {
+		reaped = []tier.Reaped{}
+	}
+	return adminapi.Status{
+		Node:        a.cfg.Node,
+		LockManager: a.cfg.Node == a.cfg.ManagerNode,
+		Uptime:      time.Since(a.started).Round(time.Second).String(),
+		Flush:       tier.FlushInstruction(),
+		Reaped:      reaped,
+		ReapedTotal: st.Reaped,
+		LockGrants:  st.Grants,
+		Snapshot:    a.r.Snapshot(),
+	}
+}
+
+func (a *admin) status(ctx *fasthttp.RequestCtx) { writeJSON(ctx, fasthttp.StatusOK, a.snapshot()) }
+
+func (a *admin) reap(ctx *fasthttp.RequestCtx) {
+	got := a.m.ReapOnce()
+	if got == nil {
+		got = []tier.Reaped{}
+	}
+	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"reaped": got})
+}
+
+func (a *admin) metrics(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
+	writeMetrics(ctx, a.snapshot())
+}
+
+// writeMetrics renders the Prometheus text exposition format.
+func writeMetrics(w io.Writer, s adminapi.Status) {
+	metric := func(name, typ, help string, value any, labels ...string) {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
+		lbl := ""
+		for i := 0; i+1 < len(labels); i += 2 {
+			if lbl != "" {
+				lbl += ","
+			}
+			lbl += fmt.Sprintf("%s=%q", labels[i], labels[i+1])
+		}
+		if lbl != "" {
+			lbl = "{" + lbl + "}"
+		}
+		fmt.Fprintf(w, "%s%s %v\n", name, lbl, value)
+	}
+	live, dead := 0, 0
+	for _, c := range s.Clients {
+		if c.State == "live" {
+			live++
+		} else {
+			dead++
+		}
+	}
+	metric("cxltier_up", "gauge", "1 while the daemon serves.", 1, "node", fmt.Sprint(s.Node))
+	metric("cxltier_tier_size_bytes", "gauge", "Logical size of the tier (control area + data).", s.Size)
+	metric("cxltier_tier_used_bytes", "gauge", "Data bytes in allocated chunks.", s.Used)
+	metric("cxltier_tier_free_bytes", "gauge", "Data bytes in free chunks.", s.Free)
+	metric("cxltier_chunks", "gauge", "Chunks in the data area.", s.Chunks.Total)
+	metric("cxltier_chunks_used", "gauge", "Allocated chunks.", s.Chunks.Used)
+	metric("cxltier_chunks_shared", "gauge", "Chunks owned by shared structures rather than a client.", s.Chunks.Shared)
+	metric("cxltier_devices", "gauge", "Devices the tier stripes across.", len(s.Devices))
+	metric("cxltier_clients_live", "gauge", "Attached clients with a live lease (daemons included).", live)
+	metric("cxltier_clients_dead", "gauge", "Leases of dead clients not yet reclaimed.", dead)
+	metric("cxltier_locks_held", "gauge", "Global locks held or requested.", len(s.Locks))
+	metric("cxltier_clients_reaped_total", "counter", "Dead clients reclaimed by this daemon.", s.ReapedTotal)
+	metric("cxltier_lock_grants_total", "counter", "Global lock grants by this daemon (lock manager only).", s.LockGrants)
+	metric("cxltier_directory_entries", "gauge", "Named objects in the root directory.", len(s.Directory))
+}
+
+func writeJSON(ctx *fasthttp.RequestCtx, code int, v any) {
+	ctx.SetStatusCode(code)
+	ctx.SetContentType("application/json")
+	enc := json.NewEncoder(ctx)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+		ctx.SetBodyString(fmt.Sprintf(`{"error":%q}`, err.Error()))
+	}
+}
+
+func writeError(ctx *fasthttp.RequestCtx, code int, format string, args ...any) {
+	writeJSON(ctx, code, map[string]string{"error": fmt.Sprintf(format, args...)})
+}

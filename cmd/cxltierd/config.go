@@ -1,0 +1,108 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/cxltier/cxltier/cmd/internal/tierflags"
+)
+
+// config is the daemon's configuration: the tier's, plus the daemon's own.
+// A JSON config file uses the flag names as keys; flags override it.
+type config struct {
+	tierflags.Config
+	Node         int    `json:"node"`
+	ManagerNode  int    `json:"manager-node"`
+	Listen       string `json:"listen"`
+	TokenFile    string `json:"token-file"`
+	SkipPIDCheck bool   `json:"skip-pid-check"`
+	configFile   string
+}
+
+const tokenEnv = "CXLTIER_TOKEN"
+
+func defaultConfig() config {
+	return config{Config: tierflags.Default(), Listen: "127.0.0.1:7070"}
+}
+
+func (c *config) flagSet(stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("cxltierd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: cxltierd [flags]\n\nWith no flags: a 256MiB shm:cxltier tier, local coherence, one node, admin API on 127.0.0.1:7070.\nThe tier is created if missing and attached if present; its content outlives the daemon.\n\n")
+		fs.PrintDefaults()
+	}
+	c.Register(fs)
+	fs.StringVar(&c.configFile, "config", "", "JSON config file (keys are flag names); flags override it")
+	fs.IntVar(&c.Node, "node", c.Node, "this host's node id")
+	fs.IntVar(&c.ManagerNode, "manager-node", c.ManagerNode, "node whose daemon grants global locks and reaps dead nodes")
+	fs.StringVar(&c.Listen, "listen", c.Listen, "admin API address (host:port); keep it on loopback")
+	fs.StringVar(&c.TokenFile, "token-file", c.TokenFile, "file holding the bearer token for mutating endpoints (or set "+tokenEnv+")")
+	fs.BoolVar(&c.SkipPIDCheck, "skip-pid-check", c.SkipPIDCheck, "judge local clients by heartbeat only")
+	return fs
+}
+
+// loadConfig parses flags, reads the config file if one is named, and parses
+// the flags again over it so that flags win.
+func loadConfig(args []string, stderr io.Writer) (config, error) {
+	cfg := defaultConfig()
+	fs := cfg.flagSet(stderr)
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	if cfg.configFile != "" {
+		raw, err := os.ReadFile(cfg.configFile)
+		if err != nil {
+			return cfg, fmt.Errorf("config: %w", err)
+		}
+		fromFile := defaultConfig()
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&fromFile); err != nil {
+			return cfg, fmt.Errorf("config %s: %w", cfg.configFile, err)
+		}
+		if err := fromFile.flagSet(io.Discard).Parse(args); err != nil {
+			return cfg, err
+		}
+		fromFile.configFile = cfg.configFile
+		cfg = fromFile
+	}
+	return cfg, nil
+}
+
+// loadToken reads the admin token from the token file or the environment.
+// A token file others can read is refused: the token guards mutations.
+func loadToken(path string) ([]byte, error) {
+	if path == "" {
+		return []byte(strings.TrimSpace(os.Getenv(tokenEnv))), nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("token file: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("token file: %w", err)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("token file %s has mode %v: it must not be readable by group or others", path, st.Mode().Perm())
+	}
+	raw, err := io.ReadAll(io.LimitReader(f, 4096))
+	if err != nil {
+		return nil, fmt.Errorf("token file: %w", err)
+	}
+	tok := bytes.TrimSpace(raw)
+	if len(tok) == 0 {
+		return nil, fmt.Errorf("token file %s is empty", path)
+	}
+	return tok, nil
+}

@@ -1,0 +1,140 @@
+// Command cxltierd owns a host's view of the cxltier shared memory tier: it
+// creates or attaches the tier, runs the lock manager (on the manager node)
+// and the lease reaper, and serves the admin API.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/cxltier/cxltier/tier"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "cxltierd: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// run starts the daemon and serves until ctx ends.
+func run(ctx context.Context, args []string, stderr io.Writer) error {
+	logger := log.New(stderr, "cxltierd: ", log.LstdFlags|log.Lmsgprefix)
+	cfg, err := loadConfig(args, stderr)
+	if err != nil {
+		return err
+	}
+	token, err := loadToken(cfg.TokenFile)
+	if err != nil {
+		return err
+	}
+	opts, err := cfg.Options()
+	if err != nil {
+		return err
+	}
+	r, created, err := openOrFormat(opts)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	inf := r.Info()
+	verb := "attached"
+	if created {
+		verb = "formatted"
+	}
+	logger.Printf("%s tier %v: %d device(s), %s data in %d chunks, %s coherence, flush=%s",
+		verb, inf.Devices, len(inf.Devices), sizeText(inf.Size-inf.ControlSize), inf.ChunkCount, inf.Coherence, tier.FlushInstruction())
+
+	m, err := tier.NewManager(r, tier.ManagerOptions{
+		Node:         cfg.Node,
+		GrantLocks:   cfg.Node == cfg.ManagerNode,
+		SkipPIDCheck: cfg.SkipPIDCheck,
+		Logf:         logger.Printf,
+	})
+	if err != nil {
+		return err
+	}
+	mctx, stopManager := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := m.Run(mctx); err != nil {
+			logger.Printf("manager: %v", err)
+		}
+	}()
+	defer func() { stopManager(); wg.Wait() }()
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("admin listen: %w", err)
+	}
+	a := newAdmin(r, m, cfg, token)
+	srv := a.server()
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	logger.Printf("node %d (lock manager: %v); admin API on http://%s", cfg.Node, cfg.Node == cfg.ManagerNode, ln.Addr())
+
+	select {
+	case <-ctx.Done():
+		logger.Printf("shutting down")
+	case err := <-serveErr:
+		return fmt.Errorf("admin server: %w", err)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.ShutdownWithContext(sctx); err != nil {
+		logger.Printf("admin shutdown: %v", err)
+	}
+	stopManager()
+	wg.Wait()
+	logger.Printf("stopped; the tier's content stays in %v", inf.Devices)
+	return nil
+}
+
+// openOrFormat attaches the tier, or creates it if none of its devices exist.
+func openOrFormat(opts tier.Options) (*tier.Region, bool, error) {
+	r, err := tier.Open(opts)
+	if err == nil {
+		return r, false, nil
+	}
+	if !errors.Is(err, tier.ErrNoBacking) {
+		return nil, false, err
+	}
+	for _, d := range opts.Devices {
+		if d.Kind == tier.BackingDax {
+			return nil, false, err // a missing dax device is not ours to create
+		}
+		if _, statErr := os.Stat(d.Path); d.Kind != tier.BackingAnon && statErr == nil {
+			return nil, false, fmt.Errorf("%w (and %s exists: refusing to format a partial tier)", err, d)
+		}
+	}
+	r, err = tier.Format(opts)
+	return r, err == nil, err
+}
+
+func sizeText(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%d B", n)
+}

@@ -1,0 +1,397 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cxltier/cxltier/cmd/internal/adminapi"
+	"github.com/cxltier/cxltier/tier"
+)
+
+// The test binary doubles as the daemon (role "daemon": main() with the
+// arguments in CXLTIERD_ARGS) and as a tier client that takes a lock and
+// waits to be killed (role "holder").
+const (
+	envRole   = "CXLTIERD_TEST_ROLE"
+	envArgs   = "CXLTIERD_ARGS"
+	envDevice = "CXLTIERD_TEST_DEVICE"
+)
+
+func TestMain(m *testing.M) {
+	switch os.Getenv(envRole) {
+	case "daemon":
+		var args []string
+		if a := os.Getenv(envArgs); a != "" {
+			args = strings.Split(a, " ")
+		}
+		os.Args = append([]string{"cxltierd"}, args...)
+		main()
+		os.Exit(0)
+	case "holder":
+		if err := holder(); err != nil {
+			fmt.Fprintln(os.Stderr, "holder:", err)
+			os.Exit(3)
+		}
+	}
+	os.Exit(m.Run())
+}
+
+func holder() error {
+	b, err := tier.ParseBacking(os.Getenv(envDevice))
+	if err != nil {
+		return err
+	}
+	r, err := tier.Open(tier.Options{Devices: []tier.Backing{b}})
+	if err != nil {
+		return err
+	}
+	c, err := r.Attach(tier.ClientOptions{Name: "holder"})
+	if err != nil {
+		return err
+	}
+	if err := c.Lock(tier.FirstUserLock); err != nil {
+		return err
+	}
+	if _, err := c.AllocChunks(3); err != nil {
+		return err
+	}
+	fmt.Println("locked")
+	select {}
+}
+
+// syncBuffer collects a daemon's log safely across goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+var addrRE = regexp.MustCompile(`admin API on http://([0-9.:]+)`)
+
+// waitAddr polls a daemon's log until it names its admin address.
+func waitAddr(t *testing.T, log fmt.Stringer) string {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if m := addrRE.FindStringSubmatch(log.String()); m != nil {
+			return m[1]
+		}
+	}
+	t.Fatalf("daemon did not start; log:\n%s", log)
+	return ""
+}
+
+// startInProcess runs the daemon in this process until the test ends.
+func startInProcess(t *testing.T, args ...string) (addr, device string, log *syncBuffer) {
+	t.Helper()
+	device = fmt.Sprintf("shm:cxltierd-test-%d-%d", os.Getpid(), time.Now().UnixNano())
+	t.Cleanup(func() { os.Remove("/dev/shm/" + strings.TrimPrefix(device, "shm:")) })
+	log = &syncBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	all := append([]string{"-device", device, "-size", "32MiB", "-chunk", "256KiB", "-listen", "127.0.0.1:0"}, args...)
+	go func() { done <- run(ctx, all, log) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("daemon: %v\n%s", err, log)
+		}
+	})
+	return waitAddr(t, log), device, log
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+func TestConfig(t *testing.T) {
+	cfg, err := loadConfig(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := cfg.Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(opts.Devices) != 1 || opts.Devices[0].String() != "shm:cxltier" || opts.Geometry.DeviceSize != 256<<20 ||
+		opts.Coherence != tier.Local || opts.Geometry.Nodes != 1 || cfg.Listen != adminapi.DefaultAddr || cfg.Node != 0 {
+		t.Errorf("embedded default: %+v %+v", cfg, opts)
+	}
+
+	dir := t.TempDir()
+	file := filepath.Join(dir, "cxltierd.json")
+	os.WriteFile(file, []byte(`{"device":["shm:a","shm:b"],"size":"1GiB","nodes":4,"node":2,"lease-timeout":"3s","listen":"127.0.0.1:9"}`), 0o600)
+	cfg, err = loadConfig([]string{"-config", file, "-listen", "127.0.0.1:8"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts, _ = cfg.Options(); len(opts.Devices) != 2 || opts.Geometry.DeviceSize != 1<<30 || opts.Geometry.Nodes != 4 ||
+		cfg.Node != 2 || opts.Geometry.LeaseTimeout != 3*time.Second || cfg.Listen != "127.0.0.1:8" {
+		t.Errorf("config file + flag: %+v %+v", cfg, opts)
+	}
+	cfg, _ = loadConfig([]string{"-config", file, "-device", "shm:c"}, io.Discard)
+	if cfg.Devices.List[0] != "shm:c" || len(cfg.Devices.List) != 1 {
+		t.Errorf("-device should replace the file's devices: %v", cfg.Devices.List)
+	}
+
+	os.WriteFile(file, []byte(`{"devices":["shm:a"]}`), 0o600)
+	for _, args := range [][]string{
+		{"-config", file},                      // unknown key
+		{"-config", filepath.Join(dir, "nope")}, // missing file
+		{"-size", "12parsecs"},
+		{"-device", "tape:/dev/st0"},
+		{"extra"},
+		{"-lease-timeout", "-1s"},
+	} {
+		if _, err := loadConfig(args, io.Discard); err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
+}
+
+func TestToken(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "token")
+	os.WriteFile(good, []byte("s3cret\n"), 0o600)
+	if tok, err := loadToken(good); err != nil || string(tok) != "s3cret" {
+		t.Errorf("token %q, %v", tok, err)
+	}
+	loose := filepath.Join(dir, "loose")
+	os.WriteFile(loose, []byte("s3cret"), 0o644)
+	if _, err := loadToken(loose); err == nil {
+		t.Error("world-readable token file accepted")
+	}
+	empty := filepath.Join(dir, "empty")
+	os.WriteFile(empty, nil, 0o600)
+	if _, err := loadToken(empty); err == nil {
+		t.Error("empty token file accepted")
+	}
+}
+
+func TestAdminEndpoints(t *testing.T) {
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(tokenFile, []byte("let-me-in"), 0o600)
+	addr, _, log := startInProcess(t, "-token-file", tokenFile)
+	base := "http://" + addr
+
+	if code, body := get(t, base+"/healthz"); code != 200 || body != "ok\n" {
+		t.Errorf("healthz: %d %q", code, body)
+	}
+	code, body := get(t, base+"/v1/status")
+	var st adminapi.Status
+	if err := json.Unmarshal([]byte(body), &st); code != 200 || err != nil {
+		t.Fatalf("status: %d %v %s", code, err, body)
+	}
+	if st.Chunks.Total == 0 || st.Free != st.Chunks.Total*st.Chunks.Size || len(st.Devices) != 1 ||
+		len(st.Clients) != 1 || !st.Clients[0].Daemon || !st.LockManager {
+		t.Errorf("status: %+v", st)
+	}
+	code, body = get(t, base+"/metrics")
+	for _, want := range []string{"# TYPE cxltier_tier_free_bytes gauge", "cxltier_up{node=\"0\"} 1", "cxltier_clients_live 1", "cxltier_clients_reaped_total 0"} {
+		if code != 200 || !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q:\n%s", want, body)
+		}
+	}
+	if code, _ := get(t, base+"/nope"); code != 404 {
+		t.Errorf("unknown path: %d", code)
+	}
+	post := func(path, auth string) int {
+		req, _ := http.NewRequest(http.MethodPost, base+path, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, tc := range []struct {
+		path, auth string
+		want       int
+	}{
+		{"/v1/reap", "", 401},
+		{"/v1/reap", "Bearer wrong", 401},
+		{"/v1/reap", "Basic let-me-in", 401},
+		{"/v1/reap", "Bearer let-me-in", 200},
+		{"/v1/status", "Bearer let-me-in", 405},
+	} {
+		if got := post(tc.path, tc.auth); got != tc.want {
+			t.Errorf("POST %s with %q: %d, want %d", tc.path, tc.auth, got, tc.want)
+		}
+	}
+	if strings.Contains(log.String(), "let-me-in") {
+		t.Error("token appears in the daemon's log")
+	}
+}
+
+func TestMutationsDisabledWithoutToken(t *testing.T) {
+	t.Setenv(tokenEnv, "")
+	addr, _, _ := startInProcess(t)
+	resp, err := http.Post("http://"+addr+"/v1/reap", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 403 {
+		t.Errorf("reap without configured token: %d, want 403", resp.StatusCode)
+	}
+}
+
+func TestDaemonReapsKilledHolder(t *testing.T) {
+	addr, device, _ := startInProcess(t, "-lease-timeout", "1s")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envRole+"=holder", envDevice+"="+device)
+	cmd.Stderr = os.Stderr
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "locked\n" {
+		t.Fatalf("holder: %q %v", line, err)
+	}
+	st, _, err := adminapi.FetchStatus(addr, time.Second)
+	if err != nil || len(st.Locks) != 1 || st.Chunks.Used != 3 {
+		t.Fatalf("while held: locks %+v, used %d, %v", st.Locks, st.Chunks.Used, err)
+	}
+	pid := cmd.Process.Pid
+	killed := time.Now()
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+
+	var reaped *tier.Reaped
+	for reaped == nil && time.Since(killed) < 5*time.Second {
+		time.Sleep(20 * time.Millisecond)
+		if st, _, err = adminapi.FetchStatus(addr, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		for _, rp := range st.Reaped {
+			if rp.PID == pid {
+				reaped = &rp
+			}
+		}
+	}
+	if reaped == nil {
+		t.Fatalf("status never showed pid %d reaped: %+v", pid, st.Reaped)
+	}
+	if took := time.Since(killed); took > time.Second {
+		t.Errorf("reaped after %v, lease timeout 1s", took)
+	}
+	if reaped.Locks != 1 || reaped.Chunks != 3 || len(st.Locks) != 0 || st.Chunks.Used != 0 || st.ReapedTotal != 1 {
+		t.Errorf("after reaping: %+v, locks %+v, used %d", reaped, st.Locks, st.Chunks.Used)
+	}
+	// The lock is usable again from another process (this one).
+	b, _ := tier.ParseBacking(device)
+	r, err := tier.Open(tier.Options{Devices: []tier.Backing{b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	c, err := r.Attach(tier.ClientOptions{Name: "after"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := c.LockContext(ctx, tier.FirstUserLock); err != nil {
+		t.Fatalf("lock after reaping: %v", err)
+	}
+	c.Unlock(tier.FirstUserLock)
+}
+
+// TestNoFlags runs the daemon exactly as the README's first command does:
+// no flags. It needs the default shm name and port to be free.
+func TestNoFlags(t *testing.T) {
+	const shmPath = "/dev/shm/cxltier"
+	if _, err := os.Stat(shmPath); err == nil {
+		t.Skipf("%s exists (a real tier?); not touching it", shmPath)
+	}
+	if ln, err := net.Listen("tcp", adminapi.DefaultAddr); err != nil {
+		t.Skipf("%s busy: %v", adminapi.DefaultAddr, err)
+	} else {
+		ln.Close()
+	}
+	defer os.Remove(shmPath)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envRole+"=daemon", envArgs+"=")
+	log := &syncBuffer{}
+	cmd.Stderr = log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	addr := waitAddr(t, log)
+	if addr != adminapi.DefaultAddr {
+		t.Errorf("listening on %s, want %s", addr, adminapi.DefaultAddr)
+	}
+	base := "http://" + addr
+	if code, _ := get(t, base+"/healthz"); code != 200 {
+		t.Errorf("healthz %d", code)
+	}
+	if code, body := get(t, base+"/metrics"); code != 200 || !strings.Contains(body, "cxltier_tier_size_bytes 268435456") {
+		t.Errorf("metrics %d:\n%s", code, body)
+	}
+	st, _, err := adminapi.FetchStatus(addr, time.Second)
+	if err != nil || st.Devices[0] != "shm:cxltier" || st.DeviceSize != 256<<20 || st.Coherence != "local" || st.Nodes != 1 {
+		t.Errorf("status %+v %v", st, err)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("exit after SIGTERM: %v\n%s", err, log)
+		}
+	case <-time.After(10 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("no exit 10s after SIGTERM\n%s", log)
+	}
+	if !strings.Contains(log.String(), "stopped") {
+		t.Errorf("no clean-shutdown message:\n%s", log)
+	}
+	// The region outlives the daemon and reopens cleanly with no live leases.
+	b, _ := tier.ParseBacking("shm:cxltier")
+	r, err := tier.Open(tier.Options{Devices: []tier.Backing{b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if ls := r.Leases(); len(ls) != 0 {
+		t.Errorf("leases after clean shutdown: %+v", ls)
+	}
+}

@@ -1,0 +1,50 @@
+// Package adminapi holds the JSON shapes of cxltierd's admin API and a small
+// client for them, shared by the daemon and the CLI.
+package adminapi
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/cxltier/cxltier/tier"
+)
+
+// DefaultAddr is where cxltierd listens unless told otherwise.
+const DefaultAddr = "127.0.0.1:7070"
+
+// Status is the body of GET /v1/status.
+type Status struct {
+	Node        int           `json:"node"`
+	LockManager bool          `json:"lock_manager"`
+	Uptime      string        `json:"uptime"`
+	Flush       string        `json:"flush_instruction"`
+	Reaped      []tier.Reaped `json:"reaped"`
+	ReapedTotal uint64        `json:"reaped_total"`
+	LockGrants  uint64        `json:"lock_grants_total"`
+	tier.Snapshot
+}
+
+// FetchStatus asks the daemon at addr (host:port) for its status.
+func FetchStatus(addr string, timeout time.Duration) (Status, []byte, error) {
+	var st Status
+	client := &http.Client{Timeout: timeout}
+	resp, err := client.Get("http://" + addr + "/v1/status")
+	if err != nil {
+		return st, nil, fmt.Errorf("is cxltierd running? %w", err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return st, nil, fmt.Errorf("read status from %s: %w", addr, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return st, raw, fmt.Errorf("status from %s: HTTP %d: %s", addr, resp.StatusCode, raw)
+	}
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return st, raw, fmt.Errorf("status from %s: %w", addr, err)
+	}
+	return st, raw, nil
+}
