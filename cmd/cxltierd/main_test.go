@@ -168,7 +168,7 @@ func TestConfig(t *testing.T) {
 
 	os.WriteFile(file, []byte(`{"devices":["shm:a"]}`), 0o600)
 	for _, args := range [][]string{
-		{"-config", file},                      // unknown key
+		{"-config", file},                       // unknown key
 		{"-config", filepath.Join(dir, "nope")}, // missing file
 		{"-size", "12parsecs"},
 		{"-device", "tape:/dev/st0"},

@@ -1,0 +1,96 @@
+package tierflags
+
+import (
+	"flag"
+	"io"
+	"strings"
+	"testing"
+)
+
+func TestParseSize(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		want    int64
+		wantErr string
+	}{
+		{"4096", 4096, ""},
+		{"0", 0, ""},
+		{"64KiB", 64 << 10, ""},
+		{"2MiB", 2 << 20, ""},
+		{"2M", 2 << 20, ""},
+		{"2MB", 2 << 20, ""},
+		{" 3 GiB ", 3 << 30, ""},
+		{"1TiB", 1 << 40, ""},
+		{"512B", 512, ""},
+		{"", 0, "non-negative integer"},
+		{"-1", 0, "non-negative integer"},
+		{"1.5GiB", 0, "non-negative integer"},
+		{"12XB", 0, "non-negative integer"},
+		{"99999999TiB", 0, "too large"},
+		{"99999999999999999999", 0, "non-negative integer"},
+	} {
+		got, err := ParseSize(tc.in)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("ParseSize(%q) = %d, %v; want error containing %q", tc.in, got, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestFormatSizeRoundTrip(t *testing.T) {
+	for _, n := range []int64{0, 1, 1000, 1 << 10, 3 << 20, 2 << 30, 5 << 40, 1<<30 + 1} {
+		s := FormatSize(n)
+		back, err := ParseSize(s)
+		if err != nil || back != n {
+			t.Errorf("FormatSize(%d) = %q, parses back to %d, %v", n, s, back, err)
+		}
+	}
+}
+
+func TestFlagsOverrideConfig(t *testing.T) {
+	cfg := Default()
+	cfg.Devices.List = []string{"file:/from/config"}
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	cfg.Register(fs)
+	if err := fs.Parse([]string{"-device", "shm:a", "-device", "shm:b", "-size", "64MiB", "-nodes", "2"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Devices.String(); got != "shm:a,shm:b" {
+		t.Errorf("devices = %q; the flags must replace the config's list, not extend it", got)
+	}
+	opts, err := cfg.Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.Geometry.DeviceSize != 64<<20 || opts.Geometry.Nodes != 2 || len(opts.Devices) != 2 {
+		t.Errorf("options = %+v", opts.Geometry)
+	}
+}
+
+func TestBadValues(t *testing.T) {
+	for _, args := range [][]string{
+		{"-device", "nfs:/x"},
+		{"-size", "lots"},
+		{"-lease-timeout", "0s"},
+		{"-lease-timeout", "soon"},
+	} {
+		cfg := Default()
+		fs := flag.NewFlagSet("x", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		cfg.Register(fs)
+		if err := fs.Parse(args); err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
+	cfg := Default()
+	cfg.Coherence = "sometimes"
+	if _, err := cfg.Options(); err == nil {
+		t.Error("coherence \"sometimes\" accepted")
+	}
+}
