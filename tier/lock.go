@@ -47,27 +47,15 @@ func (c *Client) LockContext(ctx context.Context, id int) error {
 		return err
 	}
 	global, local := c.r.lockLines(id, c.node)
-	holder := u64At(local, 0)
-	for try := 0; ; try++ {
-		c.r.sync.refresh(local)
-		if atomic.LoadUint64(holder) == 0 && atomic.CompareAndSwapUint64(holder, 0, c.token) {
-			break
-		}
-		if err := c.Err(); err != nil {
-			return err
-		}
-		if try%64 == 63 {
-			if err := ctx.Err(); err != nil {
-				return fmt.Errorf("tier: lock %d: %w", id, err)
-			}
-		}
-		backoff(try)
+	if err := c.acquireLocal(ctx, local, true); err != nil {
+		return fmt.Errorf("tier: lock %d: %w", id, err)
 	}
-	c.r.sync.publish(local)
 	if c.r.l.Nodes == 1 {
 		return nil
 	}
-	return c.r.awaitGrant(global)
+	c.r.postRequest(global)
+	c.r.awaitGrantFor(global, 0)
+	return nil
 }
 
 // lockWithin takes lock id, giving up after limit. On a give-up in the
@@ -77,33 +65,45 @@ func (c *Client) lockWithin(id int, limit time.Duration) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	global, local := c.r.lockLines(id, c.node)
+	if c.acquireLocal(ctx, local, false) != nil {
+		return false
+	}
+	if c.r.l.Nodes == 1 {
+		return true
+	}
+	c.r.postRequest(global)
+	return c.r.awaitGrantFor(global, limit)
+}
+
+// acquireLocal takes the node-local stage of a lock: a CAS of the holder
+// word from 0 to this client's token. It gives up when ctx ends and, if
+// checkClient, when this client's lease is lost or closed.
+func (c *Client) acquireLocal(ctx context.Context, local []byte, checkClient bool) error {
 	holder := u64At(local, 0)
 	for try := 0; ; try++ {
 		c.r.sync.refresh(local)
 		if atomic.LoadUint64(holder) == 0 && atomic.CompareAndSwapUint64(holder, 0, c.token) {
-			break
+			c.r.sync.publish(local)
+			return nil
 		}
-		if ctx.Err() != nil {
-			return false
+		if checkClient {
+			if err := c.Err(); err != nil {
+				return err
+			}
+		}
+		if try%64 == 63 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
 		}
 		backoff(try)
 	}
-	c.r.sync.publish(local)
-	if c.r.l.Nodes == 1 {
-		return true
-	}
-	atomic.StoreUint32(u32At(global, 0), lockWaiting)
-	c.r.sync.publish(global)
-	return c.r.awaitGrantFor(global, limit)
 }
 
-// awaitGrant asks the manager for the lock and waits for Locked.
-func (r *Region) awaitGrant(global []byte) error {
-	state := u32At(global, 0)
-	atomic.StoreUint32(state, lockWaiting)
+// postRequest marks this node as waiting for the manager's grant.
+func (r *Region) postRequest(global []byte) {
+	atomic.StoreUint32(u32At(global, 0), lockWaiting)
 	r.sync.publish(global)
-	r.awaitGrantFor(global, 0)
-	return nil
 }
 
 // awaitGrantFor waits up to limit (0: forever) for the manager's grant.
