@@ -8,7 +8,10 @@ require (
 )
 
 require (
+	github.com/google/uuid v1.1.1 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/molecule-man/go-brrr v1.3.0 // indirect
+	github.com/pkg/errors v0.9.1 // indirect
 	github.com/valyala/bytebufferpool v1.0.0 // indirect
+	gorgonia.org/cu v0.9.6 // indirect
 )

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/cxltier/cxltier/cmd/internal/adminapi"
-	"github.com/cxltier/cxltier/cmd/internal/tierflags"
+	"github.com/cxltier/cxltier/internal/tierflags"
 	"github.com/cxltier/cxltier/tier"
 )
 

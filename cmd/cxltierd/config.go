@@ -9,7 +9,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/cxltier/cxltier/cmd/internal/tierflags"
+	"github.com/cxltier/cxltier/internal/tierflags"
 )
 
 // config is the daemon's configuration: the tier's, plus the daemon's own.

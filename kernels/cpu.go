@@ -1,0 +1,351 @@
+package kernels
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+)
+
+// CPU is the engine that runs everywhere: copies between registered host
+// memory and host buffers, split across cores. Tests run every case on it,
+// and it is the fallback where there is no GPU.
+type CPU struct {
+	ranges  rangeTable
+	workers int
+
+	mu     sync.Mutex
+	mem    [MaxRanges][]byte
+	tail   *cpuHandle // last call queued: the next one runs after it
+	closed bool
+}
+
+// NewCPU returns a CPU engine using up to workers goroutines per call
+// (0: GOMAXPROCS).
+func NewCPU(workers int) *CPU {
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	return &CPU{workers: workers, tail: doneHandle()}
+}
+
+// Name implements Engine.
+func (e *CPU) Name() string { return "cpu" }
+
+// Register implements Engine.
+func (e *CPU) Register(mem []byte) (RangeID, error) {
+	id, err := e.ranges.claim(int64(len(mem)))
+	if err != nil {
+		return 0, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		e.ranges.release(id)
+		return 0, ErrClosed
+	}
+	e.mem[id] = mem
+	return id, nil
+}
+
+// Unregister implements Engine. Calls already made finish first.
+func (e *CPU) Unregister(id RangeID) error {
+	if err := e.Sync(); err != nil {
+		return err
+	}
+	if err := e.ranges.release(id); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.mem[id] = nil
+	e.mu.Unlock()
+	return nil
+}
+
+type hostBuffer struct {
+	eng *CPU
+	b   []byte
+}
+
+func (h *hostBuffer) Len() int64 { return int64(len(h.b)) }
+func (h *hostBuffer) Free() error {
+	h.b = nil
+	return nil
+}
+
+// Alloc implements Engine.
+func (e *CPU) Alloc(n int64) (Buffer, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("%w: buffer of %d bytes", ErrBadRequest, n)
+	}
+	return &hostBuffer{eng: e, b: make([]byte, n)}, nil
+}
+
+// Bytes is the memory of a CPU engine buffer (for callers that work on it
+// directly, like tests and the CPU fallback paths above this package).
+func (e *CPU) Bytes(b Buffer) ([]byte, error) {
+	hb, err := e.own(b)
+	if err != nil {
+		return nil, err
+	}
+	return hb.b, nil
+}
+
+func (e *CPU) own(b Buffer) (*hostBuffer, error) {
+	if b == nil {
+		return nil, fmt.Errorf("%w: no buffer", ErrBadRequest)
+	}
+	hb, ok := b.(*hostBuffer)
+	if !ok || hb.eng != e {
+		return nil, ErrForeignBuffer
+	}
+	return hb, nil
+}
+
+// Upload implements Engine.
+func (e *CPU) Upload(dst Buffer, off int64, src []byte) error {
+	hb, err := e.own(dst)
+	if err != nil {
+		return err
+	}
+	if maxIndex(hb.Len(), off, 1, int64(len(src))) < 0 {
+		return fmt.Errorf("upload of %d bytes at %d into %d: %w", len(src), off, hb.Len(), ErrOutOfBounds)
+	}
+	if err := e.Sync(); err != nil {
+		return err
+	}
+	copy(hb.b[off:], src)
+	return nil
+}
+
+// Download implements Engine.
+func (e *CPU) Download(dst []byte, src Buffer, off int64) error {
+	hb, err := e.own(src)
+	if err != nil {
+		return err
+	}
+	if maxIndex(hb.Len(), off, 1, int64(len(dst))) < 0 {
+		return fmt.Errorf("download of %d bytes at %d from %d: %w", len(dst), off, hb.Len(), ErrOutOfBounds)
+	}
+	if err := e.Sync(); err != nil {
+		return err
+	}
+	copy(dst, hb.b[off:])
+	return nil
+}
+
+// Gather implements Engine.
+func (e *CPU) Gather(r Rows) (Handle, error) { return e.rows(r, false) }
+
+// Scatter implements Engine.
+func (e *CPU) Scatter(r Rows) (Handle, error) { return e.rows(r, true) }
+
+// GatherBlocks implements Engine.
+func (e *CPU) GatherBlocks(b Blocks) (Handle, error) { return e.blocks(b, false) }
+
+// ScatterBlocks implements Engine.
+func (e *CPU) ScatterBlocks(b Blocks) (Handle, error) { return e.blocks(b, true) }
+
+func (e *CPU) rows(r Rows, toTier bool) (Handle, error) {
+	hb, err := e.own(r.Buf)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.ranges.checkRows(&r); err != nil {
+		return nil, err
+	}
+	tier := append([]Addr(nil), r.Tier...)
+	slots := append([]int64(nil), r.Slots...)
+	n, stride, base, buf := r.RowBytes, r.SlotStride, r.BufOffset, hb.b
+	return e.submit(len(tier), n, func(mem *[MaxRanges][]byte, lo, hi int) {
+		for i := lo; i < hi; i++ {
+			if j := i + prefetchDistance; j < hi && !toTier && n <= prefetchMaxRow {
+				p := tier[j]
+				prefetch(&mem[p.Range()][p.Offset()], uintptr(n))
+			}
+			a := tier[i]
+			t := mem[a.Range()][a.Offset() : a.Offset()+n]
+			s := int64(i)
+			if slots != nil {
+				s = slots[i]
+			}
+			b := buf[base+s*stride : base+s*stride+n]
+			if toTier {
+				copy(t, b)
+			} else {
+				copy(b, t)
+			}
+		}
+	})
+}
+
+func (e *CPU) blocks(b Blocks, toTier bool) (Handle, error) {
+	chunks := make([][]byte, len(b.Chunks))
+	offsets := make([]int64, len(b.Chunks))
+	for c, ch := range b.Chunks {
+		hb, err := e.own(ch.Buf)
+		if err != nil {
+			return nil, fmt.Errorf("chunk %d: %w", c, err)
+		}
+		chunks[c], offsets[c] = hb.b, ch.Offset
+	}
+	if err := e.ranges.checkBlocks(&b); err != nil {
+		return nil, err
+	}
+	tier := append([]Addr(nil), b.Tier...)
+	pages := append([]int64(nil), b.Pages...)
+	n, stride, nc := b.ChunkBytes, b.PageStride, len(chunks)
+	return e.submit(len(tier)*nc, n, func(mem *[MaxRanges][]byte, lo, hi int) {
+		for r := lo; r < hi; r++ {
+			blk, c := r/nc, r%nc
+			a := tier[blk]
+			toff := a.Offset() + int64(c)*n
+			t := mem[a.Range()][toff : toff+n]
+			boff := offsets[c] + pages[blk]*stride
+			g := chunks[c][boff : boff+n]
+			if toTier {
+				copy(t, g)
+			} else {
+				copy(g, t)
+			}
+		}
+	})
+}
+
+// prefetchDistance is how many rows ahead the CPU gather prefetches.
+const prefetchDistance = 8
+
+// prefetchMaxRow is the largest row worth prefetching by hand; the hardware
+// prefetcher follows longer rows on its own.
+const prefetchMaxRow = 1024
+
+// parallelBytes is the least work worth handing to another goroutine.
+const parallelBytes = 256 << 10
+
+// submit queues a copy of rows rows of rowBytes each behind the calls
+// before it. A call with nothing ahead of it and too small to split runs
+// at once on the caller's goroutine.
+func (e *CPU) submit(rows int, rowBytes int64, copyRows func(mem *[MaxRanges][]byte, lo, hi int)) (Handle, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, ErrClosed
+	}
+	mem := e.mem // a copy: Register may change the table while this runs
+	parts := int(min(int64(e.workers), int64(rows)*rowBytes/parallelBytes))
+	run := func() {
+		if parts <= 1 {
+			copyRows(&mem, 0, rows)
+			return
+		}
+		var wg sync.WaitGroup
+		for p := range parts {
+			wg.Go(func() { copyRows(&mem, rows*p/parts, rows*(p+1)/parts) })
+		}
+		wg.Wait()
+	}
+	prev := e.tail
+	if prev.done() && parts <= 1 {
+		run()
+		return doneHandle(), nil
+	}
+	h := &cpuHandle{ch: make(chan struct{})}
+	e.tail = h
+	go func() {
+		<-prev.ch
+		run()
+		close(h.ch)
+	}()
+	return h, nil
+}
+
+// Sync implements Engine.
+func (e *CPU) Sync() error {
+	e.mu.Lock()
+	t := e.tail
+	e.mu.Unlock()
+	return t.Wait()
+}
+
+// Close implements Engine.
+func (e *CPU) Close() error {
+	if err := e.Sync(); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.closed = true
+	for id := range e.mem {
+		if e.mem[id] != nil {
+			e.mem[id] = nil
+			e.ranges.release(RangeID(id))
+		}
+	}
+	return nil
+}
+
+type cpuHandle struct{ ch chan struct{} }
+
+func doneHandle() *cpuHandle {
+	h := &cpuHandle{ch: make(chan struct{})}
+	close(h.ch)
+	return h
+}
+
+func (h *cpuHandle) done() bool {
+	select {
+	case <-h.ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// Wait implements Handle.
+func (h *cpuHandle) Wait() error {
+	<-h.ch
+	return nil
+}
+
+// CopyEach implements Baseline: one copy per row on the caller's goroutine.
+func (e *CPU) CopyEach(r Rows) error {
+	hb, err := e.own(r.Buf)
+	if err != nil {
+		return err
+	}
+	if err := e.ranges.checkRows(&r); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	mem := e.mem
+	e.mu.Unlock()
+	for i, a := range r.Tier {
+		d := r.BufOffset + int64(i)*r.SlotStride
+		if r.Slots != nil {
+			d = r.BufOffset + r.Slots[i]*r.SlotStride
+		}
+		copy(hb.b[d:d+r.RowBytes], mem[a.Range()][a.Offset():])
+	}
+	return nil
+}
+
+// BulkCopy implements Baseline.
+func (e *CPU) BulkCopy(dst Buffer, dstOff int64, src Addr, n int64) error {
+	hb, err := e.own(dst)
+	if err != nil {
+		return err
+	}
+	if maxIndex(hb.Len(), dstOff, 1, n) < 0 {
+		return fmt.Errorf("bulk copy of %d bytes at %d into %d: %w", n, dstOff, hb.Len(), ErrOutOfBounds)
+	}
+	e.ranges.mu.RLock()
+	err = e.ranges.checkSpan(src, n, "bulk copy", 0)
+	e.ranges.mu.RUnlock()
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	m := e.mem[src.Range()]
+	e.mu.Unlock()
+	copy(hb.b[dstOff:dstOff+n], m[src.Offset():])
+	return nil
+}

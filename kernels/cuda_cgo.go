@@ -1,0 +1,55 @@
+//go:build cuda
+
+package kernels
+
+// The few driver calls gorgonia.org/cu lacks: page-locking host memory
+// that something else mapped (the tier) and finding its device address.
+
+/*
+#include <cuda.h>
+
+static CUresult cxl_host_register(void *p, size_t n, unsigned long long *dptr) {
+	CUresult r = cuMemHostRegister(p, n, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+	if (r != CUDA_SUCCESS) return r;
+	CUdeviceptr d = 0;
+	r = cuMemHostGetDevicePointer(&d, p, 0);
+	if (r != CUDA_SUCCESS) {
+		cuMemHostUnregister(p);
+		return r;
+	}
+	*dptr = (unsigned long long)d;
+	return CUDA_SUCCESS;
+}
+
+static CUresult cxl_host_unregister(void *p) { return cuMemHostUnregister(p); }
+
+static const char *cxl_error_name(CUresult r) {
+	const char *s = 0;
+	if (cuGetErrorName(r, &s) != CUDA_SUCCESS || s == 0) return "unknown CUDA error";
+	return s;
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"unsafe"
+)
+
+// hostRegister page-locks mem and returns its device address. mem must not
+// be Go-heap memory the caller may drop: the engine keeps a reference to it
+// until unregister, which is what keeps a Go-heap slice alive.
+func hostRegister(mem []byte) (uint64, error) {
+	var d C.ulonglong
+	if r := C.cxl_host_register(unsafe.Pointer(&mem[0]), C.size_t(len(mem)), &d); r != C.CUDA_SUCCESS {
+		return 0, fmt.Errorf("kernels: cuMemHostRegister of %d bytes: %s", len(mem), C.GoString(C.cxl_error_name(r)))
+	}
+	return uint64(d), nil
+}
+
+func hostUnregister(mem []byte) error {
+	if r := C.cxl_host_unregister(unsafe.Pointer(&mem[0])); r != C.CUDA_SUCCESS {
+		return fmt.Errorf("kernels: cuMemHostUnregister: %s", C.GoString(C.cxl_error_name(r)))
+	}
+	return nil
+}

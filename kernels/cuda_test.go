@@ -1,0 +1,61 @@
+//go:build cuda
+
+package kernels
+
+import (
+	"errors"
+	"testing"
+)
+
+// The CUDA engine joins every engine test. Without a device the tests skip;
+// without the driver at all, a cuda-tagged binary cannot start (the driver
+// binding exits in its init), which is why CI only compiles this build.
+func init() {
+	engineMakers = append(engineMakers, struct {
+		name string
+		make func(t testing.TB) Engine
+	}{"cuda", func(t testing.TB) Engine {
+		e, err := NewCUDA(CUDAOptions{})
+		if errors.Is(err, ErrNoDevice) {
+			t.Skip(err)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}})
+}
+
+func TestCUDAWrapDevice(t *testing.T) {
+	e, err := NewCUDA(CUDAOptions{})
+	if errors.Is(err, ErrNoDevice) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	buf, err := e.Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Free()
+	w, err := e.(DeviceWrapper).WrapDevice(uintptr(buf.(*deviceBuffer).ptr)+1024, 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []byte("written through a wrapped pointer")
+	if err := e.Upload(w, 10, want); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(want))
+	if err := e.Download(got, buf, 1034); err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(want) {
+		t.Fatalf("got %q", got)
+	}
+	if err := w.Free(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,131 @@
+package kernels
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors; calls wrap them with the offending row or range.
+var (
+	ErrOutOfBounds   = errors.New("kernels: row outside its range or buffer")
+	ErrNoRange       = errors.New("kernels: range not registered")
+	ErrTooManyRanges = errors.New("kernels: all range ids in use")
+	ErrBadRequest    = errors.New("kernels: malformed request")
+	ErrForeignBuffer = errors.New("kernels: buffer belongs to another engine")
+	ErrClosed        = errors.New("kernels: engine closed")
+	ErrNoDevice      = errors.New("kernels: no CUDA device")
+)
+
+// MaxRanges is how many ranges an engine can have registered at once: the
+// range id is the top byte of an Addr.
+const MaxRanges = 256
+
+// RangeID names a registered range.
+type RangeID uint8
+
+// Addr is a byte address in registered memory: the range id in the top 8
+// bits and the offset in the range in the low 56. Kernels resolve it with a
+// per-range base table, so one launch reads from every tier device.
+type Addr uint64
+
+const addrOffsetBits = 56
+
+// MaxRangeBytes is the largest range an Addr can address (64 PiB).
+const MaxRangeBytes = int64(1) << addrOffsetBits
+
+// At makes the address of byte off of range r. off must be in [0, MaxRangeBytes).
+func At(r RangeID, off int64) Addr {
+	return Addr(uint64(r)<<addrOffsetBits | uint64(off)&(uint64(MaxRangeBytes)-1))
+}
+
+// Range is the range id part of a.
+func (a Addr) Range() RangeID { return RangeID(a >> addrOffsetBits) }
+
+// Offset is the byte offset part of a.
+func (a Addr) Offset() int64 { return int64(uint64(a) & (uint64(MaxRangeBytes) - 1)) }
+
+func (a Addr) String() string { return fmt.Sprintf("%d:%#x", a.Range(), a.Offset()) }
+
+// Buffer is memory owned by an engine: GPU memory for the CUDA engine,
+// host memory for the CPU engine. Buffers are not safe to free while a call
+// that uses them is in flight.
+type Buffer interface {
+	Len() int64
+	Free() error
+}
+
+// Rows moves RowBytes-sized rows between the tier and a buffer: row i is at
+// Tier[i] in registered memory and in slot Slots[i] of Buf (slot s starts at
+// BufOffset + s*SlotStride). Slots nil means row i is in slot i.
+type Rows struct {
+	RowBytes   int64
+	Tier       []Addr
+	Buf        Buffer
+	BufOffset  int64
+	Slots      []int64 // nil: contiguous
+	SlotStride int64   // 0: RowBytes
+}
+
+// Blocks moves paged KV blocks: block b is len(Chunks)*ChunkBytes contiguous
+// bytes at Tier[b], and its chunk c lives in Chunks[c].Buf at
+// Chunks[c].Offset + Pages[b]*PageStride (typically one chunk per layer and
+// K/V, each in its own buffer, all indexed by the same page).
+type Blocks struct {
+	ChunkBytes int64
+	Tier       []Addr
+	Pages      []int64
+	Chunks     []Span
+	PageStride int64 // 0: ChunkBytes
+}
+
+// Span is a place in a buffer.
+type Span struct {
+	Buf    Buffer
+	Offset int64
+}
+
+// Handle is the completion of one call.
+type Handle interface {
+	// Wait blocks until the call's copies are done and reports a failure
+	// that happened while running it.
+	Wait() error
+}
+
+// Engine is a gather engine. Its methods are safe for concurrent use; calls
+// complete in the order they were made.
+type Engine interface {
+	// Name says which engine this is ("cpu", "cuda:0").
+	Name() string
+	// Register makes mem reachable by the engine's copies. mem must stay
+	// mapped until Unregister; the CUDA engine page-locks it.
+	Register(mem []byte) (RangeID, error)
+	Unregister(RangeID) error
+	// Alloc allocates an engine buffer of n bytes.
+	Alloc(n int64) (Buffer, error)
+	// Upload and Download copy between host memory and a buffer and wait
+	// for the copy (and every call before it) to finish.
+	Upload(dst Buffer, off int64, src []byte) error
+	Download(dst []byte, src Buffer, off int64) error
+
+	Gather(Rows) (Handle, error)          // tier → buffer
+	Scatter(Rows) (Handle, error)         // buffer → tier
+	GatherBlocks(Blocks) (Handle, error)  // tier → buffer
+	ScatterBlocks(Blocks) (Handle, error) // buffer → tier
+
+	// Sync waits for every call made so far.
+	Sync() error
+	// Close waits for pending calls, unregisters every range and frees the
+	// engine's own resources. Buffers must be freed before.
+	Close() error
+}
+
+// Baseline is implemented by the engines for benchmarks: the plain ways of
+// moving the same bytes that the fused calls are measured against.
+type Baseline interface {
+	// CopyEach copies r's rows tier → buffer with one copy call per row
+	// (cuMemcpyHtoDAsync per row on CUDA), then waits.
+	CopyEach(r Rows) error
+	// BulkCopy copies n contiguous bytes at src in registered memory to dst
+	// in one copy call, then waits.
+	BulkCopy(dst Buffer, dstOff int64, src Addr, n int64) error
+}

@@ -1,0 +1,5 @@
+//go:build !amd64
+
+package kernels
+
+func prefetch(p *byte, n uintptr) {}
