@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"github.com/cxltier/cxltier/internal/prefetch"
 	"runtime"
 	"sync"
 )
@@ -160,7 +161,7 @@ func (e *CPU) rows(r Rows, toTier bool) (Handle, error) {
 		for i := lo; i < hi; i++ {
 			if j := i + prefetchDistance; j < hi && !toTier && n <= prefetchMaxRow {
 				p := tier[j]
-				prefetch(&mem[p.Range()][p.Offset()], uintptr(n))
+				prefetch.Lines(&mem[p.Range()][p.Offset()], uintptr(n))
 			}
 			a := tier[i]
 			t := mem[a.Range()][a.Offset() : a.Offset()+n]

@@ -1,9 +1,9 @@
 #include "textflag.h"
 
-// func prefetch(p *byte, n uintptr)
+// func Lines(p *byte, n uintptr)
 // Issues PREFETCHT0 for every 64-byte line of [p, p+n). A hint only: it
 // never faults, even on an unmapped address.
-TEXT ·prefetch(SB), NOSPLIT, $0-16
+TEXT ·Lines(SB), NOSPLIT, $0-16
 	MOVQ p+0(FP), AX
 	MOVQ n+8(FP), CX
 	LEAQ (AX)(CX*1), CX

@@ -1,0 +1,5 @@
+//go:build !amd64
+
+package prefetch
+
+func Lines(p *byte, n uintptr) {}

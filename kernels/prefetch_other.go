@@ -1,5 +1,0 @@
-//go:build !amd64
-
-package kernels
-
-func prefetch(p *byte, n uintptr) {}
