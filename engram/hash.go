@@ -1,0 +1,183 @@
+package engram
+
+import (
+	"fmt"
+	"math"
+)
+
+// Hasher maps compressed token ids to global table rows for every Engram
+// layer of a geometry. It is immutable and safe for concurrent use.
+type Hasher struct {
+	g      Geometry
+	layers map[int]*layerHash
+}
+
+// layerHash is one layer's derived constants.
+type layerHash struct {
+	mult    []int64   // one per position back, MaxNgram of them
+	moduli  [][]int64 // [order-2][head]
+	offsets [][]int64 // global row of each head's first row
+	rows    int64     // rows in the layer's table
+}
+
+// NewHasher derives multipliers, moduli and offsets for every layer.
+func NewHasher(g Geometry) (*Hasher, error) {
+	if err := g.Validate(); err != nil {
+		return nil, err
+	}
+	h := &Hasher{g: g, layers: make(map[int]*layerHash, len(g.LayerIDs))}
+	seen := map[int64]bool{} // one set across all layers and orders
+	for _, layer := range g.LayerIDs {
+		m, err := multipliers(g.Seed, layer, g.Vocab, g.MaxNgram)
+		if err != nil {
+			return nil, err
+		}
+		lh := &layerHash{mult: m}
+		for n := 2; n <= g.MaxNgram; n++ {
+			start := g.BaseSizes[n-2] - 1
+			var mods, offs []int64
+			for range g.Heads {
+				p, ok := nextPrime(start, seen)
+				if !ok {
+					return nil, fmt.Errorf("%w: no prime above %d", ErrGeometry, start)
+				}
+				seen[p] = true
+				mods, offs = append(mods, p), append(offs, lh.rows)
+				lh.rows += p
+				start = p
+			}
+			lh.moduli, lh.offsets = append(lh.moduli, mods), append(lh.offsets, offs)
+		}
+		h.layers[layer] = lh
+	}
+	return h, nil
+}
+
+// multipliers reproduces the reference's per-layer draw:
+// default_rng(seed + 10007*layer).integers(0, half_bound, size=n) * 2 + 1
+// with half_bound = max(1, (INT64_MAX // V) // 2).
+func multipliers(seed int64, layer int, vocab int64, n int) ([]int64, error) {
+	if seed < 0 || layer < 0 || vocab < 1 || int64(layer) > (math.MaxInt64-seed)/10007 {
+		return nil, fmt.Errorf("%w: seed %d, layer %d, vocab %d", ErrGeometry, seed, layer, vocab)
+	}
+	half := max(1, (math.MaxInt64/vocab)/2)
+	r := newNumpyRNG(uint64(seed + 10007*int64(layer)))
+	m := r.integers(half, n)
+	for i := range m {
+		m[i] = m[i]*2 + 1
+	}
+	return m, nil
+}
+
+// Geometry returns the hasher's geometry.
+func (h *Hasher) Geometry() Geometry { return h.g }
+
+func (h *Hasher) layer(l int) (*layerHash, error) {
+	lh, ok := h.layers[l]
+	if !ok {
+		return nil, fmt.Errorf("%w: layer %d is not an Engram layer (have %v)", ErrInput, l, h.g.LayerIDs)
+	}
+	return lh, nil
+}
+
+// Multipliers returns layer l's multipliers.
+func (h *Hasher) Multipliers(l int) ([]int64, error) {
+	lh, err := h.layer(l)
+	if err != nil {
+		return nil, err
+	}
+	return append([]int64(nil), lh.mult...), nil
+}
+
+// Moduli returns layer l's moduli, [order-2][head].
+func (h *Hasher) Moduli(l int) ([][]int64, error) {
+	lh, err := h.layer(l)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]int64, len(lh.moduli))
+	for i := range out {
+		out[i] = append([]int64(nil), lh.moduli[i]...)
+	}
+	return out, nil
+}
+
+// Rows is the number of rows in layer l's table.
+func (h *Hasher) Rows(l int) (int64, error) {
+	lh, err := h.layer(l)
+	if err != nil {
+		return 0, err
+	}
+	return lh.rows, nil
+}
+
+// Hash appends to dst the global rows of every position of ids for layer l:
+// HashesPerToken rows per position, order-major (all heads of order 2, then
+// order 3, ...). history holds the ids that came before ids in the same
+// sequence (oldest first; only the last MaxNgram-1 matter); positions
+// before the sequence start read the pad id, as the reference does.
+func (h *Hasher) Hash(dst []int64, l int, history, ids []int64) ([]int64, error) {
+	lh, err := h.layer(l)
+	if err != nil {
+		return dst, err
+	}
+	if err := h.checkIDs(history, "history"); err != nil {
+		return dst, err
+	}
+	if err := h.checkIDs(ids, "ids"); err != nil {
+		return dst, err
+	}
+	maxN := h.g.MaxNgram
+	window := make([]int64, maxN) // window[k]: the id k positions back
+	for k := range window {
+		window[k] = h.g.PadID
+	}
+	keep := history[max(0, len(history)-(maxN-1)):]
+	for _, id := range keep {
+		shift(window, id)
+	}
+	for _, id := range ids {
+		shift(window, id)
+		dst = lh.hashWindow(dst, window)
+	}
+	return dst, nil
+}
+
+func shift(window []int64, id int64) {
+	copy(window[1:], window[:len(window)-1])
+	window[0] = id
+}
+
+// hashWindow appends the rows of one position. All values stay below 2^63:
+// (V-1)*m < 2^63 by the choice of half_bound, and XOR keeps the top bit 0.
+func (lh *layerHash) hashWindow(dst []int64, window []int64) []int64 {
+	mix := window[0] * lh.mult[0]
+	for k := 1; k < len(window); k++ {
+		mix ^= window[k] * lh.mult[k]
+		for j, p := range lh.moduli[k-1] {
+			dst = append(dst, mix%p+lh.offsets[k-1][j])
+		}
+	}
+	return dst
+}
+
+func (h *Hasher) checkIDs(ids []int64, what string) error {
+	for i, id := range ids {
+		if id < 0 || id >= h.g.Vocab {
+			return fmt.Errorf("%w: %s[%d] = %d outside [0, %d)", ErrInput, what, i, id, h.g.Vocab)
+		}
+	}
+	return nil
+}
+
+// HashBatch hashes a [batch][T] block of prefill ids (each row a sequence
+// from its start) into dst, laid out [batch][T][HashesPerToken].
+func (h *Hasher) HashBatch(dst []int64, l int, batch [][]int64) ([]int64, error) {
+	for b, ids := range batch {
+		var err error
+		if dst, err = h.Hash(dst, l, nil, ids); err != nil {
+			return dst, fmt.Errorf("sequence %d: %w", b, err)
+		}
+	}
+	return dst, nil
+}
