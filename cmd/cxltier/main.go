@@ -16,6 +16,7 @@ commands:
   status    ask the running cxltierd for the tier's state
   inspect   read a region's backing files directly (no daemon needed)
   format    create and format a new tier
+  engram    Engram hashing: rows of token ids, multipliers, presets
 
 Run 'cxltier COMMAND -h' for a command's flags.
 `
@@ -27,7 +28,7 @@ func main() {
 type command func(args []string, stdout, stderr io.Writer) error
 
 func run(args []string, stdout, stderr io.Writer) int {
-	commands := map[string]command{"status": cmdStatus, "inspect": cmdInspect, "format": cmdFormat}
+	commands := map[string]command{"status": cmdStatus, "inspect": cmdInspect, "format": cmdFormat, "engram": cmdEngram}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stderr, usage)
 		if len(args) == 0 {

@@ -1,0 +1,142 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/cxltier/cxltier/engram"
+)
+
+const engramUsage = `usage: cxltier engram SUBCOMMAND [flags]
+
+subcommands:
+  hash         print the global table rows of each position of --ids, one JSON array per line
+  multipliers  print a layer's hash multipliers as a JSON array
+  presets      list the built-in geometries
+`
+
+func cmdEngram(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, engramUsage)
+		return errUsage
+	}
+	switch args[0] {
+	case "hash":
+		return engramHash(args[1:], stdout, stderr)
+	case "multipliers":
+		return engramMultipliers(args[1:], stdout, stderr)
+	case "presets":
+		for _, n := range engram.PresetNames() {
+			g, _ := engram.Preset(n)
+			fmt.Fprintf(stdout, "%-12s layers %v, orders 2..%d × %d heads, base %v, V %d, row %d B\n",
+				n, g.LayerIDs, g.MaxNgram, g.Heads, g.BaseSizes, g.Vocab, g.RowBytes)
+		}
+		return nil
+	case "-h", "--help", "help":
+		fmt.Fprint(stderr, engramUsage)
+		return nil
+	}
+	fmt.Fprintf(stderr, "cxltier engram: unknown subcommand %q\n\n%s", args[0], engramUsage)
+	return errUsage
+}
+
+// geometryFlags adds --preset, --config and --layer to fs.
+type geometryFlags struct {
+	preset, config *string
+	layer          *int
+}
+
+func addGeometryFlags(fs *flag.FlagSet) geometryFlags {
+	return geometryFlags{
+		preset: fs.String("preset", "", "built-in geometry: "+strings.Join(engram.PresetNames(), ", ")),
+		config: fs.String("config", "", "geometry JSON file"),
+		layer:  fs.Int("layer", -1, "Engram layer id"),
+	}
+}
+
+func (gf geometryFlags) hasher() (*engram.Hasher, error) {
+	var g engram.Geometry
+	var err error
+	switch {
+	case (*gf.preset == "") == (*gf.config == ""):
+		return nil, errors.New("give exactly one of --preset and --config")
+	case *gf.preset != "":
+		g, err = engram.Preset(*gf.preset)
+	default:
+		g, err = engram.LoadGeometry(*gf.config)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if *gf.layer < 0 {
+		return nil, fmt.Errorf("--layer is required (one of %v)", g.LayerIDs)
+	}
+	return engram.NewHasher(g)
+}
+
+func engramHash(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("engram hash", stderr, "--preset NAME|--config FILE --layer L --ids 0,1,2")
+	gf := addGeometryFlags(fs)
+	idList := fs.String("ids", "", "comma-separated compressed token ids of one sequence, from its start")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	ids, err := parseIDs(*idList)
+	if err != nil {
+		return err
+	}
+	h, err := gf.hasher()
+	if err != nil {
+		return err
+	}
+	rows, err := h.Hash(nil, *gf.layer, nil, ids)
+	if err != nil {
+		return err
+	}
+	per := h.Geometry().HashesPerToken()
+	for t := range ids {
+		line, _ := json.Marshal(rows[t*per : (t+1)*per])
+		fmt.Fprintf(stdout, "%s\n", line)
+	}
+	return nil
+}
+
+func engramMultipliers(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("engram multipliers", stderr, "--preset NAME|--config FILE --layer L")
+	gf := addGeometryFlags(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	h, err := gf.hasher()
+	if err != nil {
+		return err
+	}
+	m, err := h.Multipliers(*gf.layer)
+	if err != nil {
+		return err
+	}
+	line, _ := json.Marshal(m)
+	fmt.Fprintf(stdout, "%s\n", line)
+	return nil
+}
+
+func parseIDs(s string) ([]int64, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, errors.New("--ids is required")
+	}
+	parts := strings.Split(s, ",")
+	ids := make([]int64, len(parts))
+	for i, p := range parts {
+		v, err := strconv.ParseInt(strings.TrimSpace(p), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("--ids position %d: %q is not an integer", i, p)
+		}
+		ids[i] = v
+	}
+	return ids, nil
+}
