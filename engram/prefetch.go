@@ -25,6 +25,9 @@ type PrefetchOptions struct {
 	// Protect is how many recent calls' rows may not be evicted (default 2:
 	// the call being consumed and the one prefetched ahead of it).
 	Protect int
+	// Bypass turns the cache off: every call fetches all of its rows into
+	// slots 0..n-1 (the baseline the cache is measured against).
+	Bypass bool
 }
 
 // Prefetcher gathers Engram rows from tier tables into a per-layer cache
@@ -51,11 +54,11 @@ type layerCache struct {
 	mu    sync.Mutex
 	table *Table
 	buf   kernels.Buffer
-	slot  map[int64]int32 // row → slot
-	row   []int64         // slot → row, -1 if empty
-	stamp []uint64        // slot → last call that used it
-	ref   []bool          // slot → used since the CLOCK hand last passed
-	hand  int             // CLOCK hand
+	slot  *rowMap  // row → slot
+	row   []int64  // slot → row, -1 if empty
+	stamp []uint64 // slot → last call that used it
+	ref   []bool   // slot → used since the CLOCK hand last passed
+	hand  int      // CLOCK hand
 	epoch uint64
 }
 
@@ -83,7 +86,7 @@ func NewPrefetcher(eng kernels.Engine, r *tier.Region, h *Hasher, tables []*Tabl
 			p.Close()
 			return nil, fmt.Errorf("engram: cache for layer %d: %w", t.Layer, err)
 		}
-		lc := &layerCache{table: t, buf: buf, slot: make(map[int64]int32, opts.Slots),
+		lc := &layerCache{table: t, buf: buf, slot: newRowMap(opts.Slots),
 			row: make([]int64, opts.Slots), stamp: make([]uint64, opts.Slots), ref: make([]bool, opts.Slots)}
 		for i := range lc.row {
 			lc.row[i] = -1
@@ -160,7 +163,13 @@ func (p *Prefetcher) Prefetch(layer int, histories, seqs [][]int64) (*Pending, e
 	}
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
-	slots, miss, err := lc.assign(rows, uint64(p.opts.Protect))
+	var slots, miss []int32
+	var err error
+	if p.opts.Bypass {
+		slots, miss, err = lc.bypass(rows)
+	} else {
+		slots, miss, err = lc.assign(rows, uint64(p.opts.Protect))
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -201,22 +210,35 @@ func (lc *layerCache) assign(rows []int64, protect uint64) ([]int32, []int32, er
 	slots := make([]int32, len(rows))
 	var miss []int32
 	for i, r := range rows {
-		s, ok := lc.slot[r]
+		s, ok := lc.slot.get(r)
 		if !ok {
 			var err error
 			if s, err = lc.evict(protect); err != nil {
 				return nil, nil, err
 			}
 			if old := lc.row[s]; old >= 0 {
-				delete(lc.slot, old)
+				lc.slot.delete(old)
 			}
-			lc.row[s], lc.slot[r] = r, s
+			lc.row[s] = r
+			lc.slot.put(r, s)
 			miss = append(miss, s)
 		}
 		lc.stamp[s], lc.ref[s] = lc.epoch, true
 		slots[i] = s
 	}
 	return slots, miss, nil
+}
+
+// bypass places row i in slot i and fetches them all.
+func (lc *layerCache) bypass(rows []int64) ([]int32, []int32, error) {
+	if len(rows) > len(lc.row) {
+		return nil, nil, fmt.Errorf("%w: %d rows (%d slots)", ErrCacheTooSmall, len(rows), len(lc.row))
+	}
+	slots := make([]int32, len(rows))
+	for i, r := range rows {
+		slots[i], lc.row[i] = int32(i), r
+	}
+	return slots, slots, nil
 }
 
 func (lc *layerCache) evict(protect uint64) (int32, error) {

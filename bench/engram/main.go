@@ -1,0 +1,284 @@
+// Command engram benchmarks Engram hashing and prefetch: hashing throughput
+// per core, and prefetch latency (call → rows ready) for batches of 1, 32
+// and 256 decode tokens under the V4.1 and 27B geometries, uniform and Zipf
+// ids, with and without the hot-row cache, against the per-layer deadline.
+//
+// The tables are scaled down (-base) so they fit a small machine: hashing
+// cost is the same, and -base sets how far rows spread. Use -base 0 for the
+// real sizes (V4.1: ~100 GB per layer).
+//
+//	go run ./bench/engram
+//	go run -tags cuda ./bench/engram -engine cuda -base 0
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cxltier/cxltier/engram"
+	"github.com/cxltier/cxltier/kernels"
+	"github.com/cxltier/cxltier/tier"
+)
+
+// HashResult is hashing throughput on one core.
+type HashResult struct {
+	Geometry     string  `json:"geometry"`
+	TokensPerSec float64 `json:"tokens_per_s_per_core"`
+	RowsPerSec   float64 `json:"rows_per_s_per_core"`
+}
+
+// PrefetchResult is one prefetch case.
+type PrefetchResult struct {
+	Geometry   string  `json:"geometry"`
+	Batch      int     `json:"batch"`
+	IDs        string  `json:"ids"`
+	Cache      bool    `json:"hot_cache"`
+	P50us      float64 `json:"p50_us"`
+	P99us      float64 `json:"p99_us"`
+	HitRate    float64 `json:"hit_rate"`
+	DeadlineUs float64 `json:"deadline_us"`
+	MissRate   float64 `json:"deadline_miss_rate"`
+}
+
+// Report is the JSON written to -out.
+type Report struct {
+	Engine   string           `json:"engine"`
+	CPU      string           `json:"cpu"`
+	Base     int64            `json:"base_size_per_order"`
+	Hash     []HashResult     `json:"hash"`
+	Prefetch []PrefetchResult `json:"prefetch"`
+}
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "engram:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("engram", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	engName := fs.String("engine", "auto", "cpu, cuda or auto")
+	base := fs.Int64("base", 20000, "base size per order for the tables (0: the geometry's own)")
+	calls := fs.Int("calls", 200, "prefetch calls per case")
+	deadline := fs.Duration("deadline", 56*time.Microsecond, "per-layer deadline")
+	slots := fs.Int("slots", 1<<17, "hot cache rows per layer")
+	out := fs.String("out", "", "JSON output (default bench/results/engram-ENGINE.json)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *base < 0 || *calls < 1 || *slots < 1 {
+		return fmt.Errorf("-base must be >= 0, -calls and -slots positive")
+	}
+	eng, err := kernels.New(*engName)
+	if err != nil {
+		return err
+	}
+	defer eng.Close()
+	rep := Report{Engine: eng.Name(), CPU: cpuModel(), Base: *base}
+	for _, name := range []string{"v4.1-flash", "engram-27b"} {
+		g, _ := engram.Preset(name)
+		if *base > 0 {
+			for i := range g.BaseSizes {
+				g.BaseSizes[i] = *base
+			}
+		}
+		g.LayerIDs = g.LayerIDs[:1]
+		h, err := engram.NewHasher(g)
+		if err != nil {
+			return err
+		}
+		rep.Hash = append(rep.Hash, hashThroughput(name, h))
+		res, err := prefetchCases(eng, name, g, h, *calls, *slots, *deadline, stderr)
+		if err != nil {
+			return err
+		}
+		rep.Prefetch = append(rep.Prefetch, res...)
+	}
+	printTable(stdout, rep)
+	return writeJSON(*out, rep)
+}
+
+func hashThroughput(name string, h *engram.Hasher) HashResult {
+	g := h.Geometry()
+	rng := rand.New(rand.NewPCG(1, 2))
+	ids := make([]int64, 4096)
+	for i := range ids {
+		ids[i] = rng.Int64N(g.Vocab)
+	}
+	var dst []int64
+	tokens := 0
+	start := time.Now()
+	for time.Since(start) < 500*time.Millisecond {
+		dst, _ = h.Hash(dst[:0], g.LayerIDs[0], nil, ids)
+		tokens += len(ids)
+	}
+	secs := time.Since(start).Seconds()
+	return HashResult{Geometry: name, TokensPerSec: float64(tokens) / secs,
+		RowsPerSec: float64(tokens*g.HashesPerToken()) / secs}
+}
+
+func prefetchCases(eng kernels.Engine, name string, g engram.Geometry, h *engram.Hasher, calls, slots int,
+	deadline time.Duration, log io.Writer) ([]PrefetchResult, error) {
+	layer := g.LayerIDs[0]
+	rows, _ := h.Rows(layer)
+	fmt.Fprintf(log, "%s: building a synthetic table of %d rows × %d B...\n", name, rows, g.RowBytes)
+	r, c, err := tierFor(rows * g.RowBytes)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	defer c.Close()
+	t, err := engram.CreateTable(c, g, h, layer, func(i int64, b []byte) error {
+		engram.SyntheticRow(layer, i, b)
+		return nil
+	}, log)
+	if err != nil {
+		return nil, err
+	}
+	var out []PrefetchResult
+	for _, batch := range []int{1, 32, 256} {
+		for _, dist := range []string{"uniform", "zipf"} {
+			for _, cache := range []bool{false, true} {
+				res, err := prefetchCase(eng, r, h, t, batch, dist, cache, calls, slots, deadline)
+				if err != nil {
+					return nil, err
+				}
+				res.Geometry = name
+				out = append(out, res)
+			}
+		}
+	}
+	return out, nil
+}
+
+func tierFor(bytes int64) (*tier.Region, *tier.Client, error) {
+	b, _ := tier.ParseBacking("anon")
+	geo := tier.DefaultGeometry()
+	geo.DeviceSize = (bytes + bytes/8 + 64<<20 + geo.ChunkSize - 1) / geo.ChunkSize * geo.ChunkSize
+	r, err := tier.Format(tier.Options{Devices: []tier.Backing{b}, Geometry: geo})
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := r.Attach(tier.ClientOptions{})
+	if err != nil {
+		r.Close()
+		return nil, nil, err
+	}
+	return r, c, nil
+}
+
+func prefetchCase(eng kernels.Engine, r *tier.Region, h *engram.Hasher, t *engram.Table, batch int, dist string,
+	cache bool, calls, slots int, deadline time.Duration) (PrefetchResult, error) {
+	g := h.Geometry()
+	opts := engram.PrefetchOptions{Slots: slots, Deadline: deadline, Bypass: !cache}
+	p, err := engram.NewPrefetcher(eng, r, h, []*engram.Table{t}, opts)
+	if err != nil {
+		return PrefetchResult{}, err
+	}
+	defer p.Close()
+	rng := rand.New(rand.NewPCG(uint64(batch), 9))
+	zipf := rand.NewZipf(rand.New(rand.NewPCG(3, uint64(batch))), 1.1, 1, uint64(g.Vocab-1))
+	next := func() int64 {
+		if dist == "zipf" {
+			return int64(zipf.Uint64())
+		}
+		return rng.Int64N(g.Vocab)
+	}
+	hist := make([][]int64, batch)
+	for b := range hist {
+		hist[b] = []int64{next(), next(), next()}
+	}
+	seqs := make([][]int64, batch)
+	var lat []time.Duration
+	for i := range calls + calls/4 {
+		for b := range seqs {
+			seqs[b] = []int64{next()}
+		}
+		pd, err := p.Prefetch(t.Layer, hist, seqs)
+		if err != nil {
+			return PrefetchResult{}, err
+		}
+		d, err := pd.Wait()
+		if err != nil {
+			return PrefetchResult{}, err
+		}
+		if i >= calls/4 { // the first quarter warms the cache
+			lat = append(lat, d)
+		}
+		for b := range hist {
+			hist[b] = append(hist[b][1:], seqs[b][0])
+		}
+	}
+	slices.Sort(lat)
+	missed := 0
+	for _, d := range lat {
+		if d > deadline {
+			missed++
+		}
+	}
+	m := p.Metrics()
+	return PrefetchResult{Batch: batch, IDs: dist, Cache: cache,
+		P50us: us(lat[len(lat)/2]), P99us: us(lat[len(lat)*99/100]),
+		HitRate:    float64(m.Hits.Load()) / float64(m.Rows.Load()),
+		DeadlineUs: us(deadline), MissRate: float64(missed) / float64(len(lat))}, nil
+}
+
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
+func printTable(w io.Writer, rep Report) {
+	fmt.Fprintf(w, "engine %s on %s; tables scaled to base %d per order\n\n", rep.Engine, rep.CPU, rep.Base)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "geometry\ttokens/s/core\trows/s/core\t")
+	for _, h := range rep.Hash {
+		fmt.Fprintf(tw, "%s\t%.3g\t%.3g\t\n", h.Geometry, h.TokensPerSec, h.RowsPerSec)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "geometry\tbatch\tids\tcache\tp50 µs\tp99 µs\thit rate\tdeadline µs\tmissed\t")
+	for _, p := range rep.Prefetch {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%v\t%.1f\t%.1f\t%.2f\t%.0f\t%.0f%%\t\n", p.Geometry, p.Batch, p.IDs, p.Cache,
+			p.P50us, p.P99us, p.HitRate, p.DeadlineUs, p.MissRate*100)
+	}
+	tw.Flush()
+}
+
+func writeJSON(path string, rep Report) error {
+	if path == "" {
+		path = filepath.Join("bench", "results", "engram-"+strings.ReplaceAll(rep.Engine, ":", "")+".json")
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	raw, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "wrote %s\n", path)
+	return os.WriteFile(path, append(raw, '\n'), 0o644)
+}
+
+func cpuModel() string {
+	raw, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return runtime.GOARCH
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return fmt.Sprintf("%s × %d", strings.TrimSpace(v), runtime.NumCPU())
+		}
+	}
+	return runtime.GOARCH
+}
