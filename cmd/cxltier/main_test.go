@@ -123,3 +123,41 @@ func TestStatusWithoutDaemon(t *testing.T) {
 		t.Errorf("status with no daemon: exit %d, %q", code, errs)
 	}
 }
+
+func TestEngramCommands(t *testing.T) {
+	code, out, errs := runCLI(t, "engram", "hash", "--preset", "v4.1-flash", "--layer", "1", "--ids", "0,1,2")
+	if code != 0 {
+		t.Fatalf("engram hash: exit %d: %s", code, errs)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("want one line per position, got %d:\n%s", len(lines), out)
+	}
+	var first []int64
+	if err := json.Unmarshal([]byte(lines[0]), &first); err != nil || len(first) != 24 {
+		t.Fatalf("line 1 is not a JSON array of 24 rows: %q (%v)", lines[0], err)
+	}
+	if first[0] != 5702652 || first[1] != 24393184 || first[2] != 39183301 {
+		t.Errorf("engram.md check vector: %v", first[:3])
+	}
+	code, out, _ = runCLI(t, "engram", "multipliers", "--preset", "v4.1-flash", "--layer", "14")
+	if code != 0 || strings.TrimSpace(out) != "[67716810739261,51510806800915,30921347202721,82619226485591]" {
+		t.Errorf("multipliers: exit %d, %q", code, out)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"engram", "hash", "--preset", "v4.1-flash", "--layer", "1", "--ids", "0,99092"}, "ids[1] = 99092 outside [0, 99092)"},
+		{[]string{"engram", "hash", "--preset", "v4.1-flash", "--layer", "2", "--ids", "0"}, "layer 2 is not an Engram layer"},
+		{[]string{"engram", "hash", "--preset", "v4.1-flash", "--layer", "1", "--ids", "0,x"}, `position 1: "x"`},
+		{[]string{"engram", "hash", "--preset", "nope", "--layer", "1", "--ids", "0"}, `no preset "nope"`},
+		{[]string{"engram", "multipliers", "--preset", "demo"}, "--layer is required"},
+		{[]string{"engram", "multipliers", "--layer", "1"}, "exactly one of --preset and --config"},
+	} {
+		code, _, errs := runCLI(t, tc.args...)
+		if code != 1 || !strings.Contains(errs, tc.want) {
+			t.Errorf("%v: exit %d, %q; want %q", tc.args, code, errs, tc.want)
+		}
+	}
+}
