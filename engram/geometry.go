@@ -75,15 +75,25 @@ func Preset(name string) (Geometry, error) {
 
 // LoadGeometry reads a JSON geometry file and validates it.
 func LoadGeometry(path string) (Geometry, error) {
-	var g Geometry
 	raw, err := os.ReadFile(path)
 	if err != nil {
-		return g, fmt.Errorf("engram: %w", err)
+		return Geometry{}, fmt.Errorf("engram: %w", err)
 	}
+	g, err := ParseGeometry(raw)
+	if err != nil {
+		return g, fmt.Errorf("%s: %w", path, err)
+	}
+	return g, nil
+}
+
+// ParseGeometry decodes and validates a JSON geometry. Unknown keys are
+// refused: a misspelt key would otherwise silently change the hash.
+func ParseGeometry(raw []byte) (Geometry, error) {
+	var g Geometry
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&g); err != nil {
-		return g, fmt.Errorf("%w: %s: %v", ErrGeometry, path, err)
+		return g, fmt.Errorf("%w: %v", ErrGeometry, err)
 	}
 	return g, g.Validate()
 }
