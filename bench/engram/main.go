@@ -12,16 +12,13 @@
 package main
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/cxltier/cxltier/bench/internal/report"
 	"io"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
-	"runtime"
 	"slices"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -86,7 +83,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer eng.Close()
-	rep := Report{Engine: eng.Name(), CPU: cpuModel(), Base: *base}
+	rep := Report{Engine: eng.Name(), CPU: report.CPUModel(), Base: *base}
 	for _, name := range []string{"v4.1-flash", "engram-27b"} {
 		g, _ := engram.Preset(name)
 		if *base > 0 {
@@ -107,7 +104,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		rep.Prefetch = append(rep.Prefetch, res...)
 	}
 	printTable(stdout, rep)
-	return writeJSON(*out, rep)
+	return report.WriteJSON(*out, "engram", rep.Engine, rep, stderr)
 }
 
 func hashThroughput(name string, h *engram.Hasher) HashResult {
@@ -253,32 +250,4 @@ func printTable(w io.Writer, rep Report) {
 			p.P50us, p.P99us, p.HitRate, p.DeadlineUs, p.MissRate*100)
 	}
 	tw.Flush()
-}
-
-func writeJSON(path string, rep Report) error {
-	if path == "" {
-		path = filepath.Join("bench", "results", "engram-"+strings.ReplaceAll(rep.Engine, ":", "")+".json")
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	raw, err := json.MarshalIndent(rep, "", "  ")
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(os.Stderr, "wrote %s\n", path)
-	return os.WriteFile(path, append(raw, '\n'), 0o644)
-}
-
-func cpuModel() string {
-	raw, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return runtime.GOARCH
-	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
-			return fmt.Sprintf("%s × %d", strings.TrimSpace(v), runtime.NumCPU())
-		}
-	}
-	return runtime.GOARCH
 }

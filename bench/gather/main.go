@@ -10,13 +10,12 @@
 package main
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/cxltier/cxltier/bench/internal/report"
 	"io"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -98,7 +97,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if !ok {
 		return fmt.Errorf("engine %s has no baselines", eng.Name())
 	}
-	rep := Report{Engine: eng.Name(), CPU: cpuModel(), Procs: runtime.GOMAXPROCS(0), When: time.Now().UTC(),
+	rep := Report{Engine: eng.Name(), CPU: report.CPUModel(), Procs: runtime.GOMAXPROCS(0), When: time.Now().UTC(),
 		Batch: cfg.batch, Huge: cfg.hugepages}
 	b := &bench{cfg: cfg, eng: eng, base: base, rng: rand.New(rand.NewPCG(1, 1)), log: stderr}
 	for _, region := range cfg.regions {
@@ -110,7 +109,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		rep.Latency = append(rep.Latency, lat)
 	}
 	printTable(stdout, rep)
-	return writeJSON(cfg.out, rep)
+	return report.WriteJSON(cfg.out, "gather", rep.Engine, rep, stderr)
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
@@ -351,35 +350,4 @@ func printTable(w io.Writer, rep Report) {
 			l.FusedUs, l.EachUs, l.BounceUs, l.Speedup)
 	}
 	tw.Flush()
-}
-
-func writeJSON(path string, rep Report) error {
-	if path == "" {
-		path = filepath.Join("bench", "results", "gather-"+strings.ReplaceAll(rep.Engine, ":", "")+".json")
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	raw, err := json.MarshalIndent(rep, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(path, append(raw, '\n'), 0o644); err != nil {
-		return err
-	}
-	fmt.Fprintf(os.Stderr, "wrote %s\n", path)
-	return nil
-}
-
-func cpuModel() string {
-	raw, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return runtime.GOARCH
-	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
-			return fmt.Sprintf("%s × %d", strings.TrimSpace(v), runtime.NumCPU())
-		}
-	}
-	return runtime.GOARCH
 }
