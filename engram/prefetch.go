@@ -50,15 +50,21 @@ type Metrics struct {
 	ReadyNanos                                 atomic.Uint64 // sum of call → ready times
 }
 
+// slotMeta is what the cache knows of one slot, kept together so an
+// eviction touches one cache line.
+type slotMeta struct {
+	row   int64  // -1 if empty
+	stamp uint64 // last call that used the slot
+	ref   bool   // used since the CLOCK hand last passed
+}
+
 type layerCache struct {
 	mu    sync.Mutex
 	table *Table
 	buf   kernels.Buffer
-	slot  *rowMap  // row → slot
-	row   []int64  // slot → row, -1 if empty
-	stamp []uint64 // slot → last call that used it
-	ref   []bool   // slot → used since the CLOCK hand last passed
-	hand  int      // CLOCK hand
+	slot  *rowMap    // row → slot
+	meta  []slotMeta // per slot
+	hand  int        // CLOCK hand
 	epoch uint64
 }
 
@@ -86,10 +92,9 @@ func NewPrefetcher(eng kernels.Engine, r *tier.Region, h *Hasher, tables []*Tabl
 			p.Close()
 			return nil, fmt.Errorf("engram: cache for layer %d: %w", t.Layer, err)
 		}
-		lc := &layerCache{table: t, buf: buf, slot: newRowMap(opts.Slots),
-			row: make([]int64, opts.Slots), stamp: make([]uint64, opts.Slots), ref: make([]bool, opts.Slots)}
-		for i := range lc.row {
-			lc.row[i] = -1
+		lc := &layerCache{table: t, buf: buf, slot: newRowMap(opts.Slots), meta: make([]slotMeta, opts.Slots)}
+		for i := range lc.meta {
+			lc.meta[i].row = -1
 		}
 		p.layers[t.Layer] = lc
 	}
@@ -175,7 +180,7 @@ func (p *Prefetcher) Prefetch(layer int, histories, seqs [][]int64) (*Pending, e
 	}
 	req := kernels.Rows{RowBytes: lc.table.RowBytes, Buf: lc.buf, Tier: make([]kernels.Addr, len(miss)), Slots: make([]int64, len(miss))}
 	for i, s := range miss {
-		a, err := p.addr(lc.table, lc.row[s])
+		a, err := p.addr(lc.table, lc.meta[s].row)
 		if err != nil {
 			return nil, err
 		}
@@ -193,9 +198,14 @@ func (p *Prefetcher) Prefetch(layer int, histories, seqs [][]int64) (*Pending, e
 	return &Pending{Slots: slots, h: h, start: start, p: p}, nil
 }
 
-// addr is the engine address of a table row.
+// addr is the engine address of a table row. On a one-device tier the
+// device offset is the tier offset (no striping to undo).
 func (p *Prefetcher) addr(t *Table, row int64) (kernels.Addr, error) {
-	dev, devOff, _, err := p.r.Locate(t.RowOffset(row))
+	off := t.RowOffset(row)
+	if len(p.devIDs) == 1 {
+		return kernels.At(p.devIDs[0], int64(off)), nil
+	}
+	dev, devOff, _, err := p.r.Locate(off)
 	if err != nil {
 		return 0, err
 	}
@@ -216,14 +226,14 @@ func (lc *layerCache) assign(rows []int64, protect uint64) ([]int32, []int32, er
 			if s, err = lc.evict(protect); err != nil {
 				return nil, nil, err
 			}
-			if old := lc.row[s]; old >= 0 {
+			if old := lc.meta[s].row; old >= 0 {
 				lc.slot.delete(old)
 			}
-			lc.row[s] = r
+			lc.meta[s].row = r
 			lc.slot.put(r, s)
 			miss = append(miss, s)
 		}
-		lc.stamp[s], lc.ref[s] = lc.epoch, true
+		lc.meta[s].stamp, lc.meta[s].ref = lc.epoch, true
 		slots[i] = s
 	}
 	return slots, miss, nil
@@ -231,33 +241,34 @@ func (lc *layerCache) assign(rows []int64, protect uint64) ([]int32, []int32, er
 
 // bypass places row i in slot i and fetches them all.
 func (lc *layerCache) bypass(rows []int64) ([]int32, []int32, error) {
-	if len(rows) > len(lc.row) {
-		return nil, nil, fmt.Errorf("%w: %d rows (%d slots)", ErrCacheTooSmall, len(rows), len(lc.row))
+	if len(rows) > len(lc.meta) {
+		return nil, nil, fmt.Errorf("%w: %d rows (%d slots)", ErrCacheTooSmall, len(rows), len(lc.meta))
 	}
 	slots := make([]int32, len(rows))
 	for i, r := range rows {
-		slots[i], lc.row[i] = int32(i), r
+		slots[i], lc.meta[i].row = int32(i), r
 	}
 	return slots, slots, nil
 }
 
 func (lc *layerCache) evict(protect uint64) (int32, error) {
 	// Second chance: a slot used since the hand last passed is spared once.
-	for range 3 * len(lc.row) {
+	for range 3 * len(lc.meta) {
 		s := lc.hand
-		lc.hand = (lc.hand + 1) % len(lc.row)
+		lc.hand = (lc.hand + 1) % len(lc.meta)
+		m := &lc.meta[s]
 		switch {
-		case lc.row[s] < 0:
+		case m.row < 0:
 			return int32(s), nil
-		case lc.stamp[s]+protect > lc.epoch:
+		case m.stamp+protect > lc.epoch:
 			// in use by a recent call
-		case lc.ref[s]:
-			lc.ref[s] = false
+		case m.ref:
+			m.ref = false
 		default:
 			return int32(s), nil
 		}
 	}
-	return 0, fmt.Errorf("%w (%d slots)", ErrCacheTooSmall, len(lc.row))
+	return 0, fmt.Errorf("%w (%d slots)", ErrCacheTooSmall, len(lc.meta))
 }
 
 // Close frees the caches and unregisters the tier.

@@ -5,9 +5,14 @@ package engram
 // stay short. It replaces a Go map on the prefetch path, where it is
 // looked up once per row of every call (thousands per layer and step).
 type rowMap struct {
-	keys []int64 // row+1; 0 is empty
-	vals []int32
-	mask uint64
+	cells []cell
+	mask  uint64
+}
+
+// cell keeps key and value together: one cache line per probe.
+type cell struct {
+	key int64 // row+1; 0 is empty
+	val int32
 }
 
 func newRowMap(slots int) *rowMap {
@@ -15,7 +20,7 @@ func newRowMap(slots int) *rowMap {
 	for n < 2*slots {
 		n *= 2
 	}
-	return &rowMap{keys: make([]int64, n), vals: make([]int32, n), mask: uint64(n - 1)}
+	return &rowMap{cells: make([]cell, n), mask: uint64(n - 1)}
 }
 
 func (m *rowMap) home(row int64) uint64 {
@@ -25,9 +30,9 @@ func (m *rowMap) home(row int64) uint64 {
 
 func (m *rowMap) get(row int64) (int32, bool) {
 	for i := m.home(row); ; i = (i + 1) & m.mask {
-		switch m.keys[i] {
+		switch m.cells[i].key {
 		case row + 1:
-			return m.vals[i], true
+			return m.cells[i].val, true
 		case 0:
 			return 0, false
 		}
@@ -38,29 +43,27 @@ func (m *rowMap) get(row int64) (int32, bool) {
 // key per slot and has twice as many cells.
 func (m *rowMap) put(row int64, slot int32) {
 	i := m.home(row)
-	for m.keys[i] != 0 {
+	for m.cells[i].key != 0 {
 		i = (i + 1) & m.mask
 	}
-	m.keys[i], m.vals[i] = row+1, slot
+	m.cells[i] = cell{row + 1, slot}
 }
 
 func (m *rowMap) delete(row int64) {
 	i := m.home(row)
-	for m.keys[i] != row+1 {
-		if m.keys[i] == 0 {
+	for m.cells[i].key != row+1 {
+		if m.cells[i].key == 0 {
 			return
 		}
 		i = (i + 1) & m.mask
 	}
 	// Shift later entries of the run back so no probe chain breaks.
-	for j := (i + 1) & m.mask; m.keys[j] != 0; j = (j + 1) & m.mask {
-		h := m.home(m.keys[j] - 1)
+	for j := (i + 1) & m.mask; m.cells[j].key != 0; j = (j + 1) & m.mask {
+		h := m.home(m.cells[j].key - 1)
 		if (j-h)&m.mask >= (j-i)&m.mask {
-			m.keys[i], m.vals[i] = m.keys[j], m.vals[j]
+			m.cells[i] = m.cells[j]
 			i = j
 		}
 	}
-	m.keys[i] = 0
+	m.cells[i].key = 0
 }
-
-func (m *rowMap) clear() { clear(m.keys) }

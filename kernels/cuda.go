@@ -325,14 +325,10 @@ func (e *CUDA) rows(r Rows, toTier uint64) (Handle, error) {
 		return nil, err
 	}
 	w := s.words()
-	for i, a := range r.Tier {
-		w[i] = uint64(a)
-	}
+	copy(w, asWords(r.Tier))
 	slots := uint64(0)
 	if r.Slots != nil {
-		for i, v := range r.Slots {
-			w[n+i] = uint64(v)
-		}
+		copy(w[n:], asWords(r.Slots))
 		slots = uint64(s.dev) + uint64(n)*8
 	}
 	lanes := lanesPerRow(r.RowBytes)
@@ -368,10 +364,8 @@ func (e *CUDA) blocks(b Blocks, toTier uint64) (Handle, error) {
 		return nil, err
 	}
 	w := s.words()
-	for i, a := range b.Tier {
-		w[i] = uint64(a)
-		w[n+i] = uint64(b.Pages[i])
-	}
+	copy(w, asWords(b.Tier))
+	copy(w[n:], asWords(b.Pages))
 	copy(w[2*n:], chunkPtrs)
 	dev := uint64(s.dev)
 	lanes := lanesPerRow(b.ChunkBytes)
@@ -436,6 +430,17 @@ func (e *CUDA) stage(words int) (*stage, error) {
 	}
 	s.host, s.dev = host, dev
 	return s, nil
+}
+
+// asWords views a slice of 8-byte integers as the uint64 words the kernels
+// read: Addr and int64 have uint64's size and alignment, and the kernels
+// interpret the bits exactly as Go stores them (two's complement, little
+// endian), so no per-element conversion is needed.
+func asWords[T Addr | int64](v []T) []uint64 {
+	if len(v) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*uint64)(unsafe.Pointer(&v[0])), len(v))
 }
 
 // words views the stage's host memory as uint64s. The mapping is page

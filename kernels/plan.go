@@ -93,9 +93,23 @@ func (t *rangeTable) checkRows(r *Rows) error {
 	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	for i, a := range r.Tier {
-		if err := t.checkSpan(a, r.RowBytes, "row", i); err != nil {
-			return err
+	return t.checkAddrs(r.Tier, r.RowBytes, "row")
+}
+
+// checkAddrs checks n bytes at every address. It is on the path of every
+// call, a million rows at a time for small rows, so the common case is one
+// table load and one compare per row; the slow path names the culprit.
+// Callers hold t.mu for reading.
+func (t *rangeTable) checkAddrs(addrs []Addr, n int64, what string) error {
+	var last [MaxRanges]int64 // last valid offset + 1 per range, 0 if none fits
+	for id, l := range t.lens {
+		if l >= n {
+			last[id] = l - n + 1
+		}
+	}
+	for i, a := range addrs {
+		if a.Offset() >= last[a.Range()] {
+			return t.checkSpan(a, n, what, i)
 		}
 	}
 	return nil
@@ -133,12 +147,7 @@ func (t *rangeTable) checkBlocks(b *Blocks) error {
 	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	for i, a := range b.Tier {
-		if err := t.checkSpan(a, blockBytes, "block", i); err != nil {
-			return err
-		}
-	}
-	return nil
+	return t.checkAddrs(b.Tier, blockBytes, "block")
 }
 
 // lanesPerRow is how many threads (CUDA) share one row: enough for one
