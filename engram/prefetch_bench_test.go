@@ -16,8 +16,7 @@ func BenchmarkPrefetch(b *testing.B) {
 			name = "cache"
 		}
 		b.Run(name, func(b *testing.B) {
-			t := &testing.T{}
-			r, c := testTier(t, 1)
+			r, c := testTier(b, 1)
 			g := tinyGeometry()
 			g.BaseSizes = []int64{4000, 4000}
 			g.Vocab = 100000

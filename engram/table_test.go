@@ -19,7 +19,7 @@ func tinyGeometry() Geometry {
 		Seed: 7, Vocab: 500, PadID: 2, RowBytes: 272, DType: "fp8+scales"}
 }
 
-func testTier(t *testing.T, devices int) (*tier.Region, *tier.Client) {
+func testTier(t testing.TB, devices int) (*tier.Region, *tier.Client) {
 	t.Helper()
 	dir := t.TempDir()
 	var devs []tier.Backing
