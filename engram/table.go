@@ -60,17 +60,13 @@ func CreateTable(c *tier.Client, g Geometry, h *Hasher, layer int, fill func(row
 		return nil, err
 	}
 	r := c.Region()
+	// Rows are packed by stripe on every tier, one device or several: on
+	// one device it costs under a row per stripe and keeps a single layout.
 	stripe := r.Info().Geometry.Stripe
-	if r.NumDevices() == 1 {
-		stripe = 1 << 62 // one device: nothing to straddle
-	}
 	if g.RowBytes > stripe {
 		return nil, fmt.Errorf("%w: row of %d bytes exceeds the tier's %d-byte stripe", ErrGeometry, g.RowBytes, stripe)
 	}
-	need := headerBytes + rows*g.RowBytes
-	if r.NumDevices() > 1 {
-		need = tableBytes(rows, g.RowBytes, stripe)
-	}
+	need := tableBytes(rows, g.RowBytes, stripe)
 	chunk := r.ChunkSize()
 	nChunks := (need + chunk - 1) / chunk
 	off, err := c.AllocChunks(nChunks)
@@ -103,9 +99,6 @@ func newTable(r *tier.Region, name string, layer int, rows, rowBytes int64, off 
 	// are aligned to the data start), then whole stripes.
 	rel := int64(t.base - r.DataStart())
 	next := (rel/stripe + 1) * stripe
-	if stripe >= 1<<62 {
-		next = 1 << 62
-	}
 	t.first = (next - rel) / rowBytes
 	t.boundary = r.DataStart() + tier.Offset(next)
 	return t

@@ -2,9 +2,11 @@ package kernels
 
 import (
 	"fmt"
-	"github.com/cxltier/cxltier/internal/prefetch"
 	"runtime"
+	"slices"
 	"sync"
+
+	"github.com/cxltier/cxltier/internal/prefetch"
 )
 
 // CPU is the engine that runs everywhere: copies between registered host
@@ -108,8 +110,8 @@ func (e *CPU) Upload(dst Buffer, off int64, src []byte) error {
 	if err != nil {
 		return err
 	}
-	if maxIndex(hb.Len(), off, 1, int64(len(src))) < 0 {
-		return fmt.Errorf("upload of %d bytes at %d into %d: %w", len(src), off, hb.Len(), ErrOutOfBounds)
+	if err := checkBufSpan("upload", hb.Len(), off, int64(len(src))); err != nil {
+		return err
 	}
 	if err := e.Sync(); err != nil {
 		return err
@@ -124,8 +126,8 @@ func (e *CPU) Download(dst []byte, src Buffer, off int64) error {
 	if err != nil {
 		return err
 	}
-	if maxIndex(hb.Len(), off, 1, int64(len(dst))) < 0 {
-		return fmt.Errorf("download of %d bytes at %d from %d: %w", len(dst), off, hb.Len(), ErrOutOfBounds)
+	if err := checkBufSpan("download", hb.Len(), off, int64(len(dst))); err != nil {
+		return err
 	}
 	if err := e.Sync(); err != nil {
 		return err
@@ -154,22 +156,19 @@ func (e *CPU) rows(r Rows, toTier bool) (Handle, error) {
 	if err := e.ranges.checkRows(&r); err != nil {
 		return nil, err
 	}
-	tier := append([]Addr(nil), r.Tier...)
-	slots := append([]int64(nil), r.Slots...)
-	n, stride, base, buf := r.RowBytes, r.SlotStride, r.BufOffset, hb.b
-	return e.submit(len(tier), n, func(mem *[MaxRanges][]byte, lo, hi int) {
+	n, buf := r.RowBytes, hb.b
+	prefetchRows := !toTier && n <= prefetchMaxRow
+	detach := func() { r.Tier, r.Slots = slices.Clone(r.Tier), slices.Clone(r.Slots) }
+	return e.submit(len(r.Tier), n, detach, func(mem *[MaxRanges][]byte, lo, hi int) {
 		for i := lo; i < hi; i++ {
-			if j := i + prefetchDistance; j < hi && !toTier && n <= prefetchMaxRow {
-				p := tier[j]
+			if j := i + prefetchDistance; prefetchRows && j < hi {
+				p := r.Tier[j]
 				prefetch.Lines(&mem[p.Range()][p.Offset()], uintptr(n))
 			}
-			a := tier[i]
+			a := r.Tier[i]
 			t := mem[a.Range()][a.Offset() : a.Offset()+n]
-			s := int64(i)
-			if slots != nil {
-				s = slots[i]
-			}
-			b := buf[base+s*stride : base+s*stride+n]
+			d := r.bufOffset(i)
+			b := buf[d : d+n]
 			if toTier {
 				copy(t, b)
 			} else {
@@ -192,10 +191,10 @@ func (e *CPU) blocks(b Blocks, toTier bool) (Handle, error) {
 	if err := e.ranges.checkBlocks(&b); err != nil {
 		return nil, err
 	}
-	tier := append([]Addr(nil), b.Tier...)
-	pages := append([]int64(nil), b.Pages...)
+	tier, pages := b.Tier, b.Pages
 	n, stride, nc := b.ChunkBytes, b.PageStride, len(chunks)
-	return e.submit(len(tier)*nc, n, func(mem *[MaxRanges][]byte, lo, hi int) {
+	detach := func() { tier, pages = slices.Clone(tier), slices.Clone(pages) }
+	return e.submit(len(tier)*nc, n, detach, func(mem *[MaxRanges][]byte, lo, hi int) {
 		for r := lo; r < hi; r++ {
 			blk, c := r/nc, r%nc
 			a := tier[blk]
@@ -224,8 +223,9 @@ const parallelBytes = 256 << 10
 
 // submit queues a copy of rows rows of rowBytes each behind the calls
 // before it. A call with nothing ahead of it and too small to split runs
-// at once on the caller's goroutine.
-func (e *CPU) submit(rows int, rowBytes int64, copyRows func(mem *[MaxRanges][]byte, lo, hi int)) (Handle, error) {
+// at once on the caller's goroutine; only a call that is queued runs
+// detach first, to stop sharing the caller's index slices.
+func (e *CPU) submit(rows int, rowBytes int64, detach func(), copyRows func(mem *[MaxRanges][]byte, lo, hi int)) (Handle, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -249,6 +249,7 @@ func (e *CPU) submit(rows int, rowBytes int64, copyRows func(mem *[MaxRanges][]b
 		run()
 		return doneHandle(), nil
 	}
+	detach()
 	h := &cpuHandle{ch: make(chan struct{})}
 	e.tail = h
 	go func() {
@@ -320,10 +321,7 @@ func (e *CPU) CopyEach(r Rows) error {
 	mem := e.mem
 	e.mu.Unlock()
 	for i, a := range r.Tier {
-		d := r.BufOffset + int64(i)*r.SlotStride
-		if r.Slots != nil {
-			d = r.BufOffset + r.Slots[i]*r.SlotStride
-		}
+		d := r.bufOffset(i)
 		copy(hb.b[d:d+r.RowBytes], mem[a.Range()][a.Offset():])
 	}
 	return nil
@@ -335,13 +333,10 @@ func (e *CPU) BulkCopy(dst Buffer, dstOff int64, src Addr, n int64) error {
 	if err != nil {
 		return err
 	}
-	if maxIndex(hb.Len(), dstOff, 1, n) < 0 {
-		return fmt.Errorf("bulk copy of %d bytes at %d into %d: %w", n, dstOff, hb.Len(), ErrOutOfBounds)
+	if err := checkBufSpan("bulk copy", hb.Len(), dstOff, n); err != nil {
+		return err
 	}
-	e.ranges.mu.RLock()
-	err = e.ranges.checkSpan(src, n, "bulk copy", 0)
-	e.ranges.mu.RUnlock()
-	if err != nil {
+	if err := e.ranges.checkOne(src, n, "bulk copy"); err != nil {
 		return err
 	}
 	e.mu.Lock()

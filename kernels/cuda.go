@@ -247,8 +247,8 @@ func (e *CUDA) Upload(dst Buffer, off int64, src []byte) error {
 	if err != nil {
 		return err
 	}
-	if maxIndex(db.n, off, 1, int64(len(src))) < 0 {
-		return fmt.Errorf("upload of %d bytes at %d into %d: %w", len(src), off, db.n, ErrOutOfBounds)
+	if err := checkBufSpan("upload", db.n, off, int64(len(src))); err != nil {
+		return err
 	}
 	if len(src) == 0 {
 		return nil
@@ -270,8 +270,8 @@ func (e *CUDA) Download(dst []byte, src Buffer, off int64) error {
 	if err != nil {
 		return err
 	}
-	if maxIndex(db.n, off, 1, int64(len(dst))) < 0 {
-		return fmt.Errorf("download of %d bytes at %d from %d: %w", len(dst), off, db.n, ErrOutOfBounds)
+	if err := checkBufSpan("download", db.n, off, int64(len(dst))); err != nil {
+		return err
 	}
 	if len(dst) == 0 {
 		return nil
@@ -526,13 +526,14 @@ type cudaHandle struct {
 // Wait implements Handle. A stage's event may have been recorded again by
 // a later call; waiting for that one also covers this call (same stream).
 func (h *cudaHandle) Wait() error {
-	leave, err := h.e.enter()
-	if err != nil {
-		return err
+	// Only the closed flag needs the lock: event sync takes no context.
+	h.e.mu.Lock()
+	closed := h.e.closed
+	h.e.mu.Unlock()
+	if closed {
+		return ErrClosed
 	}
-	ev := h.ev
-	leave()
-	if err := ev.Synchronize(); err != nil {
+	if err := h.ev.Synchronize(); err != nil {
 		return fmt.Errorf("kernels: %s: %w", h.e.Name(), err)
 	}
 	return nil
@@ -557,10 +558,7 @@ func (e *CUDA) CopyEach(r Rows) error {
 	}
 	defer leave()
 	for i, a := range r.Tier {
-		d := r.BufOffset + int64(i)*r.SlotStride
-		if r.Slots != nil {
-			d = r.BufOffset + r.Slots[i]*r.SlotStride
-		}
+		d := r.bufOffset(i)
 		src := unsafe.Pointer(&e.mem[a.Range()][a.Offset()])
 		if err := cu.MemcpyHtoDAsync(db.ptr+cu.DevicePtr(d), src, r.RowBytes, e.stream); err != nil {
 			return fmt.Errorf("kernels: row %d: %w", i, err)
@@ -575,13 +573,10 @@ func (e *CUDA) BulkCopy(dst Buffer, dstOff int64, src Addr, n int64) error {
 	if err != nil {
 		return err
 	}
-	if maxIndex(db.n, dstOff, 1, n) < 0 {
-		return fmt.Errorf("bulk copy of %d bytes at %d into %d: %w", n, dstOff, db.n, ErrOutOfBounds)
+	if err := checkBufSpan("bulk copy", db.n, dstOff, n); err != nil {
+		return err
 	}
-	e.ranges.mu.RLock()
-	err = e.ranges.checkSpan(src, n, "bulk copy", 0)
-	e.ranges.mu.RUnlock()
-	if err != nil {
+	if err := e.ranges.checkOne(src, n, "bulk copy"); err != nil {
 		return err
 	}
 	leave, err := e.enter()

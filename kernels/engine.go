@@ -66,6 +66,15 @@ type Rows struct {
 	SlotStride int64   // 0: RowBytes
 }
 
+// bufOffset is where row i lies in Buf. It needs SlotStride set, which
+// the engines' validation does before any copy.
+func (r *Rows) bufOffset(i int) int64 {
+	if r.Slots == nil {
+		return r.BufOffset + int64(i)*r.SlotStride
+	}
+	return r.BufOffset + r.Slots[i]*r.SlotStride
+}
+
 // Blocks moves paged KV blocks: block b is len(Chunks)*ChunkBytes contiguous
 // bytes at Tier[b], and its chunk c lives in Chunks[c].Buf at
 // Chunks[c].Offset + Pages[b]*PageStride (typically one chunk per layer and

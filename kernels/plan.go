@@ -55,6 +55,21 @@ func (t *rangeTable) checkSpan(a Addr, n int64, what string, i int) error {
 	return nil
 }
 
+// checkOne checks n bytes at a single address (bulk copies).
+func (t *rangeTable) checkOne(a Addr, n int64, what string) error {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.checkSpan(a, n, what, 0)
+}
+
+// checkBufSpan checks that n bytes at off lie inside a buffer of bufLen.
+func checkBufSpan(op string, bufLen, off, n int64) error {
+	if maxIndex(bufLen, off, 1, n) < 0 {
+		return fmt.Errorf("%s of %d bytes at %d, buffer of %d: %w", op, n, off, bufLen, ErrOutOfBounds)
+	}
+	return nil
+}
+
 // maxIndex is the largest index k for which off + k*stride + n <= bufLen,
 // or -1 when none fits.
 func maxIndex(bufLen, off, stride, n int64) int64 {

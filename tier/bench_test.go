@@ -13,15 +13,7 @@ func BenchmarkHeapAllocFree(b *testing.B) {
 			r := formatTest(b, testGeometry())
 			h := NewHeap(attachTest(b, r, 0))
 			b.ReportAllocs()
-			for b.Loop() {
-				off, err := h.Alloc(size)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := h.Free(off); err != nil {
-					b.Fatal(err)
-				}
-			}
+			allocFreeLoop(b, h, size)
 		})
 	}
 }
@@ -48,15 +40,7 @@ func BenchmarkHeapAllocHighUtil(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	for b.Loop() {
-		off, err := h.Alloc(size)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := h.Free(off); err != nil {
-			b.Fatal(err)
-		}
-	}
+	allocFreeLoop(b, h, size)
 	b.ReportMetric(float64(len(all)-len(all)*4/100)/float64(len(all))*100, "%full")
 }
 
@@ -100,6 +84,20 @@ func BenchmarkLock(b *testing.B) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// allocFreeLoop is the timed part of the heap benchmarks: one allocation
+// and its free per iteration.
+func allocFreeLoop(b *testing.B, h *Heap, size int64) {
+	for b.Loop() {
+		off, err := h.Alloc(size)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := h.Free(off); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
