@@ -185,6 +185,11 @@ func (c *Client) Slot() int { return c.slot }
 // Node is the client's node id.
 func (c *Client) Node() int { return c.node }
 
+// Token identifies this client's lease (its generation and slot) as other
+// processes see it: structures outside tier/ record it as an owner and ask
+// Region.LeaseLive whether that owner still runs.
+func (c *Client) Token() uint64 { return c.token }
+
 // Region is the region the client is attached to.
 func (c *Client) Region() *Region { return c.r }
 

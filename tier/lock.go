@@ -237,6 +237,24 @@ func (r *Region) Locks() []LockState {
 	return out
 }
 
+// LeaseLive says whether the lease named by a client token is still live:
+// its slot is taken and has not been reaped or reused since. A client killed
+// without detaching stays live until a manager reaps it.
+func (r *Region) LeaseLive(token uint64) bool { return r.holderAlive(token) }
+
+// MaxClients is how many leases the region holds (all nodes together); a
+// token's slot is below it.
+func (r *Region) MaxClients() int { return r.l.Nodes * r.l.ClientsPerNode }
+
+// TokenSlot is the lease slot a client token names, or -1 for a malformed token.
+func (r *Region) TokenSlot(token uint64) int {
+	slot := int(uint32(token)) - 1
+	if slot < 0 || slot >= r.MaxClients() {
+		return -1
+	}
+	return slot
+}
+
 // holderAlive says whether the lease named by a lock token is still live.
 func (r *Region) holderAlive(token uint64) bool {
 	slot := int(uint32(token)) - 1

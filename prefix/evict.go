@@ -1,0 +1,233 @@
+package prefix
+
+import (
+	"slices"
+	"sync/atomic"
+	"time"
+)
+
+// evictLocked frees at least need blocks if it can by evicting the least
+// recently used ready entries that no client has pinned. Entries hit since
+// they were linked get a second chance at the head instead (lookups only
+// stamp an access time, so they never take the lock). It returns how many
+// it freed. Reserve asks for the rest of its batch at once, so the pin scan
+// (every live client's pin table) is paid once per batch, not per key.
+func (s *Store) evictLocked(need int) int {
+	want := need
+	freed := 0
+	budget := 2*int64(atomic.LoadUint32(s.hdrU32(hdrReady))) + int64(want)
+	for freed < need && budget > 0 {
+		cands := map[uint64]uint32{}
+		for len(cands) < want-freed && budget > 0 {
+			budget--
+			tail := atomic.LoadUint32(s.hdrU32(hdrLRUTail))
+			if tail == 0 {
+				break
+			}
+			i := tail - 1
+			e := s.entry(i)
+			w := atomic.LoadUint64(u64At(e, entWord))
+			if wordState(w) != stReady {
+				s.unlink(i) // only ready entries belong on the list
+				continue
+			}
+			s.unlink(i)
+			if atomic.LoadUint64(u64At(e, entAccess)) > atomic.LoadUint64(u64At(e, entLinkedAt)) {
+				s.linkHead(i, uint64(time.Now().UnixNano()))
+				continue
+			}
+			atomic.StoreUint64(u64At(e, entWord), mkWord(wordGen(w), stEvicting))
+			s.publishEntry(i)
+			cands[pinValue(i, w)] = i
+		}
+		if len(cands) == 0 {
+			break
+		}
+		pinned := s.scanPins(cands)
+		for v, i := range cands {
+			if pinned[v] {
+				p := u64At(s.entry(i), entWord)
+				atomic.StoreUint64(p, mkWord(wordGen(atomic.LoadUint64(p)), stReady))
+				s.linkHead(i, uint64(time.Now().UnixNano()))
+				s.publishEntry(i)
+				continue
+			}
+			// dropLocked unlinks only what is linked; the entry is off the list.
+			s.dropLocked(i)
+			freed++
+		}
+	}
+	s.count(ctrEvictions, uint64(freed))
+	return freed
+}
+
+// scanPins returns which of cands (pin values) a live client has pinned.
+func (s *Store) scanPins(cands map[uint64]uint32) map[uint64]bool {
+	pinned := map[uint64]bool{}
+	if len(cands) == 0 {
+		return pinned
+	}
+	for slot := 0; int64(slot) < s.g.Clients; slot++ {
+		off := s.g.PinsOff + int64(slot)*s.g.PinStride
+		s.refreshMeta(off, s.g.PinStride)
+		h := s.metaSlice(off, pinHeaderSize)
+		tok := atomic.LoadUint64(u64At(h, 0))
+		if tok == 0 || !s.r.LeaseLive(tok) {
+			continue
+		}
+		hw := int64(atomic.LoadUint32(u32At(h, 8)))
+		for j := int64(0); j < min(hw, s.g.Pins); j++ {
+			if v := atomic.LoadUint64(s.pinRecord(slot, j)); v != 0 {
+				if _, ok := cands[v]; ok {
+					pinned[v] = true
+				}
+			}
+		}
+	}
+	return pinned
+}
+
+// Reclaim drops reservations whose clients died before publishing, and
+// returns how many. The daemon calls it after reaping clients; inserts call
+// it when they find no space.
+func (s *Store) Reclaim() (int, error) {
+	n := 0
+	err := s.locked(func() { n = s.reclaimLocked() })
+	return n, err
+}
+
+func (s *Store) reclaimLocked() int {
+	if atomic.LoadUint32(s.hdrU32(hdrReserved)) == 0 {
+		return 0
+	}
+	n := 0
+	for i := uint32(0); int64(i) < s.g.Entries; i++ {
+		e := s.readEntry(i)
+		if wordState(atomic.LoadUint64(u64At(e, entWord))) != stReserved {
+			continue
+		}
+		if owner := atomic.LoadUint64(u64At(e, entOwner)); !s.r.LeaseLive(owner) {
+			s.dropLocked(i)
+			n++
+		}
+	}
+	s.count(ctrReclaimed, uint64(n))
+	return n
+}
+
+// repairLocked rebuilds everything derived from the entries after a lock
+// holder died mid-mutation: half-evicted entries return to ready, block
+// ownership follows the entries (a block two entries claim keeps the first;
+// the other entry is dropped), the LRU list is relinked by access time, and
+// the counts are recomputed.
+func (s *Store) repairLocked() {
+	claim := make([]uint32, s.g.Blocks)
+	var ready []uint32
+	var nReserved, nTomb int32
+	for i := uint32(0); int64(i) < s.g.Entries; i++ {
+		e := s.readEntry(i)
+		p := u64At(e, entWord)
+		w := atomic.LoadUint64(p)
+		st := wordState(w)
+		if st == stEvicting {
+			st = stReady
+			atomic.StoreUint64(p, mkWord(wordGen(w), stReady))
+		}
+		switch st {
+		case stDeleted:
+			nTomb++
+			continue
+		case stReady, stReserved:
+		default:
+			continue
+		}
+		b := atomic.LoadUint32(u32At(e, entBlock))
+		if int64(b) >= s.g.Blocks || claim[b] != 0 || int64(atomic.LoadUint32(u32At(e, entLen))) > s.g.BlockBytes {
+			atomic.StoreUint64(p, mkWord(wordGen(w)+1, stDeleted))
+			nTomb++
+			continue
+		}
+		claim[b] = i + 1
+		if st == stReady {
+			ready = append(ready, i)
+		} else {
+			nReserved++
+		}
+		atomic.StoreUint32(u32At(e, entPrev), 0)
+		atomic.StoreUint32(u32At(e, entNext), 0)
+	}
+	var used int32
+	for b := range claim {
+		if claim[b] != 0 {
+			used++
+		}
+		atomic.StoreUint32(s.owner(uint32(b)), claim[b])
+	}
+	slices.SortFunc(ready, func(a, b uint32) int {
+		ta, tb := atomic.LoadUint64(u64At(s.entry(a), entAccess)), atomic.LoadUint64(u64At(s.entry(b), entAccess))
+		switch {
+		case ta < tb:
+			return -1
+		case ta > tb:
+			return 1
+		}
+		return 0
+	})
+	atomic.StoreUint32(s.hdrU32(hdrLRUHead), 0)
+	atomic.StoreUint32(s.hdrU32(hdrLRUTail), 0)
+	for _, i := range ready {
+		s.linkHead(i, atomic.LoadUint64(u64At(s.entry(i), entAccess)))
+	}
+	atomic.StoreUint32(s.hdrU32(hdrReady), uint32(len(ready)))
+	atomic.StoreUint32(s.hdrU32(hdrReserved), uint32(nReserved))
+	atomic.StoreUint32(s.hdrU32(hdrTombstones), uint32(nTomb))
+	atomic.StoreUint32(s.hdrU32(hdrUsedBlocks), uint32(used))
+	s.publishMeta(0, s.g.PinsOff)
+}
+
+func (s *Store) publishOwner(b uint32) {
+	s.publishMeta((s.g.OwnersOff+int64(b)*4)&^(lineSize-1), lineSize)
+}
+
+// sweepTombstones turns every tombstone no probe path crosses back into an
+// empty entry. Inserts reuse tombstones on their own path only, so under
+// churn they pile up until a table has no empty entry left and every miss
+// probes all of it. A probe for the key at q starting from its home h
+// crosses the entries [h, q); counting those intervals over the ring tells
+// which tombstones no live key needs. Nothing moves, so lock-free readers
+// and the pins (which name entries by index) stay valid.
+func (s *Store) sweepTombstones() {
+	n := s.g.Entries
+	cover := make([]int32, n+1)
+	for q := int64(0); q < n; q++ {
+		e := s.entry(uint32(q))
+		switch wordState(atomic.LoadUint64(u64At(e, entWord))) {
+		case stEmpty, stDeleted:
+			continue
+		}
+		k := s.keyOf(uint32(q))
+		h := int64(s.home(&k))
+		if h <= q {
+			cover[h]++
+			cover[q]--
+		} else { // the path wraps around the end of the table
+			cover[h]++
+			cover[n]--
+			cover[0]++
+			cover[q]--
+		}
+	}
+	var run int32
+	for p := int64(0); p < n; p++ {
+		run += cover[p]
+		if run != 0 {
+			continue
+		}
+		ptr := u64At(s.entry(uint32(p)), entWord)
+		if w := atomic.LoadUint64(ptr); wordState(w) == stDeleted {
+			atomic.StoreUint64(ptr, mkWord(wordGen(w)+1, stEmpty))
+			s.hdrAdd(hdrTombstones, -1)
+			s.publishEntry(uint32(p))
+		}
+	}
+}

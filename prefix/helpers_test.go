@@ -1,0 +1,71 @@
+package prefix
+
+import (
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cxltier/cxltier/tier"
+)
+
+// testTier formats a small file-backed tier of devices devices (16 MiB each).
+func testTier(t testing.TB, devices int) (*tier.Region, *tier.Client) {
+	t.Helper()
+	dir := t.TempDir()
+	var devs []tier.Backing
+	for i := range devices {
+		b, err := tier.ParseBacking(fmt.Sprintf("file:%s", filepath.Join(dir, fmt.Sprintf("dev%d", i))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		devs = append(devs, b)
+	}
+	g := tier.DefaultGeometry()
+	g.DeviceSize, g.ChunkSize, g.Stripe = 16<<20, 256<<10, 256<<10
+	g.ClientsPerNode = 16
+	g.LeaseTimeout = 2 * time.Second
+	r, err := tier.Format(tier.Options{Devices: devs, Geometry: g})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := r.Attach(tier.ClientOptions{Name: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); r.Close() })
+	return r, c
+}
+
+func testStore(t testing.TB, c *tier.Client, blocks, blockBytes int64) *Store {
+	t.Helper()
+	s, err := Create(c, Config{Name: "m", Blocks: blocks, BlockBytes: blockBytes, PinsPerClient: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// payloadFor is the deterministic payload of a key, so any reader can tell
+// a torn or misplaced payload from the right one without the index's CRC.
+func payloadFor(k Key, n int) []byte {
+	p := make([]byte, n)
+	for i := range p {
+		p[i] = k[i%len(k)] ^ byte(i) ^ byte(i>>8)
+	}
+	return p
+}
+
+func keyN(n int) Key { return StringKey(fmt.Sprintf("key-%d", n)) }
+
+func mustCheck(t testing.TB, s *Store) {
+	t.Helper()
+	bad, err := s.Check(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range bad {
+		t.Error("invariant:", b)
+	}
+}

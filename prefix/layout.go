@@ -1,0 +1,224 @@
+package prefix
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"time"
+)
+
+// DirKind marks prefix indexes in the tier's root directory.
+const DirKind = 0x50465831 // "PFX1"
+
+const (
+	indexMagic   = 0x3130584650544c43 // "CLTPFX01"
+	indexVersion = 1
+	lineSize     = 64
+	headerBytes  = 4096
+
+	entryBytes    = 2 * lineSize
+	pinHeaderSize = lineSize
+	pinRecordSize = 8
+
+	maxEntries = 1 << 30
+	maxBlocks  = 1 << 30
+)
+
+// Header field offsets. Line 0–1: geometry, written once and covered by the
+// CRC at hdrCRC. Line 2: state changed only under the index lock. Line 3:
+// counters any process adds to atomically.
+const (
+	hdrMagic         = 0
+	hdrVersion       = 8
+	hdrEntries       = 12
+	hdrBlocks        = 16
+	hdrPins          = 20
+	hdrClients       = 24
+	hdrLockID        = 28
+	hdrBlockBytes    = 32
+	hdrBlockStride   = 40
+	hdrPayloadOff    = 48
+	hdrPayloadChunks = 56
+	hdrMetaChunks    = 64
+	hdrCreated       = 72
+	hdrEntriesOff    = 80
+	hdrOwnersOff     = 88
+	hdrPinsOff       = 96
+	hdrPinStride     = 104
+	hdrCRC           = 124
+	hdrImmutable     = 124
+
+	hdrDirty      = 128
+	hdrLRUHead    = 136
+	hdrLRUTail    = 140
+	hdrUsedBlocks = 144
+	hdrReady      = 148
+	hdrReserved   = 152
+	hdrBlockHint  = 156
+	hdrTombstones = 160
+
+	hdrCounters = 192 // eight u64 counters, in counter order
+)
+
+// Counters in the header, in their order there.
+const (
+	ctrHits = iota
+	ctrMisses
+	ctrInserts
+	ctrEvictions
+	ctrChecksumFailures
+	ctrReclaimed
+	ctrBytesIn
+	ctrBytesOut
+	numCounters
+)
+
+// Entry field offsets. Line 0 is what lookups read; line 1 is touched only
+// under the lock.
+const (
+	entWord     = 0  // gen<<8 | state
+	entKey      = 8  // 32 bytes
+	entLen      = 40 // u32 payload bytes
+	entBlock    = 44 // u32 block index
+	entCRC      = 48 // u32 CRC-32C of the payload
+	entAccess   = 56 // u64 ns of the last hit
+	entOwner    = 64 // u64 lease token of the reserving client
+	entCreated  = 72 // u64 ns
+	entPrev     = 80 // u32 entry index+1 toward the LRU head (0: none)
+	entNext     = 84 // u32 entry index+1 toward the tail
+	entLinkedAt = 88 // u64 ns when put at the LRU head
+)
+
+// Entry states, the low byte of the state word.
+const (
+	stEmpty    = 0
+	stReserved = 1
+	stReady    = 2
+	stDeleted  = 3 // tombstone: probes continue past it
+	stEvicting = 4 // an evictor is checking pins
+)
+
+func mkWord(gen uint64, st uint8) uint64 { return gen<<8 | uint64(st) }
+func wordState(w uint64) uint8        { return uint8(w) }
+func wordGen(w uint64) uint64         { return w >> 8 }
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// geometry is an index's immutable layout, as stored in its header.
+type geometry struct {
+	Entries       int64
+	Blocks        int64
+	Pins          int64 // records per client
+	Clients       int64
+	LockID        int
+	BlockBytes    int64
+	BlockStride   int64
+	PayloadOff    int64 // tier offset of the payload run
+	PayloadChunks int64
+	MetaChunks    int64
+	Created       time.Time
+	EntriesOff    int64 // offsets inside the metadata run
+	OwnersOff     int64
+	PinsOff       int64
+	PinStride     int64
+}
+
+func alignUp(v, a int64) int64 { return (v + a - 1) / a * a }
+
+// metaBytes lays out the metadata run for the counts in g and returns its size.
+func (g *geometry) place() int64 {
+	g.EntriesOff = headerBytes
+	g.OwnersOff = alignUp(g.EntriesOff+g.Entries*entryBytes, lineSize)
+	g.PinsOff = alignUp(g.OwnersOff+4*g.Blocks, lineSize)
+	g.PinStride = alignUp(pinHeaderSize+g.Pins*pinRecordSize, lineSize)
+	return g.PinsOff + g.Clients*g.PinStride
+}
+
+func (g *geometry) encode(b []byte) {
+	le := binary.LittleEndian
+	le.PutUint64(b[hdrMagic:], indexMagic)
+	le.PutUint32(b[hdrVersion:], indexVersion)
+	le.PutUint32(b[hdrEntries:], uint32(g.Entries))
+	le.PutUint32(b[hdrBlocks:], uint32(g.Blocks))
+	le.PutUint32(b[hdrPins:], uint32(g.Pins))
+	le.PutUint32(b[hdrClients:], uint32(g.Clients))
+	le.PutUint32(b[hdrLockID:], uint32(g.LockID))
+	le.PutUint64(b[hdrBlockBytes:], uint64(g.BlockBytes))
+	le.PutUint64(b[hdrBlockStride:], uint64(g.BlockStride))
+	le.PutUint64(b[hdrPayloadOff:], uint64(g.PayloadOff))
+	le.PutUint64(b[hdrPayloadChunks:], uint64(g.PayloadChunks))
+	le.PutUint64(b[hdrMetaChunks:], uint64(g.MetaChunks))
+	le.PutUint64(b[hdrCreated:], uint64(g.Created.UnixNano()))
+	le.PutUint64(b[hdrEntriesOff:], uint64(g.EntriesOff))
+	le.PutUint64(b[hdrOwnersOff:], uint64(g.OwnersOff))
+	le.PutUint64(b[hdrPinsOff:], uint64(g.PinsOff))
+	le.PutUint64(b[hdrPinStride:], uint64(g.PinStride))
+	le.PutUint32(b[hdrCRC:], crc32.Checksum(b[:hdrImmutable], castagnoli))
+}
+
+// decodeGeometry reads and checks an index header: magic, version, CRC,
+// and that the derived layout matches what the counts imply and fits in
+// metaBytes of metadata. It never trusts a field before checking it, since
+// the header crosses a process boundary.
+func decodeGeometry(b []byte, metaBytes int64) (geometry, error) {
+	le := binary.LittleEndian
+	var g geometry
+	if len(b) < headerBytes {
+		return g, fmt.Errorf("%w: header of %d bytes", ErrBadIndex, len(b))
+	}
+	if m := le.Uint64(b[hdrMagic:]); m != indexMagic {
+		return g, fmt.Errorf("%w: magic %#x", ErrBadIndex, m)
+	}
+	if v := le.Uint32(b[hdrVersion:]); v != indexVersion {
+		return g, fmt.Errorf("%w: version %d, this build reads %d", ErrBadIndex, v, indexVersion)
+	}
+	if want, got := crc32.Checksum(b[:hdrImmutable], castagnoli), le.Uint32(b[hdrCRC:]); want != got {
+		return g, fmt.Errorf("%w: header CRC %#x, computed %#x", ErrBadIndex, got, want)
+	}
+	g = geometry{
+		Entries: int64(le.Uint32(b[hdrEntries:])), Blocks: int64(le.Uint32(b[hdrBlocks:])),
+		Pins: int64(le.Uint32(b[hdrPins:])), Clients: int64(le.Uint32(b[hdrClients:])),
+		LockID: int(le.Uint32(b[hdrLockID:])), BlockBytes: int64(le.Uint64(b[hdrBlockBytes:])),
+		BlockStride: int64(le.Uint64(b[hdrBlockStride:])), PayloadOff: int64(le.Uint64(b[hdrPayloadOff:])),
+		PayloadChunks: int64(le.Uint64(b[hdrPayloadChunks:])), MetaChunks: int64(le.Uint64(b[hdrMetaChunks:])),
+		Created: time.Unix(0, int64(le.Uint64(b[hdrCreated:]))),
+	}
+	if err := g.check(); err != nil {
+		return g, err
+	}
+	want := g
+	size := want.place()
+	got := [4]int64{int64(le.Uint64(b[hdrEntriesOff:])), int64(le.Uint64(b[hdrOwnersOff:])),
+		int64(le.Uint64(b[hdrPinsOff:])), int64(le.Uint64(b[hdrPinStride:]))}
+	if got != [4]int64{want.EntriesOff, want.OwnersOff, want.PinsOff, want.PinStride} {
+		return g, fmt.Errorf("%w: area offsets %v do not match the counts (%d entries, %d blocks, %d pins × %d clients)",
+			ErrBadIndex, got, g.Entries, g.Blocks, g.Pins, g.Clients)
+	}
+	if size > metaBytes {
+		return g, fmt.Errorf("%w: layout needs %d bytes, metadata run has %d", ErrBadIndex, size, metaBytes)
+	}
+	return want, nil
+}
+
+// check validates the counts of a geometry, from a caller or from a header.
+func (g *geometry) check() error {
+	switch {
+	case g.Entries < 2 || g.Entries > maxEntries || g.Entries&(g.Entries-1) != 0:
+		return fmt.Errorf("%w: %d entries (want a power of two in [2, %d])", ErrBadConfig, g.Entries, maxEntries)
+	case g.Blocks < 1 || g.Blocks > maxBlocks:
+		return fmt.Errorf("%w: %d blocks (want 1 to %d)", ErrBadConfig, g.Blocks, maxBlocks)
+	case g.Blocks > g.Entries:
+		return fmt.Errorf("%w: %d blocks exceed %d entries", ErrBadConfig, g.Blocks, g.Entries)
+	case g.Pins < 1 || g.Pins > 1<<24:
+		return fmt.Errorf("%w: %d pins per client (want 1 to %d)", ErrBadConfig, g.Pins, 1<<24)
+	case g.Clients < 1 || g.Clients > 1<<20:
+		return fmt.Errorf("%w: %d client slots", ErrBadConfig, g.Clients)
+	case g.BlockBytes < 1 || g.BlockBytes > 1<<40:
+		return fmt.Errorf("%w: block of %d bytes", ErrBadConfig, g.BlockBytes)
+	case g.BlockStride < g.BlockBytes || g.BlockStride%lineSize != 0:
+		return fmt.Errorf("%w: block stride %d for %d-byte blocks", ErrBadConfig, g.BlockStride, g.BlockBytes)
+	case g.LockID < 0:
+		return fmt.Errorf("%w: lock %d", ErrBadConfig, g.LockID)
+	}
+	return nil
+}

@@ -1,0 +1,202 @@
+package prefix
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/cxltier/cxltier/tier"
+)
+
+// Hit is one entry a lookup found and pinned. Its payload stays in place
+// until Release.
+type Hit struct {
+	Key    Key
+	Len    int64       // payload bytes
+	CRC    uint32      // CRC-32C of the payload
+	Offset tier.Offset // payload in the tier
+	Block  uint32      // payload block index
+
+	entry uint32
+	word  uint64
+	pin   int32
+}
+
+// readEntry is entry i, refreshed first on a non-coherent tier.
+func (s *Store) readEntry(i uint32) []byte {
+	e := s.entry(i)
+	if s.shared {
+		s.refreshMeta(s.g.EntriesOff+int64(i)*entryBytes, lineSize)
+	}
+	return e
+}
+
+func keyEqual(e []byte, k *Key) bool {
+	for w := 0; w < 4; w++ {
+		if atomic.LoadUint64(u64At(e, entKey+8*w)) != binary.LittleEndian.Uint64(k[8*w:]) {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Store) home(k *Key) uint32 {
+	return uint32(binary.LittleEndian.Uint64(k[:8]) & uint64(s.g.Entries-1))
+}
+
+// find probes for k without the lock. It returns the entry holding k (in
+// any live state) and the state word read before the key compare, which a
+// caller re-checks after it reads more fields.
+func (s *Store) find(k *Key) (uint32, uint64, bool) {
+	mask := uint32(s.g.Entries - 1)
+	i := s.home(k)
+	for n := int64(0); n < s.g.Entries; {
+		e := s.readEntry(i)
+		w := atomic.LoadUint64(u64At(e, entWord))
+		switch wordState(w) {
+		case stEmpty:
+			return 0, 0, false
+		case stDeleted:
+		default:
+			match := keyEqual(e, k)
+			if atomic.LoadUint64(u64At(e, entWord)) != w {
+				continue // changed while we compared: look again
+			}
+			if match {
+				return i, w, true
+			}
+		}
+		i = (i + 1) & mask
+		n++
+	}
+	return 0, 0, false
+}
+
+// Exists returns how many leading keys have ready entries (HiCache's
+// batch_exists). It takes no lock and pins nothing.
+func (s *Store) Exists(keys []Key) int {
+	for n := range keys {
+		if _, w, ok := s.find(&keys[n]); !ok || wordState(w) != stReady {
+			return n
+		}
+	}
+	return len(keys)
+}
+
+// Lookup finds the longest prefix of keys whose entries are ready, pins
+// them and returns them in order. Every hit must be given back with Release.
+func (s *Store) Lookup(keys []Key) ([]Hit, error) {
+	hits := make([]Hit, 0, len(keys))
+	now := uint64(time.Now().UnixNano())
+	for n := range keys {
+		h, ok, err := s.lookupOne(&keys[n], now)
+		if err != nil {
+			s.Release(hits)
+			return nil, fmt.Errorf("prefix: %q: lookup key %d (%v): %w", s.name, n, keys[n], err)
+		}
+		if !ok {
+			break
+		}
+		hits = append(hits, h)
+	}
+	s.count(ctrHits, uint64(len(hits)))
+	s.count(ctrMisses, uint64(len(keys)-len(hits)))
+	return hits, nil
+}
+
+// accessEvery bounds how often hits rewrite an entry's access time: the
+// line is shared by every reader, and LRU needs no finer clock.
+const accessEvery = uint64(time.Millisecond)
+
+func (s *Store) lookupOne(k *Key, now uint64) (Hit, bool, error) {
+	i, w, ok := s.find(k)
+	if !ok || wordState(w) != stReady {
+		return Hit{}, false, nil
+	}
+	e := s.entry(i)
+	h := Hit{Key: *k, entry: i, word: w,
+		Len:   int64(atomic.LoadUint32(u32At(e, entLen))),
+		CRC:   atomic.LoadUint32(u32At(e, entCRC)),
+		Block: atomic.LoadUint32(u32At(e, entBlock))}
+	pin, err := s.pin(i, w)
+	if err != nil || pin < 0 {
+		return Hit{}, false, err
+	}
+	h.pin = pin
+	if int64(h.Block) >= s.g.Blocks || h.Len > s.g.BlockBytes {
+		s.unpin(pin)
+		return Hit{}, false, fmt.Errorf("%w: entry %d names block %d of %d bytes", ErrBadIndex, i, h.Block, h.Len)
+	}
+	h.Offset = s.blockOff[h.Block]
+	if acc := u64At(e, entAccess); now > atomic.LoadUint64(acc)+accessEvery {
+		atomic.StoreUint64(acc, now)
+	}
+	return h, true, nil
+}
+
+func pinValue(i uint32, w uint64) uint64 { return uint64(i+1)<<32 | uint64(uint32(wordGen(w))) }
+
+// pin records that this client reads entry i in state w, then checks that
+// the entry still is in that state. An evictor marks the entry before it
+// scans pin tables, so either it sees our record or we see its mark. It
+// returns -1 if the entry changed.
+func (s *Store) pin(i uint32, w uint64) (int32, error) {
+	j, err := s.takePin()
+	if err != nil {
+		return -1, err
+	}
+	rec := s.pinRecord(s.mySlot(), int64(j))
+	atomic.StoreUint64(rec, pinValue(i, w))
+	s.publishPin(j)
+	if atomic.LoadUint64(u64At(s.readEntry(i), entWord)) != w {
+		s.unpin(j)
+		return -1, nil
+	}
+	return j, nil
+}
+
+func (s *Store) mySlot() int { return s.r.TokenSlot(s.c.Token()) }
+
+func (s *Store) takePin() (int32, error) {
+	s.pinMu.Lock()
+	defer s.pinMu.Unlock()
+	if s.myPins == nil {
+		return -1, fmt.Errorf("prefix: %q: %w", s.name, tier.ErrClosed)
+	}
+	if n := len(s.pinFree); n > 0 {
+		j := s.pinFree[n-1]
+		s.pinFree = s.pinFree[:n-1]
+		return j, nil
+	}
+	if int64(s.pinHW) >= s.g.Pins {
+		return -1, fmt.Errorf("%w: %d pins held", ErrPinsFull, s.g.Pins)
+	}
+	j := s.pinHW
+	s.pinHW++
+	atomic.StoreUint32(u32At(s.myPins, 8), uint32(s.pinHW))
+	s.publishMeta(s.g.PinsOff+int64(s.mySlot())*s.g.PinStride, pinHeaderSize)
+	return j, nil
+}
+
+func (s *Store) unpin(j int32) {
+	atomic.StoreUint64(s.pinRecord(s.mySlot(), int64(j)), 0)
+	s.publishPin(j)
+	s.pinMu.Lock()
+	s.pinFree = append(s.pinFree, j)
+	s.pinMu.Unlock()
+}
+
+func (s *Store) publishPin(j int32) {
+	if s.shared {
+		off := s.g.PinsOff + int64(s.mySlot())*s.g.PinStride + pinHeaderSize + int64(j)*pinRecordSize
+		s.publishMeta(off, pinRecordSize)
+	}
+}
+
+// Release unpins hits returned by Lookup.
+func (s *Store) Release(hits []Hit) {
+	for _, h := range hits {
+		s.unpin(h.pin)
+	}
+}

@@ -1,0 +1,319 @@
+package prefix
+
+import (
+	"fmt"
+	"hash/fnv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cxltier/cxltier/tier"
+)
+
+// Config sizes a new index. Blocks and BlockBytes are required.
+type Config struct {
+	Name       string // namespace (a model or tenant); the directory name is "prefix/<Name>"
+	Blocks     int64  // payload blocks: how many entries can be ready at once
+	BlockBytes int64  // the largest payload one entry holds
+	// Entries is the table size, a power of two; 0 picks the smallest one
+	// with at least twice Blocks, so probes stay short.
+	Entries int64
+	// PinsPerClient bounds how many entries one client holds pinned at
+	// once; 0 means 16384.
+	PinsPerClient int64
+	// LockID is the tier lock guarding mutations; 0 derives one from Name
+	// among the locks above tier.FirstUserLock.
+	LockID int
+}
+
+// DirName is the root-directory name of the index called name.
+func DirName(name string) string { return "prefix/" + name }
+
+// Store is one client's handle on an index. Its methods are safe for
+// concurrent use by the goroutines of one process; each process (tier
+// client) opens an index once.
+type Store struct {
+	c      *tier.Client
+	r      *tier.Region
+	name   string
+	g      geometry
+	meta   tier.Offset // start of the metadata run
+	one    []byte      // device 0 when the tier has one device: offsets are direct
+	shared bool        // non-coherent tier: publish and refresh metadata lines
+	hdr    []byte
+
+	blockOff []tier.Offset // tier offset of every payload block
+
+	pinMu   sync.Mutex
+	pinFree []int32 // this client's free pin records
+	pinHW   int32   // records in use or used before: evictors scan this many
+	myPins  []byte  // this client's pin table header
+}
+
+// Create allocates and formats an index in the tier, registers it in the
+// root directory, and opens it for c.
+func Create(c *tier.Client, cfg Config) (*Store, error) {
+	r := c.Region()
+	g, err := configGeometry(r, cfg)
+	if err != nil {
+		return nil, err
+	}
+	metaBytes := g.place()
+	chunk := r.ChunkSize()
+	g.MetaChunks = (metaBytes + chunk - 1) / chunk
+	g.PayloadChunks = (payloadSpan(r, g.Blocks, g.BlockStride) + chunk - 1) / chunk
+	meta, err := c.AllocChunks(g.MetaChunks)
+	if err != nil {
+		return nil, fmt.Errorf("prefix: create %q: metadata (%d bytes): %w", cfg.Name, metaBytes, err)
+	}
+	payload, err := c.AllocChunks(g.PayloadChunks)
+	if err != nil {
+		c.FreeChunks(meta, g.MetaChunks)
+		return nil, fmt.Errorf("prefix: create %q: payload (%d blocks × %d B): %w", cfg.Name, g.Blocks, g.BlockBytes, err)
+	}
+	g.PayloadOff = int64(payload)
+	g.Created = time.Now()
+	if err := initMeta(r, meta, &g); err != nil {
+		c.FreeChunks(meta, g.MetaChunks)
+		c.FreeChunks(payload, g.PayloadChunks)
+		return nil, err
+	}
+	undo := func(err error) (*Store, error) {
+		c.FreeChunks(meta, g.MetaChunks)
+		c.FreeChunks(payload, g.PayloadChunks)
+		return nil, err
+	}
+	if err := c.ShareChunks(meta, g.MetaChunks); err != nil {
+		return undo(fmt.Errorf("prefix: create %q: %w", cfg.Name, err))
+	}
+	if err := c.ShareChunks(payload, g.PayloadChunks); err != nil {
+		return undo(fmt.Errorf("prefix: create %q: %w", cfg.Name, err))
+	}
+	e := tier.DirEntry{Name: DirName(cfg.Name), Kind: DirKind, Offset: meta, Size: g.MetaChunks * chunk}
+	if err := c.DirPut(e); err != nil {
+		return undo(fmt.Errorf("prefix: create %q: %w", cfg.Name, err))
+	}
+	return Open(c, cfg.Name)
+}
+
+func configGeometry(r *tier.Region, cfg Config) (geometry, error) {
+	if cfg.Name == "" {
+		return geometry{}, fmt.Errorf("prefix: %w: empty index name", ErrBadConfig)
+	}
+	g := geometry{Blocks: cfg.Blocks, BlockBytes: cfg.BlockBytes, Entries: cfg.Entries,
+		Pins: cfg.PinsPerClient, Clients: int64(r.MaxClients()), LockID: cfg.LockID}
+	if g.Entries == 0 {
+		g.Entries = 2
+		for g.Entries < 2*g.Blocks && g.Entries < maxEntries {
+			g.Entries *= 2
+		}
+	}
+	if g.Pins == 0 {
+		g.Pins = 16384
+	}
+	g.BlockStride = alignUp(max(g.BlockBytes, 1), lineSize)
+	locks := r.Info().Geometry.LockSlots
+	if g.LockID == 0 {
+		if locks <= tier.FirstUserLock {
+			return g, fmt.Errorf("prefix: %w: the tier has no user locks (%d slots)", ErrBadConfig, locks)
+		}
+		h := fnv.New32a()
+		h.Write([]byte(cfg.Name))
+		g.LockID = tier.FirstUserLock + int(h.Sum32()%uint32(locks-tier.FirstUserLock))
+	}
+	if g.LockID < tier.FirstUserLock || g.LockID >= locks {
+		return g, fmt.Errorf("prefix: %w: lock %d not in [%d,%d)", ErrBadConfig, g.LockID, tier.FirstUserLock, locks)
+	}
+	if stripe := r.Info().Geometry.Stripe; r.NumDevices() > 1 && g.BlockStride > stripe {
+		return g, fmt.Errorf("prefix: %w: %d-byte blocks exceed the %d-byte stripe of a %d-device tier",
+			ErrBadConfig, g.BlockBytes, stripe, r.NumDevices())
+	}
+	if err := g.check(); err != nil {
+		return g, fmt.Errorf("prefix: index %q: %w", cfg.Name, err)
+	}
+	return g, nil
+}
+
+// payloadSpan is the tier space n blocks need: packed end to end on one
+// device; on a striped tier packed per stripe so none crosses a boundary,
+// with one stripe of slack for a run that starts mid-stripe.
+func payloadSpan(r *tier.Region, n, stride int64) int64 {
+	if r.NumDevices() == 1 {
+		return n * stride
+	}
+	stripe := r.Info().Geometry.Stripe
+	per := stripe / stride
+	return (n+per-1)/per*stripe + stripe
+}
+
+// blockOffsets places the blocks of a payload run starting at base.
+func blockOffsets(r *tier.Region, base tier.Offset, n, stride int64) []tier.Offset {
+	out := make([]tier.Offset, n)
+	stripe := r.Info().Geometry.Stripe
+	data := int64(r.DataStart())
+	pos := int64(base)
+	for b := range out {
+		if r.NumDevices() > 1 {
+			within := (pos - data) % stripe
+			if within+stride > stripe {
+				pos += stripe - within
+			}
+		}
+		out[b] = tier.Offset(pos)
+		pos += stride
+	}
+	return out
+}
+
+// initMeta zeroes the metadata run and writes the header.
+func initMeta(r *tier.Region, meta tier.Offset, g *geometry) error {
+	size := g.MetaChunks * r.ChunkSize()
+	zero := make([]byte, 1<<20)
+	for off := int64(0); off < size; off += int64(len(zero)) {
+		n := min(int64(len(zero)), size-off)
+		if err := r.WriteAt(zero[:n], meta+tier.Offset(off)); err != nil {
+			return fmt.Errorf("prefix: clear metadata: %w", err)
+		}
+	}
+	hdr := make([]byte, headerBytes)
+	g.encode(hdr)
+	if err := r.WriteAt(hdr, meta); err != nil {
+		return fmt.Errorf("prefix: write header: %w", err)
+	}
+	return r.Publish(meta, size)
+}
+
+// Open opens the index called name for client c.
+func Open(c *tier.Client, name string) (*Store, error) {
+	r := c.Region()
+	de, err := r.DirLookup(DirName(name))
+	if err != nil {
+		return nil, fmt.Errorf("prefix: open %q: %w", name, err)
+	}
+	if de.Kind != DirKind {
+		return nil, fmt.Errorf("prefix: open %q: %w: directory kind %#x", name, ErrBadIndex, de.Kind)
+	}
+	hdr, err := r.Slice(de.Offset, headerBytes)
+	if err != nil {
+		return nil, fmt.Errorf("prefix: open %q: %w", name, err)
+	}
+	r.Refresh(de.Offset, headerBytes)
+	g, err := decodeGeometry(hdr, de.Size)
+	if err != nil {
+		return nil, fmt.Errorf("prefix: open %q: %w", name, err)
+	}
+	if g.Clients != int64(r.MaxClients()) {
+		return nil, fmt.Errorf("prefix: open %q: %w: %d client slots, tier has %d", name, ErrBadIndex, g.Clients, r.MaxClients())
+	}
+	if end := g.PayloadOff + g.PayloadChunks*r.ChunkSize(); g.PayloadOff < int64(r.DataStart()) || end > r.Size() {
+		return nil, fmt.Errorf("prefix: open %q: %w: payload run %#x+%d outside the tier", name, ErrBadIndex, g.PayloadOff, g.PayloadChunks)
+	}
+	if g.LockID >= r.Info().Geometry.LockSlots {
+		return nil, fmt.Errorf("prefix: open %q: %w: lock %d", name, ErrBadIndex, g.LockID)
+	}
+	s := &Store{c: c, r: r, name: name, g: g, meta: de.Offset, hdr: hdr,
+		shared: r.Info().Coherence == tier.Shared}
+	if r.NumDevices() == 1 {
+		s.one = r.Device(0)
+	}
+	s.blockOff = blockOffsets(r, tier.Offset(g.PayloadOff), g.Blocks, g.BlockStride)
+	if last := s.blockOff[len(s.blockOff)-1]; int64(last)+g.BlockStride > g.PayloadOff+g.PayloadChunks*r.ChunkSize() {
+		return nil, fmt.Errorf("prefix: open %q: %w: payload run too short for %d blocks", name, ErrBadIndex, g.Blocks)
+	}
+	if err := s.claimPins(); err != nil {
+		return nil, fmt.Errorf("prefix: open %q: %w", name, err)
+	}
+	return s, nil
+}
+
+// claimPins takes this client's pin table: clear the records a previous
+// holder of the lease slot left, then write our token so evictors scan it.
+func (s *Store) claimPins() error {
+	slot := s.r.TokenSlot(s.c.Token())
+	if slot < 0 || int64(slot) >= s.g.Clients {
+		return fmt.Errorf("%w: client token %#x", ErrBadIndex, s.c.Token())
+	}
+	off := s.g.PinsOff + int64(slot)*s.g.PinStride
+	s.myPins = s.metaSlice(off, pinHeaderSize)
+	if atomic.LoadUint64(u64At(s.myPins, 0)) == s.c.Token() {
+		return ErrOpen
+	}
+	atomic.StoreUint64(u64At(s.myPins, 0), 0)
+	for j := int64(0); j < s.g.Pins; j++ {
+		atomic.StoreUint64(s.pinRecord(slot, j), 0)
+	}
+	atomic.StoreUint32(u32At(s.myPins, 8), 0)
+	atomic.StoreUint64(u64At(s.myPins, 0), s.c.Token())
+	s.publishMeta(off, pinHeaderSize)
+	s.pinFree = make([]int32, 0, s.g.Pins)
+	return nil
+}
+
+// Close gives up this client's pin table. Pins still held are dropped.
+func (s *Store) Close() error {
+	if s.myPins != nil {
+		atomic.StoreUint64(u64At(s.myPins, 0), 0)
+		s.myPins = nil
+	}
+	return nil
+}
+
+// Name is the index's namespace.
+func (s *Store) Name() string { return s.name }
+
+// BlockBytes is the largest payload an entry holds.
+func (s *Store) BlockBytes() int64 { return s.g.BlockBytes }
+
+// metaSlice is n bytes at off in the metadata run. Every structure there is
+// aligned to its size, which divides the stripe, so none crosses a device.
+func (s *Store) metaSlice(off, n int64) []byte {
+	abs := int64(s.meta) + off
+	if s.one != nil {
+		return s.one[abs : abs+n : abs+n]
+	}
+	b, err := s.r.Slice(tier.Offset(abs), n)
+	if err != nil {
+		panic(fmt.Sprintf("prefix: metadata %#x+%d: %v (layout checked at open)", abs, n, err))
+	}
+	return b
+}
+
+func (s *Store) entry(i uint32) []byte {
+	return s.metaSlice(s.g.EntriesOff+int64(i)*entryBytes, entryBytes)
+}
+
+func (s *Store) owner(b uint32) *uint32 {
+	off := s.g.OwnersOff + int64(b)*4
+	return u32At(s.metaSlice(off&^(lineSize-1), lineSize), int(off%lineSize))
+}
+
+func (s *Store) pinRecord(slot int, j int64) *uint64 {
+	off := s.g.PinsOff + int64(slot)*s.g.PinStride + pinHeaderSize + j*pinRecordSize
+	return u64At(s.metaSlice(off&^(lineSize-1), lineSize), int(off%lineSize))
+}
+
+func (s *Store) hdrU32(off int) *uint32 { return u32At(s.hdr, off) }
+func (s *Store) hdrU64(off int) *uint64 { return u64At(s.hdr, off) }
+
+func (s *Store) count(ctr int, n uint64) {
+	if n != 0 {
+		atomic.AddUint64(u64At(s.hdr, hdrCounters+8*ctr), n)
+	}
+}
+
+// publishMeta writes back metadata lines on a non-coherent tier.
+func (s *Store) publishMeta(off, n int64) {
+	if s.shared {
+		s.r.Publish(s.meta+tier.Offset(off), n)
+	}
+}
+
+func (s *Store) refreshMeta(off, n int64) {
+	if s.shared {
+		s.r.Refresh(s.meta+tier.Offset(off), n)
+	}
+}
+
+func (s *Store) publishEntry(i uint32) {
+	s.publishMeta(s.g.EntriesOff+int64(i)*entryBytes, entryBytes)
+}

@@ -1,0 +1,357 @@
+package prefix
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/cxltier/cxltier/tier"
+)
+
+func TestSetGetRoundTrip(t *testing.T) {
+	for _, devices := range []int{1, 3} {
+		t.Run(fmt.Sprintf("%ddev", devices), func(t *testing.T) {
+			_, c := testTier(t, devices)
+			s := testStore(t, c, 64, 40000)
+			keys := make([]Key, 20)
+			payloads := make([][]byte, len(keys))
+			for i := range keys {
+				keys[i] = keyN(i)
+				payloads[i] = payloadFor(keys[i], 1000+i*1500)
+			}
+			st, err := s.Set(keys, payloads)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, x := range st {
+				if x != Reserved {
+					t.Fatalf("key %d: %v", i, x)
+				}
+			}
+			if n := s.Exists(keys); n != len(keys) {
+				t.Fatalf("Exists = %d, want %d", n, len(keys))
+			}
+			dst := make([][]byte, len(keys))
+			for i := range dst {
+				dst[i] = make([]byte, 40000)
+			}
+			n, err := s.Get(keys, dst)
+			if err != nil || n != len(keys) {
+				t.Fatalf("Get = %d, %v", n, err)
+			}
+			for i := range keys {
+				if !bytes.Equal(dst[i], payloads[i]) {
+					t.Fatalf("key %d: payload differs", i)
+				}
+			}
+			st, err = s.Set(keys[:3], payloads[:3])
+			if err != nil || st[0] != Exists || st[2] != Exists {
+				t.Fatalf("second Set = %v, %v; want Exists", st, err)
+			}
+			mustCheck(t, s)
+			stats := s.Stats()
+			if stats.Ready != 20 || stats.Inserts != 20 || stats.Hits != 20 || stats.PinsHeld != 0 {
+				t.Fatalf("stats %+v", stats)
+			}
+		})
+	}
+}
+
+func TestBatchExistsCountsLeadingKeys(t *testing.T) {
+	_, c := testTier(t, 1)
+	s := testStore(t, c, 32, 256)
+	tokens := make([]int64, 160)
+	for i := range tokens {
+		tokens[i] = int64(i * 7)
+	}
+	chain, err := PageKeys(nil, tokens, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var set []Key
+	for i, k := range chain {
+		if i < 5 || i == 6 || i == 8 {
+			set = append(set, k)
+		}
+	}
+	if _, err := s.Set(set, payloadsFor(set, 256)); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		keys []Key
+		want int
+	}{{chain, 5}, {chain[:3], 3}, {chain[5:], 0}, {chain[6:7], 1}, {nil, 0}} {
+		if got := s.Exists(tc.keys); got != tc.want {
+			t.Errorf("Exists(%d keys) = %d, want %d", len(tc.keys), got, tc.want)
+		}
+	}
+	hits, err := s.Lookup(chain)
+	if err != nil || len(hits) != 5 {
+		t.Fatalf("Lookup = %d hits, %v; want 5", len(hits), err)
+	}
+	if got := s.Stats().PinsHeld; got != 5 {
+		t.Fatalf("%d pins held, want 5", got)
+	}
+	s.Release(hits)
+	if got := s.Stats().PinsHeld; got != 0 {
+		t.Fatalf("%d pins held after release", got)
+	}
+}
+
+func payloadsFor(keys []Key, n int) [][]byte {
+	out := make([][]byte, len(keys))
+	for i, k := range keys {
+		out[i] = payloadFor(k, n)
+	}
+	return out
+}
+
+func TestEvictsLeastRecentlyUsedUnpinned(t *testing.T) {
+	_, c := testTier(t, 1)
+	s := testStore(t, c, 8, 128)
+	var old []Key
+	for i := range 8 {
+		old = append(old, keyN(i))
+	}
+	if _, err := s.Set(old, payloadsFor(old, 128)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Millisecond) // hits restamp at most once a millisecond
+	// Touch 0..3; pin 4 and keep it pinned.
+	hits, _ := s.Lookup(old[:4])
+	s.Release(hits)
+	pinned, _ := s.Lookup(old[4:5])
+	if len(pinned) != 1 {
+		t.Fatal("key 4 not found")
+	}
+	fresh := []Key{keyN(100), keyN(101), keyN(102)}
+	st, err := s.Set(fresh, payloadsFor(fresh, 128))
+	if err != nil || st[0] != Reserved || st[2] != Reserved {
+		t.Fatalf("Set = %v, %v", st, err)
+	}
+	for i, want := range []bool{true, true, true, true, true, false, false, false} {
+		if got := s.Exists(old[i:i+1]) == 1; got != want {
+			t.Errorf("key %d present = %v, want %v", i, got, want)
+		}
+	}
+	s.Release(pinned)
+	mustCheck(t, s)
+	if ev := s.Stats().Evictions; ev < 3 {
+		t.Fatalf("%d evictions, want ≥ 3", ev)
+	}
+}
+
+func TestAllPinnedMeansNoSpace(t *testing.T) {
+	_, c := testTier(t, 1)
+	s := testStore(t, c, 4, 64)
+	keys := []Key{keyN(0), keyN(1), keyN(2), keyN(3)}
+	s.Set(keys, payloadsFor(keys, 64))
+	hits, _ := s.Lookup(keys)
+	st, err := s.Set([]Key{keyN(9)}, payloadsFor([]Key{keyN(9)}, 64))
+	if err != nil || st[0] != NoSpace {
+		t.Fatalf("Set with everything pinned = %v, %v; want NoSpace", st, err)
+	}
+	if _, err := s.Delete(keys[:1]); !errors.Is(err, ErrPinned) {
+		t.Fatalf("Delete of a pinned key = %v, want ErrPinned", err)
+	}
+	s.Release(hits)
+	st, _ = s.Set([]Key{keyN(9)}, payloadsFor([]Key{keyN(9)}, 64))
+	if st[0] != Reserved {
+		t.Fatalf("Set after release = %v", st)
+	}
+	if n, err := s.Delete(keys); err != nil || n != 3 {
+		t.Fatalf("Delete = %d, %v; want 3 (one was evicted)", n, err)
+	}
+	mustCheck(t, s)
+}
+
+func TestChecksumMismatchDropsEntry(t *testing.T) {
+	r, c := testTier(t, 1)
+	s := testStore(t, c, 4, 512)
+	k := []Key{keyN(1)}
+	s.Set(k, payloadsFor(k, 512))
+	hits, _ := s.Lookup(k)
+	s.Release(hits)
+	if err := r.WriteAt([]byte{0xFF ^ payloadFor(k[0], 512)[77]}, hits[0].Offset+77); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.Get(k, [][]byte{make([]byte, 512)})
+	if n != 0 || !errors.Is(err, ErrChecksum) {
+		t.Fatalf("Get of a corrupt payload = %d, %v; want ErrChecksum", n, err)
+	}
+	if s.Exists(k) != 0 || s.Stats().ChecksumFailures != 1 {
+		t.Fatalf("corrupt entry kept: exists %d, stats %+v", s.Exists(k), s.Stats())
+	}
+	mustCheck(t, s)
+}
+
+func TestDeadClientsReservationReclaimed(t *testing.T) {
+	r, c := testTier(t, 1)
+	s := testStore(t, c, 4, 64)
+	other, err := r.Attach(tier.ClientOptions{Name: "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	so, err := Open(other, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := so.Reserve([]Key{keyN(1), keyN(2)}, []int64{64, 64}); err != nil {
+		t.Fatal(err)
+	}
+	// A pin the other client holds when it goes away must not count.
+	s.Set([]Key{keyN(3)}, payloadsFor([]Key{keyN(3)}, 64))
+	if h, _ := so.Lookup([]Key{keyN(3)}); len(h) != 1 {
+		t.Fatal("lookup by the other client failed")
+	}
+	if n, _ := s.Reclaim(); n != 0 {
+		t.Fatalf("reclaimed %d reservations of a live client", n)
+	}
+	other.Close() // its lease is gone: what it reserved and pinned is released
+	if st := s.Stats(); st.PinsHeld != 0 {
+		t.Fatalf("%d pins of a dead client counted", st.PinsHeld)
+	}
+	if n, err := s.Reclaim(); err != nil || n != 2 {
+		t.Fatalf("Reclaim = %d, %v; want 2", n, err)
+	}
+	if n, err := s.Delete([]Key{keyN(3)}); err != nil || n != 1 {
+		t.Fatalf("Delete of an entry a dead client pinned = %d, %v", n, err)
+	}
+	mustCheck(t, s)
+	if st := s.Stats(); st.Reserved != 0 || st.UsedBlocks != 0 || st.Reclaimed != 2 {
+		t.Fatalf("stats after reclaim %+v", st)
+	}
+}
+
+func TestPublishAfterReclaimIsLost(t *testing.T) {
+	r, c := testTier(t, 1)
+	s := testStore(t, c, 4, 64)
+	other, _ := r.Attach(tier.ClientOptions{Name: "other"})
+	so, err := Open(other, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, _ := so.Reserve([]Key{keyN(1)}, []int64{64})
+	other.Close()
+	s.Reclaim()
+	if err := so.Publish(res, []uint32{0}); !errors.Is(err, ErrLost) {
+		t.Fatalf("Publish of a reclaimed reservation = %v, want ErrLost", err)
+	}
+}
+
+func TestRepairAfterDeathMidMutation(t *testing.T) {
+	_, c := testTier(t, 1)
+	s := testStore(t, c, 16, 64)
+	var keys []Key
+	for i := range 12 {
+		keys = append(keys, keyN(i))
+	}
+	s.Set(keys, payloadsFor(keys, 64))
+	// What a holder killed in the middle of an eviction leaves: the dirty
+	// flag, an entry marked evicting and off the list, a block owner
+	// cleared, a broken link and stale counts.
+	i, w, _ := s.find(&keys[3])
+	s.unlink(i)
+	storeWord(s, i, mkWord(wordGen(w), stEvicting))
+	j, _, _ := s.find(&keys[7])
+	storeOwner(s, s.entry(j), 0)
+	k, _, _ := s.find(&keys[9])
+	storeU32(s.entry(k), entNext, 0)
+	storeU32(s.hdr, hdrReady, 99)
+	storeU64(s.hdr, hdrDirty, 12345)
+	mustCheck(t, s) // Check takes the lock, which repairs first
+	if n := s.Exists(keys); n != len(keys) {
+		t.Fatalf("after repair %d of %d keys present", n, len(keys))
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	r, c := testTier(t, 2)
+	for _, cfg := range []Config{
+		{Name: "", Blocks: 4, BlockBytes: 64},
+		{Name: "a", Blocks: 0, BlockBytes: 64},
+		{Name: "a", Blocks: 4, BlockBytes: 0},
+		{Name: "a", Blocks: 4, BlockBytes: 64, Entries: 6},
+		{Name: "a", Blocks: 8, BlockBytes: 64, Entries: 4},
+		{Name: "a", Blocks: 4, BlockBytes: 1 << 20}, // larger than the 256 KiB stripe of a 2-device tier
+		{Name: "a", Blocks: 4, BlockBytes: 64, LockID: 1000},
+		{Name: "a", Blocks: 1 << 31, BlockBytes: 64},
+	} {
+		if _, err := Create(c, cfg); !errors.Is(err, ErrBadConfig) {
+			t.Errorf("Create(%+v) = %v, want ErrBadConfig", cfg, err)
+		}
+	}
+	if _, err := Create(c, Config{Name: "big", Blocks: 90, BlockBytes: 256 << 10}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Create(c, Config{Name: "huge", Blocks: 90, BlockBytes: 256 << 10}); !errors.Is(err, tier.ErrExhausted) {
+		t.Errorf("Create of an index larger than the tier = %v, want ErrExhausted", err)
+	}
+	if _, err := Open(c, "missing"); !errors.Is(err, tier.ErrNotFound) {
+		t.Errorf("Open(missing) = %v", err)
+	}
+	s := testStore(t, c, 4, 64)
+	if _, err := Open(c, "m"); !errors.Is(err, ErrOpen) {
+		t.Errorf("second Open by one client = %v, want ErrOpen", err)
+	}
+	if _, err := s.Set([]Key{keyN(1)}, [][]byte{make([]byte, 65)}); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("oversized payload: %v", err)
+	}
+	if _, err := s.Reserve([]Key{keyN(1)}, nil); !errors.Is(err, ErrBadConfig) {
+		t.Errorf("sizes mismatch: %v", err)
+	}
+	if _, err := s.Get([]Key{keyN(1)}, nil); !errors.Is(err, ErrBadConfig) {
+		t.Errorf("no buffers: %v", err)
+	}
+	s.Set([]Key{keyN(1)}, [][]byte{make([]byte, 64)})
+	if _, err := s.Get([]Key{keyN(1)}, [][]byte{make([]byte, 10)}); !errors.Is(err, ErrBadConfig) {
+		t.Errorf("short buffer: %v", err)
+	}
+	// A damaged header is refused on open.
+	de, _ := r.DirLookup(DirName("m"))
+	r.WriteAt([]byte{0x55}, de.Offset+hdrEntries)
+	other, _ := r.Attach(tier.ClientOptions{Name: "other"})
+	defer other.Close()
+	if _, err := Open(other, "m"); !errors.Is(err, ErrBadIndex) {
+		t.Errorf("Open of a damaged header = %v, want ErrBadIndex", err)
+	}
+}
+
+// TestRandomOpsAgainstModel runs random operations from two clients of one
+// process and compares every answer with a map.
+func TestRandomOpsAgainstModel(t *testing.T) {
+	r, c := testTier(t, 2)
+	s := testStore(t, c, 32, 1024)
+	c2, _ := r.Attach(tier.ClientOptions{Name: "two"})
+	defer c2.Close()
+	s2, err := Open(c2, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	stores := []*Store{s, s2}
+	for step := range 3000 {
+		st := stores[rng.IntN(2)]
+		k := keyN(rng.IntN(80))
+		switch op := rng.IntN(4); op {
+		case 0, 1:
+			st.Set([]Key{k}, [][]byte{payloadFor(k, 1+rng.IntN(1024))})
+		case 2:
+			dst := [][]byte{make([]byte, 1024)}
+			if n, err := st.Get([]Key{k}, dst); err != nil {
+				t.Fatalf("step %d: %v", step, err)
+			} else if n == 1 && !bytes.Equal(dst[0], payloadFor(k, len(dst[0]))) {
+				t.Fatalf("step %d: wrong payload for %v", step, k)
+			}
+		case 3:
+			st.Delete([]Key{k})
+		}
+	}
+	mustCheck(t, s)
+	if got := s.Stats(); got.Ready > 32 || got.UsedBlocks != got.Ready || 4*got.Tombstones > got.Entries {
+		t.Fatalf("stats %+v", got)
+	}
+}
