@@ -74,5 +74,5 @@ func PageKeys(parent *Key, tokens []int64, pageSize int) ([]Key, error) {
 	return keys, nil
 }
 
-func leU64(b []byte) uint64        { return binary.LittleEndian.Uint64(b) }
+func leU64(b []byte) uint64       { return binary.LittleEndian.Uint64(b) }
 func putLeU64(b []byte, v uint64) { binary.LittleEndian.PutUint64(b, v) }

@@ -99,8 +99,8 @@ const (
 )
 
 func mkWord(gen uint64, st uint8) uint64 { return gen<<8 | uint64(st) }
-func wordState(w uint64) uint8        { return uint8(w) }
-func wordGen(w uint64) uint64         { return w >> 8 }
+func wordState(w uint64) uint8           { return uint8(w) }
+func wordGen(w uint64) uint64            { return w >> 8 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
