@@ -1,7 +1,9 @@
 package prefix
 
 import (
+	"bytes"
 	"fmt"
+	"github.com/klauspost/compress/zstd"
 	"path/filepath"
 	"testing"
 	"time"
@@ -68,4 +70,16 @@ func mustCheck(t testing.TB, s *Store) {
 	for _, b := range bad {
 		t.Error("invariant:", b)
 	}
+}
+
+func mustZstd(t testing.TB, raw []byte) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	w, err := zstd.NewWriter(&b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write(raw)
+	w.Close()
+	return b.Bytes()
 }

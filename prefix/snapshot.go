@@ -1,0 +1,243 @@
+package prefix
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"hash"
+	"hash/crc32"
+	"io"
+	"sync/atomic"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// Snapshot file: a zstd stream of
+//
+//	header  "CXLTPSN1" · version u32 · block bytes u64 · entries u64 · created ns i64
+//	records tag 1 · key [32] · length u32 · CRC-32C u32 · payload
+//	trailer tag 0 · records u64 · CRC-32C of every byte before the trailer u32
+//
+// Restore checks each payload against its CRC, and the record count and
+// the running CRC against the trailer, so a truncated or damaged file is
+// refused rather than half-loaded silently.
+
+var snapMagic = [8]byte{'C', 'X', 'L', 'T', 'P', 'S', 'N', '1'}
+
+const (
+	snapVersion   = 1
+	snapHeaderLen = 8 + 4 + 8 + 8 + 8
+	tagRecord     = 1
+	tagEnd        = 0
+)
+
+// SnapshotInfo describes a snapshot written or restored.
+type SnapshotInfo struct {
+	Entries  int64 // records in the file
+	Bytes    int64 // payload bytes
+	Restored int64 // entries inserted on restore (the rest existed)
+}
+
+// progress prints a line at most once a second, then a last one.
+type progress struct {
+	w     io.Writer
+	what  string
+	total int64
+	last  time.Time
+}
+
+func (p *progress) show(done, bytes int64, final bool) {
+	if p.w == nil || (!final && time.Since(p.last) < time.Second) {
+		return
+	}
+	p.last = time.Now()
+	pct := ""
+	if p.total > 0 {
+		pct = fmt.Sprintf(" (%.0f%%)", 100*float64(min(done, p.total))/float64(p.total))
+	}
+	fmt.Fprintf(p.w, "prefix: %s %d entries%s, %.1f MiB\n", p.what, done, pct, float64(bytes)/(1<<20))
+}
+
+// Snapshot writes every ready entry to w, compressed. Entries are pinned
+// while read and checked against their CRC; inserts that race with it may
+// or may not be included.
+func (s *Store) Snapshot(w io.Writer, progressTo io.Writer) (SnapshotInfo, error) {
+	var info SnapshotInfo
+	zw, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedDefault))
+	if err != nil {
+		return info, fmt.Errorf("prefix: snapshot: %w", err)
+	}
+	crc := crc32.New(castagnoli)
+	out := io.MultiWriter(zw, crc)
+	hdr := make([]byte, snapHeaderLen)
+	copy(hdr, snapMagic[:])
+	binary.LittleEndian.PutUint32(hdr[8:], snapVersion)
+	binary.LittleEndian.PutUint64(hdr[12:], uint64(s.g.BlockBytes))
+	binary.LittleEndian.PutUint64(hdr[20:], uint64(s.Stats().Ready))
+	binary.LittleEndian.PutUint64(hdr[28:], uint64(time.Now().UnixNano()))
+	if _, err := out.Write(hdr); err != nil {
+		return info, fmt.Errorf("prefix: snapshot: %w", err)
+	}
+	prog := &progress{w: progressTo, what: "snapshot", total: s.Stats().Ready}
+	buf := make([]byte, s.g.BlockBytes)
+	for i := uint32(0); int64(i) < s.g.Entries; i++ {
+		if wordState(atomic.LoadUint64(u64At(s.readEntry(i), entWord))) != stReady {
+			continue
+		}
+		k := s.keyOf(i)
+		n, err := s.snapshotOne(out, k, buf)
+		if err != nil {
+			return info, err
+		}
+		if n >= 0 {
+			info.Entries++
+			info.Bytes += n
+			prog.show(info.Entries, info.Bytes, false)
+		}
+	}
+	tr := make([]byte, 13)
+	binary.LittleEndian.PutUint64(tr[1:], uint64(info.Entries))
+	zw.Write(tr[:9])
+	crc.Write(tr[:9])
+	binary.LittleEndian.PutUint32(tr[9:], crc.Sum32())
+	zw.Write(tr[9:])
+	if err := zw.Close(); err != nil {
+		return info, fmt.Errorf("prefix: snapshot: %w", err)
+	}
+	prog.show(info.Entries, info.Bytes, true)
+	return info, nil
+}
+
+// snapshotOne writes one key's record, or nothing (-1) if it went away.
+func (s *Store) snapshotOne(out io.Writer, k Key, buf []byte) (int64, error) {
+	hits, err := s.Lookup([]Key{k})
+	if err != nil {
+		return 0, fmt.Errorf("prefix: snapshot: %w", err)
+	}
+	if len(hits) == 0 {
+		return -1, nil
+	}
+	defer s.Release(hits)
+	h := hits[0]
+	if err := s.VerifyHit(h, buf); err != nil {
+		s.count(ctrChecksumFailures, 1)
+		return -1, nil // a damaged entry is left out, not carried into the file
+	}
+	rec := make([]byte, 1+32+4+4)
+	rec[0] = tagRecord
+	copy(rec[1:], k[:])
+	binary.LittleEndian.PutUint32(rec[33:], uint32(h.Len))
+	binary.LittleEndian.PutUint32(rec[37:], h.CRC)
+	if _, err := out.Write(rec); err != nil {
+		return 0, fmt.Errorf("prefix: snapshot: %w", err)
+	}
+	if _, err := out.Write(buf[:h.Len]); err != nil {
+		return 0, fmt.Errorf("prefix: snapshot: %w", err)
+	}
+	return h.Len, nil
+}
+
+// Restore inserts every entry of a snapshot into s (keys present already
+// are kept) and verifies the file while it reads it. On a bad file it
+// returns ErrBadSnapshot; entries inserted before the damage stay, each one
+// checked against its own CRC.
+func (s *Store) Restore(r io.Reader, progressTo io.Writer) (SnapshotInfo, error) {
+	var info SnapshotInfo
+	zr, err := zstd.NewReader(r)
+	if err != nil {
+		return info, fmt.Errorf("prefix: restore: %w", err)
+	}
+	defer zr.Close()
+	crc := crc32.New(castagnoli)
+	in := io.TeeReader(bufio.NewReaderSize(zr, 1<<20), crc)
+	hdr := make([]byte, snapHeaderLen)
+	if _, err := io.ReadFull(in, hdr); err != nil {
+		return info, fmt.Errorf("prefix: restore: %w: header: %v", ErrBadSnapshot, err)
+	}
+	if [8]byte(hdr[:8]) != snapMagic {
+		return info, fmt.Errorf("prefix: restore: %w: magic %q", ErrBadSnapshot, hdr[:8])
+	}
+	if v := binary.LittleEndian.Uint32(hdr[8:]); v != snapVersion {
+		return info, fmt.Errorf("prefix: restore: %w: version %d", ErrBadSnapshot, v)
+	}
+	if bb := int64(binary.LittleEndian.Uint64(hdr[12:])); bb > s.g.BlockBytes {
+		return info, fmt.Errorf("prefix: restore: %w: snapshot of %d-byte blocks into an index of %d-byte blocks", ErrTooLarge, bb, s.g.BlockBytes)
+	}
+	prog := &progress{w: progressTo, what: "restore", total: int64(binary.LittleEndian.Uint64(hdr[20:]))}
+	for {
+		done, err := s.restoreOne(in, crc, &info)
+		if err != nil {
+			return info, err
+		}
+		if done {
+			break
+		}
+		prog.show(info.Entries, info.Bytes, false)
+	}
+	prog.show(info.Entries, info.Bytes, true)
+	return info, nil
+}
+
+func (s *Store) restoreOne(in io.Reader, crc hash.Hash32, info *SnapshotInfo) (bool, error) {
+	bad := func(f string, a ...any) error {
+		return fmt.Errorf("prefix: restore: record %d: %w: %s", info.Entries, ErrBadSnapshot, fmt.Sprintf(f, a...))
+	}
+	var tag [1]byte
+	if _, err := io.ReadFull(in, tag[:]); err != nil {
+		return false, bad("no trailer (truncated file?): %v", err)
+	}
+	switch tag[0] {
+	case tagEnd:
+		var n [8]byte
+		if _, err := io.ReadFull(in, n[:]); err != nil {
+			return false, bad("trailer: %v", err)
+		}
+		want := crc.Sum32()
+		var sum [4]byte
+		if _, err := io.ReadFull(in, sum[:]); err != nil {
+			return false, bad("trailer: %v", err)
+		}
+		if got := int64(binary.LittleEndian.Uint64(n[:])); got != info.Entries {
+			return false, bad("trailer counts %d records, file held %d", got, info.Entries)
+		}
+		if got := binary.LittleEndian.Uint32(sum[:]); got != want {
+			return false, bad("file CRC %#x, computed %#x", got, want)
+		}
+		return true, nil
+	case tagRecord:
+	default:
+		return false, bad("tag %d", tag[0])
+	}
+	rec := make([]byte, 40)
+	if _, err := io.ReadFull(in, rec); err != nil {
+		return false, bad("%v", err)
+	}
+	k := Key(rec[:32])
+	n := int64(binary.LittleEndian.Uint32(rec[32:]))
+	want := binary.LittleEndian.Uint32(rec[36:])
+	if n > s.g.BlockBytes {
+		return false, bad("payload of %d bytes exceeds %d", n, s.g.BlockBytes)
+	}
+	payload := make([]byte, n)
+	if _, err := io.ReadFull(in, payload); err != nil {
+		return false, bad("payload: %v", err)
+	}
+	if got := crc32.Checksum(payload, castagnoli); got != want {
+		return false, bad("key %v: payload CRC %#x, recorded %#x", k, got, want)
+	}
+	st, err := s.Set([]Key{k}, [][]byte{payload})
+	if err != nil {
+		return false, fmt.Errorf("prefix: restore: key %v: %w", k, err)
+	}
+	switch st[0] {
+	case Reserved:
+		info.Restored++
+	case NoSpace:
+		return false, fmt.Errorf("prefix: restore: key %v: %w", k, ErrNoSpace)
+	}
+	info.Entries++
+	info.Bytes += n
+	return false, nil
+}
+
