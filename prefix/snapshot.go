@@ -240,4 +240,3 @@ func (s *Store) restoreOne(in io.Reader, crc hash.Hash32, info *SnapshotInfo) (b
 	info.Bytes += n
 	return false, nil
 }
-
