@@ -1,0 +1,198 @@
+package prefix
+
+import (
+	"fmt"
+	"hash/crc32"
+
+	"github.com/cxltier/cxltier/kernels"
+	"github.com/cxltier/cxltier/tier"
+)
+
+// Layout is a paged KV pool in engine buffers (GPU memory for the CUDA
+// engine): page p's chunk c is ChunkBytes at Chunks[c].Offset +
+// p*PageStride in Chunks[c].Buf — typically one chunk per layer and K/V.
+// A tier block holds a page's chunks back to back.
+type Layout struct {
+	ChunkBytes int64
+	Chunks     []kernels.Span
+	PageStride int64 // 0: ChunkBytes
+}
+
+// BlockBytes is the size of one page's tier block.
+func (l Layout) BlockBytes() int64 { return int64(len(l.Chunks)) * l.ChunkBytes }
+
+// Mover moves whole pages between a paged pool and an index's blocks with
+// the engine's block gather and scatter: one launch per batch, however many
+// chunks a page has.
+type Mover struct {
+	s     *Store
+	eng   kernels.Engine
+	ids   []kernels.RangeID
+	owned bool
+	// Verify checks every hit's CRC on the CPU before the gather (default
+	// true). It reads each payload once more from the tier; turn it off
+	// only where the tier is trusted.
+	Verify bool
+}
+
+// NewMover moves s's blocks with eng. ids are the engine ranges of the
+// tier's devices if the caller registered them already (an engine maps a
+// tier once; the CUDA engine cannot register the same memory twice); nil
+// registers them here and Close unregisters them.
+func NewMover(s *Store, eng kernels.Engine, ids []kernels.RangeID) (*Mover, error) {
+	m := &Mover{s: s, eng: eng, ids: ids, Verify: true}
+	if ids != nil {
+		if len(ids) != s.r.NumDevices() {
+			return nil, fmt.Errorf("prefix: mover: %d ranges for %d tier devices: %w", len(ids), s.r.NumDevices(), ErrBadConfig)
+		}
+		return m, nil
+	}
+	m.owned = true
+	for d := range s.r.NumDevices() {
+		id, err := eng.Register(s.r.Device(d))
+		if err != nil {
+			m.Close()
+			return nil, fmt.Errorf("prefix: mover: register tier device %d: %w", d, err)
+		}
+		m.ids = append(m.ids, id)
+	}
+	return m, nil
+}
+
+// Close unregisters the ranges NewMover registered.
+func (m *Mover) Close() error {
+	var first error
+	if m.owned {
+		for _, id := range m.ids {
+			if err := m.eng.Unregister(id); err != nil && first == nil {
+				first = err
+			}
+		}
+		m.ids = nil
+	}
+	return first
+}
+
+func (m *Mover) addr(off tier.Offset) (kernels.Addr, error) {
+	dev, devOff, _, err := m.s.r.Locate(off)
+	if err != nil {
+		return 0, err
+	}
+	return kernels.At(m.ids[dev], devOff), nil
+}
+
+func (m *Mover) check(keys []Key, l Layout, pages []int64) error {
+	if len(pages) != len(keys) {
+		return fmt.Errorf("prefix: %q: %d keys but %d pages: %w", m.s.name, len(keys), len(pages), ErrBadConfig)
+	}
+	if len(l.Chunks) == 0 || l.ChunkBytes <= 0 {
+		return fmt.Errorf("prefix: %q: layout of %d chunks × %d B: %w", m.s.name, len(l.Chunks), l.ChunkBytes, ErrBadConfig)
+	}
+	if l.BlockBytes() > m.s.g.BlockBytes {
+		return fmt.Errorf("prefix: %q: %d-byte pages: %w (%d)", m.s.name, l.BlockBytes(), ErrTooLarge, m.s.g.BlockBytes)
+	}
+	return nil
+}
+
+// Put stores pages[i] of the pool under keys[i]: reserve, one scatter
+// launch for the batch, wait, checksum the blocks, publish.
+func (m *Mover) Put(keys []Key, l Layout, pages []int64) ([]Status, error) {
+	if err := m.check(keys, l, pages); err != nil {
+		return nil, err
+	}
+	sizes := make([]int64, len(keys))
+	for i := range sizes {
+		sizes[i] = l.BlockBytes()
+	}
+	res, err := m.s.Reserve(keys, sizes)
+	if err != nil && res == nil {
+		return nil, err
+	}
+	b := kernels.Blocks{ChunkBytes: l.ChunkBytes, Chunks: l.Chunks, PageStride: l.PageStride}
+	for i, r := range res {
+		if r.Status == Reserved {
+			a, aerr := m.addr(r.Offset)
+			if aerr != nil {
+				m.s.Abort(res)
+				return nil, aerr
+			}
+			b.Tier = append(b.Tier, a)
+			b.Pages = append(b.Pages, pages[i])
+		}
+	}
+	if len(b.Tier) > 0 {
+		if werr := wait(m.eng.ScatterBlocks(b)); werr != nil {
+			m.s.Abort(res)
+			return nil, fmt.Errorf("prefix: %q: scatter %d pages: %w", m.s.name, len(b.Tier), werr)
+		}
+	}
+	crcs := make([]uint32, len(res))
+	buf := make([]byte, l.BlockBytes())
+	for i, r := range res {
+		if r.Status == Reserved {
+			if rerr := m.s.r.ReadAt(buf, r.Offset); rerr != nil {
+				m.s.Abort(res)
+				return nil, rerr
+			}
+			crcs[i] = crc32.Checksum(buf, castagnoli)
+		}
+	}
+	if perr := m.s.Publish(res, crcs); perr != nil && err == nil {
+		err = perr
+	}
+	return statuses(res), err
+}
+
+// Get gathers the longest ready prefix of keys into pages[0:n] of the pool
+// with one launch and returns n. Hits are pinned until the copy is done.
+func (m *Mover) Get(keys []Key, l Layout, pages []int64) (int, error) {
+	if err := m.check(keys, l, pages); err != nil {
+		return 0, err
+	}
+	hits, err := m.s.Lookup(keys)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { m.s.Release(hits) }()
+	var scratch []byte
+	if m.Verify {
+		scratch = make([]byte, m.s.g.BlockBytes)
+	}
+	b := kernels.Blocks{ChunkBytes: l.ChunkBytes, Chunks: l.Chunks, PageStride: l.PageStride}
+	for i, h := range hits {
+		if h.Len != l.BlockBytes() {
+			m.s.Release(hits[i:])
+			hits = hits[:i]
+			return 0, fmt.Errorf("prefix: %q: %v holds %d bytes, pages are %d: %w", m.s.name, h.Key, h.Len, l.BlockBytes(), ErrBadConfig)
+		}
+		if m.Verify {
+			if verr := m.s.VerifyHit(h, scratch); verr != nil {
+				m.s.Release(hits[i:])
+				hits = hits[:i]
+				m.s.dropCorrupt(h.Key)
+				err = verr
+				break
+			}
+		}
+		a, aerr := m.addr(h.Offset)
+		if aerr != nil {
+			return 0, aerr
+		}
+		b.Tier = append(b.Tier, a)
+		b.Pages = append(b.Pages, pages[i])
+	}
+	if len(b.Tier) > 0 {
+		if werr := wait(m.eng.GatherBlocks(b)); werr != nil {
+			return 0, fmt.Errorf("prefix: %q: gather %d pages: %w", m.s.name, len(b.Tier), werr)
+		}
+	}
+	m.s.count(ctrBytesOut, uint64(len(b.Tier))*uint64(l.BlockBytes()))
+	return len(b.Tier), err
+}
+
+func wait(h kernels.Handle, err error) error {
+	if err != nil {
+		return err
+	}
+	return h.Wait()
+}
