@@ -19,7 +19,8 @@ type Config struct {
 	// with at least twice Blocks, so probes stay short.
 	Entries int64
 	// PinsPerClient bounds how many entries one client holds pinned at
-	// once; 0 means 16384.
+	// once; 0 means four per block, at least 256 and at most 16384. Pin
+	// tables take 8 bytes per pin per client slot of the tier.
 	PinsPerClient int64
 	// LockID is the tier lock guarding mutations; 0 derives one from Name
 	// among the locks above tier.FirstUserLock.
@@ -57,6 +58,11 @@ func Create(c *tier.Client, cfg Config) (*Store, error) {
 	g, err := configGeometry(r, cfg)
 	if err != nil {
 		return nil, err
+	}
+	// Checked first so that a taken name is reported as such rather than as
+	// a lack of space for a second copy; DirPut below still settles a race.
+	if _, err := r.DirLookup(DirName(cfg.Name)); err == nil {
+		return nil, fmt.Errorf("prefix: create %q: %w", cfg.Name, tier.ErrExists)
 	}
 	metaBytes := g.place()
 	chunk := r.ChunkSize()
@@ -109,7 +115,7 @@ func configGeometry(r *tier.Region, cfg Config) (geometry, error) {
 		}
 	}
 	if g.Pins == 0 {
-		g.Pins = 16384
+		g.Pins = min(max(4*g.Blocks, 256), 16384)
 	}
 	g.BlockStride = alignUp(max(g.BlockBytes, 1), lineSize)
 	locks := r.Info().Geometry.LockSlots

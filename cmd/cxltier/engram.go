@@ -125,16 +125,19 @@ func engramMultipliers(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-func parseIDs(s string) ([]int64, error) {
+func parseIDs(s string) ([]int64, error) { return parseList("--ids", s) }
+
+// parseList reads a comma-separated list of integers given to flag.
+func parseList(flag, s string) ([]int64, error) {
 	if strings.TrimSpace(s) == "" {
-		return nil, errors.New("--ids is required")
+		return nil, fmt.Errorf("%s is required", flag)
 	}
 	parts := strings.Split(s, ",")
 	ids := make([]int64, len(parts))
 	for i, p := range parts {
 		v, err := strconv.ParseInt(strings.TrimSpace(p), 10, 64)
 		if err != nil {
-			return nil, fmt.Errorf("--ids position %d: %q is not an integer", i, p)
+			return nil, fmt.Errorf("%s position %d: %q is not an integer", flag, i, p)
 		}
 		ids[i] = v
 	}

@@ -17,6 +17,7 @@ commands:
   inspect   read a region's backing files directly (no daemon needed)
   format    create and format a new tier
   engram    Engram hashing: rows of token ids, multipliers, presets
+  prefix    prefix cache: SGLang page keys, create, stats, check, snapshot, restore
 
 Run 'cxltier COMMAND -h' for a command's flags.
 `
@@ -28,7 +29,7 @@ func main() {
 type command func(args []string, stdout, stderr io.Writer) error
 
 func run(args []string, stdout, stderr io.Writer) int {
-	commands := map[string]command{"status": cmdStatus, "inspect": cmdInspect, "format": cmdFormat, "engram": cmdEngram}
+	commands := map[string]command{"status": cmdStatus, "inspect": cmdInspect, "format": cmdFormat, "engram": cmdEngram, "prefix": cmdPrefix}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stderr, usage)
 		if len(args) == 0 {

@@ -6,9 +6,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
 )
 
@@ -159,5 +161,136 @@ func TestEngramCommands(t *testing.T) {
 		if code != 1 || !strings.Contains(errs, tc.want) {
 			t.Errorf("%v: exit %d, %q; want %q", tc.args, code, errs, tc.want)
 		}
+	}
+}
+
+func TestPrefixKeysMatchVectors(t *testing.T) {
+	raw, err := os.ReadFile("../../prefix/testdata/keys.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cases []struct {
+		PageSize int      `json:"page_size"`
+		Prior    string   `json:"prior"`
+		Tokens   []int64  `json:"tokens"`
+		Keys     []string `json:"keys"`
+	}
+	if err := json.Unmarshal(raw, &cases); err != nil || len(cases) == 0 {
+		t.Fatalf("vectors: %v", err)
+	}
+	for i, c := range cases {
+		toks := make([]string, len(c.Tokens))
+		for j, v := range c.Tokens {
+			toks[j] = strconv.FormatInt(v, 10)
+		}
+		args := []string{"prefix", "keys", "--page-size", strconv.Itoa(c.PageSize), "--tokens", strings.Join(toks, ",")}
+		if c.Prior != "" {
+			args = append(args, "--prior", c.Prior)
+		}
+		code, out, errs := runCLI(t, args...)
+		if code != 0 {
+			t.Fatalf("case %d: exit %d: %s", i, code, errs)
+		}
+		if got, want := strings.Fields(out), c.Keys; strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Errorf("case %d: keys\n%v\nwant\n%v", i, got, want)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"prefix", "keys", "--page-size", "0", "--tokens", "1"}, "--page-size must be positive"},
+		{[]string{"prefix", "keys", "--page-size", "2", "--tokens", "1,y"}, `"y"`},
+		{[]string{"prefix", "keys", "--page-size", "1", "--tokens", "1", "--prior", "abc"}, "--prior"},
+		{[]string{"prefix", "stats", "--name", "x", filepath.Join(t.TempDir(), "none")}, "none"},
+		{[]string{"prefix", "snapshot", "/tmp/x"}, "--out is required"},
+		{[]string{"prefix", "restore", "/tmp/x"}, "--in is required"},
+	} {
+		code, _, errs := runCLI(t, tc.args...)
+		if code != 1 || !strings.Contains(errs, tc.want) {
+			t.Errorf("%v: exit %d, %q; want %q", tc.args, code, errs, tc.want)
+		}
+	}
+	if code, _, errs := runCLI(t, "prefix", "frob"); code != 2 || !strings.Contains(errs, `unknown subcommand "frob"`) {
+		t.Errorf("unknown subcommand: exit %d, %q", code, errs)
+	}
+}
+
+func TestPrefixIndexCommands(t *testing.T) {
+	dir := t.TempDir()
+	tierA, tierB := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	for _, p := range []string{tierA, tierB} {
+		if code, _, errs := runCLI(t, "format", "-device", "file:"+p, "-size", "16MiB", "-chunk", "256KiB"); code != 0 {
+			t.Fatalf("format: %s", errs)
+		}
+	}
+	code, out, errs := runCLI(t, "prefix", "create", "--name", "m", "--blocks", "8", "--block-bytes", "64KiB", tierA)
+	if code != 0 || !strings.Contains(out, `created prefix index "m": 8 blocks of 64KiB`) {
+		t.Fatalf("create: exit %d, %q %q", code, out, errs)
+	}
+	if code, _, errs := runCLI(t, "prefix", "create", "--name", "m", "--blocks", "8", "--block-bytes", "64KiB", tierA); code != 1 || !strings.Contains(errs, "exist") {
+		t.Errorf("second create: exit %d, %q", code, errs)
+	}
+
+	// Fill it from this process through the library, as a server would.
+	b, err := tier.ParseBacking("file:" + tierA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := tier.Open(tier.Options{Devices: []tier.Backing{b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := r.Attach(tier.ClientOptions{Name: "filler"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := prefix.Open(c, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []prefix.Key
+	var payloads [][]byte
+	for i := range 5 {
+		keys = append(keys, prefix.StringKey(strconv.Itoa(i)))
+		payloads = append(payloads, bytes.Repeat([]byte{byte(i + 1)}, 1000*(i+1)))
+	}
+	if _, err := s.Set(keys, payloads); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	c.Close()
+	r.Close()
+
+	code, out, errs = runCLI(t, "prefix", "stats", "--name", "m", "-json", tierA)
+	var st prefix.Stats
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.Ready != 5 || st.UsedBlocks != 5 {
+		t.Fatalf("stats: exit %d, %q %q", code, out, errs)
+	}
+	if code, out, errs = runCLI(t, "prefix", "check", "--name", "m", tierA); code != 0 || !strings.Contains(out, "ok (5 ready entries checked)") {
+		t.Errorf("check: exit %d, %q %q", code, out, errs)
+	}
+	snap := filepath.Join(dir, "m.zst")
+	if code, out, errs = runCLI(t, "prefix", "snapshot", "--name", "m", "--out", snap, tierA); code != 0 || !strings.Contains(out, "wrote 5 entries") {
+		t.Fatalf("snapshot: exit %d, %q %q", code, out, errs)
+	}
+	if code, _, errs = runCLI(t, "prefix", "restore", "--name", "m", "--in", snap, tierB); code != 1 || !strings.Contains(errs, "not found") {
+		t.Errorf("restore into a tier without the index and no sizing: exit %d, %q", code, errs)
+	}
+	code, out, errs = runCLI(t, "prefix", "restore", "--name", "m", "--in", snap, "--blocks", "8", "--block-bytes", "64KiB", tierB)
+	if code != 0 || !strings.Contains(out, "restored 5 of 5 entries") {
+		t.Fatalf("restore: exit %d, %q %q", code, out, errs)
+	}
+	if code, out, _ = runCLI(t, "prefix", "check", "--name", "m", tierB); code != 0 {
+		t.Errorf("check after restore: exit %d, %q", code, out)
+	}
+
+	// A damaged snapshot is refused, and nothing is half-restored silently.
+	raw, _ := os.ReadFile(snap)
+	raw[len(raw)/2] ^= 0xff
+	bad := filepath.Join(dir, "bad.zst")
+	os.WriteFile(bad, raw, 0o600)
+	if code, _, errs = runCLI(t, "prefix", "restore", "--name", "m", "--in", bad, tierA); code != 1 || errs == "" {
+		t.Errorf("damaged snapshot: exit %d, %q", code, errs)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/cxltier/cxltier/cmd/internal/adminapi"
+	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
 )
 
@@ -19,13 +20,14 @@ import (
 type admin struct {
 	r       *tier.Region
 	m       *tier.Manager
+	px      *prefixes
 	cfg     config
 	token   []byte
 	started time.Time
 }
 
-func newAdmin(r *tier.Region, m *tier.Manager, cfg config, token []byte) *admin {
-	return &admin{r: r, m: m, cfg: cfg, token: token, started: time.Now()}
+func newAdmin(r *tier.Region, m *tier.Manager, px *prefixes, cfg config, token []byte) *admin {
+	return &admin{r: r, m: m, px: px, cfg: cfg, token: token, started: time.Now()}
 }
 
 func (a *admin) server() *fasthttp.Server {
@@ -110,6 +112,7 @@ func (a *admin) snapshot() adminapi.Status {
 		Reaped:      reaped,
 		ReapedTotal: st.Reaped,
 		LockGrants:  st.Grants,
+		Prefix:      a.px.stats(),
 		Snapshot:    a.r.Snapshot(),
 	}
 }
@@ -167,6 +170,35 @@ func writeMetrics(w io.Writer, s adminapi.Status) {
 	metric("cxltier_clients_reaped_total", "counter", "Dead clients reclaimed by this daemon.", s.ReapedTotal)
 	metric("cxltier_lock_grants_total", "counter", "Global lock grants by this daemon (lock manager only).", s.LockGrants)
 	metric("cxltier_directory_entries", "gauge", "Named objects in the root directory.", len(s.Directory))
+	writePrefixMetrics(w, s.Prefix)
+}
+
+// writePrefixMetrics writes one family per counter with a sample per index.
+func writePrefixMetrics(w io.Writer, idx []prefix.Stats) {
+	if len(idx) == 0 {
+		return
+	}
+	family := func(name, typ, help string, value func(prefix.Stats) any) {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
+		for _, st := range idx {
+			fmt.Fprintf(w, "%s{index=%q} %v\n", name, st.Name, value(st))
+		}
+	}
+	family("cxltier_prefix_entries_ready", "gauge", "Entries readers can hit.", func(s prefix.Stats) any { return s.Ready })
+	family("cxltier_prefix_entries_reserved", "gauge", "Entries being written.", func(s prefix.Stats) any { return s.Reserved })
+	family("cxltier_prefix_blocks", "gauge", "Payload blocks of the index.", func(s prefix.Stats) any { return s.Blocks })
+	family("cxltier_prefix_blocks_used", "gauge", "Payload blocks in use.", func(s prefix.Stats) any { return s.UsedBlocks })
+	family("cxltier_prefix_bytes_stored", "gauge", "Bytes of blocks in use.", func(s prefix.Stats) any { return s.UsedBlocks * s.BlockBytes })
+	family("cxltier_prefix_pins_held", "gauge", "Entries pinned by live clients.", func(s prefix.Stats) any { return s.PinsHeld })
+	family("cxltier_prefix_hit_rate", "gauge", "Hits over keys looked up, since the index was created.", func(s prefix.Stats) any { return s.HitRate() })
+	family("cxltier_prefix_hits_total", "counter", "Keys found by lookups.", func(s prefix.Stats) any { return s.Hits })
+	family("cxltier_prefix_misses_total", "counter", "Keys looked up and not found.", func(s prefix.Stats) any { return s.Misses })
+	family("cxltier_prefix_inserts_total", "counter", "Entries published.", func(s prefix.Stats) any { return s.Inserts })
+	family("cxltier_prefix_evictions_total", "counter", "Entries evicted for space.", func(s prefix.Stats) any { return s.Evictions })
+	family("cxltier_prefix_reclaimed_total", "counter", "Reservations of dead clients reclaimed.", func(s prefix.Stats) any { return s.Reclaimed })
+	family("cxltier_prefix_checksum_failures_total", "counter", "Payloads that failed their checksum (entry dropped).", func(s prefix.Stats) any { return s.ChecksumFailures })
+	family("cxltier_prefix_bytes_in_total", "counter", "Payload bytes published.", func(s prefix.Stats) any { return s.BytesIn })
+	family("cxltier_prefix_bytes_out_total", "counter", "Payload bytes read by Get.", func(s prefix.Stats) any { return s.BytesOut })
 }
 
 func writeJSON(ctx *fasthttp.RequestCtx, code int, v any) {

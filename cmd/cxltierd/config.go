@@ -21,13 +21,19 @@ type config struct {
 	Listen       string `json:"listen"`
 	TokenFile    string `json:"token-file"`
 	SkipPIDCheck bool   `json:"skip-pid-check"`
-	configFile   string
+	// The prefix index the daemon makes sure exists (sized when the tier
+	// is formatted; PrefixBlocks 0 creates none).
+	PrefixName       string         `json:"prefix-name"`
+	PrefixBlocks     int64          `json:"prefix-blocks"`
+	PrefixBlockBytes tierflags.Size `json:"prefix-block-bytes"`
+	configFile       string
 }
 
 const tokenEnv = "CXLTIER_TOKEN"
 
 func defaultConfig() config {
-	return config{Config: tierflags.Default(), Listen: "127.0.0.1:7070"}
+	return config{Config: tierflags.Default(), Listen: "127.0.0.1:7070",
+		PrefixName: "default", PrefixBlocks: 32, PrefixBlockBytes: 1 << 20}
 }
 
 func (c *config) flagSet(stderr io.Writer) *flag.FlagSet {
@@ -44,6 +50,9 @@ func (c *config) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.Listen, "listen", c.Listen, "admin API address (host:port); keep it on loopback")
 	fs.StringVar(&c.TokenFile, "token-file", c.TokenFile, "file holding the bearer token for mutating endpoints (or set "+tokenEnv+")")
 	fs.BoolVar(&c.SkipPIDCheck, "skip-pid-check", c.SkipPIDCheck, "judge local clients by heartbeat only")
+	fs.StringVar(&c.PrefixName, "prefix-name", c.PrefixName, "prefix index created if missing")
+	fs.Int64Var(&c.PrefixBlocks, "prefix-blocks", c.PrefixBlocks, "payload blocks of that index (0: create none)")
+	fs.Var(&c.PrefixBlockBytes, "prefix-block-bytes", "largest payload per prefix entry (one KV page)")
 	return fs
 }
 

@@ -81,11 +81,17 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}()
 	defer func() { stopManager(); wg.Wait() }()
 
+	px, err := startPrefixes(mctx, m.Client(), cfg, logger, &wg)
+	if err != nil {
+		return err
+	}
+	defer px.close()
+
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("admin listen: %w", err)
 	}
-	a := newAdmin(r, m, cfg, token)
+	a := newAdmin(r, m, px, cfg, token)
 	srv := a.server()
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()

@@ -114,7 +114,7 @@ func startInProcess(t *testing.T, args ...string) (addr, device string, log *syn
 	log = &syncBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	all := append([]string{"-device", device, "-size", "32MiB", "-chunk", "256KiB", "-listen", "127.0.0.1:0"}, args...)
+	all := append([]string{"-device", device, "-size", "32MiB", "-chunk", "256KiB", "-listen", "127.0.0.1:0", "-prefix-blocks", "0"}, args...)
 	go func() { done <- run(ctx, all, log) }()
 	t.Cleanup(func() {
 		cancel()
@@ -203,7 +203,7 @@ func TestToken(t *testing.T) {
 func TestAdminEndpoints(t *testing.T) {
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	os.WriteFile(tokenFile, []byte("let-me-in"), 0o600)
-	addr, _, log := startInProcess(t, "-token-file", tokenFile)
+	addr, _, log := startInProcess(t, "-token-file", tokenFile, "-prefix-blocks", "8", "-prefix-block-bytes", "256KiB")
 	base := "http://" + addr
 
 	if code, body := get(t, base+"/healthz"); code != 200 || body != "ok\n" {
@@ -214,12 +214,14 @@ func TestAdminEndpoints(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &st); code != 200 || err != nil {
 		t.Fatalf("status: %d %v %s", code, err, body)
 	}
-	if st.Chunks.Total == 0 || st.Free != st.Chunks.Total*st.Chunks.Size || len(st.Devices) != 1 ||
+	// The prefix index the daemon created holds the only used chunks.
+	if st.Chunks.Total == 0 || st.Chunks.Used == 0 || st.Free != (st.Chunks.Total-st.Chunks.Used)*st.Chunks.Size || len(st.Devices) != 1 ||
+		len(st.Prefix) != 1 || st.Prefix[0].Name != "default" || st.Prefix[0].Blocks != 8 ||
 		len(st.Clients) != 1 || !st.Clients[0].Daemon || !st.LockManager {
 		t.Errorf("status: %+v", st)
 	}
 	code, body = get(t, base+"/metrics")
-	for _, want := range []string{"# TYPE cxltier_tier_free_bytes gauge", "cxltier_up{node=\"0\"} 1", "cxltier_clients_live 1", "cxltier_clients_reaped_total 0"} {
+	for _, want := range []string{"# TYPE cxltier_tier_free_bytes gauge", "cxltier_up{node=\"0\"} 1", "cxltier_clients_live 1", "cxltier_clients_reaped_total 0", "cxltier_prefix_blocks{index=\"default\"} 8", "cxltier_prefix_hits_total{index=\"default\"} 0"} {
 		if code != 200 || !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
 		}
@@ -281,6 +283,7 @@ func TestDaemonReapsKilledHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cmd.Wait()
+	defer cmd.Process.Kill() // a failed check must not leave the holder waiting forever
 	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "locked\n" {
 		t.Fatalf("holder: %q %v", line, err)
 	}

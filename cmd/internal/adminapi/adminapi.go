@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
 )
 
@@ -17,13 +18,14 @@ const DefaultAddr = "127.0.0.1:7070"
 
 // Status is the body of GET /v1/status.
 type Status struct {
-	Node        int           `json:"node"`
-	LockManager bool          `json:"lock_manager"`
-	Uptime      string        `json:"uptime"`
-	Flush       string        `json:"flush_instruction"`
-	Reaped      []tier.Reaped `json:"reaped"`
-	ReapedTotal uint64        `json:"reaped_total"`
-	LockGrants  uint64        `json:"lock_grants_total"`
+	Node        int            `json:"node"`
+	LockManager bool           `json:"lock_manager"`
+	Uptime      string         `json:"uptime"`
+	Flush       string         `json:"flush_instruction"`
+	Reaped      []tier.Reaped  `json:"reaped"`
+	ReapedTotal uint64         `json:"reaped_total"`
+	LockGrants  uint64         `json:"lock_grants_total"`
+	Prefix      []prefix.Stats `json:"prefix_indexes"`
 	tier.Snapshot
 }
 

@@ -1,0 +1,281 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/cxltier/cxltier/internal/tierflags"
+	"github.com/cxltier/cxltier/prefix"
+	"github.com/cxltier/cxltier/tier"
+)
+
+const prefixUsage = `usage: cxltier prefix SUBCOMMAND [flags]
+
+subcommands:
+  keys       print SGLang page keys of a token list, one hex digest per line
+  create     create a prefix index in a tier
+  stats      print an index's counts and counters
+  check      verify an index's invariants and payload checksums
+  snapshot   write an index to a zstd file
+  restore    load a snapshot file into an index (creating it if asked)
+
+Subcommands other than keys take the tier's devices as arguments, in tier
+order, as 'inspect' does (a bare path means file:PATH).
+`
+
+func cmdPrefix(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, prefixUsage)
+		return errUsage
+	}
+	sub := map[string]command{"keys": prefixKeys, "create": prefixCreate, "stats": prefixStats,
+		"check": prefixCheck, "snapshot": prefixSnapshot, "restore": prefixRestore}
+	if cmd, ok := sub[args[0]]; ok {
+		return cmd(args[1:], stdout, stderr)
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stderr, prefixUsage)
+		return nil
+	}
+	fmt.Fprintf(stderr, "cxltier prefix: unknown subcommand %q\n\n%s", args[0], prefixUsage)
+	return errUsage
+}
+
+func prefixKeys(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("prefix keys", stderr, "--page-size N --tokens 1,2,3[,...] [--prior HEX]")
+	page := fs.Int("page-size", 0, "tokens per page (required)")
+	tokens := fs.String("tokens", "", "comma-separated token ids (required)")
+	prior := fs.String("prior", "", "hex key of the page before the first (default: start of a sequence)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *page <= 0 {
+		return fmt.Errorf("--page-size must be positive, got %d", *page)
+	}
+	ids, err := parseList("--tokens", *tokens)
+	if err != nil {
+		return err
+	}
+	var parent *prefix.Key
+	if *prior != "" {
+		k, err := prefix.ParseKey(*prior)
+		if err != nil {
+			return fmt.Errorf("--prior: %w", err)
+		}
+		parent = &k
+	}
+	keys, err := prefix.PageKeys(parent, ids, *page)
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		fmt.Fprintln(stdout, k)
+	}
+	return nil
+}
+
+// tierArgs opens the tier named by a command's remaining arguments and
+// attaches a client to it.
+func tierArgs(fs *flag.FlagSet) (*tier.Client, func(), error) {
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return nil, nil, errUsage
+	}
+	var devs []tier.Backing
+	for _, a := range fs.Args() {
+		if !strings.Contains(a, ":") {
+			a = "file:" + a
+		}
+		b, err := tier.ParseBacking(a)
+		if err != nil {
+			return nil, nil, err
+		}
+		devs = append(devs, b)
+	}
+	r, err := tier.Open(tier.Options{Devices: devs})
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := r.Attach(tier.ClientOptions{Name: "cli"})
+	if err != nil {
+		r.Close()
+		return nil, nil, err
+	}
+	return c, func() { c.Close(); r.Close() }, nil
+}
+
+// indexFlags are the sizing flags of create and restore.
+type indexFlags struct {
+	name                  *string
+	blocks, entries, pins *int64
+	blockBytes            tierflags.Size
+}
+
+func addIndexFlags(fs *flag.FlagSet, sizing bool) *indexFlags {
+	f := &indexFlags{name: fs.String("name", "default", "index (namespace) name")}
+	if sizing {
+		f.blocks = fs.Int64("blocks", 0, "payload blocks (entries that can be ready at once)")
+		fs.Var(&f.blockBytes, "block-bytes", "largest payload per entry (e.g. 2MiB)")
+		f.entries = fs.Int64("entries", 0, "table size, a power of two (default: ≥ 2 × blocks)")
+		f.pins = fs.Int64("pins", 0, "pins per client (default 16384)")
+	}
+	return f
+}
+
+func (f *indexFlags) config() prefix.Config {
+	return prefix.Config{Name: *f.name, Blocks: *f.blocks, BlockBytes: int64(f.blockBytes), Entries: *f.entries, PinsPerClient: *f.pins}
+}
+
+func prefixCreate(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("prefix create", stderr, "--name NAME --blocks N --block-bytes SIZE DEVICE...")
+	f := addIndexFlags(fs, true)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	c, done, err := tierArgs(fs)
+	if err != nil {
+		return err
+	}
+	defer done()
+	s, err := prefix.Create(c, f.config())
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	st := s.Stats()
+	fmt.Fprintf(stdout, "created prefix index %q: %d blocks of %s, %d entries\n", st.Name, st.Blocks, tierflags.FormatSize(st.BlockBytes), st.Entries)
+	return nil
+}
+
+// withIndex opens the named index of the tier in fs's arguments.
+func withIndex(fs *flag.FlagSet, name string, fn func(*prefix.Store) error) error {
+	c, done, err := tierArgs(fs)
+	if err != nil {
+		return err
+	}
+	defer done()
+	s, err := prefix.Open(c, name)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return fn(s)
+}
+
+func prefixStats(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("prefix stats", stderr, "[--name NAME] [-json] DEVICE...")
+	f := addIndexFlags(fs, false)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	return withIndex(fs, *f.name, func(s *prefix.Store) error {
+		st := s.Stats()
+		if *asJSON {
+			return json.NewEncoder(stdout).Encode(st)
+		}
+		fmt.Fprintf(stdout, "index %q: %d/%d blocks used (%s each), %d ready, %d reserved, %d pins held\n",
+			st.Name, st.UsedBlocks, st.Blocks, tierflags.FormatSize(st.BlockBytes), st.Ready, st.Reserved, st.PinsHeld)
+		fmt.Fprintf(stdout, "hits %d, misses %d (hit rate %.3f), inserts %d, evictions %d, reclaimed %d, checksum failures %d\n",
+			st.Hits, st.Misses, st.HitRate(), st.Inserts, st.Evictions, st.Reclaimed, st.ChecksumFailures)
+		return nil
+	})
+}
+
+func prefixCheck(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("prefix check", stderr, "[--name NAME] DEVICE...")
+	f := addIndexFlags(fs, false)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	return withIndex(fs, *f.name, func(s *prefix.Store) error {
+		bad, err := s.Check(true)
+		if err != nil {
+			return err
+		}
+		for _, b := range bad {
+			fmt.Fprintln(stdout, b)
+		}
+		if len(bad) > 0 {
+			return fmt.Errorf("index %q: %d problems", s.Name(), len(bad))
+		}
+		fmt.Fprintf(stdout, "index %q: ok (%d ready entries checked)\n", s.Name(), s.Stats().Ready)
+		return nil
+	})
+}
+
+func prefixSnapshot(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("prefix snapshot", stderr, "[--name NAME] --out FILE DEVICE...")
+	f := addIndexFlags(fs, false)
+	out := fs.String("out", "", "snapshot file to write (required)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *out == "" {
+		return errors.New("--out is required")
+	}
+	return withIndex(fs, *f.name, func(s *prefix.Store) error {
+		tmp := *out + ".tmp"
+		file, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+		if err != nil {
+			return err
+		}
+		info, err := s.Snapshot(file, stderr)
+		if err == nil {
+			err = file.Sync()
+		}
+		if cerr := file.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(tmp)
+			return err
+		}
+		if err := os.Rename(tmp, *out); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "wrote %d entries (%s of payload) to %s\n", info.Entries, tierflags.FormatSize(info.Bytes), *out)
+		return nil
+	})
+}
+
+func prefixRestore(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("prefix restore", stderr, "[--name NAME] --in FILE [--blocks N --block-bytes SIZE] DEVICE...")
+	f := addIndexFlags(fs, true)
+	in := fs.String("in", "", "snapshot file to read (required)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *in == "" {
+		return errors.New("--in is required")
+	}
+	file, err := os.Open(*in)
+	if err != nil {
+		return err
+	}
+	defer file.Close()
+	c, done, err := tierArgs(fs)
+	if err != nil {
+		return err
+	}
+	defer done()
+	s, err := prefix.Open(c, *f.name)
+	if errors.Is(err, tier.ErrNotFound) && *f.blocks > 0 {
+		s, err = prefix.Create(c, f.config())
+	}
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	info, err := s.Restore(file, stderr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "restored %d of %d entries (%s) into %q; the others were present\n", info.Restored, info.Entries, tierflags.FormatSize(info.Bytes), s.Name())
+	return nil
+}

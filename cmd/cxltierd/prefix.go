@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/cxltier/cxltier/prefix"
+	"github.com/cxltier/cxltier/tier"
+)
+
+// prefixes keeps every prefix index of the tier open for the daemon: it
+// reclaims reservations of dead clients (after the manager reaped them) and
+// reports the indexes' counters.
+type prefixes struct {
+	c      *tier.Client
+	logger *log.Logger
+	mu     sync.Mutex
+	open   map[string]*prefix.Store
+}
+
+const prefixTick = time.Second
+
+// startPrefixes creates the configured index if it is missing, opens every
+// index in the directory and reclaims in the background until ctx ends.
+func startPrefixes(ctx context.Context, c *tier.Client, cfg config, logger *log.Logger, wg *sync.WaitGroup) (*prefixes, error) {
+	px := &prefixes{c: c, logger: logger, open: map[string]*prefix.Store{}}
+	if cfg.PrefixBlocks > 0 {
+		s, err := prefix.Open(c, cfg.PrefixName)
+		if errors.Is(err, tier.ErrNotFound) {
+			s, err = prefix.Create(c, prefix.Config{Name: cfg.PrefixName, Blocks: cfg.PrefixBlocks, BlockBytes: int64(cfg.PrefixBlockBytes)})
+			if err == nil {
+				logger.Printf("created prefix index %q: %d blocks of %d B", cfg.PrefixName, cfg.PrefixBlocks, int64(cfg.PrefixBlockBytes))
+			}
+		}
+		if err != nil {
+			return nil, err
+		}
+		px.open[cfg.PrefixName] = s
+	}
+	px.refresh()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(prefixTick)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				px.refresh()
+				px.reclaim()
+			}
+		}
+	}()
+	return px, nil
+}
+
+// refresh opens indexes other processes created since the last look.
+func (px *prefixes) refresh() {
+	list, err := px.c.Region().DirList()
+	if err != nil {
+		px.logger.Printf("prefix: list directory: %v", err)
+		return
+	}
+	px.mu.Lock()
+	defer px.mu.Unlock()
+	for _, e := range list {
+		if e.Kind != prefix.DirKind || len(e.Name) <= len("prefix/") {
+			continue
+		}
+		name := e.Name[len("prefix/"):]
+		if _, ok := px.open[name]; ok {
+			continue
+		}
+		s, err := prefix.Open(px.c, name)
+		if err != nil {
+			px.logger.Printf("prefix: open %q: %v", name, err)
+			continue
+		}
+		px.open[name] = s
+	}
+}
+
+func (px *prefixes) reclaim() {
+	px.mu.Lock()
+	defer px.mu.Unlock()
+	for name, s := range px.open {
+		n, err := s.Reclaim()
+		if err != nil {
+			px.logger.Printf("prefix %q: reclaim: %v", name, err)
+		} else if n > 0 {
+			px.logger.Printf("prefix %q: reclaimed %d reservations of dead clients", name, n)
+		}
+	}
+}
+
+func (px *prefixes) stats() []prefix.Stats {
+	out := []prefix.Stats{}
+	if px == nil {
+		return out
+	}
+	px.mu.Lock()
+	defer px.mu.Unlock()
+	for _, s := range px.open {
+		out = append(out, s.Stats())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+func (px *prefixes) close() {
+	px.mu.Lock()
+	defer px.mu.Unlock()
+	for _, s := range px.open {
+		s.Close()
+	}
+}
