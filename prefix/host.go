@@ -1,9 +1,11 @@
 package prefix
 
 import (
+	"errors"
 	"fmt"
-	"github.com/cxltier/cxltier/tier"
 	"hash/crc32"
+
+	"github.com/cxltier/cxltier/tier"
 )
 
 // Set stores payloads[i] under keys[i] from host memory: reserve, write,
@@ -26,11 +28,12 @@ func (s *Store) Set(keys []Key, payloads [][]byte) ([]Status, error) {
 		if res[i].Status != Reserved {
 			continue
 		}
-		if werr := s.writePayload(res[i].Offset, payloads[i]); werr != nil {
+		crc, werr := s.writePayload(res[i].Offset, payloads[i])
+		if werr != nil {
 			s.Abort(res)
 			return nil, fmt.Errorf("prefix: %q: set %v: %w", s.name, keys[i], werr)
 		}
-		crcs[i] = crc32.Checksum(payloads[i], castagnoli)
+		crcs[i] = crc
 	}
 	if perr := s.Publish(res, crcs); perr != nil && err == nil {
 		err = perr
@@ -46,11 +49,15 @@ func statuses(res []Reservation) []Status {
 	return out
 }
 
-func (s *Store) writePayload(off tier.Offset, p []byte) error {
-	if err := s.r.WriteAt(p, off); err != nil {
-		return err
+// writePayload copies p into the block at off, makes it visible to other
+// hosts, and returns the checksum of what the block now holds.
+func (s *Store) writePayload(off tier.Offset, p []byte) (uint32, error) {
+	dst, err := s.r.Slice(off, int64(len(p)))
+	if err != nil {
+		return 0, err
 	}
-	return s.r.Publish(off, int64(len(p)))
+	crc := copyCRC(dst, p)
+	return crc, s.r.Publish(off, int64(len(p)))
 }
 
 // Get copies the payloads of the longest ready prefix of keys into dst
@@ -72,14 +79,13 @@ func (s *Store) Get(keys []Key, dst [][]byte) (int, error) {
 			return i, fmt.Errorf("prefix: %q: get %v: buffer of %d bytes for a %d-byte payload: %w", s.name, h.Key, cap(dst[i]), h.Len, ErrBadConfig)
 		}
 		dst[i] = dst[i][:h.Len]
-		if err := s.r.ReadAt(dst[i], h.Offset); err != nil {
-			return i, fmt.Errorf("prefix: %q: get %v: %w", s.name, h.Key, err)
-		}
-		if got := crc32.Checksum(dst[i], castagnoli); got != h.CRC {
-			s.Release(hits[i:])
-			hits = hits[:i]
-			s.dropCorrupt(h.Key)
-			return i, fmt.Errorf("prefix: %q: get %v: %w: stored %#x, read %#x", s.name, h.Key, ErrChecksum, h.CRC, got)
+		if err := s.readHit(h, dst[i]); err != nil {
+			if errors.Is(err, ErrChecksum) {
+				s.Release(hits[i:])
+				hits = hits[:i]
+				s.dropCorrupt(h.Key)
+			}
+			return i, fmt.Errorf("prefix: %q: get: %w", s.name, err)
 		}
 		bytes += uint64(h.Len)
 	}
@@ -94,17 +100,54 @@ func (s *Store) dropCorrupt(k Key) {
 	s.Delete([]Key{k})
 }
 
+// payload is a pinned hit's payload in the tier mapping, fresh from memory
+// on a non-coherent tier. Blocks never straddle devices (see
+// blockOffsets), so it is one slice.
+func (s *Store) payload(h Hit) ([]byte, error) {
+	if s.shared {
+		if err := s.r.Refresh(h.Offset, h.Len); err != nil {
+			return nil, err
+		}
+	}
+	return s.r.Slice(h.Offset, h.Len)
+}
+
+// readHit copies a pinned hit's payload into dst (h.Len bytes) and checks
+// the copy, which is what the caller keeps, against the stored checksum.
+func (s *Store) readHit(h Hit, dst []byte) error {
+	src, err := s.payload(h)
+	if err != nil {
+		return fmt.Errorf("%v: %w", h.Key, err)
+	}
+	if got := copyCRC(dst, src); got != h.CRC {
+		return fmt.Errorf("%v: %w: stored %#x, read %#x", h.Key, ErrChecksum, h.CRC, got)
+	}
+	return nil
+}
+
+// copyPiece keeps each piece in the core's cache between its copy and its
+// checksum, so a payload is read from memory once, not twice.
+const copyPiece = 64 << 10
+
+// copyCRC copies src into dst and returns the CRC-32C of what dst holds.
+func copyCRC(dst, src []byte) uint32 {
+	var crc uint32
+	for off := 0; off < len(src); off += copyPiece {
+		end := min(off+copyPiece, len(src))
+		n := copy(dst[off:end], src[off:end])
+		crc = crc32.Update(crc, castagnoli, dst[off:off+n])
+	}
+	return crc
+}
+
 // VerifyHit checks a pinned hit's payload in place against its checksum,
 // for callers that move the payload with the gather engine.
-func (s *Store) VerifyHit(h Hit, scratch []byte) error {
-	if int64(cap(scratch)) < h.Len {
-		scratch = make([]byte, h.Len)
+func (s *Store) VerifyHit(h Hit) error {
+	src, err := s.payload(h)
+	if err != nil {
+		return fmt.Errorf("prefix: %q: %v: %w", s.name, h.Key, err)
 	}
-	scratch = scratch[:h.Len]
-	if err := s.r.ReadAt(scratch, h.Offset); err != nil {
-		return err
-	}
-	if got := crc32.Checksum(scratch, castagnoli); got != h.CRC {
+	if got := crc32.Checksum(src, castagnoli); got != h.CRC {
 		return fmt.Errorf("prefix: %q: %v: %w: stored %#x, read %#x", s.name, h.Key, ErrChecksum, h.CRC, got)
 	}
 	return nil

@@ -47,6 +47,7 @@ func (s *Store) locked(fn func()) error {
 	}
 	atomic.StoreUint64(dirty, s.c.Token())
 	s.publishMeta(hdrDirty&^(lineSize-1), lineSize)
+	s.freed = s.freed[:0]
 	fn()
 	if 4*int64(atomic.LoadUint32(s.hdrU32(hdrTombstones))) > s.g.Entries {
 		s.sweepTombstones()
@@ -111,6 +112,15 @@ func (s *Store) reserveOne(res *Reservation, left int, now uint64) error {
 		if b, ok = s.allocBlock(); !ok {
 			s.reclaimLocked()
 			b, ok = s.allocBlock()
+		}
+		if ok {
+			// Eviction dropped entries and may have turned tombstones on
+			// k's probe path back into empty entries; the slot found before
+			// could now sit behind an empty one, out of reach. Probe again.
+			if i, _, err = s.probeInsert(&res.Key); err != nil {
+				s.freeBlock(b)
+				return err
+			}
 		}
 	}
 	if !ok {
@@ -177,6 +187,14 @@ func (s *Store) allocBlock() (uint32, bool) {
 	if int64(atomic.LoadUint32(s.hdrU32(hdrUsedBlocks))) >= s.g.Blocks {
 		return 0, false
 	}
+	for len(s.freed) > 0 {
+		b := s.freed[len(s.freed)-1]
+		s.freed = s.freed[:len(s.freed)-1]
+		if atomic.LoadUint32(s.owner(b)) == 0 {
+			s.hdrAdd(hdrUsedBlocks, 1)
+			return b, true
+		}
+	}
 	hint := int64(atomic.LoadUint32(s.hdrU32(hdrBlockHint)))
 	for n := int64(0); n < s.g.Blocks; n++ {
 		b := uint32((hint + n) % s.g.Blocks)
@@ -187,6 +205,11 @@ func (s *Store) allocBlock() (uint32, bool) {
 		}
 	}
 	return 0, false
+}
+
+// freeBlock gives back a block allocBlock took that no entry owns yet.
+func (s *Store) freeBlock(b uint32) {
+	s.hdrAdd(hdrUsedBlocks, -1)
 }
 
 // Publish makes reserved entries visible: call it after their payloads are
@@ -315,6 +338,12 @@ func (s *Store) dropLocked(i uint32) {
 		atomic.StoreUint32(s.owner(b), 0)
 		s.hdrAdd(hdrUsedBlocks, -1)
 		s.publishOwner(b)
+		// The next allocations take the blocks just freed: an insert
+		// that evicted finds its block at once instead of scanning a
+		// full owner table (and pulling its lines from other cores).
+		if len(s.freed) < cap(s.freed) {
+			s.freed = append(s.freed, b)
+		}
 	}
 	atomic.StoreUint64(u64At(e, entWord), mkWord(wordGen(w)+1, stDeleted))
 	s.hdrAdd(hdrTombstones, 1)

@@ -41,8 +41,17 @@ func keyEqual(e []byte, k *Key) bool {
 	return true
 }
 
+// home is k's first probe slot. Page keys are SHA-256 digests, but callers
+// may pass keys of their own with little entropy in any one word, so all
+// four words are folded and mixed: keys that differ anywhere spread out.
 func (s *Store) home(k *Key) uint32 {
-	return uint32(binary.LittleEndian.Uint64(k[:8]) & uint64(s.g.Entries-1))
+	le := binary.LittleEndian
+	x := le.Uint64(k[0:]) ^ le.Uint64(k[8:])*0x9e3779b97f4a7c15 ^
+		le.Uint64(k[16:])*0xc2b2ae3d27d4eb4f ^ le.Uint64(k[24:])*0x165667b19e3779f9
+	x ^= x >> 31
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 29
+	return uint32(x & uint64(s.g.Entries-1))
 }
 
 // find probes for k without the lock. It returns the entry holding k (in

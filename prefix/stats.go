@@ -105,6 +105,9 @@ func (s *Store) checkLocked(payloads bool) []string {
 			report("key %v in entries %d and %d", k, j, i)
 		}
 		keys[k] = i
+		if j, _, ok := s.find(&k); !ok || j != i {
+			report("entry %d (%v): out of reach of a probe from its home", i, k)
+		}
 		b := atomic.LoadUint32(u32At(e, entBlock))
 		if int64(b) >= s.g.Blocks || atomic.LoadUint32(s.owner(b)) != i+1 {
 			report("entry %d: block %d not owned by it", i, b)

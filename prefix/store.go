@@ -44,6 +44,9 @@ type Store struct {
 	hdr    []byte
 
 	blockOff []tier.Offset // tier offset of every payload block
+	// freed lists blocks this client freed while it holds the index lock,
+	// for its next allocations; only valid (and only used) under the lock.
+	freed []uint32
 
 	pinMu   sync.Mutex
 	pinFree []int32 // this client's free pin records
@@ -223,6 +226,7 @@ func Open(c *tier.Client, name string) (*Store, error) {
 		s.one = r.Device(0)
 	}
 	s.blockOff = blockOffsets(r, tier.Offset(g.PayloadOff), g.Blocks, g.BlockStride)
+	s.freed = make([]uint32, 0, 1024)
 	if last := s.blockOff[len(s.blockOff)-1]; int64(last)+g.BlockStride > g.PayloadOff+g.PayloadChunks*r.ChunkSize() {
 		return nil, fmt.Errorf("prefix: open %q: %w: payload run too short for %d blocks", name, ErrBadIndex, g.Blocks)
 	}

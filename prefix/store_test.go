@@ -355,3 +355,35 @@ func TestRandomOpsAgainstModel(t *testing.T) {
 		t.Fatalf("stats %+v", got)
 	}
 }
+
+// TestInsertAfterEvictionStaysReachable fills a table only twice as large as
+// its blocks with random keys, so every insert evicts and tombstones are
+// cleared around the slot the insert had picked: each key must be found
+// right after its insert, and the index must stay consistent.
+func TestInsertAfterEvictionStaysReachable(t *testing.T) {
+	_, c := testTier(t, 1)
+	for seed := range uint64(50) {
+		s, err := Create(c, Config{Name: fmt.Sprintf("reach%d", seed), Blocks: 4, BlockBytes: 64, PinsPerClient: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(seed, 1))
+		for i := range 40 {
+			var k Key
+			for j := range k {
+				k[j] = byte(rng.Uint32())
+			}
+			if st, err := s.Set([]Key{k}, [][]byte{make([]byte, 64)}); err != nil || st[0] != Reserved {
+				t.Fatalf("seed %d insert %d: %v %v", seed, i, st, err)
+			}
+			if s.Exists([]Key{k}) != 1 {
+				t.Fatalf("seed %d insert %d: key not found right after its insert", seed, i)
+			}
+		}
+		mustCheck(t, s)
+		s.Close()
+		if err := Destroy(c, fmt.Sprintf("reach%d", seed)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

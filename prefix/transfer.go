@@ -127,14 +127,16 @@ func (m *Mover) Put(keys []Key, l Layout, pages []int64) ([]Status, error) {
 		}
 	}
 	crcs := make([]uint32, len(res))
-	buf := make([]byte, l.BlockBytes())
 	for i, r := range res {
 		if r.Status == Reserved {
-			if rerr := m.s.r.ReadAt(buf, r.Offset); rerr != nil {
+			// The engine wrote the block (a GPU writes memory, not this
+			// CPU's cache): read it fresh, in place.
+			b, rerr := m.s.payload(Hit{Offset: r.Offset, Len: r.Len})
+			if rerr != nil {
 				m.s.Abort(res)
 				return nil, rerr
 			}
-			crcs[i] = crc32.Checksum(buf, castagnoli)
+			crcs[i] = crc32.Checksum(b, castagnoli)
 		}
 	}
 	if perr := m.s.Publish(res, crcs); perr != nil && err == nil {
@@ -154,10 +156,6 @@ func (m *Mover) Get(keys []Key, l Layout, pages []int64) (int, error) {
 		return 0, err
 	}
 	defer func() { m.s.Release(hits) }()
-	var scratch []byte
-	if m.Verify {
-		scratch = make([]byte, m.s.g.BlockBytes)
-	}
 	b := kernels.Blocks{ChunkBytes: l.ChunkBytes, Chunks: l.Chunks, PageStride: l.PageStride}
 	for i, h := range hits {
 		if h.Len != l.BlockBytes() {
@@ -166,7 +164,7 @@ func (m *Mover) Get(keys []Key, l Layout, pages []int64) (int, error) {
 			return 0, fmt.Errorf("prefix: %q: %v holds %d bytes, pages are %d: %w", m.s.name, h.Key, h.Len, l.BlockBytes(), ErrBadConfig)
 		}
 		if m.Verify {
-			if verr := m.s.VerifyHit(h, scratch); verr != nil {
+			if verr := m.s.VerifyHit(h); verr != nil {
 				m.s.Release(hits[i:])
 				hits = hits[:i]
 				m.s.dropCorrupt(h.Key)

@@ -1,0 +1,132 @@
+// Command prefix benchmarks the prefix cache: lookup and insert operations
+// per second with 1, 2 and 4 processes sharing one index, and the round trip
+// of one KV block of an 8B-class model (16 and 64 tokens) through the tier —
+// from host memory, and from a paged KV pool through the engine's block
+// gather/scatter — beside the same blocks through Redis on loopback, the
+// network-store baseline (Debian's redis-server, started here).
+//
+//	go run ./bench/prefix
+//	go run ./bench/prefix -procs 1,2 -rounds 20 -redis ''
+//
+// The tier is POSIX shared memory (/dev/shm) so that the worker processes,
+// this program re-executed, map the same region. Each worker is one
+// goroutine, so "per process" is "per core" while processes ≤ cores.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cxltier/cxltier/bench/internal/report"
+	"github.com/cxltier/cxltier/kernels"
+)
+
+// Report is the JSON written to -out.
+type Report struct {
+	CPU       string      `json:"cpu"`
+	Cores     int         `json:"cores"`
+	Engine    string      `json:"engine"`
+	Ops       []OpsResult `json:"ops"`
+	RoundTrip []RTResult  `json:"round_trip"`
+	Redis     string      `json:"redis"` // version used, or why the baseline is missing
+}
+
+func main() {
+	if spec := os.Getenv(envWorker); spec != "" {
+		if err := runWorker(spec, os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "prefix worker:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "prefix:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	procs         []int
+	batches       []int
+	tokens        []int
+	duration      time.Duration
+	rounds        int
+	bytesPerToken int64
+	redis         string
+	engine        string
+	out           string
+}
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	fs := flag.NewFlagSet("prefix", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	procs := fs.String("procs", "1,2,4", "process counts for the ops/s cases")
+	batches := fs.String("batch", "1,32", "keys per call for the ops/s cases")
+	tokens := fs.String("tokens", "16,64", "tokens per block for the round-trip cases")
+	o := options{}
+	fs.DurationVar(&o.duration, "duration", time.Second, "measuring time of each ops/s case")
+	fs.IntVar(&o.rounds, "rounds", 50, "round trips per block case")
+	fs.Int64Var(&o.bytesPerToken, "bytes-per-token", 128<<10,
+		"KV bytes per token (8B-class: 32 layers × K,V × 8 heads × 128 dims × 2 B)")
+	fs.StringVar(&o.redis, "redis", "redis-server", "redis-server binary for the baseline ('' skips it)")
+	fs.StringVar(&o.engine, "engine", "cpu", "gather engine for the paged cases: cpu, cuda or auto")
+	fs.StringVar(&o.out, "out", "", "JSON output (default bench/results/prefix-ENGINE.json)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var err error
+	if o.procs, err = positiveList("-procs", *procs, 64); err != nil {
+		return o, err
+	}
+	if o.batches, err = positiveList("-batch", *batches, 4096); err != nil {
+		return o, err
+	}
+	if o.tokens, err = positiveList("-tokens", *tokens, 1024); err != nil {
+		return o, err
+	}
+	if o.duration <= 0 || o.rounds < 1 || o.bytesPerToken < 64 || o.bytesPerToken%64 != 0 {
+		return o, fmt.Errorf("-duration and -rounds must be positive, -bytes-per-token a multiple of 64")
+	}
+	return o, nil
+}
+
+func positiveList(name, s string, most int) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || v < 1 || v > most {
+			return nil, fmt.Errorf("%s: %q is not a number in [1, %d]", name, f, most)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	eng, err := kernels.New(o.engine)
+	if err != nil {
+		return err
+	}
+	defer eng.Close()
+	rep := Report{CPU: report.CPUModel(), Cores: numCPU(), Engine: eng.Name()}
+	if rep.Ops, err = opsCases(o, stderr); err != nil {
+		return err
+	}
+	if rep.RoundTrip, rep.Redis, err = roundTripCases(o, eng, stderr); err != nil {
+		return err
+	}
+	printTable(stdout, rep)
+	return report.WriteJSON(o.out, "prefix", rep.Engine, rep, stderr)
+}

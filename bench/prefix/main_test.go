@@ -1,0 +1,83 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// TestMain lets the test binary serve as a worker process, as the
+// benchmark binary does.
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(envWorker); spec != "" {
+		if err := runWorker(spec, os.Stdin, os.Stdout); err != nil {
+			os.Stderr.WriteString(err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestSmallRun runs the whole benchmark at toy sizes: worker processes,
+// both ops, both paths, and Redis when the machine has it. It checks the
+// report's shape and that every figure was measured, not its speed.
+func TestSmallRun(t *testing.T) {
+	redis := ""
+	if _, err := exec.LookPath("redis-server"); err == nil {
+		redis = "redis-server"
+	}
+	out := filepath.Join(t.TempDir(), "r.json")
+	var stdout, stderr bytes.Buffer
+	err := run([]string{"-procs", "1,2", "-batch", "1,4", "-duration", "50ms", "-rounds", "3", "-tokens", "1,2",
+		"-bytes-per-token", "4096", "-redis", redis, "-out", out}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep Report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Ops) != 2*2*2 {
+		t.Errorf("%d ops cases, want 8", len(rep.Ops))
+	}
+	for _, o := range rep.Ops {
+		if o.KeysPerSec <= 0 || o.Scaling <= 0 {
+			t.Errorf("ops case not measured: %+v", o)
+		}
+	}
+	paths := map[string]int{}
+	for _, r := range rep.RoundTrip {
+		paths[r.Path]++
+		if r.RTP50us <= 0 || r.GBps <= 0 || (redis != "" && r.VsRedis <= 0) {
+			t.Errorf("round trip not measured: %+v", r)
+		}
+	}
+	if paths["host"] != 2 || paths["paged-cpu"] != 2 || (redis != "" && paths["redis"] != 2) {
+		t.Errorf("round-trip paths %v", paths)
+	}
+	if redis == "" {
+		t.Log("redis-server not installed: the baseline was not exercised")
+	}
+	if !bytes.Contains(stdout.Bytes(), []byte("keys/s")) {
+		t.Errorf("no table printed:\n%s", stdout.String())
+	}
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-procs", "0"}, {"-procs", "a"}, {"-batch", ""}, {"-tokens", "2000"},
+		{"-rounds", "0"}, {"-bytes-per-token", "100"}, {"extra"},
+	} {
+		if err := run(args, &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
+}

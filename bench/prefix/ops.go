@@ -1,0 +1,295 @@
+package main
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/cxltier/cxltier/prefix"
+	"github.com/cxltier/cxltier/tier"
+)
+
+// OpsResult is one ops/s case: every process runs op in a loop on one
+// goroutine for the same window.
+type OpsResult struct {
+	Op         string  `json:"op"` // lookup (pinned, then released) or insert (with eviction)
+	Batch      int     `json:"batch"`
+	Procs      int     `json:"procs"`
+	KeysPerSec float64 `json:"keys_per_s"`
+	PerProcess float64 `json:"keys_per_s_per_process"`
+	Scaling    float64 `json:"scaling_vs_1_proc"` // KeysPerSec / KeysPerSec of 1 process, same op and batch
+}
+
+const (
+	envWorker    = "CXLTIER_PREFIX_BENCH_WORKER"
+	opsIndex     = "ops"
+	opsBlocks    = 8192
+	opsBlockSize = 512
+)
+
+// job is what a worker process is told through its environment.
+type job struct {
+	Device string `json:"device"`
+	Op     string `json:"op"`
+	Batch  int    `json:"batch"`
+	Worker int    `json:"worker"`
+	Run    int    `json:"run"` // distinct per case, so inserts never meet keys of an earlier case
+}
+
+// benchKey is key i of a family: lookups read family 0, worker w of case
+// run inserts family run<<16|w+1. The bytes are mixed so keys look like digests.
+func benchKey(family, i uint64) prefix.Key {
+	var k prefix.Key
+	x := i*0x9e3779b97f4a7c15 ^ (family+1)*0xd6e8feb86659fd93
+	for w := 0; w < 4; w++ {
+		x ^= x >> 30
+		x *= 0xbf58476d1ce4e5b9
+		x ^= x >> 27
+		binary.LittleEndian.PutUint64(k[8*w:], x)
+	}
+	return k
+}
+
+// opsCases measures lookups on a full index, then inserts into it, for each
+// process count and batch size.
+func opsCases(o options, log io.Writer) ([]OpsResult, error) {
+	dev := fmt.Sprintf("shm:cxltier-bench-prefix-%d", os.Getpid())
+	r, c, err := formatShm(dev, 64<<20)
+	if err != nil {
+		return nil, err
+	}
+	defer removeShm(r, c, dev)
+	s, err := prefix.Create(c, prefix.Config{Name: opsIndex, Blocks: opsBlocks, BlockBytes: opsBlockSize})
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	if err := fillLookupKeys(s); err != nil {
+		return nil, err
+	}
+	var out []OpsResult
+	run := 0
+	for _, op := range []string{"lookup", "insert"} {
+		for _, batch := range o.batches {
+			var one float64
+			for _, procs := range o.procs {
+				fmt.Fprintf(log, "%s, batch %d, %d process(es)...\n", op, batch, procs)
+				run++
+				keys, err := runWorkers(job{Device: dev, Op: op, Batch: batch, Run: run}, procs, o.duration)
+				if err != nil {
+					return nil, err
+				}
+				res := OpsResult{Op: op, Batch: batch, Procs: procs, KeysPerSec: keys / o.duration.Seconds()}
+				res.PerProcess = res.KeysPerSec / float64(procs)
+				if procs == 1 {
+					one = res.KeysPerSec
+				}
+				if one > 0 {
+					res.Scaling = res.KeysPerSec / one
+				}
+				out = append(out, res)
+			}
+		}
+	}
+	if bad, err := s.Check(true); err != nil || len(bad) > 0 {
+		return nil, fmt.Errorf("index after the ops cases: %v %v", bad, err)
+	}
+	return out, nil
+}
+
+func fillLookupKeys(s *prefix.Store) error {
+	payload := make([]byte, opsBlockSize)
+	keys := make([]prefix.Key, 0, 256)
+	payloads := make([][]byte, 0, 256)
+	for i := range uint64(opsBlocks) {
+		keys = append(keys, benchKey(0, i))
+		payloads = append(payloads, payload)
+		if len(keys) == cap(keys) {
+			if _, err := s.Set(keys, payloads); err != nil {
+				return err
+			}
+			keys, payloads = keys[:0], payloads[:0]
+		}
+	}
+	if n := s.Exists([]prefix.Key{benchKey(0, 0), benchKey(0, opsBlocks-1)}); n != 2 {
+		return fmt.Errorf("lookup keys were not all stored")
+	}
+	return nil
+}
+
+// runWorkers starts procs workers, lets them all go at once when every one
+// has mapped the tier, and returns the keys they handled in d.
+func runWorkers(j job, procs int, d time.Duration) (float64, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	type worker struct {
+		cmd *exec.Cmd
+		in  io.WriteCloser
+		out *bufio.Reader
+	}
+	var ws []worker
+	defer func() {
+		for _, w := range ws {
+			w.cmd.Process.Kill()
+			w.cmd.Wait()
+		}
+	}()
+	for i := range procs {
+		j.Worker = i
+		spec, _ := json.Marshal(j)
+		cmd := exec.Command(self)
+		cmd.Env = append(os.Environ(), envWorker+"="+string(spec))
+		cmd.Stderr = os.Stderr
+		in, _ := cmd.StdinPipe()
+		out, _ := cmd.StdoutPipe()
+		if err := cmd.Start(); err != nil {
+			return 0, fmt.Errorf("start worker: %w", err)
+		}
+		w := worker{cmd, in, bufio.NewReader(out)}
+		ws = append(ws, w)
+		if line, err := w.out.ReadString('\n'); line != "ready\n" {
+			return 0, fmt.Errorf("worker %d: %q %v", i, line, err)
+		}
+	}
+	for _, w := range ws {
+		fmt.Fprintf(w.in, "go %d\n", d.Nanoseconds())
+	}
+	var total float64
+	for i, w := range ws {
+		line, err := w.out.ReadString('\n')
+		var n int64
+		if _, serr := fmt.Sscanf(line, "done %d", &n); serr != nil {
+			return 0, fmt.Errorf("worker %d: %q %v", i, line, err)
+		}
+		total += float64(n)
+	}
+	return total, nil
+}
+
+// runWorker is the worker process: map the tier, say ready, wait for go,
+// run the op until the window closes, report the keys handled.
+func runWorker(spec string, stdin io.Reader, stdout io.Writer) error {
+	var j job
+	if err := json.Unmarshal([]byte(spec), &j); err != nil {
+		return fmt.Errorf("job %q: %w", spec, err)
+	}
+	b, err := tier.ParseBacking(j.Device)
+	if err != nil {
+		return err
+	}
+	r, err := tier.Open(tier.Options{Devices: []tier.Backing{b}})
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	c, err := r.Attach(tier.ClientOptions{Name: fmt.Sprintf("bench-%d", j.Worker)})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	s, err := prefix.Open(c, opsIndex)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	step, err := stepFor(s, j)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "ready")
+	line, err := bufio.NewReader(stdin).ReadString('\n')
+	var ns int64
+	if _, serr := fmt.Sscanf(line, "go %d", &ns); serr != nil {
+		return fmt.Errorf("waiting for go: %q %v", line, err)
+	}
+	var keys int64
+	for end := time.Now().Add(time.Duration(ns)); time.Now().Before(end); {
+		for range 16 {
+			if err := step(); err != nil {
+				return err
+			}
+		}
+		keys += int64(16 * j.Batch)
+	}
+	fmt.Fprintf(stdout, "done %d\n", keys)
+	return nil
+}
+
+// stepFor returns one call of j's op on batch keys.
+func stepFor(s *prefix.Store, j job) (func() error, error) {
+	rng := rand.New(rand.NewPCG(uint64(j.Worker), 7))
+	keys := make([]prefix.Key, j.Batch)
+	switch j.Op {
+	case "lookup":
+		return func() error {
+			for i := range keys {
+				keys[i] = benchKey(0, rng.Uint64N(opsBlocks))
+			}
+			hits, err := s.Lookup(keys)
+			if err == nil && len(hits) != len(keys) {
+				err = fmt.Errorf("lookup: %d of %d hits", len(hits), len(keys))
+			}
+			s.Release(hits)
+			return err
+		}, nil
+	case "insert":
+		payload := make([]byte, opsBlockSize)
+		payloads := make([][]byte, j.Batch)
+		for i := range payloads {
+			payloads[i] = payload
+		}
+		next := uint64(0)
+		return func() error {
+			for i := range keys {
+				keys[i] = benchKey(uint64(j.Run)<<16|uint64(j.Worker)+1, next)
+				next++
+			}
+			st, err := s.Set(keys, payloads)
+			for _, x := range st {
+				if err == nil && x != prefix.Reserved {
+					err = fmt.Errorf("insert: status %v", x)
+				}
+			}
+			return err
+		}, nil
+	}
+	return nil, fmt.Errorf("unknown op %q", j.Op)
+}
+
+func formatShm(dev string, size int64) (*tier.Region, *tier.Client, error) {
+	b, err := tier.ParseBacking(dev)
+	if err != nil {
+		return nil, nil, err
+	}
+	g := tier.DefaultGeometry()
+	g.DeviceSize = size
+	r, err := tier.Format(tier.Options{Devices: []tier.Backing{b}, Geometry: g})
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := r.Attach(tier.ClientOptions{Name: "bench"})
+	if err != nil {
+		r.Close()
+		os.Remove(b.Path)
+		return nil, nil, err
+	}
+	return r, c, nil
+}
+
+func removeShm(r *tier.Region, c *tier.Client, dev string) {
+	c.Close()
+	r.Close()
+	os.Remove(tier.ShmDir + "/" + strings.TrimPrefix(dev, "shm:"))
+}
+
+func numCPU() int { return runtime.NumCPU() }

@@ -1,0 +1,29 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+)
+
+func printTable(w io.Writer, rep Report) {
+	fmt.Fprintf(w, "prefix cache on %s, %d cores, engine %s\n\n", rep.CPU, rep.Cores, rep.Engine)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "op\tbatch\tprocs\tkeys/s\tper process\tscaling\t")
+	for _, r := range rep.Ops {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.3g\t%.3g\t%.2f×\t\n", r.Op, r.Batch, r.Procs, r.KeysPerSec, r.PerProcess, r.Scaling)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\nblock round trips (redis: %s)\n", rep.Redis)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "path\ttokens\tblock\tput p50 µs\tput p99 µs\tget p50 µs\tget p99 µs\tround trip µs\tGB/s\tvs redis\t")
+	for _, r := range rep.RoundTrip {
+		vs := "-"
+		if r.VsRedis > 0 {
+			vs = fmt.Sprintf("%.2f×", r.VsRedis)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d KiB\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t%s\t\n", r.Path, r.Tokens, r.BlockBytes>>10,
+			r.PutP50us, r.PutP99us, r.GetP50us, r.GetP99us, r.RTP50us, r.GBps, vs)
+	}
+	tw.Flush()
+}

@@ -1,0 +1,62 @@
+package prefix
+
+import (
+	"encoding/binary"
+	"testing"
+)
+
+func benchKeys(n int) []Key {
+	keys := make([]Key, n)
+	for i := range keys {
+		binary.LittleEndian.PutUint64(keys[i][:], uint64(i)*0x9e3779b97f4a7c15)
+		keys[i][8] = 1
+	}
+	return keys
+}
+
+// BenchmarkLookup is one pinned lookup and its release per op, on a full
+// index (the lock-free read path).
+func BenchmarkLookup(b *testing.B) {
+	for _, batch := range []int{1, 32} {
+		b.Run(map[int]string{1: "batch1", 32: "batch32"}[batch], func(b *testing.B) {
+			_, c := testTier(b, 1)
+			s := testStore(b, c, 4096, 512)
+			keys := benchKeys(4096)
+			payload := make([]byte, 512)
+			for i := 0; i < len(keys); i += 256 {
+				ps := make([][]byte, 256)
+				for j := range ps {
+					ps[j] = payload
+				}
+				if _, err := s.Set(keys[i:i+256], ps); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				at := (i * batch) % (len(keys) - batch)
+				hits, err := s.Lookup(keys[at : at+batch])
+				if err != nil || len(hits) != batch {
+					b.Fatalf("lookup: %d hits, %v", len(hits), err)
+				}
+				s.Release(hits)
+			}
+			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "keys/s")
+		})
+	}
+}
+
+// BenchmarkInsert is reserve, write and publish of a fresh 512-byte entry
+// per key into a full index, so each insert also evicts one entry.
+func BenchmarkInsert(b *testing.B) {
+	_, c := testTier(b, 1)
+	s := testStore(b, c, 4096, 512)
+	payload := [][]byte{make([]byte, 512)}
+	var k [1]Key
+	for i := 0; b.Loop(); i++ {
+		binary.LittleEndian.PutUint64(k[0][:], uint64(i)+1)
+		if st, err := s.Set(k[:], payload); err != nil || st[0] != Reserved {
+			b.Fatalf("set %d: %v %v", i, st, err)
+		}
+	}
+}
