@@ -1,0 +1,154 @@
+package topk
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/cxltier/cxltier/kernels"
+	"github.com/cxltier/cxltier/tier"
+)
+
+// Config sizes a pool. Layers, EntryBytes and MaxRequests are required.
+type Config struct {
+	Layers      int   // layers with sparse attention
+	EntryBytes  int64 // one token's entry in one layer, a multiple of 16 (656 for DSA FP8)
+	Slots       int   // buffer slots per request and layer, ≥ TopK (default 4096)
+	TopK        int   // selections per request and step (default 2048)
+	MaxRequests int   // request indices are [0, MaxRequests)
+}
+
+// Sequence describes a sequence at registration; Layers and EntryBytes
+// must match the pool's, Capacity (tokens) is reserved up front and the
+// sequence grows past it by extents.
+type Sequence struct {
+	Layers     int
+	EntryBytes int64
+	Capacity   int64
+}
+
+// maxSlots keeps slot numbers in SGLang's int16 LRU table.
+const maxSlots = 1<<15 - 1
+
+func (c *Config) fill() error {
+	if c.Slots == 0 {
+		c.Slots = 4096
+	}
+	if c.TopK == 0 {
+		c.TopK = 2048
+	}
+	switch {
+	case c.Layers < 1 || c.Layers > 1024:
+		return fmt.Errorf("%w: %d layers", ErrBadConfig, c.Layers)
+	case c.EntryBytes < 16 || c.EntryBytes%16 != 0:
+		return fmt.Errorf("%w: entry size %d is not a positive multiple of 16", ErrBadConfig, c.EntryBytes)
+	case c.Slots < 1 || c.Slots > maxSlots:
+		return fmt.Errorf("%w: %d slots (want 1 to %d)", ErrBadConfig, c.Slots, maxSlots)
+	case c.TopK < 1 || c.TopK > c.Slots:
+		return fmt.Errorf("%w: top-k %d larger than the %d slots (or below 1)", ErrBadConfig, c.TopK, c.Slots)
+	case c.MaxRequests < 1 || c.MaxRequests > 1<<20:
+		return fmt.Errorf("%w: %d requests", ErrBadConfig, c.MaxRequests)
+	}
+	return nil
+}
+
+// Pool is the tier-side KV of the registered sequences and their buffers in
+// one engine. Its methods are safe for concurrent use.
+type Pool struct {
+	c     *tier.Client
+	r     *tier.Region
+	eng   kernels.Engine
+	ids   []kernels.RangeID
+	owned bool
+	cfg   Config
+
+	extentEntries int64 // entries per extent (one chunk)
+	bufs          []kernels.Buffer
+
+	mu     sync.Mutex
+	seqs   []*seq // by request index; nil when not registered
+	sc     scratch
+	stats  Stats
+	closed bool
+}
+
+// New makes a pool that stores sequences in c's tier and keeps buffers in
+// eng. ids are the engine ranges of the tier's devices if the caller
+// registered them already (an engine maps a tier once); nil registers them
+// here and Close unregisters them.
+func New(c *tier.Client, eng kernels.Engine, ids []kernels.RangeID, cfg Config) (*Pool, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	r := c.Region()
+	p := &Pool{c: c, r: r, eng: eng, ids: ids, cfg: cfg, seqs: make([]*seq, cfg.MaxRequests),
+		extentEntries: r.ChunkSize() / cfg.EntryBytes}
+	if p.extentEntries < 1 {
+		return nil, fmt.Errorf("%w: a %d-byte entry does not fit a %d-byte chunk", ErrBadConfig, cfg.EntryBytes, r.ChunkSize())
+	}
+	if ids != nil && len(ids) != r.NumDevices() {
+		return nil, fmt.Errorf("%w: %d ranges for %d tier devices", ErrBadConfig, len(ids), r.NumDevices())
+	}
+	if ids == nil {
+		p.owned = true
+		for d := range r.NumDevices() {
+			id, err := eng.Register(r.Device(d))
+			if err != nil {
+				p.Close()
+				return nil, fmt.Errorf("topk: register tier device %d: %w", d, err)
+			}
+			p.ids = append(p.ids, id)
+		}
+	}
+	rows := int64(cfg.MaxRequests) * int64(cfg.Slots+1)
+	for l := range cfg.Layers {
+		b, err := eng.Alloc(rows * cfg.EntryBytes)
+		if err != nil {
+			p.Close()
+			return nil, fmt.Errorf("topk: buffer of layer %d (%d rows of %d B): %w", l, rows, cfg.EntryBytes, err)
+		}
+		p.bufs = append(p.bufs, b)
+	}
+	return p, nil
+}
+
+// Config returns the pool's configuration with defaults filled in.
+func (p *Pool) Config() Config { return p.cfg }
+
+// Buffer is layer's engine buffer: request req's slot s is row
+// Row(req, s), RowBytes = EntryBytes.
+func (p *Pool) Buffer(layer int) kernels.Buffer { return p.bufs[layer] }
+
+// Row is the row of request req's slot s in every layer's buffer.
+func (p *Pool) Row(req, slot int) int64 { return int64(req)*int64(p.cfg.Slots+1) + int64(slot) }
+
+// Close frees the sequences' extents and the buffers.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	var first error
+	keep := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	for i, s := range p.seqs {
+		if s != nil {
+			keep(p.freeSeq(s))
+			p.seqs[i] = nil
+		}
+	}
+	keep(p.eng.Sync())
+	for _, b := range p.bufs {
+		keep(b.Free())
+	}
+	if p.owned {
+		for _, id := range p.ids {
+			keep(p.eng.Unregister(id))
+		}
+	}
+	return first
+}

@@ -1,0 +1,116 @@
+package topk
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/cxltier/cxltier/kernels"
+)
+
+// Step is what one Resolve call did.
+type Step struct {
+	Hits   int   // selections found in the buffer (distinct tokens)
+	Misses int   // selections that took an evicted slot
+	Fills  int   // entries the table counted as resident but the slot lacked (first use of a slot)
+	Newest int   // copies of the newest token into the reserved slot
+	Bytes  int64 // bytes copied from the tier
+}
+
+// Resolve resolves one decode step of one layer for a batch: reqs[b] with
+// sequence length seqLens[b] selected topk[b*TopK : (b+1)*TopK] (token
+// positions, -1 padded). It writes each selection's slot to out (same
+// shape; -1 for padding): request reqs[b]'s slot s is row Row(reqs[b], s)
+// of Buffer(layer). When it returns, every selected entry is in its slot;
+// all copies of the batch went to the engine as one gather.
+//
+// Bad input — an unknown request, a request twice in the batch, a length
+// beyond what was appended, a position ≥ the length or < -1 — is reported
+// before anything changes.
+func (p *Pool) Resolve(layer int, reqs []int, seqLens []int64, topk, out []int32) (Step, error) {
+	start := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	seqs, err := p.checkStep(layer, reqs, seqLens, topk, out)
+	if err != nil {
+		return Step{}, err
+	}
+	var st Step
+	var copies []copyOp
+	rows := kernels.Rows{RowBytes: p.cfg.EntryBytes, Buf: p.bufs[layer], SlotStride: p.cfg.EntryBytes}
+	k := p.cfg.TopK
+	for b, s := range seqs {
+		ls := &s.layers[layer]
+		var n stepCounts
+		copies, n = ls.table.resolve(seqLens[b], topk[b*k:(b+1)*k], out[b*k:(b+1)*k], &p.sc, copies[:0])
+		st.Hits, st.Misses, st.Fills, st.Newest = st.Hits+n.hits, st.Misses+n.misses, st.Fills+n.fills, st.Newest+n.newest
+		for _, c := range copies {
+			_, a := p.entryAt(ls, int64(c.token))
+			rows.Tier = append(rows.Tier, a)
+			rows.Slots = append(rows.Slots, p.Row(reqs[b], int(c.slot)))
+		}
+	}
+	st.Bytes = int64(len(rows.Tier)) * p.cfg.EntryBytes
+	if len(rows.Tier) > 0 {
+		h, err := p.eng.Gather(rows)
+		if err == nil {
+			err = h.Wait()
+		}
+		if err != nil {
+			p.forget(seqs, layer, reqs, rows.Slots)
+			return Step{}, fmt.Errorf("topk: layer %d: gather %d entries: %w", layer, len(rows.Tier), err)
+		}
+	}
+	p.stats.add(st, time.Since(start))
+	return st, nil
+}
+
+// forget marks the slots of a failed gather as holding nothing, so the
+// next step copies them again.
+func (p *Pool) forget(seqs []*seq, layer int, reqs []int, rows []int64) {
+	per := int64(p.cfg.Slots + 1)
+	for _, row := range rows {
+		req, slot := int(row/per), row%per
+		for b, s := range seqs {
+			if reqs[b] == req {
+				s.layers[layer].table.loaded[slot] = -1
+			}
+		}
+	}
+}
+
+// checkStep validates a whole step before any of it is applied.
+func (p *Pool) checkStep(layer int, reqs []int, seqLens []int64, topk, out []int32) ([]*seq, error) {
+	k := p.cfg.TopK
+	switch {
+	case layer < 0 || layer >= p.cfg.Layers:
+		return nil, fmt.Errorf("%w: layer %d of %d", ErrBadInput, layer, p.cfg.Layers)
+	case len(seqLens) != len(reqs):
+		return nil, fmt.Errorf("%w: %d requests but %d lengths", ErrBadInput, len(reqs), len(seqLens))
+	case len(topk) != len(reqs)*k || len(out) != len(topk):
+		return nil, fmt.Errorf("%w: %d requests need %d selections and outputs (top-k %d); got %d and %d",
+			ErrBadInput, len(reqs), len(reqs)*k, k, len(topk), len(out))
+	}
+	seqs := make([]*seq, len(reqs))
+	seen := make(map[int]bool, len(reqs))
+	for b, req := range reqs {
+		s, err := p.lookup(req)
+		if err != nil {
+			return nil, fmt.Errorf("batch row %d: %w", b, err)
+		}
+		if seen[req] {
+			return nil, fmt.Errorf("%w: request %d twice in one batch", ErrBadInput, req)
+		}
+		seen[req] = true
+		n, have := seqLens[b], s.layers[layer].length
+		if n < 1 || n > have {
+			return nil, fmt.Errorf("%w: request %d layer %d: length %d, %d entries appended", ErrNotAppended, req, layer, n, have)
+		}
+		for i, pos := range topk[b*k : (b+1)*k] {
+			if pos < -1 || int64(pos) >= n {
+				return nil, fmt.Errorf("%w: request %d: selection %d is position %d, length %d", ErrBadPosition, req, i, pos, n)
+			}
+		}
+		seqs[b] = s
+	}
+	return seqs, nil
+}
