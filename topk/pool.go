@@ -67,6 +67,8 @@ type Pool struct {
 	mu     sync.Mutex
 	seqs   []*seq // by request index; nil when not registered
 	sc     scratch
+	rec    []byte      // this client's record in the shared stats table
+	recOff tier.Offset // (nil: not exported)
 	stats  Stats
 	closed bool
 }
@@ -98,6 +100,11 @@ func New(c *tier.Client, eng kernels.Engine, ids []kernels.RangeID, cfg Config) 
 			}
 			p.ids = append(p.ids, id)
 		}
+	}
+	var err error
+	if p.rec, p.recOff, err = statsRecord(c); err != nil {
+		p.Close()
+		return nil, err
 	}
 	rows := int64(cfg.MaxRequests) * int64(cfg.Slots+1)
 	for l := range cfg.Layers {
@@ -141,6 +148,8 @@ func (p *Pool) Close() error {
 			p.seqs[i] = nil
 		}
 	}
+	p.stats.Sequences = 0
+	p.unpublishStats()
 	keep(p.eng.Sync())
 	for _, b := range p.bufs {
 		keep(b.Free())

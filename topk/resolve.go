@@ -9,11 +9,12 @@ import (
 
 // Step is what one Resolve call did.
 type Step struct {
-	Hits   int   // selections found in the buffer (distinct tokens)
-	Misses int   // selections that took an evicted slot
-	Fills  int   // entries the table counted as resident but the slot lacked (first use of a slot)
-	Newest int   // copies of the newest token into the reserved slot
-	Bytes  int64 // bytes copied from the tier
+	Hits   int           // selections found in the buffer (distinct tokens)
+	Misses int           // selections that took an evicted slot
+	Fills  int           // entries the table counted as resident but the slot lacked (first use of a slot)
+	Newest int           // copies of the newest token into the reserved slot
+	Bytes  int64         // bytes copied from the tier
+	Plan   time.Duration // validating and planning on the CPU, before the gather
 }
 
 // Resolve resolves one decode step of one layer for a batch: reqs[b] with
@@ -50,6 +51,7 @@ func (p *Pool) Resolve(layer int, reqs []int, seqLens []int64, topk, out []int32
 		}
 	}
 	st.Bytes = int64(len(rows.Tier)) * p.cfg.EntryBytes
+	st.Plan = time.Since(start)
 	if len(rows.Tier) > 0 {
 		h, err := p.eng.Gather(rows)
 		if err == nil {
@@ -61,6 +63,7 @@ func (p *Pool) Resolve(layer int, reqs []int, seqLens []int64, topk, out []int32
 		}
 	}
 	p.stats.add(st, time.Since(start))
+	p.publishStats()
 	return st, nil
 }
 
@@ -113,4 +116,36 @@ func (p *Pool) checkStep(layer int, reqs []int, seqLens []int64, topk, out []int
 		seqs[b] = s
 	}
 	return seqs, nil
+}
+
+// SelectionRows is the gather that moves every valid selection of a step
+// straight into slot i (selection i) of its request, with no slot table:
+// what fetching without a buffer costs. Benchmarks use it as a baseline.
+func (p *Pool) SelectionRows(layer int, reqs []int, topk []int32) (kernels.Rows, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	k := p.cfg.TopK
+	rows := kernels.Rows{RowBytes: p.cfg.EntryBytes, Buf: p.bufs[layer], SlotStride: p.cfg.EntryBytes}
+	if layer < 0 || layer >= p.cfg.Layers || len(topk) != len(reqs)*k {
+		return rows, fmt.Errorf("%w: layer %d, %d selections for %d requests", ErrBadInput, layer, len(topk), len(reqs))
+	}
+	for b, req := range reqs {
+		s, err := p.lookup(req)
+		if err != nil {
+			return rows, err
+		}
+		ls := &s.layers[layer]
+		for i, pos := range topk[b*k : (b+1)*k] {
+			if pos < 0 {
+				continue
+			}
+			if int64(pos) >= ls.length {
+				return rows, fmt.Errorf("%w: request %d: position %d of %d", ErrBadPosition, req, pos, ls.length)
+			}
+			_, a := p.entryAt(ls, int64(pos))
+			rows.Tier = append(rows.Tier, a)
+			rows.Slots = append(rows.Slots, p.Row(req, i))
+		}
+	}
+	return rows, nil
 }

@@ -334,8 +334,8 @@ func TestDuplicatesCountOnce(t *testing.T) {
 
 func TestAppendFromEngineAndFree(t *testing.T) {
 	r, c := testTier(t, 2)
-	free := r.Snapshot().Chunks.Free
 	p, eng := testPool(t, c, Config{Layers: 1, EntryBytes: 4096, Slots: 4, TopK: 2, MaxRequests: 1})
+	free := r.Snapshot().Chunks.Free
 	if err := p.Register(0, Sequence{Layers: 1, EntryBytes: 4096, Capacity: 10}); err != nil {
 		t.Fatal(err)
 	}

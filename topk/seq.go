@@ -79,6 +79,8 @@ func (p *Pool) Register(req int, spec Sequence) error {
 		}
 	}
 	p.seqs[req] = s
+	p.stats.Sequences++
+	p.publishStats()
 	return nil
 }
 
@@ -95,6 +97,7 @@ func (p *Pool) grow(ls *layerSeq, n int64) error {
 			return err
 		}
 		ls.extents = append(ls.extents, extent{off: off, addr: kernels.At(p.ids[dev], devOff)})
+		p.stats.Extents++
 	}
 	return nil
 }
@@ -108,6 +111,8 @@ func (p *Pool) Free(req int) error {
 		return err
 	}
 	p.seqs[req] = nil
+	p.stats.Sequences--
+	defer p.publishStats()
 	// Copies already queued may still read the extents.
 	if err := p.eng.Sync(); err != nil {
 		return err
@@ -122,6 +127,7 @@ func (p *Pool) freeSeq(s *seq) error {
 			if err := p.c.FreeChunks(e.off, 1); err != nil && first == nil {
 				first = err
 			}
+			p.stats.Extents--
 		}
 		s.layers[l].extents = nil
 	}

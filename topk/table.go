@@ -1,11 +1,13 @@
 package topk
 
 // table is one request's buffer state in one layer, kept exactly as SGLang
-// keeps it, plus what each slot really holds.
+// keeps it, plus what each slot really holds and an index from token to
+// slot.
 type table struct {
 	tokens []int32 // Slots+1: the token each slot holds for SGLang (device_buffer_tokens); the last is the newest-token slot
 	lru    []int16 // Slots: slot numbers, least recently used first (lru_slots)
 	loaded []int32 // Slots+1: the token whose bytes are in the slot, -1 for none
+	where  slotMap // token → slot for tokens[:Slots]; built at the first long step
 }
 
 func newTable(slots int) table {
@@ -31,103 +33,50 @@ type stepCounts struct {
 	hits, misses, fills, newest int
 }
 
-// scratch is reused across requests and steps: an open-addressing set of
-// the step's selected tokens (stamped, so it needs no clearing) and the
-// slot lists of the LRU pass.
+// scratch is reused across requests and steps: per-slot marks (stamped, so
+// they need no clearing) and the lists of one step.
 type scratch struct {
-	keys   []int32
-	first  []int32 // first top-k index of the key
-	stamp  []uint32
-	now    uint32
-	slotOf []int32 // by top-k index (first occurrences): assigned slot, -1 none yet
-	order  []int32 // first occurrences, in top-k order
-	hits   []int16
-	evict  []int16
+	mark    []uint32
+	now     uint32
+	pending []int32 // top-k indices of misses, in top-k order
+	hits    []int16
+	evict   []int16
 }
 
-func (sc *scratch) reset(k int) {
-	size := 1
-	for size < 2*k {
-		size *= 2
-	}
-	if len(sc.keys) != size {
-		sc.keys, sc.first, sc.stamp = make([]int32, size), make([]int32, size), make([]uint32, size)
-		sc.now = 0
+func (sc *scratch) reset(slots int) {
+	if len(sc.mark) < slots+1 {
+		sc.mark, sc.now = make([]uint32, slots+1), 0
 	}
 	sc.now++
 	if sc.now == 0 { // wrapped: old stamps could match again
-		clear(sc.stamp)
+		clear(sc.mark)
 		sc.now = 1
 	}
-	if cap(sc.slotOf) < k {
-		sc.slotOf = make([]int32, k)
-	}
-	sc.slotOf = sc.slotOf[:k]
-	sc.order, sc.hits, sc.evict = sc.order[:0], sc.hits[:0], sc.evict[:0]
+	sc.pending, sc.hits, sc.evict = sc.pending[:0], sc.hits[:0], sc.evict[:0]
 }
 
-// slotFor returns where token's probe ends: its entry or an empty one.
-func (sc *scratch) slotFor(token int32) (int, bool) {
-	mask := len(sc.keys) - 1
-	h := int(uint32(token)*2654435761) & mask
-	for sc.stamp[h] == sc.now {
-		if sc.keys[h] == token {
-			return h, true
-		}
-		h = (h + 1) & mask
-	}
-	return h, false
-}
-
-// add records token at top-k index i and reports whether it is new.
-func (sc *scratch) add(token int32, i int) bool {
-	h, ok := sc.slotFor(token)
-	if ok {
+// first marks slot s for this step and reports whether it was unmarked.
+func (sc *scratch) first(s int) bool {
+	if sc.mark[s] == sc.now {
 		return false
 	}
-	sc.keys[h], sc.first[h], sc.stamp[h] = token, int32(i), sc.now
-	sc.slotOf[i] = -1
-	sc.order = append(sc.order, int32(i))
+	sc.mark[s] = sc.now
 	return true
-}
-
-// find returns the first top-k index of token, if selected.
-func (sc *scratch) find(token int32) (int32, bool) {
-	h, ok := sc.slotFor(token)
-	if !ok {
-		return 0, false
-	}
-	return sc.first[h], true
 }
 
 // resolve maps sel (one request's top-k positions, -1 padded) to slots in
 // out, updates the table as SGLang's swap-in does, and appends to copies
 // every entry a slot must receive. seqLen and sel are already validated.
 func (t *table) resolve(seqLen int64, sel []int32, out []int32, sc *scratch, copies []copyOp) ([]copyOp, stepCounts) {
-	sc.reset(len(sel))
-	var n stepCounts
-	slots := int64(len(t.lru))
-	if seqLen <= slots {
-		// Short: token p lives in slot p. (SGLang reads only the first
-		// min(seq_len, k) selections, as its indexer never places a valid
-		// one after them; here every valid selection is served.)
-		for i, p := range sel {
-			if p < 0 {
-				out[i] = -1
-				continue
-			}
-			out[i] = p
-			if sc.add(p, i) {
-				n.hits++
-				if t.loaded[p] != p {
-					t.loaded[p] = p
-					copies = append(copies, copyOp{p, p})
-					n.fills++
-				}
-			}
-		}
-		return copies, n
+	slots := len(t.lru)
+	sc.reset(slots)
+	if seqLen <= int64(slots) {
+		return t.resolveShort(sel, out, sc, copies)
 	}
+	if t.where.keys == nil {
+		t.where.build(t.tokens[:slots])
+	}
+	var n stepCounts
 	newest := int32(seqLen - 1)
 	newestSelected := false
 	for i, p := range sel {
@@ -138,45 +87,47 @@ func (t *table) resolve(seqLen int64, sel []int32, out []int32, sc *scratch, cop
 			out[i] = int32(slots)
 			newestSelected = true
 		default:
-			sc.add(p, i)
+			if s, ok := t.where.get(p); ok {
+				out[i] = int32(s)
+				sc.first(int(s))
+			} else {
+				sc.pending = append(sc.pending, int32(i))
+			}
 		}
 	}
-	// Hits and evictable slots, both in LRU order.
+	// Hit and evictable slots, both in LRU order.
 	for _, s := range t.lru {
-		if i, ok := sc.find(t.tokens[s]); ok && t.tokens[s] >= 0 && sc.slotOf[i] < 0 {
-			sc.slotOf[i] = int32(s)
+		if sc.mark[s] == sc.now {
 			sc.hits = append(sc.hits, s)
 		} else {
 			sc.evict = append(sc.evict, s)
 		}
 	}
 	n.hits = len(sc.hits)
-	// The m-th miss takes the m-th least recently used evictable slot.
-	for _, i := range sc.order {
-		if sc.slotOf[i] >= 0 {
+	for _, s := range sc.hits {
+		if tok := t.tokens[s]; t.loaded[s] != tok {
+			t.loaded[s] = tok
+			copies = append(copies, copyOp{int32(s), tok})
+			n.fills++
+		}
+	}
+	// The m-th miss takes the m-th least recently used evictable slot; a
+	// repeated position finds the slot its first occurrence took.
+	for _, i := range sc.pending {
+		p := sel[i]
+		if s, ok := t.where.get(p); ok {
+			out[i] = int32(s)
 			continue
 		}
 		s := sc.evict[n.misses]
 		n.misses++
-		sc.slotOf[i] = int32(s)
-		t.tokens[s] = sel[i]
-	}
-	// A slot holds either nothing or the bytes of the token SGLang's table
-	// names, so every miss copies, and the copies beyond them are fills.
-	before := len(copies)
-	for _, i := range sc.order {
-		s, tok := sc.slotOf[i], sel[i]
-		if t.loaded[s] != tok {
-			t.loaded[s] = tok
-			copies = append(copies, copyOp{s, tok})
+		if old := t.tokens[s]; old >= 0 {
+			t.where.del(old)
 		}
-	}
-	n.fills = len(copies) - before - n.misses
-	for i, p := range sel {
-		if p >= 0 && p != newest {
-			first, _ := sc.find(p)
-			out[i] = sc.slotOf[first]
-		}
+		t.tokens[s], t.loaded[s] = p, p
+		t.where.put(p, s)
+		out[i] = int32(s)
+		copies = append(copies, copyOp{int32(s), p})
 	}
 	// New LRU order: unused evictable slots, then the misses, then the hits.
 	k := copy(t.lru, sc.evict[n.misses:])
@@ -188,4 +139,97 @@ func (t *table) resolve(seqLen int64, sel []int32, out []int32, sc *scratch, cop
 		n.newest++
 	}
 	return copies, n
+}
+
+// resolveShort serves a sequence no longer than the buffer: token p lives
+// in slot p. (SGLang reads only the first min(seq_len, k) selections, as
+// its indexer never places a valid one after them; every valid selection
+// is served here.)
+func (t *table) resolveShort(sel []int32, out []int32, sc *scratch, copies []copyOp) ([]copyOp, stepCounts) {
+	var n stepCounts
+	for i, p := range sel {
+		if p < 0 {
+			out[i] = -1
+			continue
+		}
+		out[i] = p
+		if sc.first(int(p)) {
+			n.hits++
+			if t.loaded[p] != p {
+				t.loaded[p] = p
+				copies = append(copies, copyOp{p, p})
+				n.fills++
+			}
+		}
+	}
+	return copies, n
+}
+
+// slotMap is an open-addressing map from token to slot with linear probing
+// and backward-shift deletion (no tombstones), at most half full.
+type slotMap struct {
+	keys  []int32 // -1: empty
+	vals  []int16
+	shift uint
+}
+
+func (m *slotMap) build(tokens []int32) {
+	size, bits := 2, uint(1)
+	for size < 2*len(tokens) {
+		size, bits = size*2, bits+1
+	}
+	m.keys, m.vals, m.shift = make([]int32, size), make([]int16, size), 32-bits
+	for i := range m.keys {
+		m.keys[i] = -1
+	}
+	for s, tok := range tokens {
+		if tok >= 0 {
+			m.put(tok, int16(s))
+		}
+	}
+}
+
+// home is Fibonacci hashing: the product's top bits.
+func (m *slotMap) home(tok int32) int { return int(uint32(tok) * 2654435769 >> m.shift) }
+
+func (m *slotMap) get(tok int32) (int16, bool) {
+	mask := len(m.keys) - 1
+	for h := m.home(tok); ; h = (h + 1) & mask {
+		switch m.keys[h] {
+		case tok:
+			return m.vals[h], true
+		case -1:
+			return 0, false
+		}
+	}
+}
+
+func (m *slotMap) put(tok int32, slot int16) {
+	mask := len(m.keys) - 1
+	h := m.home(tok)
+	for m.keys[h] != -1 && m.keys[h] != tok {
+		h = (h + 1) & mask
+	}
+	m.keys[h], m.vals[h] = tok, slot
+}
+
+func (m *slotMap) del(tok int32) {
+	mask := len(m.keys) - 1
+	i := m.home(tok)
+	for m.keys[i] != tok {
+		if m.keys[i] == -1 {
+			return
+		}
+		i = (i + 1) & mask
+	}
+	// Shift later members of the run back over the hole when their home
+	// does not lie cyclically in (hole, their place].
+	for j := (i + 1) & mask; m.keys[j] != -1; j = (j + 1) & mask {
+		h := m.home(m.keys[j])
+		if (j > i && (h <= i || h > j)) || (j < i && h <= i && h > j) {
+			m.keys[i], m.vals[i] = m.keys[j], m.vals[j]
+			i = j
+		}
+	}
+	m.keys[i] = -1
 }
