@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -12,6 +13,7 @@ import (
 	"github.com/cxltier/cxltier/cmd/internal/adminapi"
 	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
+	"github.com/cxltier/cxltier/topk"
 )
 
 // admin serves the daemon's HTTP API: read-only endpoints for anyone who can
@@ -24,10 +26,11 @@ type admin struct {
 	cfg     config
 	token   []byte
 	started time.Time
+	logger  *log.Logger
 }
 
-func newAdmin(r *tier.Region, m *tier.Manager, px *prefixes, cfg config, token []byte) *admin {
-	return &admin{r: r, m: m, px: px, cfg: cfg, token: token, started: time.Now()}
+func newAdmin(r *tier.Region, m *tier.Manager, px *prefixes, cfg config, token []byte, logger *log.Logger) *admin {
+	return &admin{r: r, m: m, px: px, cfg: cfg, token: token, started: time.Now(), logger: logger}
 }
 
 func (a *admin) server() *fasthttp.Server {
@@ -113,8 +116,19 @@ func (a *admin) snapshot() adminapi.Status {
 		ReapedTotal: st.Reaped,
 		LockGrants:  st.Grants,
 		Prefix:      a.px.stats(),
+		Topk:        a.topkStats(),
 		Snapshot:    a.r.Snapshot(),
 	}
+}
+
+// topkStats sums the sparse-KV pools of live clients; a damaged table is
+// logged and reported as zeros rather than failing the whole status.
+func (a *admin) topkStats() topk.Stats {
+	st, err := topk.ReadStats(a.r)
+	if err != nil {
+		a.logger.Printf("topk stats: %v", err)
+	}
+	return st
 }
 
 func (a *admin) status(ctx *fasthttp.RequestCtx) { writeJSON(ctx, fasthttp.StatusOK, a.snapshot()) }
@@ -171,6 +185,21 @@ func writeMetrics(w io.Writer, s adminapi.Status) {
 	metric("cxltier_lock_grants_total", "counter", "Global lock grants by this daemon (lock manager only).", s.LockGrants)
 	metric("cxltier_directory_entries", "gauge", "Named objects in the root directory.", len(s.Directory))
 	writePrefixMetrics(w, s.Prefix)
+	writeTopkMetrics(metric, s.Topk)
+}
+
+// writeTopkMetrics exports the sparse-KV pools of the live clients; their
+// counters leave the sums when a process exits, as a restart's would.
+func writeTopkMetrics(metric func(name, typ, help string, value any, labels ...string), t topk.Stats) {
+	metric("cxltier_topk_sequences", "gauge", "Sparse-KV sequences registered by live clients.", t.Sequences)
+	metric("cxltier_topk_extents", "gauge", "Tier extents (chunks) holding their entries.", t.Extents)
+	metric("cxltier_topk_steps_total", "counter", "Resolve calls (one layer of one decode step for a batch).", t.Steps)
+	metric("cxltier_topk_hits_total", "counter", "Selected tokens found in the GPU buffer.", t.Hits)
+	metric("cxltier_topk_misses_total", "counter", "Selected tokens fetched into an evicted slot.", t.Misses)
+	metric("cxltier_topk_fills_total", "counter", "Entries copied on a slot's first use.", t.Fills)
+	metric("cxltier_topk_hit_rate", "gauge", "Hits over hits and misses, live clients since they started.", t.HitRate())
+	metric("cxltier_topk_fetched_bytes_total", "counter", "Bytes copied from the tier into GPU buffers.", t.BytesFetched)
+	metric("cxltier_topk_resolve_seconds_total", "counter", "Time in Resolve, fetch included.", t.ResolveTime.Seconds())
 }
 
 // writePrefixMetrics writes one family per counter with a sample per index.

@@ -91,7 +91,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("admin listen: %w", err)
 	}
-	a := newAdmin(r, m, px, cfg, token)
+	a := newAdmin(r, m, px, cfg, token, logger)
 	srv := a.server()
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()

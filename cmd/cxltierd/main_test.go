@@ -20,7 +20,9 @@ import (
 	"time"
 
 	"github.com/cxltier/cxltier/cmd/internal/adminapi"
+	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/tier"
+	"github.com/cxltier/cxltier/topk"
 )
 
 // The test binary doubles as the daemon (role "daemon": main() with the
@@ -396,5 +398,49 @@ func TestNoFlags(t *testing.T) {
 	defer r.Close()
 	if ls := r.Leases(); len(ls) != 0 {
 		t.Errorf("leases after clean shutdown: %+v", ls)
+	}
+}
+
+// TestTopkMetrics: a sparse-KV pool in another client of the tier (this
+// test process) shows in the daemon's metrics and status while it lives.
+func TestTopkMetrics(t *testing.T) {
+	addr, device, _ := startInProcess(t)
+	b, _ := tier.ParseBacking(device)
+	r, err := tier.Open(tier.Options{Devices: []tier.Backing{b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	c, err := r.Attach(tier.ClientOptions{Name: "sglang"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	eng := kernels.NewCPU(1)
+	defer eng.Close()
+	p, err := topk.New(c, eng, nil, topk.Config{Layers: 1, EntryBytes: 64, Slots: 4, TopK: 2, MaxRequests: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Register(0, topk.Sequence{Layers: 1, EntryBytes: 64, Capacity: 16}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Append(0, 0, make([]byte, 16*64)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Resolve(0, []int{0}, []int64{16}, []int32{9, 15}, make([]int32, 2)); err != nil {
+		t.Fatal(err)
+	}
+	_, body := get(t, "http://"+addr+"/metrics")
+	for _, want := range []string{"cxltier_topk_sequences 1", "cxltier_topk_steps_total 1", "cxltier_topk_misses_total 1",
+		"cxltier_topk_fetched_bytes_total 128"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	p.Close()
+	st, _, err := adminapi.FetchStatus(addr, time.Second)
+	if err != nil || st.Topk.Steps != 0 || st.Topk.Sequences != 0 {
+		t.Errorf("after the pool closed: %+v %v", st.Topk, err)
 	}
 }

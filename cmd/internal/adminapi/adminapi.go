@@ -11,6 +11,7 @@ import (
 
 	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
+	"github.com/cxltier/cxltier/topk"
 )
 
 // DefaultAddr is where cxltierd listens unless told otherwise.
@@ -26,6 +27,7 @@ type Status struct {
 	ReapedTotal uint64         `json:"reaped_total"`
 	LockGrants  uint64         `json:"lock_grants_total"`
 	Prefix      []prefix.Stats `json:"prefix_indexes"`
+	Topk        topk.Stats     `json:"topk"` // sums over the live clients' sparse-KV pools
 	tier.Snapshot
 }
 
