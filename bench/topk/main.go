@@ -169,8 +169,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	for _, b := range o.batches {
 		for _, ctx := range o.contexts {
 			if need := int64(b) * (ctx + int64(o.warm+o.steps+1)) * o.entry; need > int64(o.maxBytes) {
-				rep.Skipped = append(rep.Skipped, fmt.Sprintf("batch %d context %d: %s of KV > -max-bytes %s",
-					b, ctx, tierflags.FormatSize(need), tierflags.FormatSize(int64(o.maxBytes))))
+				rep.Skipped = append(rep.Skipped, fmt.Sprintf("batch %d context %d: %.1f GiB of KV > -max-bytes %.1f GiB",
+					b, ctx, float64(need)/(1<<30), float64(o.maxBytes)/(1<<30)))
 				continue
 			}
 			res, err := runCases(eng, o, b, ctx, &rep, stderr)
