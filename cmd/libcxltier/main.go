@@ -1,0 +1,50 @@
+// Command libcxltier is the C library that non-Go programs (the Python
+// package under sglang/) load: build it with
+//
+//	go build -buildmode=c-shared -o libcxltier.so ./cmd/libcxltier
+//
+// which also writes libcxltier.h. The ABI is small and versioned
+// (cxl_abi_version). Every call returns 0 or a negative code (the CXL_E*
+// values below) and, on failure, writes a NUL-terminated message into the
+// caller's errbuf of errlen bytes. Objects are named by opaque 64-bit
+// handles; no Go pointer crosses the boundary, and the library only reads
+// or writes caller memory (keys, payloads, ids) during the call.
+//
+// ABI 1:
+//
+//	cxl_attach(devices, name, &tier)           devices: comma-separated backings
+//	cxl_detach(tier)
+//	cxl_prefix_open(tier, name, blocks, block_bytes, &index)   blocks > 0: create if missing
+//	cxl_prefix_close(index)
+//	cxl_prefix_keys(page_size, tokens, n, prior|NULL, out, out_cap, &n_keys)
+//	cxl_prefix_exists(index, keys, n, &n_leading)
+//	cxl_prefix_set(index, keys, n, ptrs, sizes, statuses)      status: 0 stored, 1 present, 2 no space
+//	cxl_prefix_get(index, keys, n, ptrs, caps, lens, &n_served)
+//	cxl_prefix_delete(index, keys, n, &n_deleted)
+//	cxl_prefix_stats(index, json, json_cap)
+//	cxl_engram_hash(spec, layer, ids, n, out, out_cap, &n_rows) spec: preset name or JSON geometry
+//
+// Keys are 32-byte digests back to back.
+package main
+
+// #include <stdint.h>
+// enum {
+//   CXL_OK = 0,
+//   CXL_EINVAL = -1,     /* bad argument or configuration */
+//   CXL_ENOTFOUND = -2,  /* no such index, handle or entry */
+//   CXL_EEXIST = -3,     /* already exists */
+//   CXL_ENOSPACE = -4,   /* tier or index full */
+//   CXL_ECHECKSUM = -5,  /* a payload failed its checksum (entry dropped) */
+//   CXL_ECLOSED = -6,    /* handle closed or client lost its lease */
+//   CXL_ERANGE = -7,     /* a caller buffer is too small */
+//   CXL_EOTHER = -99
+// };
+import "C"
+
+// abiVersion changes whenever a call's meaning or signature does.
+const abiVersion = 1
+
+//export cxl_abi_version
+func cxl_abi_version() C.int { return abiVersion }
+
+func main() {}

@@ -1,0 +1,245 @@
+package main
+
+// #include <stdint.h>
+import "C"
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/cxltier/cxltier/prefix"
+	"github.com/cxltier/cxltier/tier"
+)
+
+//export cxl_prefix_open
+func cxl_prefix_open(h C.uint64_t, name *C.char, blocks, blockBytes C.int64_t, out *C.uint64_t, errbuf *C.char, errlen C.int) C.int {
+	return report(prefixOpen(uint64(h), C.GoString(name), int64(blocks), int64(blockBytes), out), errbuf, errlen)
+}
+
+func prefixOpen(h uint64, name string, blocks, blockBytes int64, out *C.uint64_t) error {
+	if out == nil {
+		return fmt.Errorf("prefix open: %w: no output handle", errBadArg)
+	}
+	a, err := tierOf(h)
+	if err != nil {
+		return err
+	}
+	s, err := prefix.Open(a.c, name)
+	if errors.Is(err, tier.ErrNotFound) && blocks > 0 {
+		s, err = prefix.Create(a.c, prefix.Config{Name: name, Blocks: blocks, BlockBytes: blockBytes})
+		if errors.Is(err, tier.ErrExists) { // another process created it first
+			s, err = prefix.Open(a.c, name)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	ih := handles.add(&index{Store: s, tier: h})
+	handles.mu.Lock()
+	a.indexes[ih] = s
+	handles.mu.Unlock()
+	*out = C.uint64_t(ih)
+	return nil
+}
+
+//export cxl_prefix_close
+func cxl_prefix_close(h C.uint64_t, errbuf *C.char, errlen C.int) C.int {
+	ix, err := indexOf(uint64(h))
+	if err != nil {
+		return report(err, errbuf, errlen)
+	}
+	handles.remove(uint64(h))
+	if a, err := tierOf(ix.tier); err == nil {
+		handles.mu.Lock()
+		delete(a.indexes, uint64(h))
+		handles.mu.Unlock()
+	}
+	return report(ix.Close(), errbuf, errlen)
+}
+
+// keysArg views n 32-byte keys at p.
+func keysArg(p *C.uint8_t, n C.int64_t) ([]prefix.Key, error) {
+	if n < 0 || n > 1<<24 || (n > 0 && p == nil) {
+		return nil, fmt.Errorf("%w: %d keys at %p", errBadArg, n, p)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	return unsafe.Slice((*prefix.Key)(unsafe.Pointer(p)), int(n)), nil
+}
+
+//export cxl_prefix_keys
+func cxl_prefix_keys(pageSize C.int, tokens *C.int64_t, n C.int64_t, prior *C.uint8_t, out *C.uint8_t, outCap C.int64_t, nKeys *C.int64_t, errbuf *C.char, errlen C.int) C.int {
+	return report(prefixKeys(int(pageSize), tokens, n, prior, out, outCap, nKeys), errbuf, errlen)
+}
+
+func prefixKeys(pageSize int, tokens *C.int64_t, n C.int64_t, prior, out *C.uint8_t, outCap C.int64_t, nKeys *C.int64_t) error {
+	if n < 0 || (n > 0 && tokens == nil) || nKeys == nil {
+		return fmt.Errorf("prefix keys: %w: %d tokens", errBadArg, n)
+	}
+	var ids []int64
+	if n > 0 {
+		ids = unsafe.Slice((*int64)(unsafe.Pointer(tokens)), int(n))
+	}
+	var parent *prefix.Key
+	if prior != nil {
+		k := *(*prefix.Key)(unsafe.Pointer(prior))
+		parent = &k
+	}
+	keys, err := prefix.PageKeys(parent, ids, pageSize)
+	if err != nil {
+		return err
+	}
+	*nKeys = C.int64_t(len(keys))
+	if int64(len(keys)) > int64(outCap) {
+		return fmt.Errorf("prefix keys: %w: %d keys, room for %d", errRange, len(keys), outCap)
+	}
+	dst, err := keysArg(out, C.int64_t(len(keys)))
+	if err != nil {
+		return err
+	}
+	copy(dst, keys)
+	return nil
+}
+
+//export cxl_prefix_exists
+func cxl_prefix_exists(h C.uint64_t, keys *C.uint8_t, n C.int64_t, leading *C.int64_t, errbuf *C.char, errlen C.int) C.int {
+	err := func() error {
+		s, err := indexOf(uint64(h))
+		if err != nil {
+			return err
+		}
+		ks, err := keysArg(keys, n)
+		if err != nil || leading == nil {
+			return errors.Join(err, fmt.Errorf("prefix exists: %w", errBadArg))
+		}
+		*leading = C.int64_t(s.Exists(ks))
+		return nil
+	}()
+	return report(err, errbuf, errlen)
+}
+
+// buffersArg views n caller buffers: ptrs[i] with sizes[i] bytes.
+func buffersArg(ptrs *unsafe.Pointer, sizes *C.int64_t, n C.int64_t) ([][]byte, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	if ptrs == nil || sizes == nil {
+		return nil, fmt.Errorf("%w: no buffers for %d keys", errBadArg, n)
+	}
+	ps := unsafe.Slice(ptrs, int(n))
+	ns := unsafe.Slice((*int64)(unsafe.Pointer(sizes)), int(n))
+	out := make([][]byte, n)
+	for i := range out {
+		if ns[i] < 0 || ns[i] > 1<<40 || (ns[i] > 0 && ps[i] == nil) {
+			return nil, fmt.Errorf("%w: buffer %d: %d bytes at %p", errBadArg, i, ns[i], ps[i])
+		}
+		if ns[i] > 0 {
+			out[i] = unsafe.Slice((*byte)(ps[i]), int(ns[i]))
+		} else {
+			out[i] = []byte{}
+		}
+	}
+	return out, nil
+}
+
+//export cxl_prefix_set
+func cxl_prefix_set(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Pointer, sizes *C.int64_t, statuses *C.int8_t, errbuf *C.char, errlen C.int) C.int {
+	err := func() error {
+		s, err := indexOf(uint64(h))
+		if err != nil {
+			return err
+		}
+		ks, err := keysArg(keys, n)
+		if err != nil {
+			return err
+		}
+		bufs, err := buffersArg(ptrs, sizes, n)
+		if err != nil {
+			return err
+		}
+		st, err := s.Set(ks, bufs)
+		if statuses != nil && len(st) > 0 {
+			out := unsafe.Slice((*int8)(unsafe.Pointer(statuses)), int(n))
+			for i, x := range st {
+				out[i] = int8(x)
+			}
+		}
+		return err
+	}()
+	return report(err, errbuf, errlen)
+}
+
+//export cxl_prefix_get
+func cxl_prefix_get(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Pointer, caps, lens *C.int64_t, served *C.int64_t, errbuf *C.char, errlen C.int) C.int {
+	err := func() error {
+		s, err := indexOf(uint64(h))
+		if err != nil {
+			return err
+		}
+		ks, err := keysArg(keys, n)
+		if err != nil || served == nil {
+			return errors.Join(err, fmt.Errorf("prefix get: %w", errBadArg))
+		}
+		bufs, err := buffersArg(ptrs, caps, n)
+		if err != nil {
+			return err
+		}
+		got, err := s.Get(ks, bufs)
+		*served = C.int64_t(got)
+		if lens != nil {
+			out := unsafe.Slice((*int64)(unsafe.Pointer(lens)), int(n))
+			for i := range got {
+				out[i] = int64(len(bufs[i]))
+			}
+		}
+		return err
+	}()
+	return report(err, errbuf, errlen)
+}
+
+//export cxl_prefix_delete
+func cxl_prefix_delete(h C.uint64_t, keys *C.uint8_t, n C.int64_t, deleted *C.int64_t, errbuf *C.char, errlen C.int) C.int {
+	err := func() error {
+		s, err := indexOf(uint64(h))
+		if err != nil {
+			return err
+		}
+		ks, err := keysArg(keys, n)
+		if err != nil {
+			return err
+		}
+		d, err := s.Delete(ks)
+		if deleted != nil {
+			*deleted = C.int64_t(d)
+		}
+		return err
+	}()
+	return report(err, errbuf, errlen)
+}
+
+//export cxl_prefix_stats
+func cxl_prefix_stats(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, errlen C.int) C.int {
+	err := func() error {
+		s, err := indexOf(uint64(h))
+		if err != nil {
+			return err
+		}
+		raw, _ := json.Marshal(s.Stats())
+		return copyString(raw, buf, bufCap)
+	}()
+	return report(err, errbuf, errlen)
+}
+
+// copyString writes raw and a NUL into the caller's buffer.
+func copyString(raw []byte, buf *C.char, n C.int) error {
+	if buf == nil || int(n) < len(raw)+1 {
+		return fmt.Errorf("%w: %d bytes needed", errRange, len(raw)+1)
+	}
+	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n))
+	copy(dst, raw)
+	dst[len(raw)] = 0
+	return nil
+}

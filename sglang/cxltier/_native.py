@@ -1,0 +1,128 @@
+"""Loading libcxltier and calling it: prototypes, error buffers, and the
+mapping of its error codes to Python exceptions carrying the Go message."""
+
+import ctypes
+import os
+import threading
+
+ABI_VERSION = 1
+_ERRLEN = 1024
+
+
+class CxlTierError(Exception):
+    """A libcxltier call failed; `code` is its CXL_E* code, the message is Go's."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+class InvalidError(CxlTierError, ValueError):
+    """CXL_EINVAL: a bad argument or configuration."""
+
+
+class NotFoundError(CxlTierError, KeyError):
+    """CXL_ENOTFOUND: no such tier object, handle or entry."""
+
+    def __str__(self):  # KeyError would quote the message
+        return self.args[0]
+
+
+class ExistsError(CxlTierError):
+    """CXL_EEXIST."""
+
+
+class NoSpaceError(CxlTierError):
+    """CXL_ENOSPACE: the tier or the index is full."""
+
+
+class ChecksumError(CxlTierError):
+    """CXL_ECHECKSUM: a payload failed its checksum; the entry was dropped."""
+
+
+class ClosedError(CxlTierError):
+    """CXL_ECLOSED: the handle was closed or the client lost its lease."""
+
+
+class RangeError(CxlTierError):
+    """CXL_ERANGE: an output buffer was too small."""
+
+
+_BY_CODE = {-1: InvalidError, -2: NotFoundError, -3: ExistsError, -4: NoSpaceError, -5: ChecksumError, -6: ClosedError, -7: RangeError}
+
+_u64, _i64, _i8, _int = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int8, ctypes.c_int
+_p = ctypes.POINTER
+_cstr = ctypes.c_char_p
+_bytes = _p(ctypes.c_uint8)
+_err = [ctypes.c_char_p, _int]
+
+_PROTOTYPES = {
+    "cxl_abi_version": [],
+    "cxl_attach": [_cstr, _cstr, _p(_u64)] + _err,
+    "cxl_detach": [_u64] + _err,
+    "cxl_prefix_open": [_u64, _cstr, _i64, _i64, _p(_u64)] + _err,
+    "cxl_prefix_close": [_u64] + _err,
+    "cxl_prefix_keys": [_int, _p(_i64), _i64, _bytes, _bytes, _i64, _p(_i64)] + _err,
+    "cxl_prefix_exists": [_u64, _bytes, _i64, _p(_i64)] + _err,
+    "cxl_prefix_set": [_u64, _bytes, _i64, _p(ctypes.c_void_p), _p(_i64), _p(_i8)] + _err,
+    "cxl_prefix_get": [_u64, _bytes, _i64, _p(ctypes.c_void_p), _p(_i64), _p(_i64), _p(_i64)] + _err,
+    "cxl_prefix_delete": [_u64, _bytes, _i64, _p(_i64)] + _err,
+    "cxl_prefix_stats": [_u64, ctypes.c_char_p, _int] + _err,
+    "cxl_engram_hash": [_cstr, _int, _p(_i64), _i64, _p(_i64), _i64, _p(_i64)] + _err,
+}
+
+_lock = threading.Lock()
+_lib = None
+_path = None
+
+
+def _candidates():
+    env = os.environ.get("CXLTIER_LIB")
+    if env:
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [os.path.join(here, "libcxltier.so")]
+
+
+def lib():
+    """The loaded library: $CXLTIER_LIB, else libcxltier.so beside this file."""
+    global _lib, _path
+    with _lock:
+        if _lib is not None:
+            return _lib
+        tried = []
+        for path in _candidates():
+            if not os.path.exists(path):
+                tried.append(f"{path} (missing)")
+                continue
+            handle = ctypes.CDLL(path)
+            for name, args in _PROTOTYPES.items():
+                fn = getattr(handle, name)
+                fn.argtypes, fn.restype = args, _int
+            if handle.cxl_abi_version() != ABI_VERSION:
+                raise ImportError(f"{path}: ABI {handle.cxl_abi_version()}, this package needs {ABI_VERSION}")
+            _lib, _path = handle, path
+            return _lib
+        raise ImportError(
+            "libcxltier.so not found: tried " + ", ".join(tried) + ". Build it with "
+            "`go build -buildmode=c-shared -o libcxltier.so ./cmd/libcxltier` and set CXLTIER_LIB, "
+            "or pip install the package from a checkout with Go installed"
+        )
+
+
+def library_path():
+    lib()
+    return _path
+
+
+def abi_version():
+    return lib().cxl_abi_version()
+
+
+def call(name, *args):
+    """Calls a library function, raising the exception its code names."""
+    buf = ctypes.create_string_buffer(_ERRLEN)
+    code = getattr(lib(), name)(*args, buf, _ERRLEN)
+    if code != 0:
+        raise _BY_CODE.get(code, CxlTierError)(code, buf.value.decode("utf-8", "replace"))
+    return code

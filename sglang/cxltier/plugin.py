@@ -1,0 +1,31 @@
+"""SGLang plugin entry point (group sglang.srt.plugins, name cxltier).
+
+SGLang calls install() at start-up when plugins are enabled. It registers
+the HiCache backend under the name "cxltier" with SGLang's storage backend
+factory where the factory allows it; the dynamic backend works without it
+(see cxltier.hicache). Set CXLTIER_PLUGIN=0 to make it do nothing.
+"""
+
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+
+def install():
+    if os.environ.get("CXLTIER_PLUGIN", "1") == "0":
+        return False
+    try:
+        from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+    except ImportError:
+        logger.info("cxltier plugin: SGLang's storage backend factory not found; use the dynamic backend")
+        return False
+    register = getattr(StorageBackendFactory, "register_backend", None)
+    if register is None:
+        return False
+    try:
+        register("cxltier", "cxltier.hicache", "CxlTierStorage")
+    except ValueError:  # already registered
+        pass
+    logger.info("cxltier plugin: HiCache storage backend 'cxltier' registered")
+    return True

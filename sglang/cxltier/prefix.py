@@ -1,0 +1,155 @@
+"""Prefix KV pages in the tier: SGLang page keys and batched exists, set,
+get and delete on a shared index."""
+
+import ctypes
+import hashlib
+import json
+
+from . import _native
+
+KEY_BYTES = 32
+
+_STATUS = {0: "stored", 1: "present", 2: "no_space"}
+
+
+def string_key(s):
+    """The key of an arbitrary string (SHA-256 of its UTF-8 bytes), the same
+    as the Go library's prefix.StringKey: use it on every side for keys that
+    are not SGLang page digests."""
+    return hashlib.sha256(s.encode()).digest()
+
+
+def _key(k):
+    if isinstance(k, str):
+        try:
+            raw = bytes.fromhex(k)
+        except ValueError:
+            raise ValueError(f"key {k!r} is not a hex digest (use string_key for other strings)") from None
+    else:
+        raw = bytes(k)
+    if len(raw) != KEY_BYTES:
+        raise ValueError(f"key of {len(raw)} bytes, want {KEY_BYTES}")
+    return raw
+
+
+def _keys(keys):
+    raw = b"".join(_key(k) for k in keys)
+    return (ctypes.c_uint8 * len(raw)).from_buffer_copy(raw) if raw else None, len(keys)
+
+
+def page_keys(tokens, page_size, prior=None):
+    """SGLang's page-key chain (get_hash_str) over tokens, one hex digest per
+    whole page; prior is the hex key of the page before the first."""
+    tokens = list(tokens)
+    arr = (ctypes.c_int64 * max(len(tokens), 1))(*tokens)
+    out = (ctypes.c_uint8 * (KEY_BYTES * max(len(tokens) // max(page_size, 1), 1)))()
+    n = ctypes.c_int64()
+    prior_arr = None
+    if prior is not None:
+        prior_arr = (ctypes.c_uint8 * KEY_BYTES).from_buffer_copy(_key(prior))
+    _native.call("cxl_prefix_keys", page_size, arr, len(tokens), prior_arr, out, len(out) // KEY_BYTES, ctypes.byref(n))
+    raw = bytes(out)
+    return [raw[i * KEY_BYTES : (i + 1) * KEY_BYTES].hex() for i in range(n.value)]
+
+
+def _pointers(buffers, writable):
+    """(void* array, int64 size array, keep-alive list) for buffers given as
+    objects with the buffer protocol or as (address, size) pairs."""
+    n = len(buffers)
+    ptrs = (ctypes.c_void_p * n)()
+    sizes = (ctypes.c_int64 * n)()
+    keep = []
+    for i, b in enumerate(buffers):
+        if isinstance(b, tuple):
+            ptrs[i], sizes[i] = b
+            continue
+        mv = memoryview(b)
+        if not mv.contiguous:
+            raise ValueError(f"buffer {i} is not contiguous")
+        if writable and mv.readonly:
+            raise ValueError(f"buffer {i} is read-only")
+        sizes[i] = mv.nbytes
+        if mv.nbytes:
+            if mv.readonly:
+                arr = (ctypes.c_char * mv.nbytes).from_buffer_copy(mv)
+            else:
+                arr = (ctypes.c_char * mv.nbytes).from_buffer(mv.cast("B"))
+            keep.append(arr)
+            ptrs[i] = ctypes.addressof(arr)
+    return ptrs, sizes, keep
+
+
+class PrefixIndex:
+    """A prefix index of a tier. Keys are 32-byte digests (bytes) or their
+    hex strings, as SGLang's get_hash_str makes them."""
+
+    def __init__(self, tier, name="default", blocks=0, block_bytes=0):
+        h = ctypes.c_uint64()
+        _native.call("cxl_prefix_open", tier.handle, name.encode(), blocks, block_bytes, ctypes.byref(h))
+        self._h = h.value
+        self._tier = tier
+        self.name = name
+
+    @property
+    def handle(self):
+        if self._h is None or self._tier._h is None:
+            raise _native.ClosedError(-6, f"prefix index {self.name!r}: closed")
+        return self._h
+
+    def exists(self, keys):
+        """How many leading keys have entries (HiCache batch_exists)."""
+        arr, n = _keys(keys)
+        out = ctypes.c_int64()
+        _native.call("cxl_prefix_exists", self.handle, arr, n, ctypes.byref(out))
+        return out.value
+
+    def set(self, keys, buffers):
+        """Stores buffers[i] under keys[i]; buffers are bytes-like objects or
+        (address, size) pairs (zero-copy from host memory). Returns each
+        key's status: "stored", "present" or "no_space"."""
+        if len(buffers) != len(keys):
+            raise ValueError(f"{len(keys)} keys but {len(buffers)} buffers")
+        arr, n = _keys(keys)
+        ptrs, sizes, keep = _pointers(buffers, writable=False)
+        st = (ctypes.c_int8 * max(n, 1))()
+        _native.call("cxl_prefix_set", self.handle, arr, n, ptrs, sizes, st)
+        del keep
+        return [_STATUS[st[i]] for i in range(n)]
+
+    def get(self, keys, buffers):
+        """Copies the payloads of the longest present prefix of keys into
+        buffers (writable bytes-like objects or (address, capacity) pairs).
+        Returns (served, lengths). A payload that fails its checksum ends the
+        prefix there: the entry is dropped and ChecksumError raised."""
+        if len(buffers) != len(keys):
+            raise ValueError(f"{len(keys)} keys but {len(buffers)} buffers")
+        arr, n = _keys(keys)
+        ptrs, caps, keep = _pointers(buffers, writable=True)
+        lens = (ctypes.c_int64 * max(n, 1))()
+        served = ctypes.c_int64()
+        _native.call("cxl_prefix_get", self.handle, arr, n, ptrs, caps, lens, ctypes.byref(served))
+        del keep
+        return served.value, [lens[i] for i in range(served.value)]
+
+    def delete(self, keys):
+        arr, n = _keys(keys)
+        out = ctypes.c_int64()
+        _native.call("cxl_prefix_delete", self.handle, arr, n, ctypes.byref(out))
+        return out.value
+
+    def stats(self):
+        buf = ctypes.create_string_buffer(4096)
+        _native.call("cxl_prefix_stats", self.handle, buf, len(buf))
+        return json.loads(buf.value)
+
+    def close(self):
+        if self._h is not None and self._tier._h is not None:
+            h, self._h = self._h, None
+            _native.call("cxl_prefix_close", h)
+        self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

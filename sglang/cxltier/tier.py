@@ -1,0 +1,53 @@
+"""Attaching to a tier."""
+
+import ctypes
+
+from . import _native
+
+
+class Tier:
+    """A tier this process is attached to, as one client (one lease).
+
+    devices: the tier's backings in order, as a list or comma-separated
+    string ("shm:cxltier", "file:/mnt/t", "dax:/dev/dax0.0"). The tier must
+    exist (cxltierd or `cxltier format` makes it).
+    """
+
+    def __init__(self, devices, name="python"):
+        if not isinstance(devices, str):
+            devices = ",".join(devices)
+        h = ctypes.c_uint64()
+        _native.call("cxl_attach", devices.encode(), name.encode(), ctypes.byref(h))
+        self._h = h.value
+        self.devices = devices
+
+    @property
+    def handle(self):
+        if self._h is None:
+            raise _native.ClosedError(-6, "tier: detached")
+        return self._h
+
+    def prefix(self, name="default", blocks=0, block_bytes=0):
+        """Opens prefix index `name`; with blocks > 0 it is created (blocks of
+        block_bytes) when missing."""
+        from .prefix import PrefixIndex
+
+        return PrefixIndex(self, name, blocks, block_bytes)
+
+    def close(self):
+        """Detaches, closing the indexes opened through this tier."""
+        if self._h is not None:
+            h, self._h = self._h, None
+            _native.call("cxl_detach", h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,49 @@
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "sglang"))
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """The real library and CLI, built from this checkout (or $CXLTIER_LIB
+    and $CXLTIER_CLI when given)."""
+    out = tmp_path_factory.mktemp("bin")
+    lib = os.environ.get("CXLTIER_LIB")
+    if not lib:
+        lib = str(out / "libcxltier.so")
+        subprocess.check_call(["go", "build", "-buildmode=c-shared", "-o", lib, "./cmd/libcxltier"], cwd=REPO)
+        os.environ["CXLTIER_LIB"] = lib
+    cli = os.environ.get("CXLTIER_CLI")
+    if not cli:
+        cli = str(out / "cxltier")
+        subprocess.check_call(["go", "build", "-o", cli, "./cmd/cxltier"], cwd=REPO)
+    return {"lib": lib, "cli": cli}
+
+
+@pytest.fixture
+def device(built):
+    """A fresh 64 MiB tier in /dev/shm, formatted by the CLI."""
+    name = f"cxltier-py-{uuid.uuid4().hex[:12]}"
+    subprocess.check_call([built["cli"], "format", "-device", f"shm:{name}", "-size", "64MiB", "-chunk", "256KiB"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    yield f"shm:{name}"
+    try:
+        os.remove(f"/dev/shm/{name}")
+    except FileNotFoundError:
+        pass
+
+
+@pytest.fixture
+def cli(built):
+    return built["cli"]
+
+
+def pytest_report_header(config):
+    return f"go: {shutil.which('go')}"

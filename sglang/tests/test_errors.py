@@ -1,0 +1,60 @@
+import pytest
+
+import cxltier
+
+
+def test_missing_tier_is_not_found(built):
+    with pytest.raises(cxltier.NotFoundError, match="backing does not exist"):
+        cxltier.Tier("shm:cxltier-py-no-such-tier")
+
+
+def test_bad_backing_is_invalid(built):
+    with pytest.raises(cxltier.InvalidError, match="want shm:NAME"):
+        cxltier.Tier("tape:/dev/st0")
+
+
+def test_missing_index_carries_go_message(built, device):
+    with cxltier.Tier(device) as t:
+        with pytest.raises(cxltier.NotFoundError) as e:
+            t.prefix("nope")
+        assert "nope" in str(e.value) and "not found" in str(e.value)
+        assert e.value.code == -2
+
+
+def test_payload_too_large(built, device):
+    with cxltier.Tier(device) as t:
+        ix = t.prefix("small", blocks=4, block_bytes=256)
+        with pytest.raises(cxltier.InvalidError, match="too large|larger"):
+            ix.set([cxltier.string_key("k")], [b"x" * 257])
+        bufs = [bytearray(10)]
+        ix.set([cxltier.string_key("k")], [b"y" * 200])
+        with pytest.raises(cxltier.InvalidError, match="buffer of 10 bytes"):
+            ix.get([cxltier.string_key("k")], bufs)
+
+
+def test_bad_keys_and_buffers_refused_before_the_call(built, device):
+    with cxltier.Tier(device) as t:
+        ix = t.prefix("m", blocks=4, block_bytes=256)
+        with pytest.raises(ValueError, match="want 32"):
+            ix.exists([b"short"])
+        with pytest.raises(ValueError, match="not a hex digest"):
+            ix.exists(["page-1"])
+        with pytest.raises(ValueError, match="2 keys but 1 buffers"):
+            ix.set([cxltier.string_key("a"), cxltier.string_key("b")], [b"x"])
+        with pytest.raises(ValueError, match="read-only"):
+            ix.get([cxltier.string_key("a")], [b"immutable"])
+
+
+def test_use_after_close(built, device):
+    t = cxltier.Tier(device)
+    ix = t.prefix("m", blocks=4, block_bytes=256)
+    t.close()
+    with pytest.raises(cxltier.ClosedError):
+        ix.exists([cxltier.string_key("a")])
+    with pytest.raises(cxltier.ClosedError):
+        t.prefix("m")
+
+
+def test_bad_page_size(built):
+    with pytest.raises(cxltier.InvalidError, match="page size"):
+        cxltier.page_keys([1, 2, 3], 0)

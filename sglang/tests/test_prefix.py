@@ -1,0 +1,111 @@
+import ctypes
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import cxltier
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def get_hash_str(token_ids, prior_hash=None):
+    """SGLang's page hash as sglang.md §2 specifies it."""
+    h = hashlib.sha256()
+    if prior_hash:
+        h.update(bytes.fromhex(prior_hash))
+    for t in token_ids:
+        h.update(t.to_bytes(4, byteorder="little", signed=False))
+    return h.hexdigest()
+
+
+def payload(i, n):
+    return bytes((i * 7 + j) % 251 for j in range(n))
+
+
+def test_page_keys_match_sglang(built):
+    tokens = list(range(1000, 1037))
+    keys = cxltier.page_keys(tokens, 8)
+    want, prior = [], None
+    for p in range(0, len(tokens) // 8 * 8, 8):
+        prior = get_hash_str(tokens[p : p + 8], prior)
+        want.append(prior)
+    assert keys == want  # the short last page gets no key
+    assert cxltier.page_keys(tokens[8:16], 8, prior=want[0]) == [want[1]]
+    with open(os.path.join(REPO, "prefix", "testdata", "keys.json")) as f:
+        for case in json.load(f):
+            assert cxltier.page_keys(case["tokens"], case["page_size"], prior=case["prior"] or None) == case["keys"]
+
+
+def test_batch_exists_counts_leading_keys(built, device):
+    with cxltier.Tier(device) as t:
+        ix = t.prefix("m", blocks=16, block_bytes=4096)
+        keys = cxltier.page_keys(range(40), 4)
+        assert ix.exists(keys) == 0
+        st = ix.set([keys[0], keys[1], keys[3]], [payload(0, 100), payload(1, 100), payload(3, 100)])
+        assert st == ["stored"] * 3
+        assert ix.exists(keys) == 2  # keys[2] is missing: counting stops there
+        assert ix.exists(keys[3:4]) == 1
+        assert ix.set([keys[0]], [b"other"]) == ["present"]
+        assert ix.delete([keys[1]]) == 1
+        assert ix.exists(keys) == 1
+
+
+def test_get_into_buffers_and_pointers(built, device):
+    with cxltier.Tier(device) as t:
+        ix = t.prefix("m", blocks=8, block_bytes=4096)
+        keys = [cxltier.string_key(f"page-{i}") for i in range(4)]
+        ix.set(keys, [payload(i, 1000 + i) for i in range(4)])
+        bufs = [bytearray(4096) for _ in range(4)]
+        served, lens = ix.get(keys, bufs)
+        assert served == 4 and lens == [1000, 1001, 1002, 1003]
+        assert all(bytes(bufs[i][: lens[i]]) == payload(i, 1000 + i) for i in range(4))
+        # zero copy: (address, capacity) pairs, as HiCache's page pointers
+        raw = [ctypes.create_string_buffer(4096) for _ in range(2)]
+        served, lens = ix.get(keys[:2], [(ctypes.addressof(b), 4096) for b in raw])
+        assert served == 2 and raw[1].raw[:1001] == payload(1, 1001)
+        ix.set([cxltier.string_key("ptr")], [(ctypes.addressof(raw[0]), 1000)])
+        out = bytearray(1000)
+        assert ix.get([cxltier.string_key("ptr")], [out])[0] == 1
+        assert bytes(out) == payload(0, 1000)
+        st = ix.stats()
+        assert st["ready"] == 5 and st["hits"] >= 7
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, cxltier
+    t = cxltier.Tier(sys.argv[1], name="writer")
+    ix = t.prefix("shared", blocks=32, block_bytes=8192)
+    keys = cxltier.page_keys(range(100, 164), 4)
+    print(ix.set(keys, [bytes([i]) * (4096 + i) for i in range(len(keys))]).count("stored"))
+    t.close()
+    """
+)
+
+READER = textwrap.dedent(
+    """
+    import sys, cxltier
+    t = cxltier.Tier(sys.argv[1], name="reader")
+    ix = t.prefix("shared")
+    keys = cxltier.page_keys(range(100, 164), 4)
+    bufs = [bytearray(8192) for _ in keys]
+    served, lens = ix.get(keys, bufs)
+    ok = all(bytes(bufs[i][: lens[i]]) == bytes([i]) * (4096 + i) for i in range(served))
+    print(ix.exists(keys), served, ok)
+    """
+)
+
+
+def test_roundtrip_between_two_processes(built, device):
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "sglang"))
+    w = subprocess.run([sys.executable, "-c", WRITER, device], env=env, capture_output=True, text=True, timeout=60)
+    assert w.returncode == 0, w.stderr
+    assert w.stdout.split() == ["16"]
+    r = subprocess.run([sys.executable, "-c", READER, device], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["16", "16", "True"]
