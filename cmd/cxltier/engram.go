@@ -18,6 +18,10 @@ subcommands:
   hash         print the global table rows of each position of --ids, one JSON array per line
   multipliers  print a layer's hash multipliers as a JSON array
   presets      list the built-in geometries
+  load         load a layer's table into a tier (raw rows, safetensors, or synthetic)
+  verify       check a loaded table's header and every row against its checksum
+
+load and verify take the tier's devices as arguments, in tier order.
 `
 
 func cmdEngram(args []string, stdout, stderr io.Writer) error {
@@ -30,6 +34,10 @@ func cmdEngram(args []string, stdout, stderr io.Writer) error {
 		return engramHash(args[1:], stdout, stderr)
 	case "multipliers":
 		return engramMultipliers(args[1:], stdout, stderr)
+	case "load":
+		return engramLoad(args[1:], stdout, stderr)
+	case "verify":
+		return engramVerify(args[1:], stdout, stderr)
 	case "presets":
 		for _, n := range engram.PresetNames() {
 			g, _ := engram.Preset(n)

@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -10,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cxltier/cxltier/engram"
 	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
 )
@@ -292,5 +295,104 @@ func TestPrefixIndexCommands(t *testing.T) {
 	os.WriteFile(bad, raw, 0o600)
 	if code, _, errs = runCLI(t, "prefix", "restore", "--name", "m", "--in", bad, tierA); code != 1 || errs == "" {
 		t.Errorf("damaged snapshot: exit %d, %q", code, errs)
+	}
+}
+
+func TestEngramLoadAndVerify(t *testing.T) {
+	dir := t.TempDir()
+	dev := filepath.Join(dir, "tier")
+	if code, _, errs := runCLI(t, "format", "-device", "file:"+dev, "-size", "16MiB", "-chunk", "256KiB"); code != 0 {
+		t.Fatal(errs)
+	}
+	geo := filepath.Join(dir, "geo.json")
+	os.WriteFile(geo, []byte(`{"name":"tiny","layer_ids":[1,3],"max_ngram":2,"heads_per_order":2,"base_sizes":[50],
+		"seed":7,"vocab":100,"pad_id":0,"row_bytes":64,"dtype":"float32"}`), 0o600)
+	g, err := engram.LoadGeometry(geo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _ := engram.NewHasher(g)
+	rows, _ := h.Rows(1)
+	data := make([]byte, rows*64)
+	for i := range rows {
+		engram.SyntheticRow(9, i, data[i*64:(i+1)*64])
+	}
+	raw := filepath.Join(dir, "layer1.bin")
+	os.WriteFile(raw, data, 0o600)
+
+	code, out, errs := runCLI(t, "engram", "load", "--config", geo, "--layer", "1", "--file", raw, dev)
+	if code != 0 || !strings.Contains(out, "loaded engram/tiny/layer1") || !strings.Contains(out, "verified") ||
+		!strings.Contains(errs, fmt.Sprintf("%d/%d rows (100%%)", rows, rows)) {
+		t.Fatalf("load: exit %d, %q, %q", code, out, errs)
+	}
+	if code, out, _ = runCLI(t, "engram", "verify", "--config", geo, "--layer", "1", dev); code != 0 || !strings.Contains(out, "ok") {
+		t.Errorf("verify: exit %d, %q", code, out)
+	}
+	if code, _, errs = runCLI(t, "engram", "load", "--config", geo, "--layer", "1", "--file", raw, dev); code != 1 || !strings.Contains(errs, "exists") {
+		t.Errorf("second load: exit %d, %q", code, errs)
+	}
+
+	// safetensors: the right tensor loads; wrong dtype, shape or name are refused.
+	st := func(name, dtype string, shape string, n int) string {
+		p := filepath.Join(dir, name+".safetensors")
+		hdr := fmt.Sprintf(`{"__metadata__":{},"emb":{"dtype":%q,"shape":%s,"data_offsets":[0,%d]}}`, dtype, shape, n)
+		var b bytes.Buffer
+		binary.Write(&b, binary.LittleEndian, uint64(len(hdr)))
+		b.WriteString(hdr)
+		b.Write(data[:n])
+		os.WriteFile(p, b.Bytes(), 0o600)
+		return p
+	}
+	rows, _ = h.Rows(3) // layer 3 from here on
+	data = make([]byte, rows*64)
+	for i := range rows {
+		engram.SyntheticRow(5, i, data[i*64:(i+1)*64])
+	}
+	raw = filepath.Join(dir, "layer3.bin")
+	os.WriteFile(raw, data, 0o600)
+	good := st("good", "F32", fmt.Sprintf("[%d,16]", rows), int(rows*64))
+	for _, tc := range []struct {
+		file, tensor, want string
+	}{
+		{st("bf16", "BF16", fmt.Sprintf("[%d,32]", rows), int(rows*64)), "", "is BF16"},
+		{st("short", "F32", fmt.Sprintf("[%d,16]", rows-1), int((rows-1)*64)), "", fmt.Sprintf("%d rows of 64 B", rows-1)},
+		{good, "other", `no tensor "other"`},
+		{raw + ".missing", "", "no such file"},
+	} {
+		if code, _, errs := runCLI(t, "engram", "load", "--config", geo, "--layer", "3", "--file", tc.file, "--tensor", tc.tensor, dev); code != 1 || !strings.Contains(errs, tc.want) {
+			t.Errorf("%s: exit %d, %q; want %q", tc.file, code, errs, tc.want)
+		}
+	}
+	os.WriteFile(raw+".cut", data[:len(data)-1], 0o600)
+	if code, _, errs := runCLI(t, "engram", "load", "--config", geo, "--layer", "3", "--file", raw+".cut", dev); code != 1 || !strings.Contains(errs, "bytes") {
+		t.Errorf("truncated raw file: exit %d, %q", code, errs)
+	}
+	if code, out, errs = runCLI(t, "engram", "load", "--config", geo, "--layer", "3", "--file", good, dev); code != 0 {
+		t.Fatalf("safetensors load: exit %d, %q %q", code, out, errs)
+	}
+	b, _ := tier.ParseBacking("file:" + dev)
+	r, err := tier.Open(tier.Options{Devices: []tier.Backing{b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb, err := engram.OpenTable(r, g, h, 3, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := make([]byte, 64)
+	for _, i := range []int64{0, rows / 2, rows - 1} {
+		r.ReadAt(row, tb.RowOffset(i))
+		if !bytes.Equal(row, data[i*64:(i+1)*64]) {
+			t.Errorf("row %d of the safetensors load differs from the file", i)
+		}
+	}
+	// Damage one row in the tier: verify names the checksum.
+	r.WriteAt([]byte{0xff}, tb.RowOffset(rows/2))
+	r.Close()
+	if code, _, errs = runCLI(t, "engram", "verify", "--config", geo, "--layer", "3", dev); code != 1 || !strings.Contains(errs, "checksum") {
+		t.Errorf("verify of a damaged table: exit %d, %q", code, errs)
+	}
+	if code, _, errs = runCLI(t, "engram", "load", "--config", geo, "--layer", "1", dev); code != 1 || !strings.Contains(errs, "exactly one of --file and --synthetic") {
+		t.Errorf("no source: exit %d, %q", code, errs)
 	}
 }
