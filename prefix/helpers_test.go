@@ -3,40 +3,17 @@ package prefix
 import (
 	"bytes"
 	"fmt"
-	"github.com/klauspost/compress/zstd"
-	"path/filepath"
 	"testing"
-	"time"
 
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/cxltier/cxltier/internal/tiertest"
 	"github.com/cxltier/cxltier/tier"
 )
 
 // testTier formats a small file-backed tier of devices devices (16 MiB each).
 func testTier(t testing.TB, devices int) (*tier.Region, *tier.Client) {
-	t.Helper()
-	dir := t.TempDir()
-	var devs []tier.Backing
-	for i := range devices {
-		b, err := tier.ParseBacking(fmt.Sprintf("file:%s", filepath.Join(dir, fmt.Sprintf("dev%d", i))))
-		if err != nil {
-			t.Fatal(err)
-		}
-		devs = append(devs, b)
-	}
-	g := tier.DefaultGeometry()
-	g.DeviceSize, g.ChunkSize, g.Stripe = 16<<20, 256<<10, 256<<10
-	g.ClientsPerNode = 16
-	g.LeaseTimeout = 2 * time.Second
-	r, err := tier.Format(tier.Options{Devices: devs, Geometry: g})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := r.Attach(tier.ClientOptions{Name: "test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(); r.Close() })
-	return r, c
+	return tiertest.Format(t, devices, 16<<20, 256<<10)
 }
 
 func testStore(t testing.TB, c *tier.Client, blocks, blockBytes int64) *Store {

@@ -2,11 +2,9 @@ package topk
 
 import (
 	"encoding/binary"
-	"fmt"
-	"path/filepath"
 	"testing"
-	"time"
 
+	"github.com/cxltier/cxltier/internal/tiertest"
 	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/tier"
 )
@@ -14,30 +12,7 @@ import (
 // testTier formats a file-backed tier of devices devices (32 MiB each,
 // 256 KiB chunks).
 func testTier(t testing.TB, devices int) (*tier.Region, *tier.Client) {
-	t.Helper()
-	dir := t.TempDir()
-	var devs []tier.Backing
-	for i := range devices {
-		b, err := tier.ParseBacking("file:" + filepath.Join(dir, fmt.Sprintf("dev%d", i)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		devs = append(devs, b)
-	}
-	g := tier.DefaultGeometry()
-	g.DeviceSize, g.ChunkSize, g.Stripe = 32<<20, 256<<10, 256<<10
-	g.ClientsPerNode = 8
-	g.LeaseTimeout = 2 * time.Second
-	r, err := tier.Format(tier.Options{Devices: devs, Geometry: g})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := r.Attach(tier.ClientOptions{Name: "topk-test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(); r.Close() })
-	return r, c
+	return tiertest.Format(t, devices, 32<<20, 256<<10)
 }
 
 func testPool(t testing.TB, c *tier.Client, cfg Config) (*Pool, *kernels.CPU) {

@@ -18,8 +18,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/cxltier/cxltier/bench/internal/report"
@@ -83,31 +81,19 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	var err error
-	if o.procs, err = positiveList("-procs", *procs, 64); err != nil {
+	if o.procs, err = report.Ints("-procs", *procs, 64); err != nil {
 		return o, err
 	}
-	if o.batches, err = positiveList("-batch", *batches, 4096); err != nil {
+	if o.batches, err = report.Ints("-batch", *batches, 4096); err != nil {
 		return o, err
 	}
-	if o.tokens, err = positiveList("-tokens", *tokens, 1024); err != nil {
+	if o.tokens, err = report.Ints("-tokens", *tokens, 1024); err != nil {
 		return o, err
 	}
 	if o.duration <= 0 || o.rounds < 1 || o.bytesPerToken < 64 || o.bytesPerToken%64 != 0 {
 		return o, fmt.Errorf("-duration and -rounds must be positive, -bytes-per-token a multiple of 64")
 	}
 	return o, nil
-}
-
-func positiveList(name, s string, most int) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		v, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || v < 1 || v > most {
-			return nil, fmt.Errorf("%s: %q is not a number in [1, %d]", name, f, most)
-		}
-		out = append(out, v)
-	}
-	return out, nil
 }
 
 func run(args []string, stdout, stderr io.Writer) error {

@@ -106,10 +106,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	var err error
-	if o.batches, err = parseInts("-batch", *batches); err != nil {
+	if o.batches, err = report.Ints("-batch", *batches, 1<<20); err != nil {
 		return o, err
 	}
-	ctx, err := parseInts("-context", *contexts)
+	ctx, err := report.Ints("-context", *contexts, 1<<30)
 	if err != nil {
 		return o, err
 	}
@@ -127,18 +127,6 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("-steps must be positive and -warm not negative")
 	}
 	return o, nil
-}
-
-func parseInts(name, s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		v, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || v < 1 || v > 1<<30 {
-			return nil, fmt.Errorf("%s: %q is not a positive number", name, f)
-		}
-		out = append(out, v)
-	}
-	return out, nil
 }
 
 func run(args []string, stdout, stderr io.Writer) error {

@@ -47,16 +47,9 @@ func cmdInspect(args []string, stdout, stderr io.Writer) error {
 		fs.Usage()
 		return errUsage
 	}
-	var devs []tier.Backing
-	for _, a := range fs.Args() {
-		if !strings.Contains(a, ":") {
-			a = "file:" + a
-		}
-		b, err := tier.ParseBacking(a)
-		if err != nil {
-			return err
-		}
-		devs = append(devs, b)
+	devs, err := deviceArgs(fs.Args())
+	if err != nil {
+		return err
 	}
 	r, err := tier.Open(tier.Options{Devices: devs, ReadOnly: true})
 	if err != nil {
@@ -134,4 +127,21 @@ func printSnapshot(w io.Writer, s tier.Snapshot) {
 	for _, t := range s.Torn {
 		fmt.Fprintf(w, "warning: %s\n", t)
 	}
+}
+
+// deviceArgs parses a command's device arguments, in tier order; a bare
+// path means file:PATH.
+func deviceArgs(args []string) ([]tier.Backing, error) {
+	var devs []tier.Backing
+	for _, a := range args {
+		if !strings.Contains(a, ":") {
+			a = "file:" + a
+		}
+		b, err := tier.ParseBacking(a)
+		if err != nil {
+			return nil, err
+		}
+		devs = append(devs, b)
+	}
+	return devs, nil
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 
 	"github.com/cxltier/cxltier/internal/tierflags"
 	"github.com/cxltier/cxltier/prefix"
@@ -86,16 +85,9 @@ func tierArgs(fs *flag.FlagSet) (*tier.Client, func(), error) {
 		fs.Usage()
 		return nil, nil, errUsage
 	}
-	var devs []tier.Backing
-	for _, a := range fs.Args() {
-		if !strings.Contains(a, ":") {
-			a = "file:" + a
-		}
-		b, err := tier.ParseBacking(a)
-		if err != nil {
-			return nil, nil, err
-		}
-		devs = append(devs, b)
+	devs, err := deviceArgs(fs.Args())
+	if err != nil {
+		return nil, nil, err
 	}
 	r, err := tier.Open(tier.Options{Devices: devs})
 	if err != nil {

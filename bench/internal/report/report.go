@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 )
 
@@ -44,4 +45,17 @@ func WriteJSON(path, program, engine string, v any, log io.Writer) error {
 	}
 	fmt.Fprintf(log, "wrote %s\n", path)
 	return nil
+}
+
+// Ints parses a flag's comma-separated list of integers in [1, most].
+func Ints(name, s string, most int) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || v < 1 || v > most {
+			return nil, fmt.Errorf("%s: %q is not a number in [1, %d]", name, f, most)
+		}
+		out = append(out, v)
+	}
+	return out, nil
 }
