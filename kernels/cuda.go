@@ -189,6 +189,10 @@ type deviceBuffer struct {
 
 func (b *deviceBuffer) Len() int64 { return b.n }
 
+// DevicePtr is the buffer's CUDA device address, for callers that hand it
+// to other CUDA code (a torch tensor over the same memory).
+func (b *deviceBuffer) DevicePtr() uintptr { return uintptr(b.ptr) }
+
 func (b *deviceBuffer) Free() error {
 	if !b.owned || b.ptr == 0 {
 		b.ptr, b.n = 0, 0

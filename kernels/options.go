@@ -22,6 +22,12 @@ type CUDAOptions struct {
 	MaxBlocks int
 }
 
+// DeviceBuffer is implemented by buffers in GPU memory: their device
+// address, for handing to other CUDA code (a torch tensor over it).
+type DeviceBuffer interface {
+	DevicePtr() uintptr
+}
+
 // DeviceWrapper is implemented by engines whose buffers can wrap memory
 // allocated elsewhere (a torch tensor's data_ptr on the same device).
 type DeviceWrapper interface {

@@ -18,13 +18,14 @@ from ._native import (
     abi_version,
     library_path,
 )
-from .engram import engram_hash
+from .engram import EngramPrefetcher, engram_hash
 from .prefix import KEY_BYTES, PrefixIndex, page_keys, string_key
 from .tier import Tier
 
 __all__ = [
     "CxlTierError",
     "ChecksumError",
+    "EngramPrefetcher",
     "ClosedError",
     "ExistsError",
     "InvalidError",

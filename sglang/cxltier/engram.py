@@ -24,3 +24,93 @@ def engram_hash(spec, layer, ids):
     _native.call("cxl_engram_hash", spec.encode(), layer, arr, len(ids), out, n.value, ctypes.byref(n))
     per = n.value // len(ids) if ids else 0
     return [list(out[i * per : (i + 1) * per]) for i in range(len(ids))]
+
+
+def _flatten(seqs):
+    seqs = [list(s) for s in seqs]
+    flat = [x for s in seqs for x in s]
+    ids = (ctypes.c_int64 * max(len(flat), 1))(*flat)
+    lens = (ctypes.c_int64 * max(len(seqs), 1))(*[len(s) for s in seqs])
+    return ids, lens, len(seqs), len(flat)
+
+
+class Prefetch:
+    """A prefetch in flight: `slots` holds the cache slot of each row, in the
+    order engram_hash lists them (sequence, position, then head)."""
+
+    def __init__(self, slots, pending):
+        self.slots = slots
+        self._pending = pending
+
+    def wait(self):
+        """Blocks until the rows are in the cache; returns the seconds from
+        the call to readiness (counted against the deadline)."""
+        if self._pending is None:
+            return self._ready
+        ns = ctypes.c_int64()
+        h, self._pending = self._pending, None
+        _native.call("cxl_engram_wait", h, ctypes.byref(ns))
+        self._ready = ns.value / 1e9
+        return self._ready
+
+
+class EngramPrefetcher:
+    """Prefetches the Engram rows of a batch into a per-layer cache in the
+    engine's memory ("cuda": GPU memory on `stream`; "cpu": host memory), for
+    every layer of the geometry whose table is loaded in the tier."""
+
+    def __init__(self, tier, spec, engine="auto", stream=0, slots=1 << 17, deadline_us=56.0):
+        if isinstance(spec, dict):
+            spec = json.dumps(spec)
+        h = ctypes.c_uint64()
+        _native.call("cxl_engram_open", tier.handle, spec.encode(), engine.encode(), stream, slots,
+                     int(deadline_us * 1000), ctypes.byref(h))
+        self._h = h.value
+
+    def prefetch(self, layer, seqs, histories=None):
+        """Starts fetching the rows of seqs (lists of new compressed ids; with
+        histories, the ids before them) for layer."""
+        ids, lens, nseq, total = _flatten(seqs)
+        hist_ids = hist_lens = None
+        if histories is not None:
+            if len(histories) != nseq:
+                raise ValueError(f"{len(histories)} histories for {nseq} sequences")
+            hist_ids, hist_lens, _, _ = _flatten(histories)
+        cap = max(total * 64, 1)
+        while True:
+            out = (ctypes.c_int32 * cap)()
+            n, pending = ctypes.c_int64(), ctypes.c_uint64()
+            try:
+                _native.call("cxl_engram_prefetch", self._h, layer, ids, lens, nseq, hist_ids, hist_lens, out, cap,
+                             ctypes.byref(n), ctypes.byref(pending))
+                return Prefetch(list(out[: n.value]), pending.value)
+            except _native.RangeError:
+                cap = n.value
+
+    def buffer(self, layer):
+        """(device address, bytes, row bytes) of layer's cache, for a GPU engine."""
+        ptr, size, row = ctypes.c_uint64(), ctypes.c_int64(), ctypes.c_int64()
+        _native.call("cxl_engram_buffer", self._h, layer, ctypes.byref(ptr), ctypes.byref(size), ctypes.byref(row))
+        return ptr.value, size.value, row.value
+
+    def read_row(self, layer, slot, row_bytes):
+        """A copy of the row in a cache slot."""
+        out = ctypes.create_string_buffer(row_bytes)
+        _native.call("cxl_engram_read", self._h, layer, slot, out, row_bytes)
+        return out.raw
+
+    def stats(self):
+        buf = ctypes.create_string_buffer(1024)
+        _native.call("cxl_engram_stats", self._h, buf, len(buf))
+        return json.loads(buf.value)
+
+    def close(self):
+        if self._h is not None:
+            h, self._h = self._h, None
+            _native.call("cxl_engram_close", h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

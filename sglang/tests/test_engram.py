@@ -25,3 +25,48 @@ def test_engram_errors(built):
         cxltier.engram_hash("v4.1-flash", 2, [0])
     with pytest.raises(cxltier.CxlTierError, match="preset"):
         cxltier.engram_hash("nope", 1, [0])
+
+
+GEOMETRY = {"name": "pytiny", "layer_ids": [1, 3], "max_ngram": 3, "heads_per_order": 2, "base_sizes": [40, 60],
+            "seed": 11, "vocab": 100, "pad_id": 0, "row_bytes": 64, "dtype": "float32"}
+
+
+def synthetic_row(layer, i, n):
+    """engram.SyntheticRow, written again from its definition."""
+    out = bytearray()
+    m = (1 << 64) - 1
+    for k in range(0, n, 8):
+        x = (layer << 48) ^ (i << 12) ^ (k // 8)
+        x ^= x >> 30
+        x = (x * 0xBF58476D1CE4E5B9) & m
+        x ^= x >> 27
+        x = (x * 0x94D049BB133111EB) & m
+        x ^= x >> 31
+        out += x.to_bytes(8, "little")
+    return bytes(out[:n])
+
+
+def test_prefetch_rows_from_the_tier(cli, device, tmp_path):
+    geo = tmp_path / "geo.json"
+    geo.write_text(json.dumps(GEOMETRY))
+    subprocess.run([cli, "engram", "load", "--config", str(geo), "--layer", "1", "--synthetic", device.replace("shm:", "shm:")],
+                   check=True, capture_output=True)
+    with cxltier.Tier(device) as t, cxltier.EngramPrefetcher(t, GEOMETRY, engine="cpu", slots=256) as p:
+        seqs = [[5, 17, 99, 3], [42, 42, 7]]
+        pf = p.prefetch(1, seqs)
+        assert pf.wait() >= 0
+        rows = [r for s in seqs for pos in cxltier.engram_hash(GEOMETRY, 1, s) for r in pos]
+        assert len(pf.slots) == len(rows)
+        for row, slot in zip(rows, pf.slots):
+            assert p.read_row(1, slot, 64) == synthetic_row(1, row, 64)
+        # the same batch again: every row is a cache hit now
+        p.prefetch(1, seqs).wait()
+        st = p.stats()
+        assert st["calls"] == 2 and st["hits"] >= len(rows)
+        with pytest.raises(cxltier.InvalidError, match="no table for layer 3"):
+            p.prefetch(3, seqs)  # layer 3 was never loaded
+        with pytest.raises(cxltier.InvalidError, match="host memory"):
+            p.buffer(1)  # the CPU engine's cache is not device memory
+    with cxltier.Tier(device) as t:
+        with pytest.raises(cxltier.NotFoundError, match="no table"):
+            cxltier.EngramPrefetcher(t, dict(GEOMETRY, name="other"), engine="cpu")

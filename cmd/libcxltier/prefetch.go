@@ -1,0 +1,248 @@
+package main
+
+// #include <stdint.h>
+import "C"
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unsafe"
+
+	"github.com/cxltier/cxltier/engram"
+	"github.com/cxltier/cxltier/kernels"
+	"github.com/cxltier/cxltier/tier"
+)
+
+// prefetcher is an Engram prefetcher over the tables of one geometry, with
+// the engine it owns.
+type prefetcher struct {
+	*engram.Prefetcher
+	eng kernels.Engine
+	g   engram.Geometry
+	h   *engram.Hasher
+}
+
+func geometryOf(spec string) (engram.Geometry, error) {
+	if strings.HasPrefix(strings.TrimSpace(spec), "{") {
+		return engram.ParseGeometry([]byte(spec))
+	}
+	return engram.Preset(spec)
+}
+
+func engineOf(kind string, stream uintptr) (kernels.Engine, error) {
+	if kind == "cuda" || (kind == "auto" && stream != 0) {
+		return kernels.NewCUDA(kernels.CUDAOptions{Stream: stream})
+	}
+	return kernels.New(kind)
+}
+
+//export cxl_engram_open
+func cxl_engram_open(h C.uint64_t, spec, engine *C.char, stream C.uint64_t, slots C.int, deadlineNs C.int64_t, out *C.uint64_t, errbuf *C.char, errlen C.int) C.int {
+	err := func() error {
+		if out == nil || slots < 1 {
+			return fmt.Errorf("engram open: %w: %d slots", errBadArg, slots)
+		}
+		a, err := tierOf(uint64(h))
+		if err != nil {
+			return err
+		}
+		g, err := geometryOf(C.GoString(spec))
+		if err != nil {
+			return err
+		}
+		hs, err := engram.NewHasher(g)
+		if err != nil {
+			return err
+		}
+		var tables []*engram.Table
+		for _, l := range g.LayerIDs {
+			t, err := engram.OpenTable(a.r, g, hs, l, false)
+			if errors.Is(err, tier.ErrNotFound) {
+				continue // layers without a loaded table are not prefetched
+			}
+			if err != nil {
+				return err
+			}
+			tables = append(tables, t)
+		}
+		if len(tables) == 0 {
+			return fmt.Errorf("engram open: %w: no table of %q is loaded in the tier (cxltier engram load)", tier.ErrNotFound, g.Name)
+		}
+		eng, err := engineOf(C.GoString(engine), uintptr(stream))
+		if err != nil {
+			return err
+		}
+		p, err := engram.NewPrefetcher(eng, a.r, hs, tables, engram.PrefetchOptions{Slots: int(slots), Deadline: time.Duration(deadlineNs)})
+		if err != nil {
+			eng.Close()
+			return err
+		}
+		*out = C.uint64_t(handles.add(&prefetcher{Prefetcher: p, eng: eng, g: g, h: hs}))
+		return nil
+	}()
+	return report(err, errbuf, errlen)
+}
+
+//export cxl_engram_close
+func cxl_engram_close(h C.uint64_t, errbuf *C.char, errlen C.int) C.int {
+	p, err := get[*prefetcher](&handles, uint64(h))
+	if err != nil {
+		return report(err, errbuf, errlen)
+	}
+	handles.remove(uint64(h))
+	err = p.Close()
+	if cerr := p.eng.Close(); err == nil {
+		err = cerr
+	}
+	return report(err, errbuf, errlen)
+}
+
+// int64Arrays views n int64 values at p (nil when n is 0).
+func int64Arrays(p *C.int64_t, n int64) []int64 {
+	if n == 0 || p == nil {
+		return nil
+	}
+	return unsafe.Slice((*int64)(unsafe.Pointer(p)), int(n))
+}
+
+// sequences splits ids into sequences of lens[i] ids each.
+func sequences(ids, lens *C.int64_t, nseq C.int64_t) ([][]int64, error) {
+	if nseq < 0 || nseq > 1<<20 || (nseq > 0 && lens == nil) {
+		return nil, fmt.Errorf("%w: %d sequences", errBadArg, nseq)
+	}
+	ls := int64Arrays(lens, int64(nseq))
+	var total int64
+	for i, n := range ls {
+		if n < 0 || n > 1<<24 {
+			return nil, fmt.Errorf("%w: sequence %d has %d ids", errBadArg, i, n)
+		}
+		total += n
+	}
+	if total > 0 && ids == nil {
+		return nil, fmt.Errorf("%w: no ids for %d", errBadArg, total)
+	}
+	all := int64Arrays(ids, total)
+	out := make([][]int64, nseq)
+	for i, n := range ls {
+		out[i], all = all[:n], all[n:]
+	}
+	return out, nil
+}
+
+//export cxl_engram_prefetch
+func cxl_engram_prefetch(h C.uint64_t, layer C.int, ids, lens *C.int64_t, nseq C.int64_t, histIDs, histLens *C.int64_t,
+	slots *C.int32_t, slotsCap C.int64_t, nSlots *C.int64_t, pending *C.uint64_t, errbuf *C.char, errlen C.int) C.int {
+	err := func() error {
+		p, err := get[*prefetcher](&handles, uint64(h))
+		if err != nil {
+			return err
+		}
+		if nSlots == nil || pending == nil {
+			return fmt.Errorf("engram prefetch: %w: no outputs", errBadArg)
+		}
+		seqs, err := sequences(ids, lens, nseq)
+		if err != nil {
+			return err
+		}
+		var hist [][]int64
+		if histLens != nil {
+			if hist, err = sequences(histIDs, histLens, nseq); err != nil {
+				return err
+			}
+		}
+		pd, err := p.Prefetch(int(layer), hist, seqs)
+		if err != nil {
+			return err
+		}
+		*nSlots = C.int64_t(len(pd.Slots))
+		if int64(len(pd.Slots)) > int64(slotsCap) || (len(pd.Slots) > 0 && slots == nil) {
+			pd.Wait()
+			return fmt.Errorf("engram prefetch: %w: %d slots, room for %d", errRange, len(pd.Slots), slotsCap)
+		}
+		if len(pd.Slots) > 0 {
+			copy(unsafe.Slice((*int32)(unsafe.Pointer(slots)), len(pd.Slots)), pd.Slots)
+		}
+		*pending = C.uint64_t(handles.add(pd))
+		return nil
+	}()
+	return report(err, errbuf, errlen)
+}
+
+//export cxl_engram_wait
+func cxl_engram_wait(pending C.uint64_t, readyNs *C.int64_t, errbuf *C.char, errlen C.int) C.int {
+	err := func() error {
+		pd, err := get[*engram.Pending](&handles, uint64(pending))
+		if err != nil {
+			return err
+		}
+		handles.remove(uint64(pending))
+		d, err := pd.Wait()
+		if readyNs != nil {
+			*readyNs = C.int64_t(d)
+		}
+		return err
+	}()
+	return report(err, errbuf, errlen)
+}
+
+//export cxl_engram_buffer
+func cxl_engram_buffer(h C.uint64_t, layer C.int, ptr *C.uint64_t, size, rowBytes *C.int64_t, errbuf *C.char, errlen C.int) C.int {
+	err := func() error {
+		p, err := get[*prefetcher](&handles, uint64(h))
+		if err != nil {
+			return err
+		}
+		buf, err := p.CacheBuffer(int(layer))
+		if err != nil {
+			return err
+		}
+		dp, ok := buf.(kernels.DeviceBuffer)
+		if !ok {
+			return fmt.Errorf("engram buffer: %w: the %s engine's cache is host memory owned by Go; read rows with cxl_engram_read", errBadArg, p.eng.Name())
+		}
+		if ptr == nil || size == nil || rowBytes == nil {
+			return fmt.Errorf("engram buffer: %w: no outputs", errBadArg)
+		}
+		*ptr, *size, *rowBytes = C.uint64_t(dp.DevicePtr()), C.int64_t(buf.Len()), C.int64_t(p.g.RowBytes)
+		return nil
+	}()
+	return report(err, errbuf, errlen)
+}
+
+//export cxl_engram_read
+func cxl_engram_read(h C.uint64_t, layer C.int, slot C.int64_t, out unsafe.Pointer, outCap C.int64_t, errbuf *C.char, errlen C.int) C.int {
+	err := func() error {
+		p, err := get[*prefetcher](&handles, uint64(h))
+		if err != nil {
+			return err
+		}
+		buf, err := p.CacheBuffer(int(layer))
+		if err != nil {
+			return err
+		}
+		rb := p.g.RowBytes
+		if out == nil || int64(outCap) < rb || slot < 0 || (int64(slot)+1)*rb > buf.Len() {
+			return fmt.Errorf("engram read: %w: slot %d, %d-byte rows, room for %d", errBadArg, slot, rb, outCap)
+		}
+		return p.eng.Download(unsafe.Slice((*byte)(out), int(rb)), buf, int64(slot)*rb)
+	}()
+	return report(err, errbuf, errlen)
+}
+
+//export cxl_engram_stats
+func cxl_engram_stats(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, errlen C.int) C.int {
+	err := func() error {
+		p, err := get[*prefetcher](&handles, uint64(h))
+		if err != nil {
+			return err
+		}
+		m := p.Metrics()
+		raw, _ := json.Marshal(map[string]uint64{"calls": m.Calls.Load(), "rows": m.Rows.Load(), "hits": m.Hits.Load(),
+			"fetched": m.Fetched.Load(), "deadline_misses": m.DeadlineMisses.Load(), "ready_ns": m.ReadyNanos.Load()})
+		return copyString(raw, buf, bufCap)
+	}()
+	return report(err, errbuf, errlen)
+}
