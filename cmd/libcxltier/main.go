@@ -23,6 +23,13 @@
 //	cxl_prefix_delete(index, keys, n, &n_deleted)
 //	cxl_prefix_stats(index, json, json_cap)
 //	cxl_engram_hash(spec, layer, ids, n, out, out_cap, &n_rows) spec: preset name or JSON geometry
+//	cxl_engram_open(tier, spec, engine, cuda_stream, slots, deadline_ns, &pf)   engine: cpu, cuda, auto
+//	cxl_engram_prefetch(pf, layer, ids, lens, n_seqs, hist_ids|NULL, hist_lens|NULL, slots, slots_cap, &n_slots, &pending)
+//	cxl_engram_wait(pending, &ready_ns)
+//	cxl_engram_buffer(pf, layer, &device_ptr, &bytes, &row_bytes)   GPU engines only
+//	cxl_engram_read(pf, layer, slot, out, out_cap)                  copy one cached row out
+//	cxl_engram_stats(pf, json, json_cap)
+//	cxl_engram_close(pf)
 //
 // Keys are 32-byte digests back to back.
 package main
