@@ -100,36 +100,9 @@ func cxl_engram_close(h C.uint64_t, errbuf *C.char, errlen C.int) C.int {
 	return report(err, errbuf, errlen)
 }
 
-// int64Arrays views n int64 values at p (nil when n is 0).
-func int64Arrays(p *C.int64_t, n int64) []int64 {
-	if n == 0 || p == nil {
-		return nil
-	}
-	return unsafe.Slice((*int64)(unsafe.Pointer(p)), int(n))
-}
-
 // sequences splits ids into sequences of lens[i] ids each.
 func sequences(ids, lens *C.int64_t, nseq C.int64_t) ([][]int64, error) {
-	if nseq < 0 || nseq > 1<<20 || (nseq > 0 && lens == nil) {
-		return nil, fmt.Errorf("%w: %d sequences", errBadArg, nseq)
-	}
-	ls := int64Arrays(lens, int64(nseq))
-	var total int64
-	for i, n := range ls {
-		if n < 0 || n > 1<<24 {
-			return nil, fmt.Errorf("%w: sequence %d has %d ids", errBadArg, i, n)
-		}
-		total += n
-	}
-	if total > 0 && ids == nil {
-		return nil, fmt.Errorf("%w: no ids for %d", errBadArg, total)
-	}
-	all := int64Arrays(ids, total)
-	out := make([][]int64, nseq)
-	for i, n := range ls {
-		out[i], all = all[:n], all[n:]
-	}
-	return out, nil
+	return sequencesAt(unsafe.Pointer(ids), unsafe.Pointer(lens), int64(nseq))
 }
 
 //export cxl_engram_prefetch

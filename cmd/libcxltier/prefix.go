@@ -61,13 +61,7 @@ func cxl_prefix_close(h C.uint64_t, errbuf *C.char, errlen C.int) C.int {
 
 // keysArg views n 32-byte keys at p.
 func keysArg(p *C.uint8_t, n C.int64_t) ([]prefix.Key, error) {
-	if n < 0 || n > 1<<24 || (n > 0 && p == nil) {
-		return nil, fmt.Errorf("%w: %d keys at %p", errBadArg, n, p)
-	}
-	if n == 0 {
-		return nil, nil
-	}
-	return unsafe.Slice((*prefix.Key)(unsafe.Pointer(p)), int(n)), nil
+	return keysAt(unsafe.Pointer(p), int64(n))
 }
 
 //export cxl_prefix_keys
@@ -123,26 +117,7 @@ func cxl_prefix_exists(h C.uint64_t, keys *C.uint8_t, n C.int64_t, leading *C.in
 
 // buffersArg views n caller buffers: ptrs[i] with sizes[i] bytes.
 func buffersArg(ptrs *unsafe.Pointer, sizes *C.int64_t, n C.int64_t) ([][]byte, error) {
-	if n == 0 {
-		return nil, nil
-	}
-	if ptrs == nil || sizes == nil {
-		return nil, fmt.Errorf("%w: no buffers for %d keys", errBadArg, n)
-	}
-	ps := unsafe.Slice(ptrs, int(n))
-	ns := unsafe.Slice((*int64)(unsafe.Pointer(sizes)), int(n))
-	out := make([][]byte, n)
-	for i := range out {
-		if ns[i] < 0 || ns[i] > 1<<40 || (ns[i] > 0 && ps[i] == nil) {
-			return nil, fmt.Errorf("%w: buffer %d: %d bytes at %p", errBadArg, i, ns[i], ps[i])
-		}
-		if ns[i] > 0 {
-			out[i] = unsafe.Slice((*byte)(ps[i]), int(ns[i]))
-		} else {
-			out[i] = []byte{}
-		}
-	}
-	return out, nil
+	return buffersAt(unsafe.Pointer(ptrs), unsafe.Pointer(sizes), int64(n))
 }
 
 //export cxl_prefix_set

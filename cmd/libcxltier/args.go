@@ -1,0 +1,93 @@
+package main
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/cxltier/cxltier/prefix"
+)
+
+// Argument checking for the C calls, on Go types so that tests and fuzz
+// targets reach it without cgo. A C caller's pointers are trusted to span
+// the counts it gives; everything else — signs, limits, missing pointers,
+// sizes — is checked here before any memory is touched.
+
+// Limits on what one call may name.
+const (
+	maxKeys   = 1 << 24
+	maxBuffer = 1 << 40
+	maxSeqs   = 1 << 20
+	maxSeqIDs = 1 << 24
+)
+
+// keysAt views n 32-byte keys at p.
+func keysAt(p unsafe.Pointer, n int64) ([]prefix.Key, error) {
+	if n < 0 || n > maxKeys || (n > 0 && p == nil) {
+		return nil, fmt.Errorf("%w: %d keys at %p", errBadArg, n, p)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	return unsafe.Slice((*prefix.Key)(p), int(n)), nil
+}
+
+// buffersAt views n caller buffers: ptrs[i] (an array of n pointers at
+// ptrs) with sizes[i] bytes (an array of n int64 at sizes).
+func buffersAt(ptrs, sizes unsafe.Pointer, n int64) ([][]byte, error) {
+	if n < 0 || n > maxKeys {
+		return nil, fmt.Errorf("%w: %d buffers", errBadArg, n)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	if ptrs == nil || sizes == nil {
+		return nil, fmt.Errorf("%w: no buffers for %d keys", errBadArg, n)
+	}
+	ps := unsafe.Slice((*unsafe.Pointer)(ptrs), int(n))
+	ns := unsafe.Slice((*int64)(sizes), int(n))
+	out := make([][]byte, n)
+	for i := range out {
+		if ns[i] < 0 || ns[i] > maxBuffer || (ns[i] > 0 && ps[i] == nil) {
+			return nil, fmt.Errorf("%w: buffer %d: %d bytes at %p", errBadArg, i, ns[i], ps[i])
+		}
+		if ns[i] > 0 {
+			out[i] = unsafe.Slice((*byte)(ps[i]), int(ns[i]))
+		} else {
+			out[i] = []byte{}
+		}
+	}
+	return out, nil
+}
+
+// int64sAt views n int64 values at p (nil when n is 0).
+func int64sAt(p unsafe.Pointer, n int64) []int64 {
+	if n == 0 || p == nil {
+		return nil
+	}
+	return unsafe.Slice((*int64)(p), int(n))
+}
+
+// sequencesAt splits the ids at ids into nseq sequences of lens[i] ids
+// (lens: an array of nseq int64).
+func sequencesAt(ids, lens unsafe.Pointer, nseq int64) ([][]int64, error) {
+	if nseq < 0 || nseq > maxSeqs || (nseq > 0 && lens == nil) {
+		return nil, fmt.Errorf("%w: %d sequences", errBadArg, nseq)
+	}
+	ls := int64sAt(lens, nseq)
+	var total int64
+	for i, n := range ls {
+		if n < 0 || n > maxSeqIDs || total+n > maxSeqIDs {
+			return nil, fmt.Errorf("%w: sequence %d has %d ids (%d before it)", errBadArg, i, n, total)
+		}
+		total += n
+	}
+	if total > 0 && ids == nil {
+		return nil, fmt.Errorf("%w: no ids for %d", errBadArg, total)
+	}
+	all := int64sAt(ids, total)
+	out := make([][]int64, nseq)
+	for i, n := range ls {
+		out[i], all = all[:n], all[n:]
+	}
+	return out, nil
+}

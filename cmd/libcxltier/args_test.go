@@ -1,0 +1,100 @@
+package main
+
+import (
+	"encoding/binary"
+	"errors"
+	"testing"
+	"unsafe"
+)
+
+func TestArgumentChecks(t *testing.T) {
+	key := make([]byte, 64)
+	if ks, err := keysAt(unsafe.Pointer(&key[0]), 2); err != nil || len(ks) != 2 {
+		t.Fatalf("two keys: %v %v", ks, err)
+	}
+	for _, n := range []int64{-1, maxKeys + 1} {
+		if _, err := keysAt(unsafe.Pointer(&key[0]), n); !errors.Is(err, errBadArg) {
+			t.Errorf("%d keys: %v", n, err)
+		}
+	}
+	if _, err := keysAt(nil, 1); !errors.Is(err, errBadArg) {
+		t.Errorf("nil keys: %v", err)
+	}
+	if ks, err := keysAt(nil, 0); err != nil || ks != nil {
+		t.Errorf("no keys: %v %v", ks, err)
+	}
+
+	buf := make([]byte, 10)
+	ptrs := []unsafe.Pointer{unsafe.Pointer(&buf[0]), nil}
+	for _, tc := range []struct {
+		sizes []int64
+		ok    bool
+	}{
+		{[]int64{10, 0}, true},
+		{[]int64{-1, 0}, false},
+		{[]int64{10, 5}, false}, // size with no pointer
+		{[]int64{maxBuffer + 1, 0}, false},
+	} {
+		bs, err := buffersAt(unsafe.Pointer(&ptrs[0]), unsafe.Pointer(&tc.sizes[0]), 2)
+		if tc.ok != (err == nil) || (tc.ok && (len(bs[0]) != 10 || len(bs[1]) != 0)) {
+			t.Errorf("sizes %v: %v %v", tc.sizes, bs, err)
+		}
+	}
+	if _, err := buffersAt(nil, nil, 1); !errors.Is(err, errBadArg) {
+		t.Errorf("no buffer arrays: %v", err)
+	}
+
+	ids := []int64{1, 2, 3, 4, 5}
+	lens := []int64{2, 0, 3}
+	seqs, err := sequencesAt(unsafe.Pointer(&ids[0]), unsafe.Pointer(&lens[0]), 3)
+	if err != nil || len(seqs) != 3 || len(seqs[0]) != 2 || len(seqs[1]) != 0 || seqs[2][2] != 5 {
+		t.Fatalf("sequences %v %v", seqs, err)
+	}
+	for _, bad := range [][]int64{{-1}, {maxSeqIDs + 1}, {maxSeqIDs, 1}} {
+		if _, err := sequencesAt(unsafe.Pointer(&ids[0]), unsafe.Pointer(&bad[0]), int64(len(bad))); !errors.Is(err, errBadArg) {
+			t.Errorf("lens %v: %v", bad, err)
+		}
+	}
+	if _, err := sequencesAt(nil, unsafe.Pointer(&lens[0]), 3); !errors.Is(err, errBadArg) {
+		t.Errorf("lens without ids: %v", err)
+	}
+}
+
+// FuzzSequences: lengths from the wire split a buffer of ids or are
+// refused; the views never reach past the ids the lengths add up to.
+func FuzzSequences(f *testing.F) {
+	f.Add([]byte{2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0})
+	f.Add([]byte{255, 255, 255, 255, 255, 255, 255, 255})
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var lens []int64
+		var total int64
+		for i := 0; i+8 <= len(raw) && len(lens) < 16; i += 8 {
+			n := int64(binary.LittleEndian.Uint64(raw[i:]))
+			if n >= 1<<16 && n <= maxSeqIDs {
+				return // a length the check accepts but this test does not allocate for
+			}
+			lens = append(lens, n)
+			if n > 0 && n < 1<<16 { // larger ones are refused before any read
+				total += n
+			}
+		}
+		if len(lens) == 0 {
+			return
+		}
+		ids := make([]int64, total+1)
+		seqs, err := sequencesAt(unsafe.Pointer(&ids[0]), unsafe.Pointer(&lens[0]), int64(len(lens)))
+		if err != nil {
+			return
+		}
+		var got int64
+		for i, s := range seqs {
+			if int64(len(s)) != lens[i] {
+				t.Fatalf("sequence %d has %d ids, want %d", i, len(s), lens[i])
+			}
+			got += int64(len(s))
+		}
+		if got > total {
+			t.Fatalf("%d ids viewed, %d given", got, total)
+		}
+	})
+}
