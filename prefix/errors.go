@@ -18,4 +18,5 @@ var (
 	ErrLost        = errors.New("reservation lost (reclaimed)")
 	ErrOpen        = errors.New("index already open by this client")
 	ErrBadSnapshot = errors.New("malformed prefix snapshot")
+	ErrDenied      = errors.New("wrong or missing index key")
 )

@@ -12,7 +12,7 @@ const DirKind = 0x50465831 // "PFX1"
 
 const (
 	indexMagic   = 0x3130584650544c43 // "CLTPFX01"
-	indexVersion = 1
+	indexVersion = 2                  // 2: tenant key digest
 	lineSize     = 64
 	headerBytes  = 4096
 
@@ -58,6 +58,11 @@ const (
 	hdrTombstones = 160
 
 	hdrCounters = 192 // eight u64 counters, in counter order
+
+	// Line 4: the digest of the tenant key (zero: no key), written once and
+	// covered by the CRC at hdrCRC with lines 0–1.
+	hdrKeyDigest = 256
+	keyDigestLen = 32
 )
 
 // Counters in the header, in their order there.
@@ -121,6 +126,13 @@ type geometry struct {
 	OwnersOff     int64
 	PinsOff       int64
 	PinStride     int64
+	KeyDigest     [keyDigestLen]byte // zero: the index has no key
+}
+
+// headerCRC covers the immutable fields: lines 0–1 up to the CRC word and
+// the key digest.
+func headerCRC(b []byte) uint32 {
+	return crc32.Update(crc32.Checksum(b[:hdrImmutable], castagnoli), castagnoli, b[hdrKeyDigest:hdrKeyDigest+keyDigestLen])
 }
 
 func alignUp(v, a int64) int64 { return (v + a - 1) / a * a }
@@ -153,7 +165,8 @@ func (g *geometry) encode(b []byte) {
 	le.PutUint64(b[hdrOwnersOff:], uint64(g.OwnersOff))
 	le.PutUint64(b[hdrPinsOff:], uint64(g.PinsOff))
 	le.PutUint64(b[hdrPinStride:], uint64(g.PinStride))
-	le.PutUint32(b[hdrCRC:], crc32.Checksum(b[:hdrImmutable], castagnoli))
+	copy(b[hdrKeyDigest:], g.KeyDigest[:])
+	le.PutUint32(b[hdrCRC:], headerCRC(b))
 }
 
 // decodeGeometry reads and checks an index header: magic, version, CRC,
@@ -172,7 +185,7 @@ func decodeGeometry(b []byte, metaBytes int64) (geometry, error) {
 	if v := le.Uint32(b[hdrVersion:]); v != indexVersion {
 		return g, fmt.Errorf("%w: version %d, this build reads %d", ErrBadIndex, v, indexVersion)
 	}
-	if want, got := crc32.Checksum(b[:hdrImmutable], castagnoli), le.Uint32(b[hdrCRC:]); want != got {
+	if want, got := headerCRC(b), le.Uint32(b[hdrCRC:]); want != got {
 		return g, fmt.Errorf("%w: header CRC %#x, computed %#x", ErrBadIndex, got, want)
 	}
 	g = geometry{
@@ -183,6 +196,7 @@ func decodeGeometry(b []byte, metaBytes int64) (geometry, error) {
 		PayloadChunks: int64(le.Uint64(b[hdrPayloadChunks:])), MetaChunks: int64(le.Uint64(b[hdrMetaChunks:])),
 		Created: time.Unix(0, int64(le.Uint64(b[hdrCreated:]))),
 	}
+	copy(g.KeyDigest[:], b[hdrKeyDigest:])
 	if err := g.check(); err != nil {
 		return g, err
 	}

@@ -69,6 +69,9 @@ func (s *Store) hdrAdd(off int, d int32) {
 // evicting least recently used unpinned entries when blocks run out. Keys
 // present already (or twice in the batch) come back as Exists.
 func (s *Store) Reserve(keys []Key, sizes []int64) ([]Reservation, error) {
+	if err := s.entries("reserve"); err != nil {
+		return nil, err
+	}
 	if len(sizes) != len(keys) {
 		return nil, fmt.Errorf("prefix: %q: reserve: %d keys but %d sizes: %w", s.name, len(keys), len(sizes), ErrBadConfig)
 	}
@@ -272,6 +275,9 @@ func (s *Store) Abort(res []Reservation) error {
 // Delete removes keys' ready entries. Keys not present are skipped; an
 // entry pinned by a reader is left in place and reported with ErrPinned.
 func (s *Store) Delete(keys []Key) (int, error) {
+	if err := s.entries("delete"); err != nil {
+		return 0, err
+	}
 	deleted := 0
 	var ferr error
 	err := s.locked(func() {

@@ -85,6 +85,9 @@ func (s *Store) find(k *Key) (uint32, uint64, bool) {
 // Exists returns how many leading keys have ready entries (HiCache's
 // batch_exists). It takes no lock and pins nothing.
 func (s *Store) Exists(keys []Key) int {
+	if s.maint {
+		return 0
+	}
 	for n := range keys {
 		if _, w, ok := s.find(&keys[n]); !ok || wordState(w) != stReady {
 			return n
@@ -96,6 +99,9 @@ func (s *Store) Exists(keys []Key) int {
 // Lookup finds the longest prefix of keys whose entries are ready, pins
 // them and returns them in order. Every hit must be given back with Release.
 func (s *Store) Lookup(keys []Key) ([]Hit, error) {
+	if err := s.entries("lookup"); err != nil {
+		return nil, err
+	}
 	hits := make([]Hit, 0, len(keys))
 	now := uint64(time.Now().UnixNano())
 	for n := range keys {

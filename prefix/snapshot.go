@@ -63,6 +63,9 @@ func (p *progress) show(done, bytes int64, final bool) {
 // while read and checked against their CRC; inserts that race with it may
 // or may not be included.
 func (s *Store) Snapshot(w io.Writer, progressTo io.Writer) (SnapshotInfo, error) {
+	if err := s.entries("snapshot"); err != nil {
+		return SnapshotInfo{}, err
+	}
 	var info SnapshotInfo
 	zw, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedDefault))
 	if err != nil {
@@ -143,6 +146,9 @@ func (s *Store) snapshotOne(out io.Writer, k Key, buf []byte) (int64, error) {
 // returns ErrBadSnapshot; entries inserted before the damage stay, each one
 // checked against its own CRC.
 func (s *Store) Restore(r io.Reader, progressTo io.Writer) (SnapshotInfo, error) {
+	if err := s.entries("restore"); err != nil {
+		return SnapshotInfo{}, err
+	}
 	var info SnapshotInfo
 	zr, err := zstd.NewReader(r)
 	if err != nil {

@@ -1,6 +1,8 @@
 package prefix
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
 	"fmt"
 	"hash/fnv"
 	"sync"
@@ -25,6 +27,18 @@ type Config struct {
 	// LockID is the tier lock guarding mutations; 0 derives one from Name
 	// among the locks above tier.FirstUserLock.
 	LockID int
+	// Key, when set, is the tenant's secret: only clients that open the
+	// index with it (OpenKey) can read, write or delete its entries. The
+	// index keeps a digest, not the key.
+	Key string
+}
+
+// keyDigest is what an index stores of its key (zero for no key).
+func keyDigest(name, key string) [keyDigestLen]byte {
+	if key == "" {
+		return [keyDigestLen]byte{}
+	}
+	return sha256.Sum256([]byte("cxltier prefix key\x00" + name + "\x00" + key))
 }
 
 // DirName is the root-directory name of the index called name.
@@ -42,6 +56,7 @@ type Store struct {
 	one    []byte      // device 0 when the tier has one device: offsets are direct
 	shared bool        // non-coherent tier: publish and refresh metadata lines
 	hdr    []byte
+	maint  bool // opened by Maintain: counters and upkeep only, no entries
 
 	blockOff []tier.Offset // tier offset of every payload block
 	// freed lists blocks this client freed while it holds the index lock,
@@ -67,6 +82,7 @@ func Create(c *tier.Client, cfg Config) (*Store, error) {
 	if _, err := r.DirLookup(DirName(cfg.Name)); err == nil {
 		return nil, fmt.Errorf("prefix: create %q: %w", cfg.Name, tier.ErrExists)
 	}
+	g.KeyDigest = keyDigest(cfg.Name, cfg.Key)
 	metaBytes := g.place()
 	chunk := r.ChunkSize()
 	g.MetaChunks = (metaBytes + chunk - 1) / chunk
@@ -102,7 +118,7 @@ func Create(c *tier.Client, cfg Config) (*Store, error) {
 	if err := c.DirPut(e); err != nil {
 		return undo(fmt.Errorf("prefix: create %q: %w", cfg.Name, err))
 	}
-	return Open(c, cfg.Name)
+	return OpenKey(c, cfg.Name, cfg.Key)
 }
 
 func configGeometry(r *tier.Region, cfg Config) (geometry, error) {
@@ -193,7 +209,18 @@ func initMeta(r *tier.Region, meta tier.Offset, g *geometry) error {
 }
 
 // Open opens the index called name for client c.
-func Open(c *tier.Client, name string) (*Store, error) {
+func Open(c *tier.Client, name string) (*Store, error) { return open(c, name, "", false) }
+
+// OpenKey opens an index created with Config.Key = key (ErrDenied for a
+// wrong key, or for a key given to an index that has none).
+func OpenKey(c *tier.Client, name, key string) (*Store, error) { return open(c, name, key, false) }
+
+// Maintain opens any index, keyed or not, for upkeep by the operator's
+// daemon and tools: Stats, Check, Reclaim and Close work; calls that read,
+// write or delete entries fail with ErrDenied (Exists sees nothing).
+func Maintain(c *tier.Client, name string) (*Store, error) { return open(c, name, "", true) }
+
+func open(c *tier.Client, name, key string, maint bool) (*Store, error) {
 	r := c.Region()
 	de, err := r.DirLookup(DirName(name))
 	if err != nil {
@@ -220,8 +247,13 @@ func Open(c *tier.Client, name string) (*Store, error) {
 	if g.LockID >= r.Info().Geometry.LockSlots {
 		return nil, fmt.Errorf("prefix: open %q: %w: lock %d", name, ErrBadIndex, g.LockID)
 	}
+	if !maint {
+		if want := keyDigest(name, key); subtle.ConstantTimeCompare(want[:], g.KeyDigest[:]) != 1 {
+			return nil, fmt.Errorf("prefix: open %q: %w", name, ErrDenied)
+		}
+	}
 	s := &Store{c: c, r: r, name: name, g: g, meta: de.Offset, hdr: hdr,
-		shared: r.Info().Coherence == tier.Shared}
+		shared: r.Info().Coherence == tier.Shared, maint: maint}
 	if r.NumDevices() == 1 {
 		s.one = r.Device(0)
 	}
@@ -234,6 +266,14 @@ func Open(c *tier.Client, name string) (*Store, error) {
 		return nil, fmt.Errorf("prefix: open %q: %w", name, err)
 	}
 	return s, nil
+}
+
+// entries fails for a maintenance handle.
+func (s *Store) entries(op string) error {
+	if s.maint {
+		return fmt.Errorf("prefix: %q: %s on a maintenance handle: %w", s.name, op, ErrDenied)
+	}
+	return nil
 }
 
 // claimPins takes this client's pin table: clear the records a previous

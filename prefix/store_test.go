@@ -387,3 +387,68 @@ func TestInsertAfterEvictionStaysReachable(t *testing.T) {
 		}
 	}
 }
+
+// TestTenantKeys: an index with a key opens only with that key; a
+// maintenance handle does upkeep but sees no entries; an index without a
+// key refuses a key rather than pretend to be protected.
+func TestTenantKeys(t *testing.T) {
+	_, c := testTier(t, 1)
+	s, err := Create(c, Config{Name: "tenant-a", Blocks: 4, BlockBytes: 256, PinsPerClient: 8, Key: "a-secret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := []Key{keyN(1)}
+	if _, err := s.Set(k, [][]byte{[]byte("a's page")}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	for _, key := range []string{"", "b-secret", "a-secret "} {
+		if _, err := OpenKey(c, "tenant-a", key); !errors.Is(err, ErrDenied) {
+			t.Errorf("open with key %q: %v", key, err)
+		}
+	}
+	s, err = OpenKey(c, "tenant-a", "a-secret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Get(k, [][]byte{make([]byte, 256)}); err != nil || n != 1 {
+		t.Fatalf("get with the key: %d %v", n, err)
+	}
+	s.Close()
+
+	m, err := Maintain(c, "tenant-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := m.Stats(); st.Ready != 1 {
+		t.Errorf("maintenance stats: %+v", st)
+	}
+	if bad, err := m.Check(true); err != nil || len(bad) > 0 {
+		t.Errorf("maintenance check: %v %v", bad, err)
+	}
+	if _, err := m.Reclaim(); err != nil {
+		t.Errorf("maintenance reclaim: %v", err)
+	}
+	if _, err := m.Get(k, [][]byte{make([]byte, 256)}); !errors.Is(err, ErrDenied) {
+		t.Errorf("maintenance get: %v", err)
+	}
+	if _, err := m.Set([]Key{keyN(2)}, [][]byte{{1}}); !errors.Is(err, ErrDenied) {
+		t.Errorf("maintenance set: %v", err)
+	}
+	if _, err := m.Delete(k); !errors.Is(err, ErrDenied) {
+		t.Errorf("maintenance delete: %v", err)
+	}
+	if _, err := m.Snapshot(&bytes.Buffer{}, nil); !errors.Is(err, ErrDenied) {
+		t.Errorf("maintenance snapshot: %v", err)
+	}
+	if m.Exists(k) != 0 {
+		t.Error("maintenance handle sees entries")
+	}
+	m.Close()
+
+	open := testStore(t, c, 4, 256) // no key
+	open.Close()
+	if _, err := OpenKey(c, "m", "some-key"); !errors.Is(err, ErrDenied) {
+		t.Errorf("key given to an index without one: %v", err)
+	}
+}

@@ -83,7 +83,7 @@ func (s *soak) check(c *tier.Client) []string {
 			problems = append(problems, fmt.Sprintf("client slot %d (%s, pid %d) %s since %v", cl.Slot, cl.Name, cl.PID, cl.State, cl.LastBeat))
 		}
 	}
-	px, err := prefix.Open(c, prefixIndex)
+	px, err := prefix.Maintain(c, prefixIndex)
 	if err != nil {
 		return append(problems, err.Error())
 	}

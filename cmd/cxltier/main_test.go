@@ -396,3 +396,31 @@ func TestEngramLoadAndVerify(t *testing.T) {
 		t.Errorf("no source: exit %d, %q", code, errs)
 	}
 }
+
+func TestPrefixTenantKey(t *testing.T) {
+	dir := t.TempDir()
+	dev := filepath.Join(dir, "tier")
+	if code, _, errs := runCLI(t, "format", "-device", "file:"+dev, "-size", "16MiB", "-chunk", "256KiB"); code != 0 {
+		t.Fatal(errs)
+	}
+	keyFile := filepath.Join(dir, "key")
+	os.WriteFile(keyFile, []byte("tenant-secret\n"), 0o600)
+	if code, _, errs := runCLI(t, "prefix", "create", "--name", "t", "--blocks", "4", "--block-bytes", "4KiB", "--key-file", keyFile, dev); code != 0 {
+		t.Fatal(errs)
+	}
+	snap := filepath.Join(dir, "t.zst")
+	if code, _, errs := runCLI(t, "prefix", "snapshot", "--name", "t", "--out", snap, dev); code != 1 || !strings.Contains(errs, "wrong or missing index key") {
+		t.Errorf("snapshot without the key: exit %d, %q", code, errs)
+	}
+	if code, _, errs := runCLI(t, "prefix", "snapshot", "--name", "t", "--out", snap, "--key-file", keyFile, dev); code != 0 {
+		t.Errorf("snapshot with the key: exit %d, %q", code, errs)
+	}
+	t.Setenv("CXLTIER_PREFIX_KEY", "tenant-secret")
+	if code, _, errs := runCLI(t, "prefix", "snapshot", "--name", "t", "--out", snap, dev); code != 0 {
+		t.Errorf("snapshot with the key from the environment: exit %d, %q", code, errs)
+	}
+	t.Setenv("CXLTIER_PREFIX_KEY", "")
+	if code, out, errs := runCLI(t, "prefix", "stats", "--name", "t", dev); code != 0 || !strings.Contains(out, `index "t"`) {
+		t.Errorf("stats need no key: exit %d, %q %q", code, out, errs)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/cxltier/cxltier/internal/tierflags"
 	"github.com/cxltier/cxltier/prefix"
@@ -25,6 +26,10 @@ subcommands:
 
 Subcommands other than keys take the tier's devices as arguments, in tier
 order, as 'inspect' does (a bare path means file:PATH).
+
+An index created with a key (--key-file FILE, or $CXLTIER_PREFIX_KEY) is
+read and written only with it: snapshot and restore need it; stats and
+check do not (they never show entries).
 `
 
 func cmdPrefix(args []string, stdout, stderr io.Writer) error {
@@ -101,15 +106,16 @@ func tierArgs(fs *flag.FlagSet) (*tier.Client, func(), error) {
 	return c, func() { c.Close(); r.Close() }, nil
 }
 
-// indexFlags are the sizing flags of create and restore.
+// indexFlags are the name, key and sizing flags of the index commands.
 type indexFlags struct {
-	name                  *string
+	name, keyFile         *string
 	blocks, entries, pins *int64
 	blockBytes            tierflags.Size
 }
 
 func addIndexFlags(fs *flag.FlagSet, sizing bool) *indexFlags {
-	f := &indexFlags{name: fs.String("name", "default", "index (namespace) name")}
+	f := &indexFlags{name: fs.String("name", "default", "index (namespace) name"),
+		keyFile: fs.String("key-file", "", "file holding the index's tenant key (default: $"+keyEnv+")")}
 	if sizing {
 		f.blocks = fs.Int64("blocks", 0, "payload blocks (entries that can be ready at once)")
 		fs.Var(&f.blockBytes, "block-bytes", "largest payload per entry (e.g. 2MiB)")
@@ -119,8 +125,30 @@ func addIndexFlags(fs *flag.FlagSet, sizing bool) *indexFlags {
 	return f
 }
 
-func (f *indexFlags) config() prefix.Config {
-	return prefix.Config{Name: *f.name, Blocks: *f.blocks, BlockBytes: int64(f.blockBytes), Entries: *f.entries, PinsPerClient: *f.pins}
+// keyEnv holds a tenant key for commands not given --key-file (an
+// environment variable, not a flag: flags show in the process list).
+const keyEnv = "CXLTIER_PREFIX_KEY"
+
+// key is the tenant key from --key-file or the environment ("" for none).
+func (f *indexFlags) key() (string, error) {
+	if *f.keyFile == "" {
+		return os.Getenv(keyEnv), nil
+	}
+	raw, err := os.ReadFile(*f.keyFile)
+	if err != nil {
+		return "", err
+	}
+	k := strings.TrimRight(string(raw), "\r\n")
+	if k == "" {
+		return "", fmt.Errorf("--key-file %s is empty", *f.keyFile)
+	}
+	return k, nil
+}
+
+func (f *indexFlags) config() (prefix.Config, error) {
+	key, err := f.key()
+	return prefix.Config{Name: *f.name, Blocks: *f.blocks, BlockBytes: int64(f.blockBytes), Entries: *f.entries,
+		PinsPerClient: *f.pins, Key: key}, err
 }
 
 func prefixCreate(args []string, stdout, stderr io.Writer) error {
@@ -134,7 +162,11 @@ func prefixCreate(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer done()
-	s, err := prefix.Create(c, f.config())
+	cfg, err := f.config()
+	if err != nil {
+		return err
+	}
+	s, err := prefix.Create(c, cfg)
 	if err != nil {
 		return err
 	}
@@ -144,14 +176,23 @@ func prefixCreate(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// withIndex opens the named index of the tier in fs's arguments.
-func withIndex(fs *flag.FlagSet, name string, fn func(*prefix.Store) error) error {
+// withIndex opens the named index of the tier in fs's arguments: with the
+// key for commands that touch entries, for maintenance otherwise.
+func withIndex(fs *flag.FlagSet, f *indexFlags, entries bool, fn func(*prefix.Store) error) error {
 	c, done, err := tierArgs(fs)
 	if err != nil {
 		return err
 	}
 	defer done()
-	s, err := prefix.Open(c, name)
+	open := func() (*prefix.Store, error) { return prefix.Maintain(c, *f.name) }
+	if entries {
+		key, err := f.key()
+		if err != nil {
+			return err
+		}
+		open = func() (*prefix.Store, error) { return prefix.OpenKey(c, *f.name, key) }
+	}
+	s, err := open()
 	if err != nil {
 		return err
 	}
@@ -166,7 +207,7 @@ func prefixStats(args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	return withIndex(fs, *f.name, func(s *prefix.Store) error {
+	return withIndex(fs, f, false, func(s *prefix.Store) error {
 		st := s.Stats()
 		if *asJSON {
 			return json.NewEncoder(stdout).Encode(st)
@@ -185,7 +226,7 @@ func prefixCheck(args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	return withIndex(fs, *f.name, func(s *prefix.Store) error {
+	return withIndex(fs, f, false, func(s *prefix.Store) error {
 		bad, err := s.Check(true)
 		if err != nil {
 			return err
@@ -211,7 +252,7 @@ func prefixSnapshot(args []string, stdout, stderr io.Writer) error {
 	if *out == "" {
 		return errors.New("--out is required")
 	}
-	return withIndex(fs, *f.name, func(s *prefix.Store) error {
+	return withIndex(fs, f, true, func(s *prefix.Store) error {
 		tmp := *out + ".tmp"
 		file, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 		if err != nil {
@@ -256,9 +297,13 @@ func prefixRestore(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer done()
-	s, err := prefix.Open(c, *f.name)
+	cfg, err := f.config()
+	if err != nil {
+		return err
+	}
+	s, err := prefix.OpenKey(c, *f.name, cfg.Key)
 	if errors.Is(err, tier.ErrNotFound) && *f.blocks > 0 {
-		s, err = prefix.Create(c, f.config())
+		s, err = prefix.Create(c, cfg)
 	}
 	if err != nil {
 		return err

@@ -29,7 +29,7 @@ const prefixTick = time.Second
 func startPrefixes(ctx context.Context, c *tier.Client, cfg config, logger *log.Logger, wg *sync.WaitGroup) (*prefixes, error) {
 	px := &prefixes{c: c, logger: logger, open: map[string]*prefix.Store{}}
 	if cfg.PrefixBlocks > 0 {
-		s, err := prefix.Open(c, cfg.PrefixName)
+		s, err := prefix.Maintain(c, cfg.PrefixName)
 		if errors.Is(err, tier.ErrNotFound) {
 			s, err = prefix.Create(c, prefix.Config{Name: cfg.PrefixName, Blocks: cfg.PrefixBlocks, BlockBytes: int64(cfg.PrefixBlockBytes)})
 			if err == nil {
@@ -77,7 +77,7 @@ func (px *prefixes) refresh() {
 		if _, ok := px.open[name]; ok {
 			continue
 		}
-		s, err := prefix.Open(px.c, name)
+		s, err := prefix.Maintain(px.c, name)
 		if err != nil {
 			px.logger.Printf("prefix: open %q: %v", name, err)
 			continue

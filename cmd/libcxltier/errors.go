@@ -22,6 +22,7 @@ const (
 	codeChecksum = -5
 	codeClosed   = -6
 	codeRange    = -7
+	codeDenied   = -8
 	codeOther    = -99
 )
 
@@ -35,6 +36,8 @@ func codeOf(err error) C.int {
 		return codeOK
 	case errors.Is(err, errRange):
 		return codeRange
+	case errors.Is(err, prefix.ErrDenied):
+		return codeDenied
 	case errors.Is(err, prefix.ErrChecksum):
 		return codeChecksum
 	case errors.Is(err, tier.ErrNotFound), errors.Is(err, prefix.ErrNotFound), errors.Is(err, tier.ErrNoBacking):

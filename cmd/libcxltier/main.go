@@ -14,7 +14,7 @@
 //
 //	cxl_attach(devices, name, &tier)           devices: comma-separated backings
 //	cxl_detach(tier)
-//	cxl_prefix_open(tier, name, blocks, block_bytes, &index)   blocks > 0: create if missing
+//	cxl_prefix_open(tier, name, key|NULL, blocks, block_bytes, &index)   blocks > 0: create if missing (with key)
 //	cxl_prefix_close(index)
 //	cxl_prefix_keys(page_size, tokens, n, prior|NULL, out, out_cap, &n_keys)
 //	cxl_prefix_exists(index, keys, n, &n_leading)
@@ -44,6 +44,7 @@ package main
 //   CXL_ECHECKSUM = -5,  /* a payload failed its checksum (entry dropped) */
 //   CXL_ECLOSED = -6,    /* handle closed or client lost its lease */
 //   CXL_ERANGE = -7,     /* a caller buffer is too small */
+//   CXL_EDENIED = -8,    /* wrong or missing index key */
 //   CXL_EOTHER = -99
 // };
 import "C"

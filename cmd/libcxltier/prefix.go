@@ -14,11 +14,15 @@ import (
 )
 
 //export cxl_prefix_open
-func cxl_prefix_open(h C.uint64_t, name *C.char, blocks, blockBytes C.int64_t, out *C.uint64_t, errbuf *C.char, errlen C.int) C.int {
-	return report(prefixOpen(uint64(h), C.GoString(name), int64(blocks), int64(blockBytes), out), errbuf, errlen)
+func cxl_prefix_open(h C.uint64_t, name, key *C.char, blocks, blockBytes C.int64_t, out *C.uint64_t, errbuf *C.char, errlen C.int) C.int {
+	k := ""
+	if key != nil {
+		k = C.GoString(key)
+	}
+	return report(prefixOpen(uint64(h), C.GoString(name), k, int64(blocks), int64(blockBytes), out), errbuf, errlen)
 }
 
-func prefixOpen(h uint64, name string, blocks, blockBytes int64, out *C.uint64_t) error {
+func prefixOpen(h uint64, name, key string, blocks, blockBytes int64, out *C.uint64_t) error {
 	if out == nil {
 		return fmt.Errorf("prefix open: %w: no output handle", errBadArg)
 	}
@@ -26,11 +30,11 @@ func prefixOpen(h uint64, name string, blocks, blockBytes int64, out *C.uint64_t
 	if err != nil {
 		return err
 	}
-	s, err := prefix.Open(a.c, name)
+	s, err := prefix.OpenKey(a.c, name, key)
 	if errors.Is(err, tier.ErrNotFound) && blocks > 0 {
-		s, err = prefix.Create(a.c, prefix.Config{Name: name, Blocks: blocks, BlockBytes: blockBytes})
+		s, err = prefix.Create(a.c, prefix.Config{Name: name, Blocks: blocks, BlockBytes: blockBytes, Key: key})
 		if errors.Is(err, tier.ErrExists) { // another process created it first
-			s, err = prefix.Open(a.c, name)
+			s, err = prefix.OpenKey(a.c, name, key)
 		}
 	}
 	if err != nil {

@@ -48,7 +48,11 @@ class RangeError(CxlTierError):
     """CXL_ERANGE: an output buffer was too small."""
 
 
-_BY_CODE = {-1: InvalidError, -2: NotFoundError, -3: ExistsError, -4: NoSpaceError, -5: ChecksumError, -6: ClosedError, -7: RangeError}
+class DeniedError(CxlTierError, PermissionError):
+    """CXL_EDENIED: the index's tenant key is wrong or missing."""
+
+
+_BY_CODE = {-1: InvalidError, -2: NotFoundError, -3: ExistsError, -4: NoSpaceError, -5: ChecksumError, -6: ClosedError, -7: RangeError, -8: DeniedError}
 
 _u64, _i64, _i8, _int = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int8, ctypes.c_int
 _p = ctypes.POINTER
@@ -60,7 +64,7 @@ _PROTOTYPES = {
     "cxl_abi_version": [],
     "cxl_attach": [_cstr, _cstr, _p(_u64)] + _err,
     "cxl_detach": [_u64] + _err,
-    "cxl_prefix_open": [_u64, _cstr, _i64, _i64, _p(_u64)] + _err,
+    "cxl_prefix_open": [_u64, _cstr, _cstr, _i64, _i64, _p(_u64)] + _err,
     "cxl_prefix_close": [_u64] + _err,
     "cxl_prefix_keys": [_int, _p(_i64), _i64, _bytes, _bytes, _i64, _p(_i64)] + _err,
     "cxl_prefix_exists": [_u64, _bytes, _i64, _p(_i64)] + _err,

@@ -8,8 +8,10 @@ Load it in SGLang with the dynamic backend (no fork, no plugin needed):
         "devices": "shm:cxltier", "index": "llama-3-8b"}'
 
 extra_config keys: devices (default $CXLTIER_DEVICES or shm:cxltier),
-index (default: the model name), and, to create the index when it is
-missing, blocks and block_bytes (≥ the bytes of one page's K or V).
+index (default: the model name), key (the index's tenant key, default
+$CXLTIER_PREFIX_KEY; prefer the environment, the config is logged), and,
+to create the index when it is missing, blocks and block_bytes (≥ the
+bytes of one page's K or V).
 
 Pages are stored under SGLang's page hashes: each page's parts (K and V for
 MHA, one for MLA) are separate entries keyed by SHA-256 of
@@ -37,6 +39,7 @@ def _config(storage_config):
         "devices": extra.get("devices") or os.environ.get("CXLTIER_DEVICES") or "shm:cxltier",
         "index": extra.get("index") or model.replace("/", "-"),
         "blocks": int(extra.get("blocks", 0)),
+        "key": extra.get("key") or os.environ.get("CXLTIER_PREFIX_KEY") or None,
         "block_bytes": int(extra.get("block_bytes", 0)),
     }
 
@@ -48,7 +51,7 @@ class HiCacheAdapter:
     def _setup(self, storage_config, mem_pool_host=None):
         cfg = _config(storage_config)
         self.tier = Tier(cfg["devices"], name=f"sglang-{os.getpid()}")
-        self.index = self.tier.prefix(cfg["index"], cfg["blocks"], cfg["block_bytes"])
+        self.index = self.tier.prefix(cfg["index"], cfg["blocks"], cfg["block_bytes"], cfg["key"])
         is_mla = bool(getattr(storage_config, "is_mla_model", False))
         tp_rank = getattr(storage_config, "tp_rank", 0)
         tp_size = getattr(storage_config, "tp_size", 1)

@@ -83,9 +83,10 @@ class PrefixIndex:
     """A prefix index of a tier. Keys are 32-byte digests (bytes) or their
     hex strings, as SGLang's get_hash_str makes them."""
 
-    def __init__(self, tier, name="default", blocks=0, block_bytes=0):
+    def __init__(self, tier, name="default", blocks=0, block_bytes=0, key=None):
         h = ctypes.c_uint64()
-        _native.call("cxl_prefix_open", tier.handle, name.encode(), blocks, block_bytes, ctypes.byref(h))
+        _native.call("cxl_prefix_open", tier.handle, name.encode(), key.encode() if key else None, blocks, block_bytes,
+                     ctypes.byref(h))
         self._h = h.value
         self._tier = tier
         self.name = name

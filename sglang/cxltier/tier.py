@@ -27,12 +27,13 @@ class Tier:
             raise _native.ClosedError(-6, "tier: detached")
         return self._h
 
-    def prefix(self, name="default", blocks=0, block_bytes=0):
+    def prefix(self, name="default", blocks=0, block_bytes=0, key=None):
         """Opens prefix index `name`; with blocks > 0 it is created (blocks of
-        block_bytes) when missing."""
+        block_bytes) when missing. key: the tenant key of an index created
+        with one (and given to a new index, its key)."""
         from .prefix import PrefixIndex
 
-        return PrefixIndex(self, name, blocks, block_bytes)
+        return PrefixIndex(self, name, blocks, block_bytes, key)
 
     def close(self):
         """Detaches, closing the indexes opened through this tier."""

@@ -58,3 +58,16 @@ def test_use_after_close(built, device):
 def test_bad_page_size(built):
     with pytest.raises(cxltier.InvalidError, match="page size"):
         cxltier.page_keys([1, 2, 3], 0)
+
+
+def test_tenant_key(built, device):
+    with cxltier.Tier(device) as t:
+        ix = t.prefix("tenant", blocks=4, block_bytes=256, key="s3cret")
+        ix.set([cxltier.string_key("a")], [b"mine"])
+        ix.close()
+        with pytest.raises(cxltier.DeniedError, match="wrong or missing index key"):
+            t.prefix("tenant")
+        with pytest.raises(PermissionError):
+            t.prefix("tenant", key="guess")
+        ix = t.prefix("tenant", key="s3cret")
+        assert ix.exists([cxltier.string_key("a")]) == 1
