@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -27,10 +28,38 @@ type admin struct {
 	token   []byte
 	started time.Time
 	logger  *log.Logger
+	limit   *limiter // nil: unbounded
 }
 
 func newAdmin(r *tier.Region, m *tier.Manager, px *prefixes, cfg config, token []byte, logger *log.Logger) *admin {
-	return &admin{r: r, m: m, px: px, cfg: cfg, token: token, started: time.Now(), logger: logger}
+	return &admin{r: r, m: m, px: px, cfg: cfg, token: token, started: time.Now(), logger: logger, limit: newLimiter(cfg.AdminRate)}
+}
+
+// limiter is a token bucket over all admin requests: rate per second,
+// bursts of up to rate (at least one).
+type limiter struct {
+	mu           sync.Mutex
+	rate, tokens float64
+	last         time.Time
+}
+
+func newLimiter(rate float64) *limiter {
+	if rate <= 0 {
+		return nil
+	}
+	return &limiter{rate: rate, tokens: max(rate, 1), last: time.Now()}
+}
+
+func (l *limiter) allow(now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.tokens = min(max(l.rate, 1), l.tokens+now.Sub(l.last).Seconds()*l.rate)
+	l.last = now
+	if l.tokens < 1 {
+		return false
+	}
+	l.tokens--
+	return true
 }
 
 func (a *admin) server() *fasthttp.Server {
@@ -67,6 +96,9 @@ func (a *admin) routes() map[string]route {
 func (a *admin) handle(ctx *fasthttp.RequestCtx) {
 	rt, ok := a.routes()[string(ctx.Path())]
 	switch {
+	case a.limit != nil && !a.limit.allow(time.Now()):
+		ctx.Response.Header.Set("Retry-After", "1")
+		writeError(ctx, fasthttp.StatusTooManyRequests, "more than %v admin requests per second", a.cfg.AdminRate)
 	case !ok:
 		writeError(ctx, fasthttp.StatusNotFound, "no such endpoint: %s", ctx.Path())
 	case string(ctx.Method()) != rt.method && !(rt.method == fasthttp.MethodGet && ctx.IsHead()):

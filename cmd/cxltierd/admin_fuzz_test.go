@@ -7,6 +7,7 @@ import (
 	"log"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -40,7 +41,7 @@ func FuzzAdminRequest(f *testing.F) {
 		f.Fatal(err)
 	}
 	a := newAdmin(r, m, nil, config{}, []byte("s3cret"), log.New(io.Discard, "", 0))
-	allowed := map[int]bool{200: true, 401: true, 403: true, 404: true, 405: true}
+	allowed := map[int]bool{200: true, 401: true, 403: true, 404: true, 405: true, 429: true}
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var req fasthttp.Request
 		if err := req.Read(bufio.NewReader(bytes.NewReader(raw))); err != nil {
@@ -58,4 +59,23 @@ func FuzzAdminRequest(f *testing.F) {
 			t.Fatalf("reap ran without the token: %q", raw)
 		}
 	})
+}
+
+func TestAdminRateLimit(t *testing.T) {
+	l := newLimiter(5)
+	now := time.Now()
+	for i := range 5 {
+		if !l.allow(now) {
+			t.Fatalf("request %d of a burst of 5 refused", i)
+		}
+	}
+	if l.allow(now) {
+		t.Fatal("a sixth request in the same instant allowed")
+	}
+	if !l.allow(now.Add(250 * time.Millisecond)) { // 1.25 tokens back
+		t.Fatal("no token back after 250 ms at 5/s")
+	}
+	if newLimiter(0) != nil {
+		t.Error("rate 0 should mean no limiter")
+	}
 }

@@ -26,14 +26,17 @@ type config struct {
 	PrefixName       string         `json:"prefix-name"`
 	PrefixBlocks     int64          `json:"prefix-blocks"`
 	PrefixBlockBytes tierflags.Size `json:"prefix-block-bytes"`
-	configFile       string
+	// AdminRate bounds admin requests per second (0: no bound), so a
+	// runaway scraper cannot starve the daemon's own work.
+	AdminRate  float64 `json:"admin-rate"`
+	configFile string
 }
 
 const tokenEnv = "CXLTIER_TOKEN"
 
 func defaultConfig() config {
 	return config{Config: tierflags.Default(), Listen: "127.0.0.1:7070",
-		PrefixName: "default", PrefixBlocks: 32, PrefixBlockBytes: 1 << 20}
+		PrefixName: "default", PrefixBlocks: 32, PrefixBlockBytes: 1 << 20, AdminRate: 100}
 }
 
 func (c *config) flagSet(stderr io.Writer) *flag.FlagSet {
@@ -53,6 +56,7 @@ func (c *config) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.PrefixName, "prefix-name", c.PrefixName, "prefix index created if missing")
 	fs.Int64Var(&c.PrefixBlocks, "prefix-blocks", c.PrefixBlocks, "payload blocks of that index (0: create none)")
 	fs.Var(&c.PrefixBlockBytes, "prefix-block-bytes", "largest payload per prefix entry (one KV page)")
+	fs.Float64Var(&c.AdminRate, "admin-rate", c.AdminRate, "admin requests per second, bursts of as many (0: unbounded); more get 429")
 	return fs
 }
 
@@ -83,6 +87,12 @@ func loadConfig(args []string, stderr io.Writer) (config, error) {
 		}
 		fromFile.configFile = cfg.configFile
 		cfg = fromFile
+	}
+	switch {
+	case cfg.AdminRate < 0:
+		return cfg, fmt.Errorf("-admin-rate %v: must not be negative", cfg.AdminRate)
+	case cfg.PrefixBlocks < 0:
+		return cfg, fmt.Errorf("-prefix-blocks %d: must not be negative", cfg.PrefixBlocks)
 	}
 	return cfg, nil
 }

@@ -444,3 +444,18 @@ func TestTopkMetrics(t *testing.T) {
 		t.Errorf("after the pool closed: %+v %v", st.Topk, err)
 	}
 }
+
+func TestAdminRateLimitOverHTTP(t *testing.T) {
+	addr, _, _ := startInProcess(t, "-admin-rate", "2")
+	codes := map[int]int{}
+	for range 6 {
+		code, _ := get(t, "http://"+addr+"/healthz")
+		codes[code]++
+	}
+	if codes[200] < 2 || codes[429] == 0 {
+		t.Errorf("6 quick requests at 2/s: %v", codes)
+	}
+	if _, err := loadConfig([]string{"-admin-rate", "-1"}, io.Discard); err == nil {
+		t.Error("negative rate accepted")
+	}
+}
