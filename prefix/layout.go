@@ -182,10 +182,16 @@ func decodeGeometry(b []byte, metaBytes int64) (geometry, error) {
 	if m := le.Uint64(b[hdrMagic:]); m != indexMagic {
 		return g, fmt.Errorf("%w: magic %#x", ErrBadIndex, m)
 	}
-	if v := le.Uint32(b[hdrVersion:]); v != indexVersion {
-		return g, fmt.Errorf("%w: version %d, this build reads %d", ErrBadIndex, v, indexVersion)
+	v := le.Uint32(b[hdrVersion:])
+	want := headerCRC(b)
+	switch v {
+	case 1: // before tenant keys: no digest, and the CRC covers lines 0–1 only
+		want = crc32.Checksum(b[:hdrImmutable], castagnoli)
+	case indexVersion:
+	default:
+		return g, fmt.Errorf("%w: version %d, this build reads 1 to %d", ErrBadIndex, v, indexVersion)
 	}
-	if want, got := headerCRC(b), le.Uint32(b[hdrCRC:]); want != got {
+	if got := le.Uint32(b[hdrCRC:]); want != got {
 		return g, fmt.Errorf("%w: header CRC %#x, computed %#x", ErrBadIndex, got, want)
 	}
 	g = geometry{
@@ -196,22 +202,24 @@ func decodeGeometry(b []byte, metaBytes int64) (geometry, error) {
 		PayloadChunks: int64(le.Uint64(b[hdrPayloadChunks:])), MetaChunks: int64(le.Uint64(b[hdrMetaChunks:])),
 		Created: time.Unix(0, int64(le.Uint64(b[hdrCreated:]))),
 	}
-	copy(g.KeyDigest[:], b[hdrKeyDigest:])
+	if v == indexVersion {
+		copy(g.KeyDigest[:], b[hdrKeyDigest:])
+	}
 	if err := g.check(); err != nil {
 		return g, err
 	}
-	want := g
-	size := want.place()
+	lay := g
+	size := lay.place()
 	got := [4]int64{int64(le.Uint64(b[hdrEntriesOff:])), int64(le.Uint64(b[hdrOwnersOff:])),
 		int64(le.Uint64(b[hdrPinsOff:])), int64(le.Uint64(b[hdrPinStride:]))}
-	if got != [4]int64{want.EntriesOff, want.OwnersOff, want.PinsOff, want.PinStride} {
+	if got != [4]int64{lay.EntriesOff, lay.OwnersOff, lay.PinsOff, lay.PinStride} {
 		return g, fmt.Errorf("%w: area offsets %v do not match the counts (%d entries, %d blocks, %d pins × %d clients)",
 			ErrBadIndex, got, g.Entries, g.Blocks, g.Pins, g.Clients)
 	}
 	if size > metaBytes {
 		return g, fmt.Errorf("%w: layout needs %d bytes, metadata run has %d", ErrBadIndex, size, metaBytes)
 	}
-	return want, nil
+	return lay, nil
 }
 
 // check validates the counts of a geometry, from a caller or from a header.

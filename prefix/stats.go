@@ -173,10 +173,11 @@ func (s *Store) checkLRU(ready int64, report func(string, ...any)) {
 	}
 }
 
-// Destroy removes the index from the directory and frees its chunks. No
-// client may use it afterwards; the caller makes sure none does.
+// Destroy removes the index from the directory and frees its chunks, with
+// or without a key (an operator's act). No client may use it afterwards;
+// the caller makes sure none does.
 func Destroy(c *tier.Client, name string) error {
-	s, err := Open(c, name)
+	s, err := Maintain(c, name)
 	if err != nil {
 		return err
 	}

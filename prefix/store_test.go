@@ -2,9 +2,12 @@ package prefix
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -450,5 +453,33 @@ func TestTenantKeys(t *testing.T) {
 	open.Close()
 	if _, err := OpenKey(c, "m", "some-key"); !errors.Is(err, ErrDenied) {
 		t.Errorf("key given to an index without one: %v", err)
+	}
+}
+
+// TestReadsVersion1Indexes: an index written before tenant keys (header
+// version 1: no digest, CRC over lines 0–1 only) still opens, as an index
+// without a key; an unknown version is refused.
+func TestReadsVersion1Indexes(t *testing.T) {
+	r, c := testTier(t, 1)
+	s := testStore(t, c, 4, 256)
+	if _, err := s.Set([]Key{keyN(1)}, [][]byte{[]byte("old")}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	de, _ := r.DirLookup(DirName("m"))
+	hdr, _ := r.Slice(de.Offset, headerBytes)
+	binary.LittleEndian.PutUint32(hdr[hdrVersion:], 1)
+	binary.LittleEndian.PutUint32(hdr[hdrCRC:], crc32.Checksum(hdr[:hdrImmutable], castagnoli))
+	s, err := Open(c, "m")
+	if err != nil {
+		t.Fatalf("version 1 index: %v", err)
+	}
+	if n, err := s.Get([]Key{keyN(1)}, [][]byte{make([]byte, 256)}); err != nil || n != 1 {
+		t.Errorf("get from a version 1 index: %d %v", n, err)
+	}
+	s.Close()
+	binary.LittleEndian.PutUint32(hdr[hdrVersion:], 9)
+	if _, err := Open(c, "m"); !errors.Is(err, ErrBadIndex) || !strings.Contains(err.Error(), "version 9") {
+		t.Errorf("version 9: %v", err)
 	}
 }

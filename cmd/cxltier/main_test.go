@@ -423,4 +423,10 @@ func TestPrefixTenantKey(t *testing.T) {
 	if code, out, errs := runCLI(t, "prefix", "stats", "--name", "t", dev); code != 0 || !strings.Contains(out, `index "t"`) {
 		t.Errorf("stats need no key: exit %d, %q %q", code, out, errs)
 	}
+	if code, out, errs := runCLI(t, "prefix", "destroy", "--name", "t", dev); code != 0 || !strings.Contains(out, "destroyed") {
+		t.Errorf("destroy: exit %d, %q %q", code, out, errs)
+	}
+	if code, _, errs := runCLI(t, "prefix", "stats", "--name", "t", dev); code != 1 || !strings.Contains(errs, "not found") {
+		t.Errorf("stats after destroy: exit %d, %q", code, errs)
+	}
 }

@@ -23,6 +23,7 @@ subcommands:
   check      verify an index's invariants and payload checksums
   snapshot   write an index to a zstd file
   restore    load a snapshot file into an index (creating it if asked)
+  destroy    remove an index and free its space (no client may be using it)
 
 Subcommands other than keys take the tier's devices as arguments, in tier
 order, as 'inspect' does (a bare path means file:PATH).
@@ -38,7 +39,7 @@ func cmdPrefix(args []string, stdout, stderr io.Writer) error {
 		return errUsage
 	}
 	sub := map[string]command{"keys": prefixKeys, "create": prefixCreate, "stats": prefixStats,
-		"check": prefixCheck, "snapshot": prefixSnapshot, "restore": prefixRestore}
+		"check": prefixCheck, "snapshot": prefixSnapshot, "restore": prefixRestore, "destroy": prefixDestroy}
 	if cmd, ok := sub[args[0]]; ok {
 		return cmd(args[1:], stdout, stderr)
 	}
@@ -314,5 +315,26 @@ func prefixRestore(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "restored %d of %d entries (%s) into %q; the others were present\n", info.Restored, info.Entries, tierflags.FormatSize(info.Bytes), s.Name())
+	return nil
+}
+
+func prefixDestroy(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("prefix destroy", stderr, "--name NAME DEVICE...")
+	name := fs.String("name", "", "index to remove (required)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *name == "" {
+		return errors.New("--name is required")
+	}
+	c, done, err := tierArgs(fs)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := prefix.Destroy(c, *name); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "destroyed prefix index %q\n", *name)
 	return nil
 }

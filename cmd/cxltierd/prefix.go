@@ -20,6 +20,7 @@ type prefixes struct {
 	logger *log.Logger
 	mu     sync.Mutex
 	open   map[string]*prefix.Store
+	failed map[string]string // name → error last logged, so a bad index is reported once
 }
 
 const prefixTick = time.Second
@@ -27,7 +28,7 @@ const prefixTick = time.Second
 // startPrefixes creates the configured index if it is missing, opens every
 // index in the directory and reclaims in the background until ctx ends.
 func startPrefixes(ctx context.Context, c *tier.Client, cfg config, logger *log.Logger, wg *sync.WaitGroup) (*prefixes, error) {
-	px := &prefixes{c: c, logger: logger, open: map[string]*prefix.Store{}}
+	px := &prefixes{c: c, logger: logger, open: map[string]*prefix.Store{}, failed: map[string]string{}}
 	if cfg.PrefixBlocks > 0 {
 		s, err := prefix.Maintain(c, cfg.PrefixName)
 		if errors.Is(err, tier.ErrNotFound) {
@@ -36,10 +37,16 @@ func startPrefixes(ctx context.Context, c *tier.Client, cfg config, logger *log.
 				logger.Printf("created prefix index %q: %d blocks of %d B", cfg.PrefixName, cfg.PrefixBlocks, int64(cfg.PrefixBlockBytes))
 			}
 		}
-		if err != nil {
+		switch {
+		case errors.Is(err, prefix.ErrBadIndex):
+			// A damaged or foreign index must not keep the daemon (and
+			// with it reaping and lock grants) down: report it and go on.
+			logger.Printf("prefix index %q unusable, not served: %v (cxltier prefix destroy --name %s removes it)", cfg.PrefixName, err, cfg.PrefixName)
+		case err != nil:
 			return nil, err
+		default:
+			px.open[cfg.PrefixName] = s
 		}
-		px.open[cfg.PrefixName] = s
 	}
 	px.refresh()
 	wg.Add(1)
@@ -79,9 +86,13 @@ func (px *prefixes) refresh() {
 		}
 		s, err := prefix.Maintain(px.c, name)
 		if err != nil {
-			px.logger.Printf("prefix: open %q: %v", name, err)
+			if px.failed[name] != err.Error() {
+				px.failed[name] = err.Error()
+				px.logger.Printf("prefix: open %q: %v", name, err)
+			}
 			continue
 		}
+		delete(px.failed, name)
 		px.open[name] = s
 	}
 }
