@@ -30,6 +30,8 @@
 //	cxl_engram_read(pf, layer, slot, out, out_cap)                  copy one cached row out
 //	cxl_engram_stats(pf, json, json_cap)
 //	cxl_engram_close(pf)
+//	cxl_region_alloc(tier, bytes, &offset, &address, &size)   contiguous tier memory for a tensor
+//	cxl_region_free(tier, offset, size)
 //
 // Keys are 32-byte digests back to back.
 package main

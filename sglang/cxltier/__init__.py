@@ -21,6 +21,7 @@ from ._native import (
 )
 from .engram import EngramPrefetcher, engram_hash
 from .prefix import KEY_BYTES, PrefixIndex, page_keys, string_key
+from .region import Region
 from .tier import Tier
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "NotFoundError",
     "KEY_BYTES",
     "PrefixIndex",
+    "Region",
     "Tier",
     "abi_version",
     "engram_hash",

@@ -80,6 +80,8 @@ _PROTOTYPES = {
     "cxl_engram_buffer": [_u64, _int, _p(_u64), _p(_i64), _p(_i64)] + _err,
     "cxl_engram_read": [_u64, _int, _i64, ctypes.c_void_p, _i64] + _err,
     "cxl_engram_stats": [_u64, ctypes.c_char_p, _int] + _err,
+    "cxl_region_alloc": [_u64, _i64, _p(_u64), _p(ctypes.c_void_p), _p(_i64)] + _err,
+    "cxl_region_free": [_u64, _u64, _i64] + _err,
 }
 
 _lock = threading.Lock()

@@ -2,8 +2,10 @@
 
 SGLang calls install() at start-up when plugins are enabled. It registers
 the HiCache backend under the name "cxltier" with SGLang's storage backend
-factory where the factory allows it; the dynamic backend works without it
-(see cxltier.hicache). Set CXLTIER_PLUGIN=0 to make it do nothing.
+factory where the factory allows it (the dynamic backend works without it,
+see cxltier.hicache), and with CXLTIER_HISPARSE_HOST_POOL=1 puts HiSparse's
+host KV pool in the tier (cxltier.hisparse). CXLTIER_PLUGIN=0 makes it do
+nothing.
 """
 
 import logging
@@ -15,6 +17,10 @@ logger = logging.getLogger(__name__)
 def install():
     if os.environ.get("CXLTIER_PLUGIN", "1") == "0":
         return False
+    if os.environ.get("CXLTIER_HISPARSE_HOST_POOL") == "1":
+        from . import hisparse
+
+        logger.info("cxltier plugin: HiSparse host pool in the tier (%d places)", hisparse.install())
     try:
         from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
     except ImportError:
