@@ -65,8 +65,10 @@ type Pool struct {
 	bufs          []kernels.Buffer
 
 	mu     sync.Mutex
-	seqs   []*seq // by request index; nil when not registered
-	sc     scratch
+	seqs   []*seq      // by request index; nil when not registered
+	sc     scratch     // planning scratch of a one-request step
+	scs    []*scratch  // one per planning goroutine of a batch
+	plans  []plan      // per request of the current step
 	rec    []byte      // this client's record in the shared stats table
 	recOff tier.Offset // (nil: not exported)
 	stats  Stats

@@ -2,6 +2,9 @@ package topk
 
 import (
 	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cxltier/cxltier/kernels"
@@ -35,16 +38,13 @@ func (p *Pool) Resolve(layer int, reqs []int, seqLens []int64, topk, out []int32
 	if err != nil {
 		return Step{}, err
 	}
+	plans := p.plan(layer, seqs, seqLens, topk, out)
 	var st Step
-	var copies []copyOp
 	rows := kernels.Rows{RowBytes: p.cfg.EntryBytes, Buf: p.bufs[layer], SlotStride: p.cfg.EntryBytes}
-	k := p.cfg.TopK
 	for b, s := range seqs {
-		ls := &s.layers[layer]
-		var n stepCounts
-		copies, n = ls.table.resolve(seqLens[b], topk[b*k:(b+1)*k], out[b*k:(b+1)*k], &p.sc, copies[:0])
+		ls, n := &s.layers[layer], plans[b].n
 		st.Hits, st.Misses, st.Fills, st.Newest = st.Hits+n.hits, st.Misses+n.misses, st.Fills+n.fills, st.Newest+n.newest
-		for _, c := range copies {
+		for _, c := range plans[b].copies {
 			_, a := p.entryAt(ls, int64(c.token))
 			rows.Tier = append(rows.Tier, a)
 			rows.Slots = append(rows.Slots, p.Row(reqs[b], int(c.slot)))
@@ -65,6 +65,50 @@ func (p *Pool) Resolve(layer int, reqs []int, seqLens []int64, topk, out []int32
 	p.stats.add(st, time.Since(start))
 	p.publishStats()
 	return st, nil
+}
+
+// plan is one request's part of a step.
+type plan struct {
+	copies []copyOp
+	n      stepCounts
+}
+
+// plan resolves every request of a step on its table. Requests are
+// independent (each has its own table), so a batch is spread over up to
+// GOMAXPROCS goroutines, each with its own scratch; p.mu is held.
+func (p *Pool) plan(layer int, seqs []*seq, seqLens []int64, topk, out []int32) []plan {
+	k := p.cfg.TopK
+	if cap(p.plans) < len(seqs) {
+		p.plans = make([]plan, len(seqs))
+	}
+	plans := p.plans[:len(seqs)]
+	one := func(b int, sc *scratch) {
+		pl := &plans[b]
+		pl.copies, pl.n = seqs[b].layers[layer].table.resolve(seqLens[b], topk[b*k:(b+1)*k], out[b*k:(b+1)*k], sc, pl.copies[:0])
+	}
+	workers := min(runtime.GOMAXPROCS(0), len(seqs))
+	if workers <= 1 {
+		for b := range seqs {
+			one(b, &p.sc)
+		}
+		return plans
+	}
+	for len(p.scs) < workers {
+		p.scs = append(p.scs, &scratch{})
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func(sc *scratch) {
+			defer wg.Done()
+			for b := int(next.Add(1) - 1); b < len(seqs); b = int(next.Add(1) - 1) {
+				one(b, sc)
+			}
+		}(p.scs[w])
+	}
+	wg.Wait()
+	return plans
 }
 
 // forget marks the slots of a failed gather as holding nothing, so the
