@@ -48,4 +48,8 @@ run "lock: seeded bug (poll without invalidate)" fail lock.pml -DLIVE -DBUG_NO_I
 run "publish: ready entry means whole payload" pass publish.pml --
 run "publish: seeded bug (entry flushed first)" fail publish.pml -DBUG_ENTRY_FIRST --
 run "publish: seeded bug (reader keeps stale payload)" fail publish.pml -DBUG_NO_REFRESH --
+run "pin: a pinned entry's payload is never replaced" pass pin.pml --
+run "pin: seeded bug (reader checks before pinning)" fail pin.pml -DBUG_CHECK_FIRST --
+run "pin: seeded bug (evictor scans before marking)" fail pin.pml -DBUG_SCAN_FIRST --
+run "pin: seeded bug (pin left in the reader's cache)" fail pin.pml -DBUG_PIN_NOT_FLUSHED --
 echo "models OK"
