@@ -64,15 +64,18 @@ type Pool struct {
 	extentEntries int64 // entries per extent (one chunk)
 	bufs          []kernels.Buffer
 
-	mu     sync.Mutex
-	seqs   []*seq      // by request index; nil when not registered
-	sc     scratch     // planning scratch of a one-request step
-	scs    []*scratch  // one per planning goroutine of a batch
-	plans  []plan      // per request of the current step
-	rec    []byte      // this client's record in the shared stats table
-	recOff tier.Offset // (nil: not exported)
-	stats  Stats
-	closed bool
+	mu    sync.Mutex
+	seqs  []*seq     // by request index; nil when not registered
+	sc    scratch    // planning scratch of a one-request step
+	scs   []*scratch // one per planning goroutine of a batch
+	plans []plan     // per request of the current step
+	// rowTier and rowSlots hold a step's gather list between steps.
+	rowTier  []kernels.Addr
+	rowSlots []int64
+	rec      []byte      // this client's record in the shared stats table
+	recOff   tier.Offset // (nil: not exported)
+	stats    Stats
+	closed   bool
 }
 
 // New makes a pool that stores sequences in c's tier and keeps buffers in

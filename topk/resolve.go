@@ -40,7 +40,9 @@ func (p *Pool) Resolve(layer int, reqs []int, seqLens []int64, topk, out []int32
 	}
 	plans := p.plan(layer, seqs, seqLens, topk, out)
 	var st Step
-	rows := kernels.Rows{RowBytes: p.cfg.EntryBytes, Buf: p.bufs[layer], SlotStride: p.cfg.EntryBytes}
+	rows := kernels.Rows{RowBytes: p.cfg.EntryBytes, Buf: p.bufs[layer], SlotStride: p.cfg.EntryBytes,
+		Tier: p.rowTier[:0], Slots: p.rowSlots[:0]}
+	defer func() { p.rowTier, p.rowSlots = rows.Tier, rows.Slots }() // reused by the next step
 	for b, s := range seqs {
 		ls, n := &s.layers[layer], plans[b].n
 		st.Hits, st.Misses, st.Fills, st.Newest = st.Hits+n.hits, st.Misses+n.misses, st.Fills+n.fills, st.Newest+n.newest

@@ -187,15 +187,19 @@ func (p *Pool) Append(req, layer int, entries []byte) error {
 	if err != nil {
 		return err
 	}
-	for i := range n {
-		off, _ := p.entryAt(ls, ls.length+i)
-		src := entries[i*p.cfg.EntryBytes : (i+1)*p.cfg.EntryBytes]
+	// Entries are consecutive within an extent: one copy per extent run.
+	for i := int64(0); i < n; {
+		pos := ls.length + i
+		run := min(n-i, p.extentEntries-pos%p.extentEntries)
+		off, _ := p.entryAt(ls, pos)
+		src := entries[i*p.cfg.EntryBytes : (i+run)*p.cfg.EntryBytes]
 		if err := p.r.WriteAt(src, off); err != nil {
 			return err
 		}
-		if err := p.r.Publish(off, p.cfg.EntryBytes); err != nil {
+		if err := p.r.Publish(off, int64(len(src))); err != nil {
 			return err
 		}
+		i += run
 	}
 	ls.length += n
 	return nil

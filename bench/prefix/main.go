@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"time"
 
 	"github.com/cxltier/cxltier/bench/internal/report"
@@ -106,7 +107,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer eng.Close()
-	rep := Report{CPU: report.CPUModel(), Cores: numCPU(), Engine: eng.Name()}
+	rep := Report{CPU: report.CPUModel(), Cores: runtime.NumCPU(), Engine: eng.Name()}
 	if rep.Ops, err = opsCases(o, stderr); err != nil {
 		return err
 	}

@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"time"
 
@@ -291,5 +290,3 @@ func removeShm(r *tier.Region, c *tier.Client, dev string) {
 	r.Close()
 	os.Remove(tier.ShmDir + "/" + strings.TrimPrefix(dev, "shm:"))
 }
-
-func numCPU() int { return runtime.NumCPU() }

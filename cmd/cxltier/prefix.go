@@ -185,15 +185,15 @@ func withIndex(fs *flag.FlagSet, f *indexFlags, entries bool, fn func(*prefix.St
 		return err
 	}
 	defer done()
-	open := func() (*prefix.Store, error) { return prefix.Maintain(c, *f.name) }
+	var s *prefix.Store
 	if entries {
-		key, err := f.key()
-		if err != nil {
-			return err
+		var key string
+		if key, err = f.key(); err == nil {
+			s, err = prefix.OpenKey(c, *f.name, key)
 		}
-		open = func() (*prefix.Store, error) { return prefix.OpenKey(c, *f.name, key) }
+	} else {
+		s, err = prefix.Maintain(c, *f.name)
 	}
-	s, err := open()
 	if err != nil {
 		return err
 	}

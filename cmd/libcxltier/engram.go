@@ -5,7 +5,6 @@ import "C"
 
 import (
 	"fmt"
-	"strings"
 	"unsafe"
 
 	"github.com/cxltier/cxltier/engram"
@@ -22,13 +21,7 @@ func engramHash(spec string, layer int, ids *C.int64_t, n C.int64_t, out *C.int6
 	if n < 0 || (n > 0 && ids == nil) || nRows == nil {
 		return fmt.Errorf("engram hash: %w: %d ids", errBadArg, n)
 	}
-	var g engram.Geometry
-	var err error
-	if strings.HasPrefix(strings.TrimSpace(spec), "{") {
-		g, err = engram.ParseGeometry([]byte(spec))
-	} else {
-		g, err = engram.Preset(spec)
-	}
+	g, err := geometryOf(spec)
 	if err != nil {
 		return err
 	}
@@ -36,10 +29,7 @@ func engramHash(spec string, layer int, ids *C.int64_t, n C.int64_t, out *C.int6
 	if err != nil {
 		return err
 	}
-	var in []int64
-	if n > 0 {
-		in = unsafe.Slice((*int64)(unsafe.Pointer(ids)), int(n))
-	}
+	in := int64sAt(unsafe.Pointer(ids), int64(n))
 	rows, err := h.Hash(nil, layer, nil, in)
 	if err != nil {
 		return err

@@ -22,7 +22,16 @@ type prefetcher struct {
 	*engram.Prefetcher
 	eng kernels.Engine
 	g   engram.Geometry
-	h   *engram.Hasher
+}
+
+// cacheOf is prefetcher h and its cache buffer for layer.
+func cacheOf(h C.uint64_t, layer C.int) (*prefetcher, kernels.Buffer, error) {
+	p, err := get[*prefetcher](&handles, uint64(h))
+	if err != nil {
+		return nil, nil, err
+	}
+	buf, err := p.CacheBuffer(int(layer))
+	return p, buf, err
 }
 
 func geometryOf(spec string) (engram.Geometry, error) {
@@ -80,7 +89,7 @@ func cxl_engram_open(h C.uint64_t, spec, engine *C.char, stream C.uint64_t, slot
 			eng.Close()
 			return err
 		}
-		*out = C.uint64_t(handles.add(&prefetcher{Prefetcher: p, eng: eng, g: g, h: hs}))
+		*out = C.uint64_t(handles.add(&prefetcher{Prefetcher: p, eng: eng, g: g}))
 		return nil
 	}()
 	return report(err, errbuf, errlen)
@@ -164,11 +173,7 @@ func cxl_engram_wait(pending C.uint64_t, readyNs *C.int64_t, errbuf *C.char, err
 //export cxl_engram_buffer
 func cxl_engram_buffer(h C.uint64_t, layer C.int, ptr *C.uint64_t, size, rowBytes *C.int64_t, errbuf *C.char, errlen C.int) C.int {
 	err := func() error {
-		p, err := get[*prefetcher](&handles, uint64(h))
-		if err != nil {
-			return err
-		}
-		buf, err := p.CacheBuffer(int(layer))
+		p, buf, err := cacheOf(h, layer)
 		if err != nil {
 			return err
 		}
@@ -188,11 +193,7 @@ func cxl_engram_buffer(h C.uint64_t, layer C.int, ptr *C.uint64_t, size, rowByte
 //export cxl_engram_read
 func cxl_engram_read(h C.uint64_t, layer C.int, slot C.int64_t, out unsafe.Pointer, outCap C.int64_t, errbuf *C.char, errlen C.int) C.int {
 	err := func() error {
-		p, err := get[*prefetcher](&handles, uint64(h))
-		if err != nil {
-			return err
-		}
-		buf, err := p.CacheBuffer(int(layer))
+		p, buf, err := cacheOf(h, layer)
 		if err != nil {
 			return err
 		}
