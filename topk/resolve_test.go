@@ -376,23 +376,27 @@ func TestAppendFromEngineAndFree(t *testing.T) {
 }
 
 // TestAppendAcrossExtents appends from host memory in calls that start and
-// end inside extents and cross several, then checks entries on both sides
-// of each boundary.
+// end inside extents and cross several, for two requests whose extents
+// interleave in the tier, then checks entries on both sides of each
+// boundary.
 func TestAppendAcrossExtents(t *testing.T) {
 	_, c := testTier(t, 2)
-	p, eng := testPool(t, c, Config{Layers: 1, EntryBytes: 4096, Slots: 8, TopK: 4, MaxRequests: 1})
-	p.Register(0, Sequence{Layers: 1, EntryBytes: 4096})
-	appendTokens(t, p, 0, 0, 30)   // ends inside the first 64-entry extent
-	appendTokens(t, p, 0, 30, 200) // crosses three boundaries
-	sel := []int32{63, 64, 127, 128}
-	out := make([]int32, 4)
-	if _, err := p.Resolve(0, []int{0}, []int64{200}, sel, out); err != nil {
-		t.Fatal(err)
+	p, eng := testPool(t, c, Config{Layers: 1, EntryBytes: 4096, Slots: 8, TopK: 4, MaxRequests: 2})
+	for req := range 2 {
+		p.Register(req, Sequence{Layers: 1, EntryBytes: 4096})
 	}
-	checkSlots(t, p, eng, 0, []int{0}, sel, out)
-	sel = []int32{29, 30, 191, 199}
-	if _, err := p.Resolve(0, []int{0}, []int64{200}, sel, out); err != nil {
-		t.Fatal(err)
+	for _, r := range [][2]int64{{0, 30}, {30, 100}, {100, 200}} {
+		for req := range 2 {
+			appendTokens(t, p, req, r[0], r[1])
+		}
 	}
-	checkSlots(t, p, eng, 0, []int{0}, sel, out)
+	for _, sel := range [][]int32{{63, 64, 127, 128}, {29, 30, 191, 199}} {
+		for req := range 2 {
+			out := make([]int32, 4)
+			if _, err := p.Resolve(0, []int{req}, []int64{200}, sel, out); err != nil {
+				t.Fatal(err)
+			}
+			checkSlots(t, p, eng, 0, []int{req}, sel, out)
+		}
+	}
 }
