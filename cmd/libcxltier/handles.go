@@ -20,18 +20,46 @@ type handleTable struct {
 	objs map[uint64]any
 }
 
-// attached is a tier opened and attached by the library, with the handles
-// of the indexes opened on it: they must close before the mapping goes.
+// attached is a tier opened and attached by the library, with the objects
+// opened on it (prefix indexes, Engram prefetchers) and how to close each:
+// they read the mapping and must close before it goes.
 type attached struct {
-	r       *tier.Region
-	c       *tier.Client
-	indexes map[uint64]*prefix.Store
+	r        *tier.Region
+	c        *tier.Client
+	children map[uint64]func() error
 }
 
-// index is an open prefix index and the tier handle it lives on.
+// child is an object opened on a tier; closing it removes it from both
+// the handle table and its tier's children.
+type child struct {
+	tier  uint64
+	close func() error
+}
+
+// index is an open prefix index.
 type index struct {
 	*prefix.Store
-	tier uint64
+	child
+}
+
+// addChild registers o, opened on tier a, as the handle it returns.
+func (t *handleTable) addChild(a *attached, o any, c child) uint64 {
+	h := t.add(o)
+	t.mu.Lock()
+	a.children[h] = c.close
+	t.mu.Unlock()
+	return h
+}
+
+// closeChild closes handle h, a child of tier c.tier.
+func (t *handleTable) closeChild(h uint64, c child) error {
+	t.remove(h)
+	if a, err := tierOf(c.tier); err == nil {
+		t.mu.Lock()
+		delete(a.children, h)
+		t.mu.Unlock()
+	}
+	return c.close()
 }
 
 func (t *handleTable) add(o any) uint64 {

@@ -20,8 +20,18 @@ import (
 // the engine it owns.
 type prefetcher struct {
 	*engram.Prefetcher
+	child
 	eng kernels.Engine
 	g   engram.Geometry
+}
+
+// shut closes the prefetcher and then its engine.
+func (p *prefetcher) shut() error {
+	err := p.Prefetcher.Close()
+	if cerr := p.eng.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // cacheOf is prefetcher h and its cache buffer for layer.
@@ -89,7 +99,9 @@ func cxl_engram_open(h C.uint64_t, spec, engine *C.char, stream C.uint64_t, slot
 			eng.Close()
 			return err
 		}
-		*out = C.uint64_t(handles.add(&prefetcher{Prefetcher: p, eng: eng, g: g}))
+		pf := &prefetcher{Prefetcher: p, eng: eng, g: g}
+		pf.child = child{tier: uint64(h), close: pf.shut}
+		*out = C.uint64_t(handles.addChild(a, pf, pf.child))
 		return nil
 	}()
 	return report(err, errbuf, errlen)
@@ -101,12 +113,7 @@ func cxl_engram_close(h C.uint64_t, errbuf *C.char, errlen C.int) C.int {
 	if err != nil {
 		return report(err, errbuf, errlen)
 	}
-	handles.remove(uint64(h))
-	err = p.Close()
-	if cerr := p.eng.Close(); err == nil {
-		err = cerr
-	}
-	return report(err, errbuf, errlen)
+	return report(handles.closeChild(uint64(h), p.child), errbuf, errlen)
 }
 
 // sequences splits ids into sequences of lens[i] ids each.

@@ -40,11 +40,8 @@ func prefixOpen(h uint64, name, key string, blocks, blockBytes int64, out *C.uin
 	if err != nil {
 		return err
 	}
-	ih := handles.add(&index{Store: s, tier: h})
-	handles.mu.Lock()
-	a.indexes[ih] = s
-	handles.mu.Unlock()
-	*out = C.uint64_t(ih)
+	ix := &index{Store: s, child: child{tier: h, close: s.Close}}
+	*out = C.uint64_t(handles.addChild(a, ix, ix.child))
 	return nil
 }
 
@@ -54,13 +51,7 @@ func cxl_prefix_close(h C.uint64_t, errbuf *C.char, errlen C.int) C.int {
 	if err != nil {
 		return report(err, errbuf, errlen)
 	}
-	handles.remove(uint64(h))
-	if a, err := tierOf(ix.tier); err == nil {
-		handles.mu.Lock()
-		delete(a.indexes, uint64(h))
-		handles.mu.Unlock()
-	}
-	return report(ix.Close(), errbuf, errlen)
+	return report(handles.closeChild(uint64(h), ix.child), errbuf, errlen)
 }
 
 // keysArg views n 32-byte keys at p.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
 )
 
@@ -37,7 +36,7 @@ func attach(devices, name string, out *C.uint64_t) error {
 		r.Close()
 		return err
 	}
-	*out = C.uint64_t(handles.add(&attached{r: r, c: c, indexes: map[uint64]*prefix.Store{}}))
+	*out = C.uint64_t(handles.add(&attached{r: r, c: c, children: map[uint64]func() error{}}))
 	return nil
 }
 
@@ -54,9 +53,9 @@ func detach(h uint64) error {
 	a := o.(*attached)
 	var err error
 	handles.mu.Lock()
-	for ih, s := range a.indexes {
-		delete(handles.objs, ih)
-		if cerr := s.Close(); err == nil {
+	for ch, closeChild := range a.children {
+		delete(handles.objs, ch)
+		if cerr := closeChild(); err == nil {
 			err = cerr
 		}
 	}

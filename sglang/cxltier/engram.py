@@ -66,6 +66,7 @@ class EngramPrefetcher:
         _native.call("cxl_engram_open", tier.handle, spec.encode(), engine.encode(), stream, slots,
                      int(deadline_us * 1000), ctypes.byref(h))
         self._h = h.value
+        self._tier = tier
 
     def prefetch(self, layer, seqs, histories=None):
         """Starts fetching the rows of seqs (lists of new compressed ids; with
@@ -105,9 +106,10 @@ class EngramPrefetcher:
         return json.loads(buf.value)
 
     def close(self):
-        if self._h is not None:
-            h, self._h = self._h, None
-            _native.call("cxl_engram_close", h)
+        """Closes the prefetcher (detaching its tier closes it too)."""
+        if self._h is not None and self._tier._h is not None:
+            _native.call("cxl_engram_close", self._h)
+        self._h = None
 
     def __enter__(self):
         return self

@@ -70,3 +70,14 @@ def test_prefetch_rows_from_the_tier(cli, device, tmp_path):
     with cxltier.Tier(device) as t:
         with pytest.raises(cxltier.NotFoundError, match="no table"):
             cxltier.EngramPrefetcher(t, dict(GEOMETRY, name="other"), engine="cpu")
+
+
+def test_detach_closes_the_prefetcher(cli, device, tmp_path):
+    geo = tmp_path / "geo.json"
+    geo.write_text(json.dumps(GEOMETRY))
+    subprocess.run([cli, "engram", "load", "--config", str(geo), "--layer", "1", "--synthetic", device], check=True, capture_output=True)
+    t = cxltier.Tier(device)
+    p = cxltier.EngramPrefetcher(t, GEOMETRY, engine="cpu", slots=64)
+    t.close()  # the prefetcher reads the mapping: it must go with the tier
+    with pytest.raises(cxltier.NotFoundError, match="unknown handle"):
+        p.prefetch(1, [[1, 2, 3]])
