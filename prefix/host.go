@@ -100,22 +100,22 @@ func (s *Store) dropCorrupt(k Key) {
 	s.Delete([]Key{k})
 }
 
-// payload is a pinned hit's payload in the tier mapping, fresh from memory
-// on a non-coherent tier. Blocks never straddle devices (see
-// blockOffsets), so it is one slice.
-func (s *Store) payload(h Hit) ([]byte, error) {
+// payload is the n payload bytes of the block at off in the tier mapping,
+// fresh from memory on a non-coherent tier. Blocks never straddle devices
+// (see blockOffsets), so it is one slice.
+func (s *Store) payload(off tier.Offset, n int64) ([]byte, error) {
 	if s.shared {
-		if err := s.r.Refresh(h.Offset, h.Len); err != nil {
+		if err := s.r.Refresh(off, n); err != nil {
 			return nil, err
 		}
 	}
-	return s.r.Slice(h.Offset, h.Len)
+	return s.r.Slice(off, n)
 }
 
 // readHit copies a pinned hit's payload into dst (h.Len bytes) and checks
 // the copy, which is what the caller keeps, against the stored checksum.
 func (s *Store) readHit(h Hit, dst []byte) error {
-	src, err := s.payload(h)
+	src, err := s.payload(h.Offset, h.Len)
 	if err != nil {
 		return fmt.Errorf("%v: %w", h.Key, err)
 	}
@@ -143,7 +143,7 @@ func copyCRC(dst, src []byte) uint32 {
 // VerifyHit checks a pinned hit's payload in place against its checksum,
 // for callers that move the payload with the gather engine.
 func (s *Store) VerifyHit(h Hit) error {
-	src, err := s.payload(h)
+	src, err := s.payload(h.Offset, h.Len)
 	if err != nil {
 		return fmt.Errorf("prefix: %q: %v: %w", s.name, h.Key, err)
 	}

@@ -131,7 +131,7 @@ func (m *Mover) Put(keys []Key, l Layout, pages []int64) ([]Status, error) {
 		if r.Status == Reserved {
 			// The engine wrote the block (a GPU writes memory, not this
 			// CPU's cache): read it fresh, in place.
-			b, rerr := m.s.payload(Hit{Offset: r.Offset, Len: r.Len})
+			b, rerr := m.s.payload(r.Offset, r.Len)
 			if rerr != nil {
 				m.s.Abort(res)
 				return nil, rerr
