@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 )
@@ -82,6 +83,9 @@ func LoadGeometry(path string) (Geometry, error) {
 	g, err := ParseGeometry(raw)
 	if err != nil {
 		return g, fmt.Errorf("%s: %w", path, err)
+	}
+	if g.Lookup != "" && !filepath.IsAbs(g.Lookup) {
+		g.Lookup = filepath.Join(filepath.Dir(path), g.Lookup) // beside the geometry, wherever it is read from
 	}
 	return g, nil
 }

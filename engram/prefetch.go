@@ -3,6 +3,7 @@ package engram
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -103,6 +104,16 @@ func NewPrefetcher(eng kernels.Engine, r *tier.Region, h *Hasher, tables []*Tabl
 
 // Metrics returns the prefetcher's counters.
 func (p *Prefetcher) Metrics() *Metrics { return &p.metrics }
+
+// Layers lists the layers the prefetcher has tables for, in order.
+func (p *Prefetcher) Layers() []int {
+	ls := make([]int, 0, len(p.layers))
+	for l := range p.layers {
+		ls = append(ls, l)
+	}
+	slices.Sort(ls)
+	return ls
+}
 
 // CacheBuffer is layer's cache buffer: slot s holds a row at s × RowBytes.
 func (p *Prefetcher) CacheBuffer(layer int) (kernels.Buffer, error) {

@@ -91,6 +91,7 @@ func engramHash(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("engram hash", stderr, "--preset NAME|--config FILE --layer L --ids 0,1,2")
 	gf := addGeometryFlags(fs)
 	idList := fs.String("ids", "", "comma-separated compressed token ids of one sequence, from its start")
+	raw := fs.Bool("raw", false, "the ids are raw tokenizer ids: map them through the geometry's lookup table first")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -101,6 +102,15 @@ func engramHash(args []string, stdout, stderr io.Writer) error {
 	h, err := gf.hasher()
 	if err != nil {
 		return err
+	}
+	if *raw {
+		c, err := engram.LoadCompressor(h.Geometry())
+		if err != nil {
+			return err
+		}
+		if err := c.Compress(ids, ids); err != nil {
+			return err
+		}
 	}
 	rows, err := h.Hash(nil, *gf.layer, nil, ids)
 	if err != nil {

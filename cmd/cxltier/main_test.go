@@ -430,3 +430,40 @@ func TestPrefixTenantKey(t *testing.T) {
 		t.Errorf("stats after destroy: exit %d, %q", code, errs)
 	}
 }
+
+// TestEngramHashRawIDs: --raw maps ids through the geometry's lookup table
+// (a file beside the geometry) and then hashes exactly as the compressed
+// ids would; an id beyond the table is refused with its position.
+func TestEngramHashRawIDs(t *testing.T) {
+	dir := t.TempDir()
+	lookup := make([]byte, 8*6)
+	for i, v := range []uint64{5, 3, 99091, 0, 7, 2} {
+		binary.LittleEndian.PutUint64(lookup[8*i:], v)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "lookup.bin"), lookup, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g, err := engram.Preset("v4.1-flash")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Lookup = "lookup.bin"
+	raw, _ := json.Marshal(g)
+	geo := filepath.Join(dir, "v41.json")
+	if err := os.WriteFile(geo, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, viaRaw, errs := runCLI(t, "engram", "hash", "--config", geo, "--layer", "14", "--raw", "--ids", "0,1,2,3,4,5")
+	_, direct, _ := runCLI(t, "engram", "hash", "--config", geo, "--layer", "14", "--ids", "5,3,99091,0,7,2")
+	if viaRaw == "" || viaRaw != direct {
+		t.Fatalf("--raw gave %q (%s), compressed ids gave %q", viaRaw, errs, direct)
+	}
+	code, _, errs := runCLI(t, "engram", "hash", "--config", geo, "--layer", "14", "--raw", "--ids", "0,6")
+	if code == 0 || !strings.Contains(errs, "raw id 6 at position 1 outside [0, 6)") {
+		t.Fatalf("raw id beyond the table: exit %d, %q", code, errs)
+	}
+	code, _, errs = runCLI(t, "engram", "hash", "--preset", "demo", "--layer", "1", "--raw", "--ids", "0")
+	if code == 0 || !strings.Contains(errs, "no lookup table") {
+		t.Fatalf("--raw without a table: exit %d, %q", code, errs)
+	}
+}

@@ -91,3 +91,27 @@ func sequencesAt(ids, lens unsafe.Pointer, nseq int64) ([][]int64, error) {
 	}
 	return out, nil
 }
+
+// int32sAt views n int32 values at p (nil when n is 0).
+func int32sAt(p unsafe.Pointer, n int) []int32 {
+	if n == 0 || p == nil {
+		return nil
+	}
+	return unsafe.Slice((*int32)(p), n)
+}
+
+// stepAt reads a top-k step's batch: batch request indices at reqs and
+// their sequence lengths at lens (int64 each), requests below maxReq.
+func stepAt(reqs, lens unsafe.Pointer, batch int64, maxReq int) ([]int, []int64, error) {
+	if batch < 0 || batch > int64(maxReq) || (batch > 0 && (reqs == nil || lens == nil)) {
+		return nil, nil, fmt.Errorf("%w: batch of %d requests (pool has %d)", errBadArg, batch, maxReq)
+	}
+	rs := make([]int, batch)
+	for i, r := range int64sAt(reqs, batch) {
+		if r < 0 || r >= int64(maxReq) {
+			return nil, nil, fmt.Errorf("%w: batch entry %d: request %d outside [0, %d)", errBadArg, i, r, maxReq)
+		}
+		rs[i] = int(r)
+	}
+	return rs, int64sAt(lens, batch), nil
+}

@@ -98,3 +98,36 @@ func FuzzSequences(f *testing.F) {
 		}
 	})
 }
+
+func TestStepArguments(t *testing.T) {
+	lens := []int64{5, 6, 7}
+	for _, tc := range []struct {
+		name  string
+		reqs  []int64
+		batch int64
+		ok    bool
+	}{
+		{"in range", []int64{0, 3, 1}, 3, true},
+		{"request at the limit", []int64{0, 4, 1}, 3, false},
+		{"negative request", []int64{-1, 0, 1}, 3, false},
+		{"negative batch", []int64{0, 0, 0}, -1, false},
+		{"batch beyond the pool", []int64{0, 0, 0}, 5, false},
+		{"empty", []int64{0}, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs, ls, err := stepAt(unsafe.Pointer(&tc.reqs[0]), unsafe.Pointer(&lens[0]), tc.batch, 4)
+			if tc.ok != (err == nil) {
+				t.Fatalf("got %v", err)
+			}
+			if err != nil && !errors.Is(err, errBadArg) {
+				t.Fatalf("refused without errBadArg: %v", err)
+			}
+			if tc.ok && (int64(len(rs)) != tc.batch || int64(len(ls)) != tc.batch || (tc.batch > 0 && rs[1] != int(tc.reqs[1]))) {
+				t.Fatalf("viewed %v %v", rs, ls)
+			}
+		})
+	}
+	if _, _, err := stepAt(nil, nil, 1, 4); !errors.Is(err, errBadArg) {
+		t.Fatalf("no arrays: %v", err)
+	}
+}

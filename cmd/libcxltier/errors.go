@@ -8,8 +8,10 @@ import (
 	"unsafe"
 
 	"github.com/cxltier/cxltier/engram"
+	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
+	"github.com/cxltier/cxltier/topk"
 )
 
 // Codes are the CXL_E* values of main.go's C enum.
@@ -40,17 +42,18 @@ func codeOf(err error) C.int {
 		return codeDenied
 	case errors.Is(err, prefix.ErrChecksum):
 		return codeChecksum
-	case errors.Is(err, tier.ErrNotFound), errors.Is(err, prefix.ErrNotFound), errors.Is(err, tier.ErrNoBacking):
+	case errors.Is(err, tier.ErrNotFound), errors.Is(err, prefix.ErrNotFound), errors.Is(err, tier.ErrNoBacking), errors.Is(err, topk.ErrUnknown):
 		return codeNotFound
-	case errors.Is(err, tier.ErrExists):
+	case errors.Is(err, tier.ErrExists), errors.Is(err, topk.ErrRegistered):
 		return codeExist
 	case errors.Is(err, tier.ErrExhausted), errors.Is(err, tier.ErrLeaseTable), errors.Is(err, tier.ErrDirFull), errors.Is(err, prefix.ErrNoSpace), errors.Is(err, prefix.ErrIndexFull), errors.Is(err, prefix.ErrPinsFull):
 		return codeNoSpace
-	case errors.Is(err, tier.ErrClosed), errors.Is(err, tier.ErrLeaseLost), errors.Is(err, prefix.ErrLost):
+	case errors.Is(err, tier.ErrClosed), errors.Is(err, tier.ErrLeaseLost), errors.Is(err, prefix.ErrLost), errors.Is(err, topk.ErrClosed):
 		return codeClosed
 	case errors.Is(err, tier.ErrInvalidConfig), errors.Is(err, prefix.ErrBadKey), errors.Is(err, prefix.ErrBadConfig),
 		errors.Is(err, prefix.ErrTooLarge), errors.Is(err, engram.ErrGeometry), errors.Is(err, engram.ErrInput),
-		errors.Is(err, errBadArg):
+		errors.Is(err, errBadArg), errors.Is(err, topk.ErrBadConfig), errors.Is(err, topk.ErrBadPosition), errors.Is(err, topk.ErrBadEntry),
+		errors.Is(err, topk.ErrBadInput), errors.Is(err, topk.ErrNotAppended), errors.Is(err, kernels.ErrNoCUDA), errors.Is(err, kernels.ErrNoDevice):
 		return codeInval
 	}
 	return codeOther

@@ -10,7 +10,7 @@
 // handles; no Go pointer crosses the boundary, and the library only reads
 // or writes caller memory (keys, payloads, ids) during the call.
 //
-// ABI 1:
+// ABI 2 (1 plus cxl_topk_* and cxl_engram_compress):
 //
 //	cxl_attach(devices, name, &tier)           devices: comma-separated backings
 //	cxl_detach(tier)
@@ -30,8 +30,22 @@
 //	cxl_engram_read(pf, layer, slot, out, out_cap)                  copy one cached row out
 //	cxl_engram_stats(pf, json, json_cap)
 //	cxl_engram_close(pf)
+//	cxl_engram_compress(pf, ids, n)                raw → compressed ids in place (the geometry's "lookup" table)
+//	cxl_topk_open(tier, engine, cuda_stream, layers, entry_bytes, slots, k, max_requests, &pool)
+//	cxl_topk_close(pool)
+//	cxl_topk_register(pool, req, capacity)  /  cxl_topk_free(pool, req)  /  cxl_topk_len(pool, req, layer, &n)
+//	cxl_topk_append(pool, req, layer, src, n_entries, where)      where: 0 host memory, 1 GPU memory (GPU engines)
+//	cxl_topk_resolve(pool, layer, reqs, seq_lens, batch, topk, out, where, step[5]|NULL)
+//	                 reqs, seq_lens: int64 host; topk, out: int32 [batch, k] in host or GPU memory;
+//	                 step: hits, misses, fills, newest-token copies, bytes fetched
+//	cxl_topk_buffer(pool, layer, &device_ptr, &bytes, &row_bytes, &rows_per_request)   GPU engines only
+//	cxl_topk_read(pool, layer, req, slot, out, out_cap)             copy one slot's entry out
+//	cxl_topk_stats(pool, json, json_cap)
 //	cxl_region_alloc(tier, bytes, &offset, &address, &size)   contiguous tier memory for a tensor
 //	cxl_region_free(tier, offset, size)
+//
+// GPU memory passed with where = 1 belongs to the engine's device and is
+// read and written in order on its stream (cuda_stream at open).
 //
 // Keys are 32-byte digests back to back.
 package main
@@ -52,7 +66,7 @@ package main
 import "C"
 
 // abiVersion changes whenever a call's meaning or signature does.
-const abiVersion = 1
+const abiVersion = 2
 
 //export cxl_abi_version
 func cxl_abi_version() C.int { return abiVersion }

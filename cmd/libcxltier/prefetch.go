@@ -21,8 +21,9 @@ import (
 type prefetcher struct {
 	*engram.Prefetcher
 	child
-	eng kernels.Engine
-	g   engram.Geometry
+	eng  kernels.Engine
+	g    engram.Geometry
+	comp *engram.Compressor // nil: the geometry has no lookup table
 }
 
 // shut closes the prefetcher and then its engine.
@@ -76,6 +77,12 @@ func cxl_engram_open(h C.uint64_t, spec, engine *C.char, stream C.uint64_t, slot
 		if err != nil {
 			return err
 		}
+		var comp *engram.Compressor
+		if g.Lookup != "" {
+			if comp, err = engram.LoadCompressor(g); err != nil {
+				return err
+			}
+		}
 		var tables []*engram.Table
 		for _, l := range g.LayerIDs {
 			t, err := engram.OpenTable(a.r, g, hs, l, false)
@@ -99,10 +106,29 @@ func cxl_engram_open(h C.uint64_t, spec, engine *C.char, stream C.uint64_t, slot
 			eng.Close()
 			return err
 		}
-		pf := &prefetcher{Prefetcher: p, eng: eng, g: g}
+		pf := &prefetcher{Prefetcher: p, eng: eng, g: g, comp: comp}
 		pf.child = child{tier: uint64(h), close: pf.shut}
 		*out = C.uint64_t(handles.addChild(a, pf, pf.child))
 		return nil
+	}()
+	return report(err, errbuf, errlen)
+}
+
+//export cxl_engram_compress
+func cxl_engram_compress(h C.uint64_t, ids *C.int64_t, n C.int64_t, errbuf *C.char, errlen C.int) C.int {
+	err := func() error {
+		p, err := get[*prefetcher](&handles, uint64(h))
+		if err != nil {
+			return err
+		}
+		if p.comp == nil {
+			return fmt.Errorf("engram compress: %w: geometry %q has no lookup table (set \"lookup\")", errBadArg, p.g.Name)
+		}
+		if n < 0 || n > maxSeqIDs || (n > 0 && ids == nil) {
+			return fmt.Errorf("engram compress: %w: %d ids", errBadArg, n)
+		}
+		s := int64sAt(unsafe.Pointer(ids), int64(n))
+		return p.comp.Compress(s, s)
 	}()
 	return report(err, errbuf, errlen)
 }
@@ -221,8 +247,9 @@ func cxl_engram_stats(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, e
 			return err
 		}
 		m := p.Metrics()
-		raw, _ := json.Marshal(map[string]uint64{"calls": m.Calls.Load(), "rows": m.Rows.Load(), "hits": m.Hits.Load(),
-			"fetched": m.Fetched.Load(), "deadline_misses": m.DeadlineMisses.Load(), "ready_ns": m.ReadyNanos.Load()})
+		raw, _ := json.Marshal(map[string]any{"calls": m.Calls.Load(), "rows": m.Rows.Load(), "hits": m.Hits.Load(),
+			"fetched": m.Fetched.Load(), "deadline_misses": m.DeadlineMisses.Load(), "ready_ns": m.ReadyNanos.Load(),
+			"layers": p.Layers(), "max_ngram": p.g.MaxNgram, "lookup": p.comp != nil})
 		return copyString(raw, buf, bufCap)
 	}()
 	return report(err, errbuf, errlen)

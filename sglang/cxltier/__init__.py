@@ -1,9 +1,12 @@
 """cxltier: a shared memory tier (CXL memory, or host DRAM) for LLM serving.
 
 The core (this package without SGLang) talks to the Go library libcxltier
-through ctypes: attach to a tier, store and load prefix KV pages, hash
-Engram ids. `cxltier.hicache` holds the SGLang HiCache storage backend and
-`cxltier.plugin` the SGLang plugin entry point; both import SGLang only
+through ctypes: attach to a tier, store and load prefix KV pages, hash and
+prefetch Engram rows, resolve sparse-attention top-k steps. On top of it,
+`cxltier.hicache` holds the SGLang HiCache storage backend,
+`cxltier.hisparse` the HiSparse host pool in the tier,
+`cxltier.engram_hook` the Engram prefetch of SGLang's forward pass and
+`cxltier.plugin` the SGLang plugin entry point; they import SGLang only
 when used.
 """
 
@@ -23,6 +26,7 @@ from .engram import EngramPrefetcher, engram_hash
 from .prefix import KEY_BYTES, PrefixIndex, page_keys, string_key
 from .region import Region
 from .tier import Tier
+from .topk import TopKPool
 
 __all__ = [
     "CxlTierError",
@@ -38,6 +42,7 @@ __all__ = [
     "PrefixIndex",
     "Region",
     "Tier",
+    "TopKPool",
     "abi_version",
     "engram_hash",
     "library_path",

@@ -5,7 +5,7 @@ import ctypes
 import os
 import threading
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 _ERRLEN = 1024
 
 
@@ -80,6 +80,17 @@ _PROTOTYPES = {
     "cxl_engram_buffer": [_u64, _int, _p(_u64), _p(_i64), _p(_i64)] + _err,
     "cxl_engram_read": [_u64, _int, _i64, ctypes.c_void_p, _i64] + _err,
     "cxl_engram_stats": [_u64, ctypes.c_char_p, _int] + _err,
+    "cxl_engram_compress": [_u64, _p(_i64), _i64] + _err,
+    "cxl_topk_open": [_u64, _cstr, _u64, _int, _i64, _int, _int, _int, _p(_u64)] + _err,
+    "cxl_topk_close": [_u64] + _err,
+    "cxl_topk_register": [_u64, _int, _i64] + _err,
+    "cxl_topk_free": [_u64, _int] + _err,
+    "cxl_topk_len": [_u64, _int, _int, _p(_i64)] + _err,
+    "cxl_topk_append": [_u64, _int, _int, ctypes.c_void_p, _i64, _int] + _err,
+    "cxl_topk_resolve": [_u64, _int, _p(_i64), _p(_i64), _i64, ctypes.c_void_p, ctypes.c_void_p, _int, _p(_i64)] + _err,
+    "cxl_topk_buffer": [_u64, _int, _p(_u64), _p(_i64), _p(_i64), _p(_i64)] + _err,
+    "cxl_topk_read": [_u64, _int, _int, _int, ctypes.c_void_p, _i64] + _err,
+    "cxl_topk_stats": [_u64, ctypes.c_char_p, _int] + _err,
     "cxl_region_alloc": [_u64, _i64, _p(_u64), _p(ctypes.c_void_p), _p(_i64)] + _err,
     "cxl_region_free": [_u64, _u64, _i64] + _err,
 }

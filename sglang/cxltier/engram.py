@@ -67,6 +67,18 @@ class EngramPrefetcher:
                      int(deadline_us * 1000), ctypes.byref(h))
         self._h = h.value
         self._tier = tier
+        st = self.stats()
+        self.layers = st["layers"]  # layers with a table in the tier
+        self.max_ngram = st["max_ngram"]
+        self.has_lookup = st["lookup"]
+
+    def compress(self, ids):
+        """Raw tokenizer ids mapped through the geometry's lookup table (its
+        "lookup" file) to the compressed ids the hash takes."""
+        ids = list(ids)
+        arr = (ctypes.c_int64 * max(len(ids), 1))(*ids)
+        _native.call("cxl_engram_compress", self._h, arr, len(ids))
+        return list(arr[: len(ids)])
 
     def prefetch(self, layer, seqs, histories=None):
         """Starts fetching the rows of seqs (lists of new compressed ids; with
