@@ -30,9 +30,14 @@ logger = logging.getLogger(__name__)
 class BatchRows:
     """The prefetches of one forward pass, one per Engram layer."""
 
-    def __init__(self, pending, seq_lens):
+    def __init__(self, pending, seq_lens, prefetcher):
         self._pending = pending
         self.seq_lens = seq_lens  # new tokens per request, in batch order
+        self.prefetcher = prefetcher
+
+    def buffer(self, layer):
+        """(device address, bytes, row bytes) of layer's cache (GPU engines)."""
+        return self.prefetcher.buffer(layer)
 
     def rows(self, layer):
         """Waits for layer's rows and returns its Prefetch: `slots` holds the
@@ -82,7 +87,7 @@ class EngramForwardHook:
             return None
         pending = {layer: self.prefetcher.prefetch(layer, seqs, hists) for layer in self.layers}
         self.counters["prefetched"] += 1
-        return BatchRows(pending, [len(s) for s in seqs])
+        return BatchRows(pending, [len(s) for s in seqs], self.prefetcher)
 
     def _tail(self, req, prefix):
         """The last ids before a request's new ones that the hook saw, and
