@@ -51,22 +51,12 @@ type Metrics struct {
 	ReadyNanos                                 atomic.Uint64 // sum of call → ready times
 }
 
-// slotMeta is what the cache knows of one slot, kept together so an
-// eviction touches one cache line.
-type slotMeta struct {
-	row   int64  // -1 if empty
-	stamp uint64 // last call that used the slot
-	ref   bool   // used since the CLOCK hand last passed
-}
-
 type layerCache struct {
 	mu    sync.Mutex
 	table *Table
 	buf   kernels.Buffer
-	slot  *rowMap    // row → slot
-	meta  []slotMeta // per slot
-	hand  int        // CLOCK hand
-	epoch uint64
+	hot   *hotSet // row → slot
+	miss  []int64 // rows fetched by the current call, by slot order of missSlots
 }
 
 // NewPrefetcher registers every tier device with the engine and allocates a
@@ -93,11 +83,18 @@ func NewPrefetcher(eng kernels.Engine, r *tier.Region, h *Hasher, tables []*Tabl
 			p.Close()
 			return nil, fmt.Errorf("engram: cache for layer %d: %w", t.Layer, err)
 		}
-		lc := &layerCache{table: t, buf: buf, slot: newRowMap(opts.Slots), meta: make([]slotMeta, opts.Slots)}
-		for i := range lc.meta {
-			lc.meta[i].row = -1
+		if t.Rows > maxCachedRow {
+			buf.Free()
+			p.Close()
+			return nil, fmt.Errorf("%w: layer %d has %d rows, the cache tags at most %d", ErrGeometry, t.Layer, t.Rows, int64(maxCachedRow))
 		}
-		p.layers[t.Layer] = lc
+		hot, err := newHotSet(opts.Slots, uint64(opts.Protect))
+		if err != nil {
+			buf.Free()
+			p.Close()
+			return nil, err
+		}
+		p.layers[t.Layer] = &layerCache{table: t, buf: buf, hot: hot}
 	}
 	return p, nil
 }
@@ -134,6 +131,10 @@ type Pending struct {
 	p      *Prefetcher
 	waited bool
 	ready  time.Duration
+	// lc and fetched: the layer and the slots this call fetches into, to
+	// drop from the cache if the fetch fails.
+	lc      *layerCache
+	fetched []int32
 }
 
 // Wait blocks until the rows are in the cache and returns the time from
@@ -143,6 +144,9 @@ func (pd *Pending) Wait() (time.Duration, error) {
 		return pd.ready, nil
 	}
 	if err := pd.h.Wait(); err != nil {
+		pd.lc.mu.Lock()
+		pd.lc.forget(pd.fetched) // the slots may not hold their rows
+		pd.lc.mu.Unlock()
 		return 0, err
 	}
 	pd.waited, pd.ready = true, time.Since(pd.start)
@@ -184,21 +188,23 @@ func (p *Prefetcher) Prefetch(layer int, histories, seqs [][]int64) (*Pending, e
 	if p.opts.Bypass {
 		slots, miss, err = lc.bypass(rows)
 	} else {
-		slots, miss, err = lc.assign(rows, uint64(p.opts.Protect))
+		slots, miss, err = lc.assign(rows)
 	}
 	if err != nil {
 		return nil, err
 	}
 	req := kernels.Rows{RowBytes: lc.table.RowBytes, Buf: lc.buf, Tier: make([]kernels.Addr, len(miss)), Slots: make([]int64, len(miss))}
 	for i, s := range miss {
-		a, err := p.addr(lc.table, lc.meta[s].row)
+		a, err := p.addr(lc.table, lc.miss[i])
 		if err != nil {
+			lc.hot.abort(miss)
 			return nil, err
 		}
 		req.Tier[i], req.Slots[i] = a, int64(s)
 	}
 	h, err := p.eng.Gather(req)
 	if err != nil {
+		lc.hot.abort(miss)
 		return nil, err
 	}
 	m := &p.metrics
@@ -206,7 +212,7 @@ func (p *Prefetcher) Prefetch(layer int, histories, seqs [][]int64) (*Pending, e
 	m.Rows.Add(uint64(len(rows)))
 	m.Fetched.Add(uint64(len(miss)))
 	m.Hits.Add(uint64(len(rows) - len(miss)))
-	return &Pending{Slots: slots, h: h, start: start, p: p}, nil
+	return &Pending{Slots: slots, h: h, start: start, p: p, lc: lc, fetched: miss}, nil
 }
 
 // addr is the engine address of a table row. On a one-device tier the
@@ -223,63 +229,55 @@ func (p *Prefetcher) addr(t *Table, row int64) (kernels.Addr, error) {
 	return kernels.At(p.devIDs[dev], devOff), nil
 }
 
-// assign gives every row a slot: cached rows keep theirs, others take a
-// slot whose row no recent call used (CLOCK over the stamps). It returns
-// the slot per row and the slots to fetch.
-func (lc *layerCache) assign(rows []int64, protect uint64) ([]int32, []int32, error) {
-	lc.epoch++
+// assign gives every row a slot: cached rows keep theirs, others take one
+// (hotSet). It returns the slot per row and the slots to fetch, whose rows
+// it leaves in lc.miss.
+func (lc *layerCache) assign(rows []int64) ([]int32, []int32, error) {
+	lc.hot.begin()
 	slots := make([]int32, len(rows))
 	var miss []int32
+	lc.miss = lc.miss[:0]
+	const ahead = 16 // rows whose tag lines are on their way
+	for i := range min(ahead, len(rows)) {
+		lc.hot.prefetch(rows[i])
+	}
 	for i, r := range rows {
-		s, ok := lc.slot.get(r)
-		if !ok {
-			var err error
-			if s, err = lc.evict(protect); err != nil {
-				return nil, nil, err
-			}
-			if old := lc.meta[s].row; old >= 0 {
-				lc.slot.delete(old)
-			}
-			lc.meta[s].row = r
-			lc.slot.put(r, s)
-			miss = append(miss, s)
+		if i+ahead < len(rows) {
+			lc.hot.prefetch(rows[i+ahead])
 		}
-		lc.meta[s].stamp, lc.meta[s].ref = lc.epoch, true
+		s, fetch, ok := lc.hot.lookup(r)
+		if !ok {
+			lc.hot.abort(miss)
+			return nil, nil, fmt.Errorf("%w: row %d of %d found no free way and no spill slot (%d slots)", ErrCacheTooSmall, i, len(rows), lc.hot.slots())
+		}
+		if fetch {
+			miss = append(miss, s)
+			lc.miss = append(lc.miss, r)
+		}
 		slots[i] = s
 	}
 	return slots, miss, nil
 }
 
-// bypass places row i in slot i and fetches them all.
-func (lc *layerCache) bypass(rows []int64) ([]int32, []int32, error) {
-	if len(rows) > len(lc.meta) {
-		return nil, nil, fmt.Errorf("%w: %d rows (%d slots)", ErrCacheTooSmall, len(rows), len(lc.meta))
+// forget empties slots whose rows may not have been fetched, so that no
+// later call takes them for hits. Callers hold lc.mu.
+func (lc *layerCache) forget(slots []int32) {
+	for _, s := range slots {
+		lc.hot.drop(s)
 	}
-	slots := make([]int32, len(rows))
-	for i, r := range rows {
-		slots[i], lc.meta[i].row = int32(i), r
-	}
-	return slots, slots, nil
 }
 
-func (lc *layerCache) evict(protect uint64) (int32, error) {
-	// Second chance: a slot used since the hand last passed is spared once.
-	for range 3 * len(lc.meta) {
-		s := lc.hand
-		lc.hand = (lc.hand + 1) % len(lc.meta)
-		m := &lc.meta[s]
-		switch {
-		case m.row < 0:
-			return int32(s), nil
-		case m.stamp+protect > lc.epoch:
-			// in use by a recent call
-		case m.ref:
-			m.ref = false
-		default:
-			return int32(s), nil
-		}
+// bypass places row i in slot i and fetches them all.
+func (lc *layerCache) bypass(rows []int64) ([]int32, []int32, error) {
+	if n := lc.hot.slots(); len(rows) > n {
+		return nil, nil, fmt.Errorf("%w: %d rows (%d slots)", ErrCacheTooSmall, len(rows), n)
 	}
-	return 0, fmt.Errorf("%w (%d slots)", ErrCacheTooSmall, len(lc.meta))
+	slots := make([]int32, len(rows))
+	for i := range rows {
+		slots[i] = int32(i)
+	}
+	lc.miss = append(lc.miss[:0], rows...)
+	return slots, slots, nil
 }
 
 // Close frees the caches and unregisters the tier.

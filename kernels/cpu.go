@@ -80,7 +80,14 @@ func (e *CPU) Alloc(n int64) (Buffer, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("%w: buffer of %d bytes", ErrBadRequest, n)
 	}
-	return &hostBuffer{eng: e, b: make([]byte, n)}, nil
+	b := make([]byte, n)
+	// A GPU buffer is resident once allocated; make this one resident too,
+	// so that calls scattering rows over it (a hot-row cache) do not pay a
+	// page fault per first-touched page inside their latency.
+	for i := 0; i < len(b); i += 4096 {
+		b[i] = 0
+	}
+	return &hostBuffer{eng: e, b: b}, nil
 }
 
 // Bytes is the memory of a CPU engine buffer (for callers that work on it

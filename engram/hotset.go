@@ -1,0 +1,157 @@
+package engram
+
+import (
+	"fmt"
+
+	"github.com/cxltier/cxltier/internal/prefetch"
+)
+
+// hotSet maps table rows to cache slots for one layer. It is W-way set
+// associative: a row can live only in the W slots of its set, and the W
+// tags of a set are one 64-byte line, so a lookup, a hit's refresh and a
+// miss's choice of victim read one line of host memory. A fully
+// associative map plus per-slot metadata (the first design) took two or
+// three cache misses per row, and at 6,144 rows per layer and step
+// (batch 256 under V4.1) that host-side bookkeeping cost more than the
+// gather it saved.
+//
+// A tag word is (row+1)<<16 | stamp, 0 for an empty way, where stamp is
+// the low 16 bits of the call (epoch) that last used the row. Within a set
+// the victim is an empty way, else the least recently used way that no
+// call of the last `protect` used. When every way of a set is protected,
+// the row goes to a spill slot used for this call only; spill slots come
+// in `protect` banks used in turn, so a call never overwrites the spill
+// rows of the calls before it that may still be read.
+type hotSet struct {
+	tags    []uint64 // sets × ways
+	setMask uint64
+	spill   [][]int32 // banks of spill slots
+	used    int       // spill slots taken in this call
+	epoch   uint64
+	protect uint64
+}
+
+const (
+	ways      = 8
+	stampBits = 16
+	stampMask = 1<<stampBits - 1
+	// maxCachedRow keeps row+1 within the 48 bits of a tag.
+	maxCachedRow = 1<<(64-stampBits) - 2
+)
+
+// newHotSet divides slots into a power-of-two number of sets of `ways`
+// slots (slot = set*ways + way) and spill slots after them: at least an
+// eighth of slots, and every slot the sets leave over.
+func newHotSet(slots int, protect uint64) (*hotSet, error) {
+	if slots < 1 {
+		return nil, fmt.Errorf("%w: %d cache slots", ErrGeometry, slots)
+	}
+	sets := 0
+	for s := 1; s*ways <= slots-slots/8; s *= 2 {
+		sets = s
+	}
+	h := &hotSet{tags: make([]uint64, sets*ways), setMask: uint64(sets) - 1, protect: protect}
+	spill := make([]int32, 0, slots-sets*ways)
+	for s := sets * ways; s < slots; s++ {
+		spill = append(spill, int32(s))
+	}
+	for b := range protect {
+		lo, hi := len(spill)*int(b)/int(protect), len(spill)*int(b+1)/int(protect)
+		h.spill = append(h.spill, spill[lo:hi])
+	}
+	if sets == 0 {
+		h.setMask = 0
+	}
+	return h, nil
+}
+
+// begin starts a call.
+func (h *hotSet) begin() {
+	h.epoch++
+	h.used = 0
+}
+
+// lookup returns row's slot and whether the row must be fetched into it.
+// ok is false when neither its set nor this call's spill bank has room.
+func (h *hotSet) lookup(row int64) (slot int32, fetch, ok bool) {
+	if len(h.tags) > 0 {
+		if s, fetch, ok := h.inSet(row); ok {
+			return s, fetch, true
+		}
+	}
+	bank := h.spill[h.epoch%h.protect]
+	if h.used == len(bank) {
+		return 0, false, false
+	}
+	h.used++
+	return bank[h.used-1], true, true
+}
+
+// setOf is row's set.
+func (h *hotSet) setOf(row int64) uint64 {
+	return (uint64(row) * 0x9E3779B97F4A7C15 >> 32) & h.setMask
+}
+
+// prefetch starts loading row's tag line: a call's rows hit random lines
+// of a multi-MiB table, and asking a few rows ahead overlaps their DRAM
+// latencies instead of paying them one after another.
+func (h *hotSet) prefetch(row int64) {
+	if len(h.tags) > 0 {
+		set := h.setOf(row)
+		prefetch.Words(h.tags[set*ways : set*ways+ways])
+	}
+}
+
+func (h *hotSet) inSet(row int64) (int32, bool, bool) {
+	set := h.setOf(row)
+	line := h.tags[set*ways : set*ways+ways]
+	want, now := uint64(row+1), h.epoch&stampMask
+	victim, oldest := -1, uint64(0)
+	for w, tag := range line {
+		if tag>>stampBits == want {
+			line[w] = want<<stampBits | now
+			return int32(set*ways) + int32(w), false, true
+		}
+		age := (now - tag) & stampMask
+		switch {
+		case tag == 0:
+			age = stampMask + 1 // empty ways first
+		case age < h.protect:
+			continue // used by a call that may still be read
+		}
+		if age > oldest {
+			victim, oldest = w, age
+		}
+	}
+	if victim < 0 {
+		return 0, false, false
+	}
+	line[victim] = want<<stampBits | now
+	return int32(set*ways) + int32(victim), true, true
+}
+
+// slots is the number of slots the set was made for.
+func (h *hotSet) slots() int {
+	n := len(h.tags)
+	for _, b := range h.spill {
+		n += len(b)
+	}
+	return n
+}
+
+// abort undoes the current call that failed: the slots it was to fetch
+// into are emptied, and the call does not count as one of the `protect`
+// recent calls, whose rows the model may still read.
+func (h *hotSet) abort(fetched []int32) {
+	for _, s := range fetched {
+		h.drop(s)
+	}
+	h.epoch--
+}
+
+// drop empties slot's way (spill slots hold nothing across calls).
+func (h *hotSet) drop(slot int32) {
+	if int(slot) < len(h.tags) {
+		h.tags[slot] = 0
+	}
+}
