@@ -4,4 +4,11 @@
 // random multipliers), tables loaded into or generated in the tier, and the
 // prefetch of a batch's rows into a device buffer through the gather engine
 // with per-layer deadline accounting and a hot-row cache.
+//
+// The hot-row cache is managed on the host, one lookup per row of every
+// call, so its bookkeeping is on the critical path: it is 8-way set
+// associative with a set's tags in one cache line (hotset.go), and a call
+// that does not fit is undone rather than left half-recorded. Raw
+// tokenizer ids become the compressed ids the hash takes through the
+// geometry's lookup table (Compressor).
 package engram
