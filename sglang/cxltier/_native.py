@@ -2,6 +2,7 @@
 mapping of its error codes to Python exceptions carrying the Go message."""
 
 import ctypes
+import json
 import os
 import threading
 
@@ -150,3 +151,32 @@ def call(name, *args):
     if code != 0:
         raise _BY_CODE.get(code, CxlTierError)(code, buf.value.decode("utf-8", "replace"))
     return code
+
+
+class Child:
+    """An object the library opened on a tier (a prefix index, an Engram
+    prefetcher, a top-k pool): cxl_<kind>_close and cxl_<kind>_stats, and
+    closing as a context manager. Detaching the tier closes it too."""
+
+    _kind = ""
+    _stats_bytes = 1024
+
+    def _opened(self, tier, h):
+        self._tier, self._h = tier, h
+
+    def _stats(self, h):
+        buf = ctypes.create_string_buffer(self._stats_bytes)
+        call(f"cxl_{self._kind}_stats", h, buf, len(buf))
+        return json.loads(buf.value)
+
+    def close(self):
+        if self._h is not None and self._tier._h is not None:
+            h, self._h = self._h, None
+            call(f"cxl_{self._kind}_close", h)
+        self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -54,10 +54,12 @@ class Prefetch:
         return self._ready
 
 
-class EngramPrefetcher:
+class EngramPrefetcher(_native.Child):
     """Prefetches the Engram rows of a batch into a per-layer cache in the
     engine's memory ("cuda": GPU memory on `stream`; "cpu": host memory), for
     every layer of the geometry whose table is loaded in the tier."""
+
+    _kind = "engram"
 
     def __init__(self, tier, spec, engine="auto", stream=0, slots=1 << 17, deadline_us=56.0):
         if isinstance(spec, dict):
@@ -65,8 +67,7 @@ class EngramPrefetcher:
         h = ctypes.c_uint64()
         _native.call("cxl_engram_open", tier.handle, spec.encode(), engine.encode(), stream, slots,
                      int(deadline_us * 1000), ctypes.byref(h))
-        self._h = h.value
-        self._tier = tier
+        self._opened(tier, h.value)
         st = self.stats()
         self.layers = st["layers"]  # layers with a table in the tier
         self.max_ngram = st["max_ngram"]
@@ -113,18 +114,4 @@ class EngramPrefetcher:
         return out.raw
 
     def stats(self):
-        buf = ctypes.create_string_buffer(1024)
-        _native.call("cxl_engram_stats", self._h, buf, len(buf))
-        return json.loads(buf.value)
-
-    def close(self):
-        """Closes the prefetcher (detaching its tier closes it too)."""
-        if self._h is not None and self._tier._h is not None:
-            _native.call("cxl_engram_close", self._h)
-        self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        return self._stats(self._h)

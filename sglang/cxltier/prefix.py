@@ -3,7 +3,6 @@ get and delete on a shared index."""
 
 import ctypes
 import hashlib
-import json
 
 from . import _native
 
@@ -79,16 +78,18 @@ def _pointers(buffers, writable):
     return ptrs, sizes, keep
 
 
-class PrefixIndex:
+class PrefixIndex(_native.Child):
     """A prefix index of a tier. Keys are 32-byte digests (bytes) or their
     hex strings, as SGLang's get_hash_str makes them."""
+
+    _kind = "prefix"
+    _stats_bytes = 4096
 
     def __init__(self, tier, name="default", blocks=0, block_bytes=0, key=None):
         h = ctypes.c_uint64()
         _native.call("cxl_prefix_open", tier.handle, name.encode(), key.encode() if key else None, blocks, block_bytes,
                      ctypes.byref(h))
-        self._h = h.value
-        self._tier = tier
+        self._opened(tier, h.value)
         self.name = name
 
     @property
@@ -139,18 +140,4 @@ class PrefixIndex:
         return out.value
 
     def stats(self):
-        buf = ctypes.create_string_buffer(4096)
-        _native.call("cxl_prefix_stats", self.handle, buf, len(buf))
-        return json.loads(buf.value)
-
-    def close(self):
-        if self._h is not None and self._tier._h is not None:
-            h, self._h = self._h, None
-            _native.call("cxl_prefix_close", h)
-        self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        return self._stats(self.handle)

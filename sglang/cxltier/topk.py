@@ -4,7 +4,6 @@ engine's memory with SGLang HiSparse's exact swap-in rules (see the Go
 package topk)."""
 
 import ctypes
-import json
 
 from . import _native
 
@@ -17,19 +16,22 @@ def _int64s(values):
     return (ctypes.c_int64 * max(len(values), 1))(*values), len(values)
 
 
-class TopKPool:
+class TopKPool(_native.Child):
     """Sequences registered under request indices [0, max_requests) (SGLang's
     req_pool_indices), each with `layers` layers of `entry_bytes`-byte token
     entries in the tier, and per layer a buffer of slots + 1 rows per
     request in the engine's memory ("cuda": GPU memory on `stream`; "cpu":
     host memory). Request r's slot s is row r * (slots + 1) + s; slot
-    `slots` holds the newest token."""
+    `slots` holds the newest token. close() frees every sequence and the
+    buffers."""
+
+    _kind = "topk"
 
     def __init__(self, tier, layers, entry_bytes, slots=4096, topk=2048, max_requests=256, engine="auto", stream=0):
         h = ctypes.c_uint64()
         _native.call("cxl_topk_open", tier.handle, engine.encode(), stream, layers, entry_bytes, slots, topk,
                      max_requests, ctypes.byref(h))
-        self._h, self._tier = h.value, tier
+        self._opened(tier, h.value)
         self.layers, self.entry_bytes, self.slots, self.topk = layers, entry_bytes, slots, topk
         self.max_requests = max_requests
 
@@ -117,18 +119,4 @@ class TopKPool:
         return out.raw
 
     def stats(self):
-        buf = ctypes.create_string_buffer(1024)
-        _native.call("cxl_topk_stats", self.handle, buf, len(buf))
-        return json.loads(buf.value)
-
-    def close(self):
-        """Frees every sequence and the buffers (detaching the tier does too)."""
-        if self._h is not None and self._tier._h is not None:
-            _native.call("cxl_topk_close", self._h)
-        self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        return self._stats(self.handle)
