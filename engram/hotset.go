@@ -50,7 +50,7 @@ func newHotSet(slots int, protect uint64) (*hotSet, error) {
 	for s := 1; s*ways <= slots-slots/8; s *= 2 {
 		sets = s
 	}
-	h := &hotSet{tags: make([]uint64, sets*ways), setMask: uint64(sets) - 1, protect: protect}
+	h := &hotSet{tags: make([]uint64, sets*ways), setMask: uint64(max(sets, 1)) - 1, protect: protect}
 	spill := make([]int32, 0, slots-sets*ways)
 	for s := sets * ways; s < slots; s++ {
 		spill = append(spill, int32(s))
@@ -58,9 +58,6 @@ func newHotSet(slots int, protect uint64) (*hotSet, error) {
 	for b := range protect {
 		lo, hi := len(spill)*int(b)/int(protect), len(spill)*int(b+1)/int(protect)
 		h.spill = append(h.spill, spill[lo:hi])
-	}
-	if sets == 0 {
-		h.setMask = 0
 	}
 	return h, nil
 }

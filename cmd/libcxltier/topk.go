@@ -6,6 +6,7 @@ import "C"
 import (
 	"encoding/json"
 	"fmt"
+	"sync"
 	"unsafe"
 
 	"github.com/cxltier/cxltier/kernels"
@@ -23,7 +24,9 @@ type topkPool struct {
 	*topk.Pool
 	child
 	eng kernels.Engine
-	// hostTopK and hostOut stage device-resident step arrays.
+	// stage guards hostTopK and hostOut, which stage device-resident step
+	// arrays: two threads may resolve on one pool.
+	stage             sync.Mutex
 	hostTopK, hostOut []int32
 }
 
@@ -203,6 +206,8 @@ func (p *topkPool) resolveDevice(layer int, reqs []int, lens []int64, sel, out u
 	if err != nil {
 		return topk.Step{}, err
 	}
+	p.stage.Lock()
+	defer p.stage.Unlock()
 	p.hostTopK, p.hostOut = grow(p.hostTopK, n), grow(p.hostOut, n)
 	if err := p.eng.Download(int32Bytes(p.hostTopK), selBuf, 0); err != nil {
 		return topk.Step{}, fmt.Errorf("topk resolve: read selections: %w", err)
