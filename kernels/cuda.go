@@ -27,10 +27,15 @@ type CUDA struct {
 	fnRows    cu.Function
 	fnBlocks  cu.Function
 	maxBlocks int
-	bases     cu.DevicePtr      // MaxRanges device addresses, indexed by RangeID
-	hostBases [MaxRanges]uint64 // the same, host side
+	bases     cu.DevicePtr // MaxRanges device addresses, indexed by RangeID
+	// hostBases is the same table host side, in an allocation of its own:
+	// cgo's pointer check inspects the whole Go object an argument points
+	// into, and this struct holds Go pointers (mem) that may point into the
+	// Go heap when a caller registers heap memory.
+	hostBases *[MaxRanges]uint64
 	mem       [MaxRanges][]byte // registered memory, to unregister
 	stages    [4]stage          // index staging, reused round robin
+	topk      topkKernels       // the top-k planner (topkplan_cuda.go)
 	next      int
 	closed    bool
 }
@@ -49,7 +54,7 @@ const threadsPerBlock = 256
 
 // NewCUDA starts a CUDA engine on opts.Device's primary context.
 func NewCUDA(opts CUDAOptions) (Engine, error) {
-	e := &CUDA{dev: cu.Device(opts.Device)}
+	e := &CUDA{dev: cu.Device(opts.Device), hostBases: new([MaxRanges]uint64)}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if err := e.start(opts); err != nil {
@@ -88,6 +93,9 @@ func (e *CUDA) start(opts CUDAOptions) error {
 	}
 	if e.fnBlocks, err = e.mod.Function("cxl_blocks"); err != nil {
 		return fmt.Errorf("kernels: cxl_blocks: %w", err)
+	}
+	if err := e.topk.load(e.dev); err != nil {
+		return err
 	}
 	e.maxBlocks = opts.MaxBlocks
 	if e.maxBlocks <= 0 {
@@ -411,29 +419,36 @@ func (e *CUDA) stage(words int) (*stage, error) {
 		}
 		s.used = false
 	}
-	need := words * 8
+	if err := s.ensure(words * 8); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// ensure gives the stage room for need bytes, replacing smaller memory.
+func (s *stage) ensure(need int) error {
 	if len(s.host) >= need {
-		return s, nil
+		return nil
 	}
 	s.free()
 	size := max(need, 1<<20)
 	size = (size + unix.Getpagesize() - 1) &^ (unix.Getpagesize() - 1)
 	host, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	if err != nil {
-		return nil, fmt.Errorf("kernels: staging of %d bytes: %w", size, err)
+		return fmt.Errorf("kernels: staging of %d bytes: %w", size, err)
 	}
 	if _, err := hostRegister(host); err != nil {
 		unix.Munmap(host)
-		return nil, err
+		return err
 	}
 	dev, err := cu.MemAlloc(int64(size))
 	if err != nil {
 		hostUnregister(host)
 		unix.Munmap(host)
-		return nil, fmt.Errorf("kernels: device staging of %d bytes: %w", size, err)
+		return fmt.Errorf("kernels: device staging of %d bytes: %w", size, err)
 	}
 	s.host, s.dev = host, dev
-	return s, nil
+	return nil
 }
 
 // asWords views a slice of 8-byte integers as the uint64 words the kernels
@@ -508,6 +523,7 @@ func (e *CUDA) release() {
 		cu.MemFree(e.bases)
 		e.bases = 0
 	}
+	e.topk.release()
 	if e.mod != (cu.Module{}) {
 		e.mod.Unload()
 		e.mod = cu.Module{}

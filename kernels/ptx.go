@@ -5,14 +5,18 @@ import (
 	"strings"
 )
 
-// gatherPTX is gather.cu compiled by genptx.sh. It is embedded in every
-// build so that a test without CUDA can check it against the source.
-//
-//go:embed gather.ptx
-var gatherPTX string
+// The kernels' PTX, compiled from gather.cu and topk.cu by genptx.sh. It is
+// embedded in every build so that a test without CUDA can check it against
+// the sources.
+var (
+	//go:embed gather.ptx
+	gatherPTX string
+	//go:embed topk.ptx
+	topkPTX string
+)
 
-// ptxSourceHash is the SHA-256 of gather.cu recorded when the PTX was made.
-func ptxSourceHash() string {
-	first, _, _ := strings.Cut(gatherPTX, "\n")
+// ptxSourceHash is the SHA-256 of the .cu source recorded when ptx was made.
+func ptxSourceHash(ptx string) string {
+	first, _, _ := strings.Cut(ptx, "\n")
 	return strings.TrimPrefix(first, "// cxltier-source-sha256: ")
 }

@@ -10,11 +10,13 @@ import (
 
 // Config sizes a pool. Layers, EntryBytes and MaxRequests are required.
 type Config struct {
-	Layers      int   // layers with sparse attention
-	EntryBytes  int64 // one token's entry in one layer, a multiple of 16 (656 for DSA FP8)
-	Slots       int   // buffer slots per request and layer, ≥ TopK (default 4096)
-	TopK        int   // selections per request and step (default 2048)
-	MaxRequests int   // request indices are [0, MaxRequests)
+	Layers      int     // layers with sparse attention
+	EntryBytes  int64   // one token's entry in one layer, a multiple of 16 (656 for DSA FP8)
+	Slots       int     // buffer slots per request and layer, ≥ TopK (default 4096)
+	TopK        int     // selections per request and step (default 2048)
+	MaxRequests int     // request indices are [0, MaxRequests)
+	Planner     Planner // where steps are planned (default PlanAuto)
+	MaxContext  int64   // longest sequence (tokens) when the engine plans (default 1<<20)
 }
 
 // Sequence describes a sequence at registration; Layers and EntryBytes
@@ -36,6 +38,9 @@ func (c *Config) fill() error {
 	if c.TopK == 0 {
 		c.TopK = 2048
 	}
+	if c.MaxContext == 0 {
+		c.MaxContext = 1 << 20
+	}
 	switch {
 	case c.Layers < 1 || c.Layers > 1024:
 		return fmt.Errorf("%w: %d layers", ErrBadConfig, c.Layers)
@@ -47,6 +52,8 @@ func (c *Config) fill() error {
 		return fmt.Errorf("%w: top-k %d larger than the %d slots (or below 1)", ErrBadConfig, c.TopK, c.Slots)
 	case c.MaxRequests < 1 || c.MaxRequests > 1<<20:
 		return fmt.Errorf("%w: %d requests", ErrBadConfig, c.MaxRequests)
+	case c.MaxContext < 1 || c.MaxContext > 1<<31-1:
+		return fmt.Errorf("%w: max context %d tokens", ErrBadConfig, c.MaxContext)
 	}
 	return nil
 }
@@ -63,6 +70,7 @@ type Pool struct {
 
 	extentEntries int64 // entries per extent (one chunk)
 	bufs          []kernels.Buffer
+	ep            *enginePlan // nil: the host plans
 
 	mu    sync.Mutex
 	seqs  []*seq     // by request index; nil when not registered
@@ -120,6 +128,10 @@ func New(c *tier.Client, eng kernels.Engine, ids []kernels.RangeID, cfg Config) 
 		}
 		p.bufs = append(p.bufs, b)
 	}
+	if err := p.startEnginePlan(); err != nil {
+		p.Close()
+		return nil, err
+	}
 	return p, nil
 }
 
@@ -158,6 +170,9 @@ func (p *Pool) Close() error {
 	keep(p.eng.Sync())
 	for _, b := range p.bufs {
 		keep(b.Free())
+	}
+	if p.ep != nil {
+		keep(p.ep.free())
 	}
 	if p.owned {
 		for _, id := range p.ids {

@@ -38,6 +38,9 @@ func (p *Pool) Resolve(layer int, reqs []int, seqLens []int64, topk, out []int32
 	if err != nil {
 		return Step{}, err
 	}
+	if p.ep != nil {
+		return p.resolveOnEngine(start, layer, reqs, seqLens, topk, out)
+	}
 	plans := p.plan(layer, seqs, seqLens, topk, out)
 	var st Step
 	rows := kernels.Rows{RowBytes: p.cfg.EntryBytes, Buf: p.bufs[layer], SlotStride: p.cfg.EntryBytes,
@@ -130,14 +133,31 @@ func (p *Pool) forget(seqs []*seq, layer int, reqs []int, rows []int64) {
 // checkStep validates a whole step before any of it is applied.
 func (p *Pool) checkStep(layer int, reqs []int, seqLens []int64, topk, out []int32) ([]*seq, error) {
 	k := p.cfg.TopK
+	if len(topk) != len(reqs)*k || len(out) != len(topk) {
+		return nil, fmt.Errorf("%w: %d requests need %d selections and outputs (top-k %d); got %d and %d",
+			ErrBadInput, len(reqs), len(reqs)*k, k, len(topk), len(out))
+	}
+	seqs, err := p.checkRequests(layer, reqs, seqLens)
+	if err != nil {
+		return nil, err
+	}
+	for b, req := range reqs {
+		for i, pos := range topk[b*k : (b+1)*k] {
+			if pos < -1 || int64(pos) >= seqLens[b] {
+				return nil, fmt.Errorf("%w: request %d: selection %d is position %d, length %d", ErrBadPosition, req, i, pos, seqLens[b])
+			}
+		}
+	}
+	return seqs, nil
+}
+
+// checkRequests validates a step's layer, requests and lengths.
+func (p *Pool) checkRequests(layer int, reqs []int, seqLens []int64) ([]*seq, error) {
 	switch {
 	case layer < 0 || layer >= p.cfg.Layers:
 		return nil, fmt.Errorf("%w: layer %d of %d", ErrBadInput, layer, p.cfg.Layers)
 	case len(seqLens) != len(reqs):
 		return nil, fmt.Errorf("%w: %d requests but %d lengths", ErrBadInput, len(reqs), len(seqLens))
-	case len(topk) != len(reqs)*k || len(out) != len(topk):
-		return nil, fmt.Errorf("%w: %d requests need %d selections and outputs (top-k %d); got %d and %d",
-			ErrBadInput, len(reqs), len(reqs)*k, k, len(topk), len(out))
 	}
 	seqs := make([]*seq, len(reqs))
 	seen := make(map[int]bool, len(reqs))
@@ -153,11 +173,6 @@ func (p *Pool) checkStep(layer int, reqs []int, seqLens []int64, topk, out []int
 		n, have := seqLens[b], s.layers[layer].length
 		if n < 1 || n > have {
 			return nil, fmt.Errorf("%w: request %d layer %d: length %d, %d entries appended", ErrNotAppended, req, layer, n, have)
-		}
-		for i, pos := range topk[b*k : (b+1)*k] {
-			if pos < -1 || int64(pos) >= n {
-				return nil, fmt.Errorf("%w: request %d: selection %d is position %d, length %d", ErrBadPosition, req, i, pos, n)
-			}
 		}
 		seqs[b] = s
 	}

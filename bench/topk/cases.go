@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"time"
+	"unsafe"
 
 	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/tier"
@@ -77,9 +78,9 @@ func median(n int, fn func() error) (time.Duration, error) {
 
 // runCases fills one tier with batch sequences of ctx tokens (one layer:
 // latency is per layer) and runs every overlap on them.
-func runCases(eng kernels.Engine, o options, batch int, ctx int64, rep *Report, log io.Writer) ([]Result, error) {
+func runCases(eng kernels.Engine, o options, planner topk.Planner, batch int, ctx int64, rep *Report, log io.Writer) ([]Result, error) {
 	length := ctx + int64(o.warm+o.steps) + 1
-	fmt.Fprintf(log, "batch %d, context %d: appending %d entries per request...\n", batch, ctx, length)
+	fmt.Fprintf(log, "batch %d, context %d, %v planner: appending %d entries per request...\n", batch, ctx, planner, length)
 	b, _ := tier.ParseBacking("anon")
 	g := tier.DefaultGeometry()
 	chunkEntries := g.ChunkSize / o.entry
@@ -94,11 +95,13 @@ func runCases(eng kernels.Engine, o options, batch int, ctx int64, rep *Report, 
 		return nil, err
 	}
 	defer c.Close()
-	p, err := topk.New(c, eng, nil, topk.Config{Layers: 1, EntryBytes: o.entry, Slots: o.slots, TopK: o.k, MaxRequests: batch})
+	p, err := topk.New(c, eng, nil, topk.Config{Layers: 1, EntryBytes: o.entry, Slots: o.slots, TopK: o.k, MaxRequests: batch,
+		Planner: planner, MaxContext: length})
 	if err != nil {
 		return nil, err
 	}
 	defer p.Close()
+	var sel, slots kernels.Buffer // engine planning: selections and slots in engine memory
 	reqs := make([]int, batch)
 	block := make([]byte, 4096*o.entry)
 	for req := range reqs {
@@ -113,8 +116,18 @@ func runCases(eng kernels.Engine, o options, batch int, ctx int64, rep *Report, 
 		}
 	}
 	var out []Result
+	if planner == topk.PlanEngine {
+		if sel, err = eng.Alloc(int64(batch) * int64(o.k) * 4); err != nil {
+			return nil, err
+		}
+		defer sel.Free()
+		if slots, err = eng.Alloc(int64(batch) * int64(o.k) * 4); err != nil {
+			return nil, err
+		}
+		defer slots.Free()
+	}
 	for _, ov := range o.overlaps {
-		res, err := runCase(p, eng, o, reqs, ctx, ov)
+		res, err := runCase(p, eng, o, reqs, ctx, ov, sel, slots)
 		if err != nil {
 			return nil, err
 		}
@@ -126,12 +139,16 @@ func runCases(eng kernels.Engine, o options, batch int, ctx int64, rep *Report, 
 	return out, nil
 }
 
-func runCase(p *topk.Pool, eng kernels.Engine, o options, reqs []int, ctx int64, overlap float64) (Result, error) {
+// runCase times the steps of one trace. With engine planning the
+// selections are put in engine memory before each step's clock starts, as
+// a sparse-attention indexer leaves them on the GPU, and the slots stay
+// there.
+func runCase(p *topk.Pool, eng kernels.Engine, o options, reqs []int, ctx int64, overlap float64, selBuf, outBuf kernels.Buffer) (Result, error) {
 	tr, err := topk.NewTrace(topk.TraceConfig{Batch: len(reqs), Context: ctx, TopK: o.k, Overlap: overlap, Seed: uint64(ctx)})
 	if err != nil {
 		return Result{}, err
 	}
-	res := Result{Batch: len(reqs), Context: ctx, Overlap: overlap}
+	res := Result{Batch: len(reqs), Context: ctx, Overlap: overlap, Planner: p.Planner().String()}
 	out := make([]int32, len(reqs)*o.k)
 	var lat []time.Duration
 	var bytes, hits, misses int64
@@ -139,8 +156,18 @@ func runCase(p *topk.Pool, eng kernels.Engine, o options, reqs []int, ctx int64,
 	var steps [][]int32
 	for s := range o.warm + o.steps {
 		sel := tr.Next()
+		if selBuf != nil {
+			if err := eng.Upload(selBuf, 0, unsafe.Slice((*byte)(unsafe.Pointer(&sel[0])), 4*len(sel))); err != nil {
+				return res, err
+			}
+		}
 		t := time.Now()
-		st, err := p.Resolve(0, reqs, tr.Lens(), sel, out)
+		var st topk.Step
+		if selBuf != nil {
+			st, err = p.ResolveIn(0, reqs, tr.Lens(), kernels.Span{Buf: selBuf}, kernels.Span{Buf: outBuf})
+		} else {
+			st, err = p.Resolve(0, reqs, tr.Lens(), sel, out)
+		}
 		if err != nil {
 			return res, err
 		}

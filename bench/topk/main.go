@@ -29,6 +29,7 @@ import (
 	"github.com/cxltier/cxltier/bench/internal/report"
 	"github.com/cxltier/cxltier/internal/tierflags"
 	"github.com/cxltier/cxltier/kernels"
+	"github.com/cxltier/cxltier/topk"
 )
 
 // Result is one case.
@@ -36,6 +37,7 @@ type Result struct {
 	Batch        int     `json:"batch"`
 	Context      int64   `json:"context"`
 	Overlap      float64 `json:"overlap"`
+	Planner      string  `json:"planner"` // host or engine
 	P50us        float64 `json:"resolve_fetch_p50_us"`
 	P99us        float64 `json:"resolve_fetch_p99_us"`
 	PlanUs       float64 `json:"plan_mean_us"` // of which CPU planning
@@ -74,6 +76,7 @@ type options struct {
 	entry    int64
 	k, slots int
 	profile  string
+	planners []topk.Planner
 }
 
 func main() {
@@ -99,6 +102,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.k, "k", 2048, "top-k")
 	fs.IntVar(&o.slots, "slots", 4096, "buffer slots per request")
 	fs.StringVar(&o.profile, "cpuprofile", "", "write a CPU profile of the cases here")
+	planners := fs.String("planner", "host,engine", "who plans each step: host (Go, tables in host memory) and/or engine (tables in engine memory; on a GPU, the planning kernels)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -115,6 +119,13 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	for _, c := range ctx {
 		o.contexts = append(o.contexts, int64(c))
+	}
+	for _, f := range strings.Split(*planners, ",") {
+		pl, err := topk.ParsePlanner(strings.TrimSpace(f))
+		if err != nil || pl == topk.PlanAuto {
+			return o, fmt.Errorf("-planner: %q (want host and/or engine)", f)
+		}
+		o.planners = append(o.planners, pl)
 	}
 	for _, f := range strings.Split(*overlaps, ",") {
 		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
@@ -161,11 +172,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 					b, ctx, float64(need)/(1<<30), float64(o.maxBytes)/(1<<30)))
 				continue
 			}
-			res, err := runCases(eng, o, b, ctx, &rep, stderr)
-			if err != nil {
-				return err
+			for _, pl := range o.planners {
+				res, err := runCases(eng, o, pl, b, ctx, &rep, stderr)
+				if err != nil {
+					return err
+				}
+				rep.Results = append(rep.Results, res...)
 			}
-			rep.Results = append(rep.Results, res...)
 		}
 	}
 	printTable(stdout, rep)
@@ -176,9 +189,9 @@ func printTable(w io.Writer, rep Report) {
 	fmt.Fprintf(w, "sparse KV resolve+fetch on %s, engine %s: k=%d, %d slots, %d-byte entries\n", rep.CPU, rep.Engine, rep.TopK, rep.Slots, rep.EntryBytes)
 	fmt.Fprintf(w, "gather %.2f GB/s, bulk %.2f GB/s, launch floor %.1f µs\n\n", rep.GatherGBps, rep.BulkGBps, rep.LaunchFloor)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "batch\tcontext\toverlap\thit rate\tKiB/step\tp50 µs\tp99 µs\tplan µs\t(a) no buffer µs\t(b) whole layer µs\t(c) bound µs\tp50/(c)\t")
+	fmt.Fprintln(tw, "batch\tcontext\toverlap\tplanner\thit rate\tKiB/step\tp50 µs\tp99 µs\tplan µs\t(a) no buffer µs\t(b) whole layer µs\t(c) bound µs\tp50/(c)\t")
 	for _, r := range rep.Results {
-		fmt.Fprintf(tw, "%d\t%d\t%.2f\t%.3f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f×\t\n", r.Batch, r.Context, r.Overlap, r.HitRate,
+		fmt.Fprintf(tw, "%d\t%d\t%.2f\t%s\t%.3f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f×\t\n", r.Batch, r.Context, r.Overlap, r.Planner, r.HitRate,
 			r.BytesPerStep/1024, r.P50us, r.P99us, r.PlanUs, r.NoBufferUs, r.WholeLayerUs, r.BoundUs, r.VsBound)
 	}
 	tw.Flush()

@@ -192,8 +192,10 @@ func cxl_topk_resolve(h C.uint64_t, layer C.int, reqs, seqLens *C.int64_t, batch
 }
 
 // resolveDevice resolves a step whose selections and output are n int32
-// each in GPU memory: it reads the selections (after every call before it
-// on the stream), plans, gathers and writes the output back.
+// each in GPU memory. With engine planning (the default on a GPU) the
+// kernels read and write them in place; otherwise it reads the selections
+// (after every call before it on the stream), plans on the host, gathers
+// and writes the output back.
 func (p *topkPool) resolveDevice(layer int, reqs []int, lens []int64, sel, out uintptr, n int) (topk.Step, error) {
 	if n == 0 {
 		return p.Resolve(layer, reqs, lens, nil, nil)
@@ -205,6 +207,9 @@ func (p *topkPool) resolveDevice(layer int, reqs []int, lens []int64, sel, out u
 	outBuf, err := p.wrap(out, int64(n)*4)
 	if err != nil {
 		return topk.Step{}, err
+	}
+	if p.Planner() == topk.PlanEngine { // the selections never leave the GPU
+		return p.ResolveIn(layer, reqs, lens, kernels.Span{Buf: selBuf}, kernels.Span{Buf: outBuf})
 	}
 	p.stage.Lock()
 	defer p.stage.Unlock()

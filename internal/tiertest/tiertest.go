@@ -16,9 +16,21 @@ import (
 func Format(t testing.TB, devices int, deviceSize, chunk int64) (*tier.Region, *tier.Client) {
 	t.Helper()
 	dir := t.TempDir()
+	return format(t, devices, deviceSize, chunk, func(i int) string { return "file:" + filepath.Join(dir, fmt.Sprintf("dev%d", i)) })
+}
+
+// FormatAnon is Format with anonymous memory for devices: what a CUDA
+// engine can page-lock where the test directory's file system cannot be.
+func FormatAnon(t testing.TB, devices int, deviceSize, chunk int64) (*tier.Region, *tier.Client) {
+	t.Helper()
+	return format(t, devices, deviceSize, chunk, func(int) string { return "anon" })
+}
+
+func format(t testing.TB, devices int, deviceSize, chunk int64, backing func(int) string) (*tier.Region, *tier.Client) {
+	t.Helper()
 	var devs []tier.Backing
 	for i := range devices {
-		b, err := tier.ParseBacking("file:" + filepath.Join(dir, fmt.Sprintf("dev%d", i)))
+		b, err := tier.ParseBacking(backing(i))
 		if err != nil {
 			t.Fatal(err)
 		}

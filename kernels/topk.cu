@@ -1,0 +1,397 @@
+// cxltier top-k planning kernels: one decode step of one layer of the
+// sparse-attention buffer (SGLang HiSparse's swap-in rules, see package
+// topk), resolved on the GPU against slot tables kept in device memory, and
+// the step's copies fetched from the tier, in three launches on one stream:
+//
+//   cxl_topk_check  every selection in [-1, length); the first bad one is
+//                   recorded and the other two kernels then change nothing
+//   cxl_topk_plan   one block per request: the slot of every selection,
+//                   the new slot table and LRU order, the copies to make
+//   cxl_topk_fetch  the copies, tier → slot rows (like cxl_rows)
+//
+// Built to PTX by genptx.sh; the PTX is committed and embedded. The Go
+// twin of cxl_topk_plan is planTopKCPU (topkplan.go): the CPU engine runs
+// it, and the tests hold both to package topk's reference.
+//
+// Layouts (all little endian, the Go side's TopKState):
+//   state, per request and layer, one region of region_bytes:
+//     int32 tokens[S+1]  the token each slot holds for SGLang (slot S: newest)
+//     int32 loaded[S+1]  the token whose bytes are really in the slot, -1 none
+//     int32 lru[S]       slot numbers, least recently used first
+//     (padding to 8)
+//     u64   extents[max_ext]  tier Addr of each extent of extent_entries entries
+//   step (u64 words): [0] first bad selection (b*k+i), ~0 when none;
+//     [1] copies planned; [2, 2+batch) request | length<<32;
+//     [2+batch+2b] hits | misses<<32, [3+batch+2b] fills | newest<<32.
+//   ops: u64 pairs (tier Addr, destination row) of the step's copies.
+
+#ifndef __NVCC__
+#define __global__ __attribute__((global))
+#define __device__ __attribute__((device))
+#define __shared__ __attribute__((shared))
+#define __forceinline__ __attribute__((always_inline)) inline
+#include <__clang_cuda_builtin_vars.h>
+#endif
+
+typedef unsigned long long u64;
+typedef long long i64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+
+#ifdef __NVCC__
+#define SYNC() __syncthreads()
+#define BALLOT(p) __ballot_sync(0xffffffffu, (p))
+#define SHFL_UP(v, d) __shfl_up_sync(0xffffffffu, (v), (d))
+#define SHFL(v, l) __shfl_sync(0xffffffffu, (v), (l))
+#define POPC(x) __popc(x)
+#define ATOM_CAS64(p, c, v) atomicCAS((p), (c), (v))
+#define ATOM_MIN64(p, v) atomicMin((p), (v))
+#define ATOM_ADD64(p, v) atomicAdd((p), (v))
+#define ATOM_ADD32(p, v) atomicAdd((p), (v))
+#else
+#define SYNC() __syncthreads()
+#define BALLOT(p) __nvvm_vote_ballot_sync(0xffffffffu, (p))
+#define SHFL_UP(v, d) __nvvm_shfl_sync_up_i32(0xffffffffu, (v), (d), 0)
+#define SHFL(v, l) __nvvm_shfl_sync_idx_i32(0xffffffffu, (v), (l), 0x1f)
+#define POPC(x) __builtin_popcount(x)
+#define ATOM_CAS64(p, c, v) __nvvm_atom_cas_gen_ll((i64 *)(p), (i64)(c), (i64)(v))
+#define ATOM_MIN64(p, v) __nvvm_atom_min_gen_ull((p), (v))
+#define ATOM_ADD64(p, v) __nvvm_atom_add_gen_ll((i64 *)(p), (i64)(v))
+#define ATOM_ADD32(p, v) __nvvm_atom_add_gen_i((int *)(p), (int)(v))
+#endif
+
+#define ADDR_RANGE_SHIFT 56
+#define ADDR_OFFSET_MASK ((1ull << ADDR_RANGE_SHIFT) - 1)
+#define NONE ~0ull
+#define NO_SLOT 0xffffull
+
+static __device__ __forceinline__ char *resolve_addr(const u64 *bases, u64 addr) {
+  return (char *)(bases[addr >> ADDR_RANGE_SHIFT] + (addr & ADDR_OFFSET_MASK));
+}
+
+extern "C" __global__ void cxl_topk_check(const int *sel, u64 *step, u64 batch, u64 k) {
+  const u64 n = batch * k;
+  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+    const i64 len = (i64)(step[2 + i / k] >> 32);
+    const int p = sel[i];
+    if (p < -1 || (i64)p >= len) ATOM_MIN64(&step[0], i);
+  }
+}
+
+// Shared memory of cxl_topk_plan, carved from the dynamic allocation.
+// hash: open addressing over the step's selected tokens; an entry is
+// token<<32 | first selection index<<16 | slot (NO_SLOT until known), ~0
+// when empty. atomicMin on an entry with the same token keeps the smallest
+// index, so duplicates find their first occurrence.
+struct plan_smem {
+  u64 *hash;
+  u16 *miss_sel; // k: selection index of the m-th miss
+  u16 *lru;      // S: the request's LRU order at entry
+  u8 *hit;       // S: slot holds a selected token
+  u32 *warp;     // 33: per-warp counts for the block scan, [32] the total
+  u32 *vars;     // 8: scan carry, newest selected, counters
+  u32 bits;
+};
+
+static __device__ __forceinline__ u32 hash_home(int tok, u32 bits) { return ((u32)tok * 2654435769u) >> (32 - bits); }
+
+static __device__ void hash_insert(plan_smem &m, int tok, u32 i) {
+  const u32 mask = (1u << m.bits) - 1;
+  const u64 want = (u64)(u32)tok << 32 | (u64)i << 16 | NO_SLOT;
+  for (u32 h = hash_home(tok, m.bits);; h = (h + 1) & mask) {
+    u64 cur = m.hash[h];
+    if (cur == NONE) {
+      cur = ATOM_CAS64(&m.hash[h], NONE, want);
+      if (cur == NONE) return;
+    }
+    if ((u32)(cur >> 32) == (u32)tok) {
+      ATOM_MIN64(&m.hash[h], want);
+      return;
+    }
+  }
+}
+
+// hash_find returns the entry's index, or -1 when tok was not selected.
+static __device__ int hash_find(const plan_smem &m, int tok) {
+  const u32 mask = (1u << m.bits) - 1;
+  for (u32 h = hash_home(tok, m.bits);; h = (h + 1) & mask) {
+    const u64 cur = m.hash[h];
+    if (cur == NONE) return -1;
+    if ((u32)(cur >> 32) == (u32)tok) return (int)h;
+  }
+}
+
+// block_rank returns the number of threads before this one, in this round
+// and the rounds before (vars[0]), whose flag is set, and sets *total to
+// the running count including this round. Every thread must call it the
+// same number of times.
+static __device__ u32 block_rank(plan_smem &m, bool flag, u32 *total) {
+  const u32 lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const u32 ballot = BALLOT(flag);
+  if (lane == 0) m.warp[w] = POPC(ballot);
+  SYNC();
+  if (w == 0) {
+    const u32 x = lane < nw ? m.warp[lane] : 0;
+    u32 inc = x;
+    for (u32 d = 1; d < 32; d <<= 1) {
+      const u32 t = SHFL_UP(inc, d);
+      if (lane >= d) inc += t;
+    }
+    m.warp[lane] = inc - x;
+    if (lane == 31) m.warp[32] = inc;
+  }
+  SYNC();
+  const u32 carry = m.vars[0];
+  const u32 r = carry + m.warp[w] + POPC(ballot & ((1u << lane) - 1));
+  *total = carry + m.warp[32];
+  SYNC();
+  if (threadIdx.x == 0) m.vars[0] = *total;
+  return r;
+}
+
+static __device__ __forceinline__ void reset_rank(plan_smem &m) {
+  SYNC();
+  if (threadIdx.x == 0) m.vars[0] = 0;
+  SYNC();
+}
+
+struct plan_args {
+  const u64 *rows;
+  const int *sel;
+  int *out;
+  char *state;
+  u64 *step;
+  u64 *ops;
+  u64 batch, k, slots, region, ext_off, ext_entries, entry_bytes, layers, layer;
+};
+
+// push appends a copy of token tok of the request into slot s to the
+// step's list: one atomic per warp. Every lane of the warp must call it.
+static __device__ void push(const plan_args &a, const u64 *ext, u64 req, bool want, int tok, u32 s) {
+  const u32 lane = threadIdx.x & 31;
+  const u32 ballot = BALLOT(want);
+  if (ballot == 0) return;
+  u32 base = 0;
+  if (lane == 0) base = (u32)ATOM_ADD64(&a.step[1], (u64)POPC(ballot));
+  base = SHFL(base, 0);
+  if (want) {
+    const u64 at = base + POPC(ballot & ((1u << lane) - 1));
+    const u64 t = (u64)tok;
+    a.ops[2 * at] = ext[t / a.ext_entries] + (t % a.ext_entries) * a.entry_bytes;
+    a.ops[2 * at + 1] = req * (a.slots + 1) + s;
+  }
+}
+
+static __device__ __forceinline__ u64 rounds(u64 n) { return (n + blockDim.x - 1) / blockDim.x; }
+
+static __device__ void plan_short(plan_args &a, plan_smem &m, u64 req, const int *sel, int *out, int *loaded, const u64 *ext,
+                                  u32 *hits, u32 *fills) {
+  for (u64 r = 0; r < rounds(a.k); r++) {
+    const u64 i = r * blockDim.x + threadIdx.x;
+    const int p = i < a.k ? sel[i] : -1;
+    bool fill = false;
+    if (p >= 0) {
+      out[i] = p;
+      const int h = hash_find(m, p);
+      if ((u32)(m.hash[h] >> 16 & 0xffff) == i) {
+        ATOM_ADD32(hits, 1);
+        if (loaded[p] != p) {
+          loaded[p] = p;
+          fill = true;
+          ATOM_ADD32(fills, 1);
+        }
+      }
+    } else if (i < a.k) {
+      out[i] = -1;
+    }
+    push(a, ext, req, fill, p, (u32)p);
+  }
+}
+
+static __device__ void plan_long(plan_args &a, plan_smem &m, u64 req, int newest, const int *sel, int *out, int *tokens,
+                                 int *loaded, int *lru, const u64 *ext, u32 *counts) {
+  const u64 S = a.slots;
+  // Hits: slots whose token was selected.
+  for (u64 s = threadIdx.x; s < S; s += blockDim.x) {
+    const int t = tokens[s];
+    const int h = t >= 0 ? hash_find(m, t) : -1;
+    m.hit[s] = h >= 0;
+    if (h >= 0) m.hash[h] = (m.hash[h] & ~NO_SLOT) | s;
+    m.lru[s] = (u16)lru[s];
+  }
+  reset_rank(m);
+  // Misses in top-k order, first occurrences only.
+  u32 misses = 0;
+  for (u64 r = 0; r < rounds(a.k); r++) {
+    const u64 i = r * blockDim.x + threadIdx.x;
+    const int p = i < a.k ? sel[i] : -1;
+    bool miss = false;
+    if (p >= 0 && p != newest) {
+      const u64 e = m.hash[hash_find(m, p)];
+      miss = (u32)(e >> 16 & 0xffff) == i && (e & NO_SLOT) == NO_SLOT;
+    }
+    const u32 rank = block_rank(m, miss, &misses);
+    if (miss) m.miss_sel[rank] = (u16)i;
+  }
+  // The m-th evictable slot in LRU order takes the m-th miss.
+  reset_rank(m);
+  u32 evictable = 0;
+  for (u64 r = 0; r < rounds(S); r++) {
+    const u64 j = r * blockDim.x + threadIdx.x;
+    const u32 s = j < S ? m.lru[j] : 0;
+    const bool ev = j < S && !m.hit[s];
+    const u32 rank = block_rank(m, ev, &evictable);
+    const bool take = ev && rank < misses;
+    int p = -1;
+    if (take) {
+      p = sel[m.miss_sel[rank]];
+      const int h = hash_find(m, p);
+      m.hash[h] = (m.hash[h] & ~NO_SLOT) | s;
+      tokens[s] = p;
+      loaded[s] = p;
+    }
+    push(a, ext, req, take, p, s);
+  }
+  // New LRU order: unused evictable slots, then the misses, then the hits.
+  reset_rank(m);
+  u32 total = 0;
+  for (u64 r = 0; r < rounds(S); r++) {
+    const u64 j = r * blockDim.x + threadIdx.x;
+    const u32 s = j < S ? m.lru[j] : 0;
+    const bool ev = j < S && !m.hit[s];
+    const u32 rank = block_rank(m, ev, &total);
+    if (j < S) {
+      const u64 pos = ev ? (rank >= misses ? rank - misses : evictable - misses + rank) : evictable + (j - rank);
+      lru[pos] = (int)s;
+    }
+  }
+  // Outputs, and hits whose slot lacks the bytes the table promises.
+  for (u64 r = 0; r < rounds(a.k); r++) {
+    const u64 i = r * blockDim.x + threadIdx.x;
+    if (i < a.k) {
+      const int p = sel[i];
+      if (p < 0) {
+        out[i] = -1;
+      } else if (p == newest) {
+        out[i] = (int)S;
+        m.vars[1] = 1;
+      } else {
+        out[i] = (int)(m.hash[hash_find(m, p)] & NO_SLOT);
+      }
+    }
+  }
+  u32 fills = 0;
+  for (u64 r = 0; r < rounds(S); r++) {
+    const u64 s = r * blockDim.x + threadIdx.x;
+    bool fill = false;
+    int t = -1;
+    if (s < S && m.hit[s]) {
+      t = tokens[s];
+      if (loaded[s] != t) {
+        loaded[s] = t;
+        fill = true;
+      }
+    }
+    fills += POPC(BALLOT(fill)) * ((threadIdx.x & 31) == 0);
+    push(a, ext, req, fill, t, (u32)s);
+  }
+  if ((threadIdx.x & 31) == 0) ATOM_ADD32(&counts[2], fills);
+  SYNC();
+  bool newest_fill = false;
+  if (threadIdx.x == 0 && m.vars[1] && loaded[S] != newest) {
+    loaded[S] = newest;
+    newest_fill = true;
+    counts[3] = 1;
+  }
+  if (threadIdx.x < 32) push(a, ext, req, newest_fill, newest, (u32)S);
+  if (threadIdx.x == 0) {
+    counts[0] = (u32)(S - evictable);
+    counts[1] = misses;
+  }
+}
+
+extern "C" __global__ void cxl_topk_plan(const u64 *rows, const int *sel, int *out, char *state, u64 *step, u64 *ops,
+                                         u64 batch, u64 k, u64 slots, u64 region, u64 ext_off, u64 ext_entries,
+                                         u64 entry_bytes, u64 layers, u64 layer, u64 hash_bits) {
+  if (step[0] != NONE) return; // a bad selection somewhere in the batch: change nothing
+  plan_args a = {rows, sel, out, state, step, ops, batch, k, slots, region, ext_off, ext_entries, entry_bytes, layers, layer};
+  extern __shared__ u64 smem[];
+  plan_smem m;
+  m.bits = (u32)hash_bits;
+  const u64 H = 1ull << hash_bits;
+  m.hash = smem;
+  m.warp = (u32 *)(smem + H);
+  m.vars = m.warp + 33;
+  m.miss_sel = (u16 *)(m.vars + 8);
+  m.lru = m.miss_sel + k;
+  m.hit = (u8 *)(m.lru + slots);
+  __shared__ u32 counts[4];
+  const u64 b = blockIdx.x;
+  const u64 req = rows[b] & 0xffffffffull;
+  const i64 len = (i64)(rows[b] >> 32);
+  char *reg = state + (req * layers + layer) * region;
+  int *tokens = (int *)reg, *loaded = tokens + slots + 1, *lru = loaded + slots + 1;
+  const u64 *ext = (const u64 *)(reg + ext_off);
+  const int *s = sel + b * k;
+  int *o = out + b * k;
+  for (u64 h = threadIdx.x; h < H; h += blockDim.x) m.hash[h] = NONE;
+  if (threadIdx.x < 8) m.vars[threadIdx.x] = 0;
+  if (threadIdx.x < 4) counts[threadIdx.x] = 0;
+  SYNC();
+  const bool longseq = len > (i64)slots;
+  const int newest = (int)(len - 1);
+  for (u64 i = threadIdx.x; i < k; i += blockDim.x) {
+    const int p = s[i];
+    if (p >= 0 && !(longseq && p == newest)) hash_insert(m, p, (u32)i);
+  }
+  SYNC();
+  if (longseq)
+    plan_long(a, m, req, newest, s, o, tokens, loaded, lru, ext, counts);
+  else
+    plan_short(a, m, req, s, o, loaded, ext, &counts[0], &counts[2]);
+  SYNC();
+  if (threadIdx.x == 0) {
+    step[2 + batch + 2 * b] = (u64)counts[0] | (u64)counts[1] << 32;
+    step[3 + batch + 2 * b] = (u64)counts[2] | (u64)counts[3] << 32;
+  }
+}
+
+template <typename W>
+static __device__ __forceinline__ void copy_words(char *dst, const char *src, u64 n, u32 lane, u32 lanes) {
+  const u64 nw = n / sizeof(W);
+  const W *s = (const W *)src;
+  W *d = (W *)dst;
+  u64 i = lane;
+  for (; i + 3ull * lanes < nw; i += 4ull * lanes) {
+    W x = s[i], y = s[i + lanes], z = s[i + 2ull * lanes], w = s[i + 3ull * lanes];
+    d[i] = x;
+    d[i + lanes] = y;
+    d[i + 2ull * lanes] = z;
+    d[i + 3ull * lanes] = w;
+  }
+  for (; i < nw; i += lanes) d[i] = s[i];
+}
+
+#ifdef __NVCC__
+typedef uint4 vec16;
+#else
+typedef u32 vec16 __attribute__((ext_vector_type(4)));
+#endif
+
+// cxl_topk_fetch copies the planned rows (entry_bytes, a multiple of 16, so
+// every row is 16-byte aligned at both ends) into buf.
+extern "C" __global__ void cxl_topk_fetch(const u64 *bases, const u64 *ops, const u64 *step, u64 buf, u64 entry_bytes,
+                                          u64 lanes_per_row) {
+  if (step[0] != NONE) return;
+  const u64 n = step[1];
+  const u32 lanes = (u32)lanes_per_row;
+  const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  const u32 lane = (u32)(tid % lanes);
+  const u64 groups = ((u64)gridDim.x * blockDim.x) / lanes;
+  for (u64 r = tid / lanes; r < n; r += groups) {
+    const char *src = resolve_addr(bases, ops[2 * r]);
+    char *dst = (char *)(buf + ops[2 * r + 1] * entry_bytes);
+    copy_words<vec16>(dst, src, entry_bytes, lane, lanes);
+  }
+}
