@@ -44,10 +44,11 @@ type CUDA struct {
 // copied to the device on the stream, read by the kernel. ev marks when
 // the kernel that used it is done, so the next user waits for it.
 type stage struct {
-	host []byte // mmap'd and page-locked
-	dev  cu.DevicePtr
-	ev   cu.Event
-	used bool
+	host    []byte // mmap'd and page-locked
+	hostDev uint64 // host's address for kernels (mapped, read over the bus)
+	dev     cu.DevicePtr
+	ev      cu.Event
+	used    bool
 }
 
 const threadsPerBlock = 256
@@ -437,7 +438,8 @@ func (s *stage) ensure(need int) error {
 	if err != nil {
 		return fmt.Errorf("kernels: staging of %d bytes: %w", size, err)
 	}
-	if _, err := hostRegister(host); err != nil {
+	hostDev, err := hostRegister(host)
+	if err != nil {
 		unix.Munmap(host)
 		return err
 	}
@@ -447,7 +449,7 @@ func (s *stage) ensure(need int) error {
 		unix.Munmap(host)
 		return fmt.Errorf("kernels: device staging of %d bytes: %w", size, err)
 	}
-	s.host, s.dev = host, dev
+	s.host, s.hostDev, s.dev = host, hostDev, dev
 	return nil
 }
 

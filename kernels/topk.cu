@@ -1,13 +1,15 @@
 // cxltier top-k planning kernels: one decode step of one layer of the
 // sparse-attention buffer (SGLang HiSparse's swap-in rules, see package
 // topk), resolved on the GPU against slot tables kept in device memory, and
-// the step's copies fetched from the tier, in three launches on one stream:
+// the step's copies fetched from the tier, in two launches on one stream:
 //
 //   cxl_topk_check  every selection in [-1, length); the first bad one is
-//                   recorded and the other two kernels then change nothing
+//                   recorded and the plan kernel then changes nothing
+//                   (small batches: each plan block checks the whole batch
+//                   itself, and this launch is skipped)
 //   cxl_topk_plan   one block per request: the slot of every selection,
-//                   the new slot table and LRU order, the copies to make
-//   cxl_topk_fetch  the copies, tier → slot rows (like cxl_rows)
+//                   the new slot table and LRU order, then the block's
+//                   copies, tier → slot rows, as soon as its plan is done
 //
 // Built to PTX by genptx.sh; the PTX is committed and embedded. The Go
 // twin of cxl_topk_plan is planTopKCPU (topkplan.go): the CPU engine runs
@@ -20,10 +22,16 @@
 //     int32 lru[S]       slot numbers, least recently used first
 //     (padding to 8)
 //     u64   extents[max_ext]  tier Addr of each extent of extent_entries entries
-//   step (u64 words): [0] first bad selection (b*k+i), ~0 when none;
-//     [1] copies planned; [2, 2+batch) request | length<<32;
-//     [2+batch+2b] hits | misses<<32, [3+batch+2b] fills | newest<<32.
-//   ops: u64 pairs (tier Addr, destination row) of the step's copies.
+//   step (u64 words, in page-locked host memory the kernels read and write
+//     through its device mapping, so a step needs no copy either way):
+//     [0] first bad selection (b*k+i), ~0 when none; [1, 1+batch) request |
+//     length<<32; [1+batch+2b] hits | misses<<32, [2+batch+2b] fills |
+//     newest<<32.
+//   mark (one u64 in device memory): the check kernel's verdict, epoch<<40
+//     | (2^40-1 - first bad index); an older epoch means none, so the word
+//     never needs clearing between steps.
+//   ops: u64 pairs (tier Addr, destination row) of the step's copies,
+//     request b's from b*k on.
 
 #ifndef __NVCC__
 #define __global__ __attribute__((global))
@@ -47,7 +55,7 @@ typedef unsigned char u8;
 #define POPC(x) __popc(x)
 #define ATOM_CAS64(p, c, v) atomicCAS((p), (c), (v))
 #define ATOM_MIN64(p, v) atomicMin((p), (v))
-#define ATOM_ADD64(p, v) atomicAdd((p), (v))
+#define ATOM_MAX64(p, v) atomicMax((p), (v))
 #define ATOM_ADD32(p, v) atomicAdd((p), (v))
 #else
 #define SYNC() __syncthreads()
@@ -57,7 +65,7 @@ typedef unsigned char u8;
 #define POPC(x) __builtin_popcount(x)
 #define ATOM_CAS64(p, c, v) __nvvm_atom_cas_gen_ll((i64 *)(p), (i64)(c), (i64)(v))
 #define ATOM_MIN64(p, v) __nvvm_atom_min_gen_ull((p), (v))
-#define ATOM_ADD64(p, v) __nvvm_atom_add_gen_ll((i64 *)(p), (i64)(v))
+#define ATOM_MAX64(p, v) __nvvm_atom_max_gen_ull((p), (v))
 #define ATOM_ADD32(p, v) __nvvm_atom_add_gen_i((int *)(p), (int)(v))
 #endif
 
@@ -65,17 +73,24 @@ typedef unsigned char u8;
 #define ADDR_OFFSET_MASK ((1ull << ADDR_RANGE_SHIFT) - 1)
 #define NONE ~0ull
 #define NO_SLOT 0xffffull
+#define LOAD_UNROLL 4
 
 static __device__ __forceinline__ char *resolve_addr(const u64 *bases, u64 addr) {
   return (char *)(bases[addr >> ADDR_RANGE_SHIFT] + (addr & ADDR_OFFSET_MASK));
 }
 
-extern "C" __global__ void cxl_topk_check(const int *sel, u64 *step, u64 batch, u64 k) {
-  const u64 n = batch * k;
-  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-    const i64 len = (i64)(step[2 + i / k] >> 32);
-    const int p = sel[i];
-    if (p < -1 || (i64)p >= len) ATOM_MIN64(&step[0], i);
+#define MARK_SHIFT 40
+#define MARK_INDEX ((1ull << MARK_SHIFT) - 1)
+
+// cxl_topk_check: a block per batch row (the row's length read once, from
+// host memory, for the whole block).
+extern "C" __global__ void cxl_topk_check(const int *sel, const u64 *rows, u64 *mark, u64 batch, u64 k, u64 epoch) {
+  for (u64 b = blockIdx.x; b < batch; b += gridDim.x) {
+    const i64 len = (i64)(rows[b] >> 32);
+    for (u64 i = threadIdx.x; i < k; i += blockDim.x) {
+      const int p = sel[b * k + i];
+      if (p < -1 || (i64)p >= len) ATOM_MAX64(mark, epoch << MARK_SHIFT | (MARK_INDEX - (b * k + i)));
+    }
   }
 }
 
@@ -86,11 +101,13 @@ extern "C" __global__ void cxl_topk_check(const int *sel, u64 *step, u64 batch, 
 // index, so duplicates find their first occurrence.
 struct plan_smem {
   u64 *hash;
+  int *tok;       // S: the request's slot tokens at entry
+  int *have;      // S: what the slots hold at entry
   u16 *miss_sel; // k: selection index of the m-th miss
   u16 *lru;      // S: the request's LRU order at entry
   u8 *hit;       // S: slot holds a selected token
   u32 *warp;     // 33: per-warp counts for the block scan, [32] the total
-  u32 *vars;     // 8: scan carry, newest selected, counters
+  u32 *vars;     // 8: scan carry, newest selected, copies, hits
   u32 bits;
 };
 
@@ -161,22 +178,22 @@ struct plan_args {
   const int *sel;
   int *out;
   char *state;
-  u64 *step;
   u64 *ops;
   u64 batch, k, slots, region, ext_off, ext_entries, entry_bytes, layers, layer;
 };
 
 // push appends a copy of token tok of the request into slot s to the
-// step's list: one atomic per warp. Every lane of the warp must call it.
-static __device__ void push(const plan_args &a, const u64 *ext, u64 req, bool want, int tok, u32 s) {
+// block's list (ops from b*k on): one shared atomic per warp. Every lane of
+// the warp must call it.
+static __device__ void push(const plan_args &a, u32 *n, const u64 *ext, u64 req, bool want, int tok, u32 s) {
   const u32 lane = threadIdx.x & 31;
   const u32 ballot = BALLOT(want);
   if (ballot == 0) return;
   u32 base = 0;
-  if (lane == 0) base = (u32)ATOM_ADD64(&a.step[1], (u64)POPC(ballot));
+  if (lane == 0) base = (u32)ATOM_ADD32(n, POPC(ballot));
   base = SHFL(base, 0);
   if (want) {
-    const u64 at = base + POPC(ballot & ((1u << lane) - 1));
+    const u64 at = blockIdx.x * a.k + base + POPC(ballot & ((1u << lane) - 1));
     const u64 t = (u64)tok;
     a.ops[2 * at] = ext[t / a.ext_entries] + (t % a.ext_entries) * a.entry_bytes;
     a.ops[2 * at + 1] = req * (a.slots + 1) + s;
@@ -205,21 +222,54 @@ static __device__ void plan_short(plan_args &a, plan_smem &m, u64 req, const int
     } else if (i < a.k) {
       out[i] = -1;
     }
-    push(a, ext, req, fill, p, (u32)p);
+    push(a, &m.vars[2], ext, req, fill, p, (u32)p);
   }
 }
 
 static __device__ void plan_long(plan_args &a, plan_smem &m, u64 req, int newest, const int *sel, int *out, int *tokens,
                                  int *loaded, int *lru, const u64 *ext, u32 *counts) {
   const u64 S = a.slots;
-  // Hits: slots whose token was selected.
-  for (u64 s = threadIdx.x; s < S; s += blockDim.x) {
-    const int t = tokens[s];
-    const int h = t >= 0 ? hash_find(m, t) : -1;
-    m.hit[s] = h >= 0;
-    if (h >= 0) m.hash[h] = (m.hash[h] & ~NO_SLOT) | s;
-    m.lru[s] = (u16)lru[s];
+  // Hits: slots whose token was selected; a hit whose slot lacks the bytes
+  // the table promises is filled.
+  // The tables go to shared memory first, LOAD_UNROLL slots per thread at
+  // a time, so that the loads' latencies overlap instead of adding up.
+  for (u32 s0 = threadIdx.x; s0 < S; s0 += LOAD_UNROLL * blockDim.x) {
+    int t[LOAD_UNROLL], h[LOAD_UNROLL], l[LOAD_UNROLL];
+#pragma unroll
+    for (u32 u = 0; u < LOAD_UNROLL; u++) {
+      const u32 s = s0 + u * blockDim.x;
+      if (s < S) t[u] = tokens[s], h[u] = loaded[s], l[u] = lru[s];
+    }
+#pragma unroll
+    for (u32 u = 0; u < LOAD_UNROLL; u++) {
+      const u32 s = s0 + u * blockDim.x;
+      if (s < S) m.tok[s] = t[u], m.have[s] = h[u], m.lru[s] = (u16)l[u];
+    }
   }
+  SYNC();
+  u32 fills = 0;
+  for (u64 r = 0; r < rounds(S); r++) {
+    const u64 s = r * blockDim.x + threadIdx.x;
+    int t = -1, h = -1;
+    bool fill = false;
+    if (s < S) {
+      t = m.tok[s];
+      const int have = m.have[s];
+      h = t >= 0 ? hash_find(m, t) : -1;
+      m.hit[s] = h >= 0;
+      if (h >= 0) {
+        m.hash[h] = (m.hash[h] & ~NO_SLOT) | s;
+        ATOM_ADD32(&m.vars[3], 1);
+        if (have != t) {
+          loaded[s] = t;
+          fill = true;
+        }
+      }
+    }
+    fills += POPC(BALLOT(fill)) * ((threadIdx.x & 31) == 0);
+    push(a, &m.vars[2], ext, req, fill, t, (u32)s);
+  }
+  if ((threadIdx.x & 31) == 0) ATOM_ADD32(&counts[2], fills);
   reset_rank(m);
   // Misses in top-k order, first occurrences only.
   u32 misses = 0;
@@ -234,14 +284,17 @@ static __device__ void plan_long(plan_args &a, plan_smem &m, u64 req, int newest
     const u32 rank = block_rank(m, miss, &misses);
     if (miss) m.miss_sel[rank] = (u16)i;
   }
-  // The m-th evictable slot in LRU order takes the m-th miss.
+  // One pass over the LRU order: the m-th evictable slot takes the m-th
+  // miss, and every slot gets its place in the new order: unused evictable
+  // slots, then the misses, then the hits.
+  const u32 evictable = (u32)S - m.vars[3];
   reset_rank(m);
-  u32 evictable = 0;
+  u32 seen = 0;
   for (u64 r = 0; r < rounds(S); r++) {
     const u64 j = r * blockDim.x + threadIdx.x;
     const u32 s = j < S ? m.lru[j] : 0;
     const bool ev = j < S && !m.hit[s];
-    const u32 rank = block_rank(m, ev, &evictable);
+    const u32 rank = block_rank(m, ev, &seen);
     const bool take = ev && rank < misses;
     int p = -1;
     if (take) {
@@ -251,22 +304,13 @@ static __device__ void plan_long(plan_args &a, plan_smem &m, u64 req, int newest
       tokens[s] = p;
       loaded[s] = p;
     }
-    push(a, ext, req, take, p, s);
-  }
-  // New LRU order: unused evictable slots, then the misses, then the hits.
-  reset_rank(m);
-  u32 total = 0;
-  for (u64 r = 0; r < rounds(S); r++) {
-    const u64 j = r * blockDim.x + threadIdx.x;
-    const u32 s = j < S ? m.lru[j] : 0;
-    const bool ev = j < S && !m.hit[s];
-    const u32 rank = block_rank(m, ev, &total);
     if (j < S) {
       const u64 pos = ev ? (rank >= misses ? rank - misses : evictable - misses + rank) : evictable + (j - rank);
       lru[pos] = (int)s;
     }
+    push(a, &m.vars[2], ext, req, take, p, s);
   }
-  // Outputs, and hits whose slot lacks the bytes the table promises.
+  // Outputs.
   for (u64 r = 0; r < rounds(a.k); r++) {
     const u64 i = r * blockDim.x + threadIdx.x;
     if (i < a.k) {
@@ -281,22 +325,6 @@ static __device__ void plan_long(plan_args &a, plan_smem &m, u64 req, int newest
       }
     }
   }
-  u32 fills = 0;
-  for (u64 r = 0; r < rounds(S); r++) {
-    const u64 s = r * blockDim.x + threadIdx.x;
-    bool fill = false;
-    int t = -1;
-    if (s < S && m.hit[s]) {
-      t = tokens[s];
-      if (loaded[s] != t) {
-        loaded[s] = t;
-        fill = true;
-      }
-    }
-    fills += POPC(BALLOT(fill)) * ((threadIdx.x & 31) == 0);
-    push(a, ext, req, fill, t, (u32)s);
-  }
-  if ((threadIdx.x & 31) == 0) ATOM_ADD32(&counts[2], fills);
   SYNC();
   bool newest_fill = false;
   if (threadIdx.x == 0 && m.vars[1] && loaded[S] != newest) {
@@ -304,18 +332,94 @@ static __device__ void plan_long(plan_args &a, plan_smem &m, u64 req, int newest
     newest_fill = true;
     counts[3] = 1;
   }
-  if (threadIdx.x < 32) push(a, ext, req, newest_fill, newest, (u32)S);
+  if (threadIdx.x < 32) push(a, &m.vars[2], ext, req, newest_fill, newest, (u32)S);
   if (threadIdx.x == 0) {
     counts[0] = (u32)(S - evictable);
     counts[1] = misses;
   }
 }
 
-extern "C" __global__ void cxl_topk_plan(const u64 *rows, const int *sel, int *out, char *state, u64 *step, u64 *ops,
+#ifdef __NVCC__
+typedef uint4 vec16;
+#else
+typedef u32 vec16 __attribute__((ext_vector_type(4)));
+#endif
+
+#define FETCH_UNROLL 4
+
+// fetch copies the block's n planned rows (entry_bytes, a multiple of 16,
+// so both ends of every row are 16-byte aligned) as one stream of 16-byte
+// vectors over all the block's threads, each loading FETCH_UNROLL vectors
+// before storing any, so that many PCIe reads are in flight per thread.
+static __device__ void fetch(const u64 *bases, const u64 *ops, u32 n, u32 vpr, u64 entry_bytes, u64 buf) {
+  const u32 total = n * vpr;
+  for (u32 v0 = threadIdx.x; v0 < total; v0 += FETCH_UNROLL * blockDim.x) {
+    vec16 x[FETCH_UNROLL];
+#pragma unroll
+    for (u32 u = 0; u < FETCH_UNROLL; u++) {
+      const u32 v = v0 + u * blockDim.x;
+      if (v < total) x[u] = ((const vec16 *)resolve_addr(bases, ops[2 * (v / vpr)]))[v % vpr];
+    }
+#pragma unroll
+    for (u32 u = 0; u < FETCH_UNROLL; u++) {
+      const u32 v = v0 + u * blockDim.x;
+      if (v < total) ((vec16 *)(buf + ops[2 * (v / vpr) + 1] * entry_bytes))[v % vpr] = x[u];
+    }
+  }
+}
+
+// batch_valid is cxl_topk_check done by every block on its own, for small
+// batches where a second launch costs more than reading the whole batch's
+// selections once per block: each block learns on its own whether the
+// step is valid, so none changes anything when one selection is bad.
+// Block 0 records the first bad one.
+#define CHECK_ALL_MAX_BATCH 64
+#define CHECK_UNROLL 8
+
+static __device__ bool batch_valid(const int *sel, const u64 *rows, u64 *step, u64 batch, u64 k) {
+  __shared__ u64 first_bad;
+  __shared__ int lens[CHECK_ALL_MAX_BATCH];
+  if (threadIdx.x == 0) first_bad = NONE;
+  if (threadIdx.x < batch) lens[threadIdx.x] = (int)(rows[threadIdx.x] >> 32); // one round trip to host memory
+  SYNC();
+  // n ≤ the host's limit (2^16), so 32-bit arithmetic; CHECK_UNROLL loads
+  // are issued before any is compared, so their latencies overlap.
+  const u32 n = (u32)(batch * k), kk = (u32)k;
+  for (u32 i0 = threadIdx.x; i0 < n; i0 += CHECK_UNROLL * blockDim.x) {
+    int p[CHECK_UNROLL];
+#pragma unroll
+    for (u32 u = 0; u < CHECK_UNROLL; u++) {
+      const u32 i = i0 + u * blockDim.x;
+      p[u] = i < n ? sel[i] : -1;
+    }
+#pragma unroll
+    for (u32 u = 0; u < CHECK_UNROLL; u++) {
+      const u32 i = i0 + u * blockDim.x;
+      if (p[u] < -1 || (i < n && p[u] >= lens[i / kk])) ATOM_MIN64(&first_bad, (u64)i);
+    }
+  }
+  SYNC();
+  if (blockIdx.x == 0 && threadIdx.x == 0) step[0] = first_bad;
+  return first_bad == NONE;
+}
+
+extern "C" __global__ void cxl_topk_plan(const int *sel, int *out, char *state, u64 *step, const u64 *mark, u64 *ops,
                                          u64 batch, u64 k, u64 slots, u64 region, u64 ext_off, u64 ext_entries,
-                                         u64 entry_bytes, u64 layers, u64 layer, u64 hash_bits) {
-  if (step[0] != NONE) return; // a bad selection somewhere in the batch: change nothing
-  plan_args a = {rows, sel, out, state, step, ops, batch, k, slots, region, ext_off, ext_entries, entry_bytes, layers, layer};
+                                         u64 entry_bytes, u64 layers, u64 layer, u64 hash_bits, const u64 *bases, u64 buf,
+                                         u64 check, u64 epoch) {
+  const u64 *rows = step + 1;
+  const u64 row = rows[blockIdx.x]; // from host memory: issued first, used last
+  // check: 0 the selections were checked by the caller, 1 by this block
+  // (the whole batch), 2 by cxl_topk_check. Any bad one: change nothing.
+  if (check == 1 && !batch_valid(sel, rows, step, batch, k)) return;
+  if (check == 2) {
+    const u64 v = *mark;
+    if (v >> MARK_SHIFT == epoch) {
+      if (blockIdx.x == 0 && threadIdx.x == 0) step[0] = MARK_INDEX - (v & MARK_INDEX);
+      return;
+    }
+  }
+  plan_args a = {rows, sel, out, state, ops, batch, k, slots, region, ext_off, ext_entries, entry_bytes, layers, layer};
   extern __shared__ u64 smem[];
   plan_smem m;
   m.bits = (u32)hash_bits;
@@ -323,13 +427,15 @@ extern "C" __global__ void cxl_topk_plan(const u64 *rows, const int *sel, int *o
   m.hash = smem;
   m.warp = (u32 *)(smem + H);
   m.vars = m.warp + 33;
-  m.miss_sel = (u16 *)(m.vars + 8);
+  m.tok = (int *)(m.vars + 8);
+  m.have = m.tok + slots;
+  m.miss_sel = (u16 *)(m.have + slots);
   m.lru = m.miss_sel + k;
   m.hit = (u8 *)(m.lru + slots);
   __shared__ u32 counts[4];
   const u64 b = blockIdx.x;
-  const u64 req = rows[b] & 0xffffffffull;
-  const i64 len = (i64)(rows[b] >> 32);
+  const u64 req = row & 0xffffffffull;
+  const i64 len = (i64)(row >> 32);
   char *reg = state + (req * layers + layer) * region;
   int *tokens = (int *)reg, *loaded = tokens + slots + 1, *lru = loaded + slots + 1;
   const u64 *ext = (const u64 *)(reg + ext_off);
@@ -352,46 +458,9 @@ extern "C" __global__ void cxl_topk_plan(const u64 *rows, const int *sel, int *o
     plan_short(a, m, req, s, o, loaded, ext, &counts[0], &counts[2]);
   SYNC();
   if (threadIdx.x == 0) {
-    step[2 + batch + 2 * b] = (u64)counts[0] | (u64)counts[1] << 32;
-    step[3 + batch + 2 * b] = (u64)counts[2] | (u64)counts[3] << 32;
+    step[1 + batch + 2 * b] = (u64)counts[0] | (u64)counts[1] << 32;
+    step[2 + batch + 2 * b] = (u64)counts[2] | (u64)counts[3] << 32;
   }
+  fetch(bases, ops + 2 * b * k, m.vars[2], (u32)(entry_bytes / 16), entry_bytes, buf);
 }
 
-template <typename W>
-static __device__ __forceinline__ void copy_words(char *dst, const char *src, u64 n, u32 lane, u32 lanes) {
-  const u64 nw = n / sizeof(W);
-  const W *s = (const W *)src;
-  W *d = (W *)dst;
-  u64 i = lane;
-  for (; i + 3ull * lanes < nw; i += 4ull * lanes) {
-    W x = s[i], y = s[i + lanes], z = s[i + 2ull * lanes], w = s[i + 3ull * lanes];
-    d[i] = x;
-    d[i + lanes] = y;
-    d[i + 2ull * lanes] = z;
-    d[i + 3ull * lanes] = w;
-  }
-  for (; i < nw; i += lanes) d[i] = s[i];
-}
-
-#ifdef __NVCC__
-typedef uint4 vec16;
-#else
-typedef u32 vec16 __attribute__((ext_vector_type(4)));
-#endif
-
-// cxl_topk_fetch copies the planned rows (entry_bytes, a multiple of 16, so
-// every row is 16-byte aligned at both ends) into buf.
-extern "C" __global__ void cxl_topk_fetch(const u64 *bases, const u64 *ops, const u64 *step, u64 buf, u64 entry_bytes,
-                                          u64 lanes_per_row) {
-  if (step[0] != NONE) return;
-  const u64 n = step[1];
-  const u32 lanes = (u32)lanes_per_row;
-  const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-  const u32 lane = (u32)(tid % lanes);
-  const u64 groups = ((u64)gridDim.x * blockDim.x) / lanes;
-  for (u64 r = tid / lanes; r < n; r += groups) {
-    const char *src = resolve_addr(bases, ops[2 * r]);
-    char *dst = (char *)(buf + ops[2 * r + 1] * entry_bytes);
-    copy_words<vec16>(dst, src, entry_bytes, lane, lanes);
-  }
-}

@@ -68,7 +68,7 @@ func (l TopKLayout) hashBits() uint { return uint(bits.Len(uint(2*l.TopK - 1))) 
 
 // sharedBytes is the shared memory one block of cxl_topk_plan needs.
 func (l TopKLayout) sharedBytes() int {
-	return 8<<l.hashBits() + 4*(33+8) + 2*l.TopK + 2*l.Slots + l.Slots
+	return 8<<l.hashBits() + 4*(33+8) + 8*l.Slots + 2*l.TopK + 2*l.Slots + l.Slots
 }
 
 // TopKStep is one decode step of one layer for a batch: request Reqs[b] of
@@ -87,6 +87,9 @@ type TopKStep struct {
 	Lens   []int32
 	Sel    Span
 	Out    Span
+	// Checked says the caller already checked every selection (they came
+	// from host memory), so the engine need not.
+	Checked bool
 }
 
 // TopKCounts is what a step did, summed over the batch.

@@ -13,14 +13,18 @@ import (
 // a pinned staging area for each step's words and device room for its
 // copy list. Used inside enter (the engine lock is held).
 type topkKernels struct {
-	mod                cu.Module
-	check, plan, fetch cu.Function
-	threads            int // per planning block
-	sharedLimit        int // opt-in shared memory per block
-	sharedSet          int // what plan's launches may use so far
-	step               stage
-	ops                cu.DevicePtr
-	opsBytes           int64
+	mod         cu.Module
+	check, plan cu.Function
+	threads     int          // per planning block
+	sharedLimit int          // opt-in shared memory per block
+	sharedSet   int          // what plan's launches may use so far
+	step        stage        // the step's words, read and written by the kernels in place (hostDev)
+	mark        cu.DevicePtr // cxl_topk_check's verdict, epoch-stamped
+	epoch       uint64       // of the current step, in [1, 1<<24)
+	ops         cu.DevicePtr
+	opsBytes    int64
+	events      []cu.Event // tests: three events recorded around the two kernels
+	checkAllMax int        // selections up to which plan blocks check the batch themselves
 }
 
 func (t *topkKernels) load(dev cu.Device) error {
@@ -28,7 +32,7 @@ func (t *topkKernels) load(dev cu.Device) error {
 	if t.mod, err = cu.LoadData(topkPTX); err != nil {
 		return fmt.Errorf("kernels: load top-k PTX: %w", err)
 	}
-	for name, fn := range map[string]*cu.Function{"cxl_topk_check": &t.check, "cxl_topk_plan": &t.plan, "cxl_topk_fetch": &t.fetch} {
+	for name, fn := range map[string]*cu.Function{"cxl_topk_check": &t.check, "cxl_topk_plan": &t.plan} {
 		if *fn, err = t.mod.Function(name); err != nil {
 			return fmt.Errorf("kernels: %s: %w", name, err)
 		}
@@ -42,11 +46,19 @@ func (t *topkKernels) load(dev cu.Device) error {
 		return err
 	}
 	t.sharedSet = 48 << 10
-	return nil
+	t.checkAllMax = 1 << 16
+	if t.mark, err = cu.MemAlloc(8); err != nil {
+		return fmt.Errorf("kernels: top-k check word: %w", err)
+	}
+	return cu.MemsetD32(t.mark, 0, 2)
 }
 
 func (t *topkKernels) release() {
 	t.step.free()
+	if t.mark != 0 {
+		cu.MemFree(t.mark)
+		t.mark = 0
+	}
 	if t.ops != 0 {
 		cu.MemFree(t.ops)
 		t.ops = 0
@@ -57,8 +69,9 @@ func (t *topkKernels) release() {
 	}
 }
 
-// PlanTopK implements TopKPlanner: three launches on the engine's stream
-// (check, plan, fetch; topk.cu), then one download of the step's counts.
+// PlanTopK implements TopKPlanner: the plan-and-fetch kernel on the
+// engine's stream (after a check kernel for large batches; topk.cu), then
+// one download of the step's counts.
 func (e *CUDA) PlanTopK(s TopKStep) (TopKCounts, error) {
 	if err := checkTopKStep(&s); err != nil {
 		return TopKCounts{}, err
@@ -96,12 +109,12 @@ func (e *CUDA) PlanTopK(s TopKStep) (TopKCounts, error) {
 		return TopKCounts{}, err
 	}
 	w := t.step.words()
-	w[0], w[1] = ^uint64(0), 0
+	w[0] = ^uint64(0)
 	for b, r := range s.Reqs {
-		w[2+b] = uint64(uint32(r)) | uint64(uint32(s.Lens[b]))<<32
+		w[1+b] = uint64(uint32(r)) | uint64(uint32(s.Lens[b]))<<32
 	}
 	sel := uint64(bufs[2].ptr) + uint64(s.Sel.Offset)
-	if err := e.topkLaunch(s, bufs[0], bufs[1], sel, uint64(bufs[3].ptr)+uint64(s.Out.Offset), shared); err != nil {
+	if err := e.topkLaunch(s, bufs[0], uint64(bufs[1].ptr), sel, uint64(bufs[3].ptr)+uint64(s.Out.Offset), shared); err != nil {
 		return TopKCounts{}, err
 	}
 	if err := e.stream.Synchronize(); err != nil {
@@ -117,7 +130,7 @@ func (e *CUDA) PlanTopK(s TopKStep) (TopKCounts, error) {
 	}
 	var c TopKCounts
 	for b := range batch {
-		hm, fn := w[2+batch+2*b], w[3+batch+2*b]
+		hm, fn := w[1+batch+2*b], w[2+batch+2*b]
 		c.Hits += int(uint32(hm))
 		c.Misses += int(hm >> 32)
 		c.Fills += int(uint32(fn))
@@ -128,7 +141,7 @@ func (e *CUDA) PlanTopK(s TopKStep) (TopKCounts, error) {
 
 // room sizes the step words and the copy list for a batch.
 func (t *topkKernels) room(batch, k int) error {
-	if err := t.step.ensure(8 * (2 + 3*batch)); err != nil {
+	if err := t.step.ensure(8 * (1 + 3*batch)); err != nil {
 		return err
 	}
 	need := int64(16) * int64(batch) * int64(k)
@@ -147,34 +160,55 @@ func (t *topkKernels) room(batch, k int) error {
 	return nil
 }
 
-// topkLaunch queues the step's upload, three kernels and the download of
-// its counts. Called inside enter.
-func (e *CUDA) topkLaunch(s TopKStep, state, data *deviceBuffer, sel, out uint64, shared int) error {
+// topkLaunch queues the step's kernels: the plan-and-fetch kernel, after a
+// check kernel for large batches. They read and write the step's words in
+// place, so no copy is queued. Called inside enter.
+func (e *CUDA) topkLaunch(s TopKStep, state *deviceBuffer, data, sel, out uint64, shared int) error {
 	t, l := &e.topk, s.Layout
 	batch, k := len(s.Reqs), l.TopK
-	dev := uint64(t.step.dev)
-	if err := cu.MemcpyHtoDAsync(t.step.dev, unsafe.Pointer(&t.step.host[0]), int64(8*(2+batch)), e.stream); err != nil {
-		return fmt.Errorf("kernels: upload top-k step: %w", err)
+	if err := t.nextEpoch(); err != nil {
+		return err
 	}
-	checkBlocks := min((batch*k+threadsPerBlock-1)/threadsPerBlock, e.maxBlocks)
-	if err := launch(t.check, checkBlocks, threadsPerBlock, 0, e.stream, sel, dev, uint64(batch), uint64(k)); err != nil {
-		return fmt.Errorf("kernels: cxl_topk_check: %w", err)
+	words := t.step.hostDev
+	t.record(0, e.stream)
+	// A separate check launch costs more than every plan block reading a
+	// small batch's selections; selections the caller checked need neither.
+	check := uint64(2)
+	switch n := batch * k; {
+	case s.Checked:
+		check = 0
+	case n <= t.checkAllMax && batch <= checkAllMaxBatch:
+		check = 1
+	default:
+		blocks := min(batch, e.maxBlocks)
+		if err := launch(t.check, blocks, threadsPerBlock, 0, e.stream, sel, words+8, uint64(t.mark), uint64(batch), uint64(k), t.epoch); err != nil {
+			return fmt.Errorf("kernels: cxl_topk_check: %w", err)
+		}
 	}
-	if err := launch(t.plan, batch, t.threads, shared, e.stream, dev+16, sel, out, uint64(state.ptr), dev, uint64(t.ops),
+	t.record(1, e.stream)
+	if err := launch(t.plan, batch, t.threads, shared, e.stream, sel, out, uint64(state.ptr), words, uint64(t.mark), uint64(t.ops),
 		uint64(batch), uint64(k), uint64(l.Slots), uint64(l.RegionBytes()), uint64(l.ExtentsOffset()),
-		uint64(l.ExtentEntries), uint64(l.EntryBytes), uint64(l.Layers), uint64(s.Layer), uint64(l.hashBits())); err != nil {
+		uint64(l.ExtentEntries), uint64(l.EntryBytes), uint64(l.Layers), uint64(s.Layer), uint64(l.hashBits()),
+		uint64(e.bases), data, check, t.epoch); err != nil {
 		return fmt.Errorf("kernels: cxl_topk_plan: %w", err)
 	}
-	lanes := lanesPerRow(l.EntryBytes)
-	fetchBlocks := min((batch*k*lanes+threadsPerBlock-1)/threadsPerBlock, e.maxBlocks)
-	if err := launch(t.fetch, fetchBlocks, threadsPerBlock, 0, e.stream, uint64(e.bases), uint64(t.ops), dev,
-		uint64(data.ptr), uint64(l.EntryBytes), uint64(lanes)); err != nil {
-		return fmt.Errorf("kernels: cxl_topk_fetch: %w", err)
-	}
-	if err := cu.MemcpyDtoHAsync(unsafe.Pointer(&t.step.host[0]), t.step.dev, int64(8*(2+3*batch)), e.stream); err != nil {
-		return fmt.Errorf("kernels: download top-k counts: %w", err)
-	}
+	t.record(2, e.stream)
 	return nil
+}
+
+// checkAllMaxBatch is CHECK_ALL_MAX_BATCH in topk.cu.
+const checkAllMaxBatch = 64
+
+// nextEpoch stamps a new step. The check word keeps the epoch in 24 bits;
+// when they run out it is cleared and counting starts over (no step is in
+// flight: PlanTopK waits for its own).
+func (t *topkKernels) nextEpoch() error {
+	t.epoch++
+	if t.epoch < 1<<24 {
+		return nil
+	}
+	t.epoch = 1
+	return cu.MemsetD32(t.mark, 0, 2)
 }
 
 // launch runs fn with 8-byte parameters (gorgonia.org/cu passes each
@@ -185,4 +219,11 @@ func launch(fn cu.Function, blocks, threads, shared int, stream cu.Stream, param
 		ptrs[i] = unsafe.Pointer(&params[i])
 	}
 	return fn.Launch(blocks, 1, 1, threads, 1, 1, shared, stream, ptrs)
+}
+
+// record records test event i, when a test set them.
+func (t *topkKernels) record(i int, stream cu.Stream) {
+	if i < len(t.events) {
+		t.events[i].Record(stream)
+	}
 }

@@ -30,7 +30,16 @@
 // identical to SGLang's while the bytes are always right. All copies of a
 // batch go to the engine as one gather.
 //
-// The slot tables live in host memory and Resolve plans on the CPU; only
-// the copies run on the engine. A GPU-resident planning kernel (one block
-// per request) is not written yet.
+// Planning. With PlanHost the slot tables live in host memory and Go plans
+// each request (a batch spread over goroutines); only the copies run on the
+// engine. With PlanEngine (the default on a GPU engine) the tables live in
+// engine memory and the engine plans: on the GPU, the kernels of
+// kernels/topk.cu, one block per request with the step's selections in a
+// shared-memory hash, block scans built on warp ballots, and the block's
+// copies fetched by the same block as soon as its plan is done; on the CPU
+// engine, their Go twin. ResolveIn takes selections and returns slots in
+// engine memory (a GPU tensor), so nothing crosses the bus but the misses;
+// a bad selection is then found on the device and still changes nothing.
+// Tests hold both planners to the host planner on random traces, table for
+// table and byte for byte.
 package topk

@@ -171,7 +171,7 @@ func (p *Pool) ResolveIn(layer int, reqs []int, seqLens []int64, sel, out kernel
 	if _, err := p.checkRequests(layer, reqs, seqLens); err != nil {
 		return Step{}, err
 	}
-	return p.planOnEngine(start, layer, reqs, seqLens, sel, out)
+	return p.planOnEngine(start, layer, reqs, seqLens, sel, out, false)
 }
 
 // resolveOnEngine is Resolve with engine planning: host selections are
@@ -179,7 +179,7 @@ func (p *Pool) ResolveIn(layer int, reqs []int, seqLens []int64, sel, out kernel
 func (p *Pool) resolveOnEngine(start time.Time, layer int, reqs []int, seqLens []int64, topk, out []int32) (Step, error) {
 	n := int64(len(topk)) * 4
 	if n == 0 {
-		return p.planOnEngine(start, layer, reqs, seqLens, kernels.Span{}, kernels.Span{})
+		return p.planOnEngine(start, layer, reqs, seqLens, kernels.Span{}, kernels.Span{}, true)
 	}
 	ep := p.ep
 	if ep.sel == nil || ep.sel.Len() < n {
@@ -198,7 +198,7 @@ func (p *Pool) resolveOnEngine(start time.Time, layer int, reqs []int, seqLens [
 	if err := p.eng.Upload(ep.sel, 0, int32Bytes(topk)); err != nil {
 		return Step{}, fmt.Errorf("topk: upload selections: %w", err)
 	}
-	st, err := p.planOnEngine(start, layer, reqs, seqLens, kernels.Span{Buf: ep.sel}, kernels.Span{Buf: ep.out})
+	st, err := p.planOnEngine(start, layer, reqs, seqLens, kernels.Span{Buf: ep.sel}, kernels.Span{Buf: ep.out}, true)
 	if err != nil {
 		return st, err
 	}
@@ -209,7 +209,7 @@ func (p *Pool) resolveOnEngine(start time.Time, layer int, reqs []int, seqLens [
 }
 
 // planOnEngine runs a checked step on the engine; p.mu is held.
-func (p *Pool) planOnEngine(start time.Time, layer int, reqs []int, seqLens []int64, sel, out kernels.Span) (Step, error) {
+func (p *Pool) planOnEngine(start time.Time, layer int, reqs []int, seqLens []int64, sel, out kernels.Span, checked bool) (Step, error) {
 	ep := p.ep
 	ep.reqs, ep.lens = ep.reqs[:0], ep.lens[:0]
 	for b, r := range reqs {
@@ -220,7 +220,7 @@ func (p *Pool) planOnEngine(start time.Time, layer int, reqs []int, seqLens []in
 	}
 	plan := time.Since(start)
 	c, err := ep.planner.PlanTopK(kernels.TopKStep{Layout: ep.layout, Layer: layer, State: ep.state, Data: p.bufs[layer],
-		Reqs: ep.reqs, Lens: ep.lens, Sel: sel, Out: out})
+		Reqs: ep.reqs, Lens: ep.lens, Sel: sel, Out: out, Checked: checked})
 	var bad *kernels.BadSelection
 	switch {
 	case errors.As(err, &bad):

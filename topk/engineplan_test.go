@@ -26,7 +26,7 @@ type enginePair struct {
 	e        kernels.Engine
 }
 
-func newEnginePair(t *testing.T, make func(testing.TB) kernels.Engine, cfg Config) enginePair {
+func newEnginePair(t testing.TB, make func(testing.TB) kernels.Engine, cfg Config) enginePair {
 	_, c := tiertest.FormatAnon(t, 2, 32<<20, 256<<10)
 	ref, _ := testPool(t, c, Config{Layers: cfg.Layers, EntryBytes: cfg.EntryBytes, Slots: cfg.Slots, TopK: cfg.TopK,
 		MaxRequests: cfg.MaxRequests, Planner: PlanHost})
@@ -49,7 +49,7 @@ func newEnginePair(t *testing.T, make func(testing.TB) kernels.Engine, cfg Confi
 	return enginePair{ref: ref, eng: p, e: e}
 }
 
-func (ep enginePair) add(t *testing.T, req int, n int64) {
+func (ep enginePair) add(t testing.TB, req int, n int64) {
 	cfg := ep.ref.Config()
 	for _, p := range []*Pool{ep.ref, ep.eng} {
 		if err := p.Register(req, Sequence{Layers: cfg.Layers, EntryBytes: cfg.EntryBytes, Capacity: 10}); err != nil {
@@ -60,7 +60,7 @@ func (ep enginePair) add(t *testing.T, req int, n int64) {
 }
 
 // step resolves one step in both pools and compares everything.
-func (ep enginePair) step(t *testing.T, layer int, reqs []int, lens []int64, sel []int32) {
+func (ep enginePair) step(t testing.TB, layer int, reqs []int, lens []int64, sel []int32) {
 	t.Helper()
 	want, got := make([]int32, len(sel)), make([]int32, len(sel))
 	ws, werr := ep.ref.Resolve(layer, reqs, lens, sel, want)
@@ -88,7 +88,7 @@ func (ep enginePair) step(t *testing.T, layer int, reqs []int, lens []int64, sel
 	ep.checkBytes(t, layer, reqs, sel, got)
 }
 
-func (ep enginePair) checkBytes(t *testing.T, layer int, reqs []int, sel, out []int32) {
+func (ep enginePair) checkBytes(t testing.TB, layer int, reqs []int, sel, out []int32) {
 	t.Helper()
 	e, k := ep.eng.Config().EntryBytes, ep.eng.Config().TopK
 	got := make([]byte, e)
@@ -182,7 +182,7 @@ func TestEnginePlanBadSelectionChangesNothing(t *testing.T) {
 	}
 }
 
-func mustAlloc(t *testing.T, e kernels.Engine, n int64) kernels.Buffer {
+func mustAlloc(t testing.TB, e kernels.Engine, n int64) kernels.Buffer {
 	b, err := e.Alloc(n)
 	if err != nil {
 		t.Fatal(err)
@@ -191,7 +191,7 @@ func mustAlloc(t *testing.T, e kernels.Engine, n int64) kernels.Buffer {
 	return b
 }
 
-func engineTables(t *testing.T, p *Pool, reqs ...int) []int32 {
+func engineTables(t testing.TB, p *Pool, reqs ...int) []int32 {
 	var all []int32
 	for _, r := range reqs {
 		tok, lru, loaded, err := p.tables(r, 0)

@@ -9,8 +9,13 @@
 //	(c) the bound: the step's missed bytes at the measured gather
 //	    bandwidth plus the launch floor (the time of a one-row gather).
 //
-// Cases whose KV would exceed -max-bytes are skipped (the tier is host
-// memory). Go to a GPU machine for the numbers that matter:
+// Every case runs with each planner of -planner (default both, side by
+// side): host (slot tables in host memory, planned in Go) and engine (tables
+// in engine memory, planned by the engine: on a GPU, the planning kernels,
+// with each step's selections put in GPU memory before its clock starts, as
+// an indexer leaves them). Cases whose KV would exceed -max-bytes are
+// skipped (the tier is host memory). Go to a GPU machine for the numbers
+// that matter:
 //
 //	go run ./bench/topk
 //	go run -tags cuda ./bench/topk -engine cuda

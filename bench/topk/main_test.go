@@ -23,8 +23,21 @@ func TestSmallRun(t *testing.T) {
 	if err := json.Unmarshal(raw, &rep); err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Results) != 2*2 || len(rep.Skipped) != 2 {
+	if len(rep.Results) != 2*2*2 || len(rep.Skipped) != 2 {
 		t.Fatalf("%d results, %d skipped: %+v", len(rep.Results), len(rep.Skipped), rep)
+	}
+	// Both planners ran the same traces: the same bytes and hit rate.
+	type key struct {
+		batch   int
+		overlap float64
+	}
+	seen := map[key]Result{}
+	for _, r := range rep.Results {
+		k := key{r.Batch, r.Overlap}
+		if o, ok := seen[k]; ok && (o.Planner == r.Planner || o.BytesPerStep != r.BytesPerStep || o.HitRate != r.HitRate) {
+			t.Errorf("planners disagree: %+v and %+v", o, r)
+		}
+		seen[k] = r
 	}
 	for _, r := range rep.Results {
 		if r.P50us <= 0 || r.BytesPerStep <= 0 || r.NoBufferUs <= 0 || r.BoundUs <= 0 || r.HitRate <= 0 || r.HitRate >= 1 {
@@ -37,7 +50,7 @@ func TestSmallRun(t *testing.T) {
 }
 
 func TestBadFlags(t *testing.T) {
-	for _, args := range [][]string{{"-batch", "0"}, {"-overlap", "1.5"}, {"-context", "x"}, {"-steps", "0"}, {"extra"}} {
+	for _, args := range [][]string{{"-batch", "0"}, {"-overlap", "1.5"}, {"-context", "x"}, {"-steps", "0"}, {"-planner", "gpu"}, {"-planner", "auto"}, {"extra"}} {
 		if err := run(args, &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
 			t.Errorf("%v accepted", args)
 		}
