@@ -14,19 +14,12 @@ func init() {
 	engineMakers = append(engineMakers, struct {
 		name string
 		make func(t testing.TB) Engine
-	}{"cuda", func(t testing.TB) Engine {
-		e, err := NewCUDA(CUDAOptions{})
-		if errors.Is(err, ErrNoDevice) {
-			t.Skip(err)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}})
+	}{"cuda", func(t testing.TB) Engine { return newTestCUDA(t) }})
 }
 
-func TestCUDAWrapDevice(t *testing.T) {
+// newTestCUDA starts a CUDA engine, or skips the test without a device.
+func newTestCUDA(t testing.TB) *CUDA {
+	t.Helper()
 	e, err := NewCUDA(CUDAOptions{})
 	if errors.Is(err, ErrNoDevice) {
 		t.Skip(err)
@@ -34,13 +27,18 @@ func TestCUDAWrapDevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return e.(*CUDA)
+}
+
+func TestCUDAWrapDevice(t *testing.T) {
+	e := newTestCUDA(t)
 	defer e.Close()
 	buf, err := e.Alloc(4096)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer buf.Free()
-	w, err := e.(DeviceWrapper).WrapDevice(uintptr(buf.(*deviceBuffer).ptr)+1024, 1024)
+	w, err := e.WrapDevice(uintptr(buf.(*deviceBuffer).ptr)+1024, 1024)
 	if err != nil {
 		t.Fatal(err)
 	}

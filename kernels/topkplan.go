@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"unsafe"
 )
 
@@ -31,6 +32,9 @@ func (l TopKLayout) Check() error {
 		return fmt.Errorf("%w: top-k layout of %d layers, %d extents of %d entries", ErrBadRequest, l.Layers, l.MaxExtents, l.ExtentEntries)
 	case l.EntryBytes < 16 || l.EntryBytes%16 != 0:
 		return fmt.Errorf("%w: top-k entries of %d bytes (want a multiple of 16)", ErrBadRequest, l.EntryBytes)
+	case int64(l.TopK)*(l.EntryBytes/16) >= 1<<32:
+		// cxl_topk_plan counts a request's copies in 16-byte vectors in 32 bits.
+		return fmt.Errorf("%w: top-k %d of %d-byte entries is too much for one step", ErrBadRequest, l.TopK, l.EntryBytes)
 	}
 	return nil
 }
@@ -120,9 +124,15 @@ func (e *BadSelection) Unwrap() error { return ErrBadSelection }
 // TopKPlanner is implemented by engines that plan top-k steps in their
 // own memory: the CUDA engine with the kernels of topk.cu, the CPU engine
 // with their Go twin. PlanTopK returns when the step's copies are done.
+// CanPlanTopK reports, before any step, a layout the engine cannot plan
+// (on a GPU: one that needs more shared memory per block than it has).
 type TopKPlanner interface {
+	CanPlanTopK(TopKLayout) error
 	PlanTopK(TopKStep) (TopKCounts, error)
 }
+
+// CanPlanTopK implements TopKPlanner: the Go twin plans any valid layout.
+func (e *CPU) CanPlanTopK(l TopKLayout) error { return l.Check() }
 
 // checkTopKStep validates the shapes of a step against the buffers' sizes.
 func checkTopKStep(s *TopKStep) error {
@@ -317,7 +327,8 @@ func (p *cpuPlanner) plan(r regionView, n int32, sel, out []int32, c *TopKCounts
 
 func (p *cpuPlanner) planLong(r regionView, newest int32, sel, out []int32, c *TopKCounts) {
 	S := p.l.Slots
-	p.hit = append(p.hit[:0], make([]bool, S)...)
+	p.hit = slices.Grow(p.hit[:0], S)[:S]
+	clear(p.hit)
 	for s, tok := range r.tokens[:S] {
 		if tok < 0 {
 			continue

@@ -69,6 +69,18 @@ func (t *topkKernels) release() {
 	}
 }
 
+// CanPlanTopK implements TopKPlanner.
+func (e *CUDA) CanPlanTopK(l TopKLayout) error {
+	if err := l.Check(); err != nil {
+		return err
+	}
+	if need := l.sharedBytes(); need > e.topk.sharedLimit {
+		return fmt.Errorf("%w: planning top-k %d over %d slots needs %d bytes of shared memory per block, the device allows %d",
+			ErrBadRequest, l.TopK, l.Slots, need, e.topk.sharedLimit)
+	}
+	return nil
+}
+
 // PlanTopK implements TopKPlanner: the plan-and-fetch kernel on the
 // engine's stream (after a check kernel for large batches; topk.cu), then
 // one download of the step's counts.
@@ -85,11 +97,10 @@ func (e *CUDA) PlanTopK(s TopKStep) (TopKCounts, error) {
 		bufs[i] = db
 	}
 	l, t := s.Layout, &e.topk
-	shared := l.sharedBytes()
-	if shared > t.sharedLimit {
-		return TopKCounts{}, fmt.Errorf("%w: planning top-k %d over %d slots needs %d bytes of shared memory per block, the device allows %d",
-			ErrBadRequest, l.TopK, l.Slots, shared, t.sharedLimit)
+	if err := e.CanPlanTopK(l); err != nil {
+		return TopKCounts{}, err
 	}
+	shared := l.sharedBytes()
 	leave, err := e.enter()
 	if err != nil {
 		return TopKCounts{}, err

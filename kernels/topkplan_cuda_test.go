@@ -20,18 +20,19 @@ import (
 // 656-byte entries, 64K context, 10% of the selections new each step). It
 // asserts nothing about speed; it reports where the time goes (go test -v).
 func TestTopKStepBreakdown(t *testing.T) {
-	e, err := NewCUDA(CUDAOptions{})
-	if errors.Is(err, ErrNoDevice) {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	c := e.(*CUDA)
-	for _, batch := range []int{1, 16} {
-		for _, newFrac := range []float64{0.1, 0} {
-			t.Run(fmt.Sprintf("batch=%d/new=%.1f", batch, newFrac), func(t *testing.T) { stepBreakdown(t, c, batch, newFrac) })
+	c := newTestCUDA(t)
+	defer c.Close()
+	threads := c.topk.threads
+	defer func() { c.topk.threads = threads }()
+	for _, th := range []int{256, 512, 1024} {
+		if th > threads {
+			continue
+		}
+		c.topk.threads = th
+		for _, batch := range []int{1, 16} {
+			for _, newFrac := range []float64{0.1, 0} {
+				t.Run(fmt.Sprintf("threads=%d/batch=%d/new=%.1f", th, batch, newFrac), func(t *testing.T) { stepBreakdown(t, c, batch, newFrac) })
+			}
 		}
 	}
 }
@@ -40,15 +41,8 @@ func TestTopKStepBreakdown(t *testing.T) {
 // plan blocks themselves (small batches) or by the check kernel, is
 // reported with its place and leaves the tables and outputs untouched.
 func TestTopKBadSelection(t *testing.T) {
-	e, err := NewCUDA(CUDAOptions{})
-	if errors.Is(err, ErrNoDevice) {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	c := e.(*CUDA)
+	c := newTestCUDA(t)
+	defer c.Close()
 	l := TopKLayout{Slots: 8, TopK: 4, Layers: 1, MaxExtents: 1, ExtentEntries: 64, EntryBytes: 16}
 	mem := make([]byte, 3*64*16)
 	id, err := c.Register(mem)

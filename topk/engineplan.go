@@ -14,8 +14,8 @@ import (
 type Planner int
 
 const (
-	// PlanAuto plans on the engine when it is a GPU engine that can
-	// (kernels.TopKPlanner), else on the host.
+	// PlanAuto plans on the engine when it is a GPU engine that can plan
+	// the pool's layout (kernels.TopKPlanner), else on the host.
 	PlanAuto Planner = iota
 	// PlanHost keeps the tables in host memory and plans in Go; only the
 	// copies run on the engine.
@@ -82,7 +82,10 @@ func (p *Pool) startEnginePlan() error {
 	}
 	l := kernels.TopKLayout{Slots: p.cfg.Slots, TopK: p.cfg.TopK, Layers: p.cfg.Layers, ExtentEntries: p.extentEntries,
 		EntryBytes: p.cfg.EntryBytes, MaxExtents: int((p.cfg.MaxContext + p.extentEntries - 1) / p.extentEntries)}
-	if err := l.Check(); err != nil {
+	if err := planner.CanPlanTopK(l); err != nil {
+		if p.cfg.Planner == PlanAuto {
+			return nil // the host can
+		}
 		return fmt.Errorf("%w: %v", ErrBadConfig, err)
 	}
 	n := int64(p.cfg.MaxRequests) * int64(p.cfg.Layers) * l.RegionBytes()
