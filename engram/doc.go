@@ -3,12 +3,15 @@
 // into table rows (bit-exact with DeepSeek's reference, including numpy's
 // random multipliers), tables loaded into or generated in the tier, and the
 // prefetch of a batch's rows into a device buffer through the gather engine
-// with per-layer deadline accounting and a hot-row cache.
+// with per-layer deadline accounting and an optional hot-row cache.
 //
 // The hot-row cache is managed on the host, one lookup per row of every
 // call, so its bookkeeping is on the critical path: it is 8-way set
 // associative with a set's tags in one cache line (hotset.go), and a call
-// that does not fit is undone rather than left half-recorded. Raw
+// that does not fit is undone rather than left half-recorded. Even so it
+// measured slower than fetching every row on an H100 at every hit rate
+// tried, so it is off unless PrefetchOptions.Cache asks for it; a cache
+// that pays would look up its tags on the GPU. Raw
 // tokenizer ids become the compressed ids the hash takes through the
 // geometry's lookup table (Compressor).
 package engram

@@ -27,7 +27,7 @@ func BenchmarkPrefetch(b *testing.B) {
 			}
 			eng := kernels.NewCPU(1)
 			defer eng.Close()
-			p, err := NewPrefetcher(eng, r, h, []*Table{tb}, PrefetchOptions{Slots: 1 << 16, Bypass: !cache})
+			p, err := NewPrefetcher(eng, r, h, []*Table{tb}, PrefetchOptions{Slots: 1 << 16, Cache: cache})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -73,12 +73,30 @@ func TestTablesAndPrefetch(t *testing.T) {
 			}
 			eng := kernels.NewCPU(0)
 			defer eng.Close()
-			p, err := NewPrefetcher(eng, r, h, tables, PrefetchOptions{Slots: 512, Deadline: time.Second})
+			plain, err := NewPrefetcher(eng, r, h, tables, PrefetchOptions{Slots: 512})
+			if err != nil {
+				t.Fatal(err)
+			}
+			seqs := [][]int64{{1, 2, 3, 4, 5}, {9, 9, 9}, {1, 2, 3, 4, 5}}
+			for range 2 { // without the cache every row is fetched, every time
+				pd, err := plain.Prefetch(1, nil, seqs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := pd.Wait(); err != nil {
+					t.Fatal(err)
+				}
+				checkRows(t, plain, h, eng, 1, seqs, pd.Slots)
+			}
+			if m := plain.Metrics(); m.Hits.Load() != 0 || m.Fetched.Load() != m.Rows.Load() {
+				t.Errorf("without the cache: %d hits, %d of %d rows fetched", m.Hits.Load(), m.Fetched.Load(), m.Rows.Load())
+			}
+			plain.Close()
+			p, err := NewPrefetcher(eng, r, h, tables, PrefetchOptions{Slots: 512, Deadline: time.Second, Cache: true})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer p.Close()
-			seqs := [][]int64{{1, 2, 3, 4, 5}, {9, 9, 9}, {1, 2, 3, 4, 5}}
 			for round := range 2 {
 				for _, l := range g.LayerIDs {
 					pd, err := p.Prefetch(l, nil, seqs)
@@ -140,7 +158,7 @@ func TestCacheTooSmall(t *testing.T) {
 	}
 	eng := kernels.NewCPU(1)
 	defer eng.Close()
-	p, err := NewPrefetcher(eng, r, h, []*Table{tb}, PrefetchOptions{Slots: 10})
+	p, err := NewPrefetcher(eng, r, h, []*Table{tb}, PrefetchOptions{Slots: 10, Cache: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -179,7 +179,7 @@ func tierFor(bytes int64) (*tier.Region, *tier.Client, error) {
 func prefetchCase(eng kernels.Engine, r *tier.Region, h *engram.Hasher, t *engram.Table, batch int, dist string,
 	cache bool, calls, slots int, deadline time.Duration) (PrefetchResult, error) {
 	g := h.Geometry()
-	opts := engram.PrefetchOptions{Slots: slots, Deadline: deadline, Bypass: !cache}
+	opts := engram.PrefetchOptions{Slots: slots, Deadline: deadline, Cache: cache}
 	p, err := engram.NewPrefetcher(eng, r, h, []*engram.Table{t}, opts)
 	if err != nil {
 		return PrefetchResult{}, err

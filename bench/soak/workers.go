@@ -229,7 +229,7 @@ func engramStep(c *tier.Client, rng *rand.Rand) (func() (int, error), error) {
 		return nil, err
 	}
 	eng := kernels.NewCPU(1)
-	pf, err := engram.NewPrefetcher(eng, c.Region(), h, []*engram.Table{t}, engram.PrefetchOptions{Slots: 2048})
+	pf, err := engram.NewPrefetcher(eng, c.Region(), h, []*engram.Table{t}, engram.PrefetchOptions{Slots: 2048, Cache: true})
 	if err != nil {
 		return nil, err
 	}

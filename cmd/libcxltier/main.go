@@ -10,7 +10,8 @@
 // handles; no Go pointer crosses the boundary, and the library only reads
 // or writes caller memory (keys, payloads, ids) during the call.
 //
-// ABI 2 (1 plus cxl_topk_* and cxl_engram_compress):
+// ABI 3 (2 with cxl_engram_open taking cache; 2 was 1 plus cxl_topk_* and
+// cxl_engram_compress):
 //
 //	cxl_attach(devices, name, &tier)           devices: comma-separated backings
 //	cxl_detach(tier)
@@ -23,7 +24,7 @@
 //	cxl_prefix_delete(index, keys, n, &n_deleted)
 //	cxl_prefix_stats(index, json, json_cap)
 //	cxl_engram_hash(spec, layer, ids, n, out, out_cap, &n_rows) spec: preset name or JSON geometry
-//	cxl_engram_open(tier, spec, engine, cuda_stream, slots, deadline_ns, &pf)   engine: cpu, cuda, auto
+//	cxl_engram_open(tier, spec, engine, cuda_stream, slots, cache, deadline_ns, &pf)   engine: cpu, cuda, auto; cache: 0 off, 1 on
 //	cxl_engram_prefetch(pf, layer, ids, lens, n_seqs, hist_ids|NULL, hist_lens|NULL, slots, slots_cap, &n_slots, &pending)
 //	cxl_engram_wait(pending, &ready_ns)
 //	cxl_engram_buffer(pf, layer, &device_ptr, &bytes, &row_bytes)   GPU engines only
@@ -66,7 +67,7 @@ package main
 import "C"
 
 // abiVersion changes whenever a call's meaning or signature does.
-const abiVersion = 2
+const abiVersion = 3
 
 //export cxl_abi_version
 func cxl_abi_version() C.int { return abiVersion }

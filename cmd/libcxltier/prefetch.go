@@ -60,10 +60,10 @@ func engineOf(kind string, stream uintptr) (kernels.Engine, error) {
 }
 
 //export cxl_engram_open
-func cxl_engram_open(h C.uint64_t, spec, engine *C.char, stream C.uint64_t, slots C.int, deadlineNs C.int64_t, out *C.uint64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_engram_open(h C.uint64_t, spec, engine *C.char, stream C.uint64_t, slots, cache C.int, deadlineNs C.int64_t, out *C.uint64_t, errbuf *C.char, errlen C.int) C.int {
 	err := func() error {
-		if out == nil || slots < 1 {
-			return fmt.Errorf("engram open: %w: %d slots", errBadArg, slots)
+		if out == nil || slots < 1 || cache < 0 || cache > 1 {
+			return fmt.Errorf("engram open: %w: %d slots, cache %d (0 off, 1 on)", errBadArg, slots, cache)
 		}
 		a, err := tierOf(uint64(h))
 		if err != nil {
@@ -101,7 +101,7 @@ func cxl_engram_open(h C.uint64_t, spec, engine *C.char, stream C.uint64_t, slot
 		if err != nil {
 			return err
 		}
-		p, err := engram.NewPrefetcher(eng, a.r, hs, tables, engram.PrefetchOptions{Slots: int(slots), Deadline: time.Duration(deadlineNs)})
+		p, err := engram.NewPrefetcher(eng, a.r, hs, tables, engram.PrefetchOptions{Slots: int(slots), Cache: cache == 1, Deadline: time.Duration(deadlineNs)})
 		if err != nil {
 			eng.Close()
 			return err
@@ -249,7 +249,7 @@ func cxl_engram_stats(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, e
 		m := p.Metrics()
 		raw, _ := json.Marshal(map[string]any{"calls": m.Calls.Load(), "rows": m.Rows.Load(), "hits": m.Hits.Load(),
 			"fetched": m.Fetched.Load(), "deadline_misses": m.DeadlineMisses.Load(), "ready_ns": m.ReadyNanos.Load(),
-			"layers": p.Layers(), "max_ngram": p.g.MaxNgram, "lookup": p.comp != nil})
+			"layers": p.Layers(), "max_ngram": p.g.MaxNgram, "lookup": p.comp != nil, "cache": p.Options().Cache})
 		return copyString(raw, buf, bufCap)
 	}()
 	return report(err, errbuf, errlen)

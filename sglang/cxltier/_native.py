@@ -6,7 +6,7 @@ import json
 import os
 import threading
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 _ERRLEN = 1024
 
 
@@ -74,7 +74,7 @@ _PROTOTYPES = {
     "cxl_prefix_delete": [_u64, _bytes, _i64, _p(_i64)] + _err,
     "cxl_prefix_stats": [_u64, ctypes.c_char_p, _int] + _err,
     "cxl_engram_hash": [_cstr, _int, _p(_i64), _i64, _p(_i64), _i64, _p(_i64)] + _err,
-    "cxl_engram_open": [_u64, _cstr, _cstr, _u64, _int, _i64, _p(_u64)] + _err,
+    "cxl_engram_open": [_u64, _cstr, _cstr, _u64, _int, _int, _i64, _p(_u64)] + _err,
     "cxl_engram_close": [_u64] + _err,
     "cxl_engram_prefetch": [_u64, _int, _p(_i64), _p(_i64), _i64, _p(_i64), _p(_i64), _p(ctypes.c_int32), _i64, _p(_i64), _p(_u64)] + _err,
     "cxl_engram_wait": [_u64, _p(_i64)] + _err,

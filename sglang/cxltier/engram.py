@@ -55,17 +55,22 @@ class Prefetch:
 
 
 class EngramPrefetcher(_native.Child):
-    """Prefetches the Engram rows of a batch into a per-layer cache in the
-    engine's memory ("cuda": GPU memory on `stream`; "cpu": host memory), for
-    every layer of the geometry whose table is loaded in the tier."""
+    """Prefetches the Engram rows of a batch into a per-layer buffer of
+    `slots` rows in the engine's memory ("cuda": GPU memory on `stream`;
+    "cpu": host memory), for every layer of the geometry whose table is
+    loaded in the tier. With cache=True rows stay across calls and are not
+    fetched again (the cache is managed on the host and has measured slower
+    than fetching everything, so it is off by default); without it a call's
+    rows take slots 0..n-1 and must be used before the next call for the
+    same layer (stream order on a GPU)."""
 
     _kind = "engram"
 
-    def __init__(self, tier, spec, engine="auto", stream=0, slots=1 << 17, deadline_us=56.0):
+    def __init__(self, tier, spec, engine="auto", stream=0, slots=1 << 17, deadline_us=56.0, cache=False):
         if isinstance(spec, dict):
             spec = json.dumps(spec)
         h = ctypes.c_uint64()
-        _native.call("cxl_engram_open", tier.handle, spec.encode(), engine.encode(), stream, slots,
+        _native.call("cxl_engram_open", tier.handle, spec.encode(), engine.encode(), stream, slots, int(bool(cache)),
                      int(deadline_us * 1000), ctypes.byref(h))
         self._opened(tier, h.value)
         st = self.stats()

@@ -205,8 +205,9 @@ def _forget_on_free(runner, hook):
 def hook_from_env(runner):
     """The hook the plugin gives a runner: geometry from CXLTIER_ENGRAM (a
     preset name or a geometry JSON file; its "lookup" file beside it), the
-    tier from CXLTIER_DEVICES, the cache on the runner's GPU and current
-    stream when torch has CUDA, CXLTIER_ENGRAM_SLOTS rows per layer."""
+    tier from CXLTIER_DEVICES, the row buffers on the runner's GPU and
+    current stream when torch has CUDA, CXLTIER_ENGRAM_SLOTS rows per layer,
+    the hot-row cache on when CXLTIER_ENGRAM_CACHE=1."""
     from .engram import EngramPrefetcher
     from .tier import Tier
 
@@ -228,7 +229,8 @@ def hook_from_env(runner):
         pass
     tier = Tier(os.environ.get("CXLTIER_DEVICES", "shm:cxltier"), name=f"engram-{os.getpid()}")
     slots = int(os.environ.get("CXLTIER_ENGRAM_SLOTS", 1 << 17))
-    pf = EngramPrefetcher(tier, spec, engine=engine, stream=stream, slots=slots)
+    cache = os.environ.get("CXLTIER_ENGRAM_CACHE", "0") == "1"
+    pf = EngramPrefetcher(tier, spec, engine=engine, stream=stream, slots=slots, cache=cache)
     runner._cxltier_engram_tier = tier  # lives as long as the runner
     logger.info("cxltier: Engram prefetch for layers %s on the %s engine", pf.layers, engine)
     return EngramForwardHook(pf)

@@ -51,7 +51,7 @@ def test_prefetch_rows_from_the_tier(cli, device, tmp_path):
     geo.write_text(json.dumps(GEOMETRY))
     subprocess.run([cli, "engram", "load", "--config", str(geo), "--layer", "1", "--synthetic", device.replace("shm:", "shm:")],
                    check=True, capture_output=True)
-    with cxltier.Tier(device) as t, cxltier.EngramPrefetcher(t, GEOMETRY, engine="cpu", slots=256) as p:
+    with cxltier.Tier(device) as t, cxltier.EngramPrefetcher(t, GEOMETRY, engine="cpu", slots=256, cache=True) as p:
         seqs = [[5, 17, 99, 3], [42, 42, 7]]
         pf = p.prefetch(1, seqs)
         assert pf.wait() >= 0
@@ -70,6 +70,25 @@ def test_prefetch_rows_from_the_tier(cli, device, tmp_path):
     with cxltier.Tier(device) as t:
         with pytest.raises(cxltier.NotFoundError, match="no table"):
             cxltier.EngramPrefetcher(t, dict(GEOMETRY, name="other"), engine="cpu")
+
+
+def test_prefetch_without_the_cache_fetches_every_row(cli, device, tmp_path):
+    geo = tmp_path / "geo.json"
+    geo.write_text(json.dumps(GEOMETRY))
+    subprocess.run([cli, "engram", "load", "--config", str(geo), "--layer", "1", "--synthetic", device], check=True, capture_output=True)
+    with cxltier.Tier(device) as t, cxltier.EngramPrefetcher(t, GEOMETRY, engine="cpu", slots=64) as p:
+        seqs = [[5, 17, 99, 3], [42, 42, 7]]
+        rows = [r for s in seqs for pos in cxltier.engram_hash(GEOMETRY, 1, s) for r in pos]
+        for _ in range(2):
+            pf = p.prefetch(1, seqs)
+            pf.wait()
+            assert pf.slots == list(range(len(rows)))  # a call's rows in slots 0..n-1
+            for row, slot in zip(rows, pf.slots):
+                assert p.read_row(1, slot, 64) == synthetic_row(1, row, 64)
+        st = p.stats()
+        assert st["cache"] is False and st["hits"] == 0 and st["fetched"] == 2 * len(rows)
+        with pytest.raises(cxltier.CxlTierError, match="slots"):
+            p.prefetch(1, [list(range(1, 20))])  # 19 positions x 4 rows > 64 slots
 
 
 def test_detach_closes_the_prefetcher(cli, device, tmp_path):

@@ -73,7 +73,8 @@ def test_engram_prefetch_into_gpu_memory(cli, device, tmp_path):
     subprocess.run([cli, "engram", "load", "--config", str(geo), "--layer", "1", "--synthetic", device], check=True, capture_output=True)
     with cxltier.Tier(device) as t:
         try:
-            p = cxltier.EngramPrefetcher(t, GEOMETRY, engine="cuda", stream=torch.cuda.current_stream().cuda_stream, slots=256)
+            p = cxltier.EngramPrefetcher(t, GEOMETRY, engine="cuda", stream=torch.cuda.current_stream().cuda_stream, slots=256,
+                                         cache=True)
         except cxltier.CxlTierError as e:
             pytest.skip(f"library has no CUDA engine: {e}")
         with p:
