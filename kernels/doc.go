@@ -13,7 +13,11 @@
 // slices are read during the call and may be reused as soon as it returns.
 //
 // The package knows nothing of requests, sequences or hashes; topk, engram
-// and prefix build the row lists. The CPU engine is always built; the CUDA
+// and prefix build the row lists. The one exception is the top-k planner
+// (TopKPlanner, topkplan.go, topk.cu): to plan a sparse-attention step where
+// the selections already are, an engine keeps package topk's slot tables
+// in its own memory in a layout defined here, and plans and fetches a step
+// itself; the CPU engine runs a Go twin of the CUDA kernels. The CPU engine is always built; the CUDA
 // engine is built with the tag "cuda" (see cuda.go) because its driver
 // binding links libcuda and exits a process that has no driver.
 package kernels
