@@ -10,8 +10,8 @@
 // handles; no Go pointer crosses the boundary, and the library only reads
 // or writes caller memory (keys, payloads, ids) during the call.
 //
-// ABI 3 (2 with cxl_engram_open taking cache; 2 was 1 plus cxl_topk_* and
-// cxl_engram_compress):
+// ABI 3 (2 with cxl_engram_open taking cache and cxl_topk_open taking the
+// planner and max context; 2 was 1 plus cxl_topk_* and cxl_engram_compress):
 //
 //	cxl_attach(devices, name, &tier)           devices: comma-separated backings
 //	cxl_detach(tier)
@@ -32,7 +32,7 @@
 //	cxl_engram_stats(pf, json, json_cap)
 //	cxl_engram_close(pf)
 //	cxl_engram_compress(pf, ids, n)                raw → compressed ids in place (the geometry's "lookup" table)
-//	cxl_topk_open(tier, engine, cuda_stream, layers, entry_bytes, slots, k, max_requests, &pool)
+//	cxl_topk_open(tier, engine, cuda_stream, layers, entry_bytes, slots, k, max_requests, planner, max_context, &pool)   planner: auto, host, engine; max_context 0: 1M
 //	cxl_topk_close(pool)
 //	cxl_topk_register(pool, req, capacity)  /  cxl_topk_free(pool, req)  /  cxl_topk_len(pool, req, layer, &n)
 //	cxl_topk_append(pool, req, layer, src, n_entries, where)      where: 0 host memory, 1 GPU memory (GPU engines)

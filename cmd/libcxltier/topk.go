@@ -42,7 +42,7 @@ func topkOf(h C.uint64_t) (*topkPool, error) { return get[*topkPool](&handles, u
 
 //export cxl_topk_open
 func cxl_topk_open(h C.uint64_t, engine *C.char, stream C.uint64_t, layers C.int, entryBytes C.int64_t, slots, k, maxRequests C.int,
-	out *C.uint64_t, errbuf *C.char, errlen C.int) C.int {
+	planner *C.char, maxContext C.int64_t, out *C.uint64_t, errbuf *C.char, errlen C.int) C.int {
 	err := func() error {
 		if out == nil {
 			return fmt.Errorf("topk open: %w: no output handle", errBadArg)
@@ -51,11 +51,16 @@ func cxl_topk_open(h C.uint64_t, engine *C.char, stream C.uint64_t, layers C.int
 		if err != nil {
 			return err
 		}
+		pl, err := topk.ParsePlanner(C.GoString(planner))
+		if err != nil {
+			return err
+		}
 		eng, err := engineOf(C.GoString(engine), uintptr(stream))
 		if err != nil {
 			return err
 		}
-		cfg := topk.Config{Layers: int(layers), EntryBytes: int64(entryBytes), Slots: int(slots), TopK: int(k), MaxRequests: int(maxRequests)}
+		cfg := topk.Config{Layers: int(layers), EntryBytes: int64(entryBytes), Slots: int(slots), TopK: int(k), MaxRequests: int(maxRequests),
+			Planner: pl, MaxContext: int64(maxContext)}
 		pool, err := topk.New(a.c, eng, nil, cfg)
 		if err != nil {
 			eng.Close()
@@ -297,7 +302,10 @@ func cxl_topk_stats(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, err
 		if err != nil {
 			return err
 		}
-		raw, _ := json.Marshal(p.Stats())
+		raw, _ := json.Marshal(struct {
+			topk.Stats
+			Planner string `json:"planner"`
+		}{p.Stats(), p.Planner().String()})
 		return copyString(raw, buf, bufCap)
 	}()
 	return report(err, errbuf, errlen)

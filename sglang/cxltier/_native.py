@@ -82,7 +82,7 @@ _PROTOTYPES = {
     "cxl_engram_read": [_u64, _int, _i64, ctypes.c_void_p, _i64] + _err,
     "cxl_engram_stats": [_u64, ctypes.c_char_p, _int] + _err,
     "cxl_engram_compress": [_u64, _p(_i64), _i64] + _err,
-    "cxl_topk_open": [_u64, _cstr, _u64, _int, _i64, _int, _int, _int, _p(_u64)] + _err,
+    "cxl_topk_open": [_u64, _cstr, _u64, _int, _i64, _int, _int, _int, _cstr, _i64, _p(_u64)] + _err,
     "cxl_topk_close": [_u64] + _err,
     "cxl_topk_register": [_u64, _int, _i64] + _err,
     "cxl_topk_free": [_u64, _int] + _err,

@@ -23,14 +23,22 @@ class TopKPool(_native.Child):
     request in the engine's memory ("cuda": GPU memory on `stream`; "cpu":
     host memory). Request r's slot s is row r * (slots + 1) + s; slot
     `slots` holds the newest token. close() frees every sequence and the
-    buffers."""
+    buffers.
+
+    planner: "engine" keeps the slot tables in the engine's memory and plans
+    each step there (on a GPU: one kernel launch per step, so selections in
+    GPU memory never cross the bus; on the CPU engine, the kernels' Go
+    twin); "host" plans in Go with the tables in host memory; "auto" (the
+    default) is "engine" on a GPU. With engine planning a sequence may grow
+    to max_context tokens (0: 1M)."""
 
     _kind = "topk"
 
-    def __init__(self, tier, layers, entry_bytes, slots=4096, topk=2048, max_requests=256, engine="auto", stream=0):
+    def __init__(self, tier, layers, entry_bytes, slots=4096, topk=2048, max_requests=256, engine="auto", stream=0,
+                 planner="auto", max_context=0):
         h = ctypes.c_uint64()
         _native.call("cxl_topk_open", tier.handle, engine.encode(), stream, layers, entry_bytes, slots, topk,
-                     max_requests, ctypes.byref(h))
+                     max_requests, planner.encode(), max_context, ctypes.byref(h))
         self._opened(tier, h.value)
         self.layers, self.entry_bytes, self.slots, self.topk = layers, entry_bytes, slots, topk
         self.max_requests = max_requests

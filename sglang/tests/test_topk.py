@@ -103,3 +103,37 @@ def test_detach_closes_the_pool(device):
     with pytest.raises(cxltier.ClosedError):
         pool.length(0, 0)
     pool.close()  # after detach: nothing left to do, no error
+
+
+def test_engine_planning_agrees_with_host_planning(device):
+    """planner="engine" on the CPU engine runs the Go twin of the GPU planning
+    kernels over tables in engine memory: every step must match the host
+    planner's slots and counts."""
+    rng = random.Random(11)
+    S, K, N = 16, 8, 120
+    with cxltier.Tier(device) as t, \
+            TopKPool(t, layers=1, entry_bytes=ENTRY, slots=S, topk=K, max_requests=3, engine="cpu", planner="host") as host, \
+            TopKPool(t, layers=1, entry_bytes=ENTRY, slots=S, topk=K, max_requests=3, engine="cpu", planner="engine",
+                     max_context=4 * N) as eng:
+        assert host.stats()["planner"] == "host" and eng.stats()["planner"] == "engine"
+        for pool in (host, eng):
+            fill(pool, 2, 1, N)
+        prev = []
+        for n in range(N // 2, N):
+            keep = [p for p in prev if p < n - 1 and rng.random() < 0.8]
+            row = list(dict.fromkeys(keep + [n - 1] + rng.sample(range(n), K)))[:K]
+            row[rng.randrange(K)] = -1
+            prev = row
+            want = host.resolve(0, [2], [n], [row])
+            got = eng.resolve(0, [2], [n], [row])
+            assert got == want, f"length {n}"
+        for slot, pos in zip(got[0][0], row):
+            if pos >= 0:
+                assert eng.read_slot(0, 2, slot) == entry(2, 0, pos)
+        with pytest.raises(cxltier.InvalidError, match="position 500"):
+            eng.resolve(0, [2], [N], [[500] + [-1] * (K - 1)])
+        with pytest.raises(cxltier.InvalidError, match="max context"):
+            eng.append(2, 0, b"".join(entry(2, 0, p) for p in range(N, 4 * N + 1)))
+    with cxltier.Tier(device) as t:
+        with pytest.raises(cxltier.InvalidError, match="planner"):
+            TopKPool(t, layers=1, entry_bytes=ENTRY, slots=8, topk=2, engine="cpu", planner="gpu")
