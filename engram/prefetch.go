@@ -29,8 +29,9 @@ type PrefetchOptions struct {
 	// Cache keeps hot rows across calls: a row already in the buffer is
 	// not fetched again. The cache is managed on the host (hotset.go), and
 	// on an H100 that bookkeeping cost more than the fetches it saved at
-	// every hit rate measured (1% to 97%: 1.0–2.5× the latency of a call
-	// without it, bench/results/engram-cuda0.json and the closing notes),
+	// every hit rate measured for batches of 32 and 256 (1% to 97% hits:
+	// 1.3–2.5× the latency of a call without it; 0.9–1.3× at batch 1;
+	// bench/results/engram-cuda0*.json),
 	// so it is off by default. Without it every call fetches all of its
 	// rows into slots 0..n-1, which a call may then overwrite: rows must be
 	// consumed before the next call for the same layer (in stream order on
