@@ -77,13 +77,9 @@ func NewPrefetcher(eng kernels.Engine, r *tier.Region, h *Hasher, tables []*Tabl
 		opts.Protect = 2
 	}
 	p := &Prefetcher{h: h, eng: eng, r: r, opts: opts, layers: map[int]*layerCache{}}
-	for d := range r.NumDevices() {
-		id, err := eng.Register(r.Device(d))
-		if err != nil {
-			p.Close()
-			return nil, fmt.Errorf("engram: register tier device %d: %w", d, err)
-		}
-		p.devIDs = append(p.devIDs, id)
+	var err error
+	if p.devIDs, err = kernels.RegisterAll(eng, r.NumDevices(), r.Device); err != nil {
+		return nil, fmt.Errorf("engram: %w", err)
 	}
 	for _, t := range tables {
 		buf, err := eng.Alloc(int64(opts.Slots) * t.RowBytes)
@@ -299,10 +295,8 @@ func (p *Prefetcher) Close() error {
 			first = err
 		}
 	}
-	for _, id := range p.devIDs {
-		if err := p.eng.Unregister(id); err != nil && first == nil {
-			first = err
-		}
+	if err := kernels.UnregisterAll(p.eng, p.devIDs); err != nil && first == nil {
+		first = err
 	}
 	return first
 }

@@ -395,11 +395,7 @@ func (e *CUDA) launch(s *stage, words int, fn cu.Function, threads int, params [
 		return nil, fmt.Errorf("kernels: upload indices: %w", err)
 	}
 	blocks := min((threads+threadsPerBlock-1)/threadsPerBlock, e.maxBlocks)
-	ptrs := make([]unsafe.Pointer, len(params))
-	for i := range params {
-		ptrs[i] = unsafe.Pointer(&params[i])
-	}
-	if err := fn.Launch(blocks, 1, 1, threadsPerBlock, 1, 1, 0, e.stream, ptrs); err != nil {
+	if err := launch(fn, blocks, threadsPerBlock, 0, e.stream, params...); err != nil {
 		return nil, fmt.Errorf("kernels: launch: %w", err)
 	}
 	if err := s.ev.Record(e.stream); err != nil {
@@ -407,6 +403,16 @@ func (e *CUDA) launch(s *stage, words int, fn cu.Function, threads int, params [
 	}
 	s.used = true
 	return &cudaHandle{e: e, ev: s.ev}, nil
+}
+
+// launch runs fn with 8-byte parameters (gorgonia.org/cu passes each
+// parameter by address; every kernel here takes 64-bit values).
+func launch(fn cu.Function, blocks, threads, shared int, stream cu.Stream, params ...uint64) error {
+	ptrs := make([]unsafe.Pointer, len(params))
+	for i := range params {
+		ptrs[i] = unsafe.Pointer(&params[i])
+	}
+	return fn.Launch(blocks, 1, 1, threads, 1, 1, shared, stream, ptrs)
 }
 
 // stage returns the next staging area with room for words words, after

@@ -3,6 +3,7 @@ package kernels
 import (
 	"errors"
 	"fmt"
+	"unsafe"
 )
 
 // Sentinel errors; calls wrap them with the offending row or range.
@@ -137,4 +138,41 @@ type Baseline interface {
 	// BulkCopy copies n contiguous bytes at src in registered memory to dst
 	// in one copy call, then waits.
 	BulkCopy(dst Buffer, dstOff int64, src Addr, n int64) error
+}
+
+// RegisterAll registers n ranges, range i being mem(i) (a tier's devices,
+// in order), and returns their ids. If one fails, those registered before
+// it are unregistered again and the error names the failing index.
+func RegisterAll(e Engine, n int, mem func(i int) []byte) ([]RangeID, error) {
+	ids := make([]RangeID, 0, n)
+	for i := range n {
+		id, err := e.Register(mem(i))
+		if err != nil {
+			UnregisterAll(e, ids)
+			return nil, fmt.Errorf("register tier device %d: %w", i, err)
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+// UnregisterAll unregisters ids and returns the first error.
+func UnregisterAll(e Engine, ids []RangeID) error {
+	var first error
+	for _, id := range ids {
+		if err := e.Unregister(id); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// AsBytes views a slice of fixed-size integers as its bytes, for Upload
+// and Download: the engines and kernels read them as the machine stores
+// them (little endian). The view aliases s and must not outlive it.
+func AsBytes[T int32 | uint32 | int64 | uint64 | Addr](s []T) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(s[0])))
 }

@@ -74,18 +74,25 @@ func (e *CUDA) CanPlanTopK(l TopKLayout) error {
 	if err := l.Check(); err != nil {
 		return err
 	}
-	if need := l.sharedBytes(); need > e.topk.sharedLimit {
+	return e.topk.fits(l)
+}
+
+// fits reports a layout whose plan blocks need more shared memory than
+// the device gives one block.
+func (t *topkKernels) fits(l TopKLayout) error {
+	if need := l.sharedBytes(); need > t.sharedLimit {
 		return fmt.Errorf("%w: planning top-k %d over %d slots needs %d bytes of shared memory per block, the device allows %d",
-			ErrBadRequest, l.TopK, l.Slots, need, e.topk.sharedLimit)
+			ErrBadRequest, l.TopK, l.Slots, need, t.sharedLimit)
 	}
 	return nil
 }
 
 // PlanTopK implements TopKPlanner: the plan-and-fetch kernel on the
-// engine's stream (after a check kernel for large batches; topk.cu), then
-// one download of the step's counts.
+// engine's stream (after a check kernel for large batches; topk.cu); the
+// kernels read and write the step's words in mapped host memory, so once
+// the stream is done the counts are there.
 func (e *CUDA) PlanTopK(s TopKStep) (TopKCounts, error) {
-	if err := checkTopKStep(&s); err != nil {
+	if err := checkTopKStep(&s); err != nil || len(s.Reqs) == 0 {
 		return TopKCounts{}, err
 	}
 	var bufs [4]*deviceBuffer
@@ -97,7 +104,7 @@ func (e *CUDA) PlanTopK(s TopKStep) (TopKCounts, error) {
 		bufs[i] = db
 	}
 	l, t := s.Layout, &e.topk
-	if err := e.CanPlanTopK(l); err != nil {
+	if err := t.fits(l); err != nil {
 		return TopKCounts{}, err
 	}
 	shared := l.sharedBytes()
@@ -113,9 +120,6 @@ func (e *CUDA) PlanTopK(s TopKStep) (TopKCounts, error) {
 		t.sharedSet = shared
 	}
 	batch, k := len(s.Reqs), l.TopK
-	if len(s.Reqs) == 0 {
-		return TopKCounts{}, nil
-	}
 	if err := t.room(batch, k); err != nil {
 		return TopKCounts{}, err
 	}
@@ -220,16 +224,6 @@ func (t *topkKernels) nextEpoch() error {
 	}
 	t.epoch = 1
 	return cu.MemsetD32(t.mark, 0, 2)
-}
-
-// launch runs fn with 8-byte parameters (gorgonia.org/cu passes each
-// parameter by address; every kernel here takes 64-bit values).
-func launch(fn cu.Function, blocks, threads, shared int, stream cu.Stream, params ...uint64) error {
-	ptrs := make([]unsafe.Pointer, len(params))
-	for i := range params {
-		ptrs[i] = unsafe.Pointer(&params[i])
-	}
-	return fn.Launch(blocks, 1, 1, threads, 1, 1, shared, stream, ptrs)
 }
 
 // record records test event i, when a test set them.

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-	"unsafe"
 
 	"gorgonia.org/cu"
 )
@@ -63,7 +62,7 @@ func TestTopKBadSelection(t *testing.T) {
 		}
 	}
 	v := []int32{0, 1, 2, 63, 5, 6, -1, 63, 9, 10, 11, 40}
-	if err := c.Upload(sel, 0, unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))); err != nil {
+	if err := c.Upload(sel, 0, AsBytes(v)); err != nil {
 		t.Fatal(err)
 	}
 	s := TopKStep{Layout: l, State: state, Data: data, Reqs: []int32{0, 1, 2}, Lens: []int32{64, 64, 40}, Sel: Span{Buf: sel}, Out: Span{Buf: out}}
@@ -156,7 +155,7 @@ func stepBreakdown(t *testing.T, e *CUDA, batch int, newFrac float64) {
 	}
 	for i := range 60 {
 		v := step()
-		if err := e.Upload(sel, 0, unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))); err != nil {
+		if err := e.Upload(sel, 0, AsBytes(v)); err != nil {
 			t.Fatal(err)
 		}
 		e.topk.events = evs

@@ -47,15 +47,11 @@ func NewMover(s *Store, eng kernels.Engine, ids []kernels.RangeID) (*Mover, erro
 		}
 		return m, nil
 	}
-	m.owned = true
-	for d := range s.r.NumDevices() {
-		id, err := eng.Register(s.r.Device(d))
-		if err != nil {
-			m.Close()
-			return nil, fmt.Errorf("prefix: mover: register tier device %d: %w", d, err)
-		}
-		m.ids = append(m.ids, id)
+	var err error
+	if m.ids, err = kernels.RegisterAll(eng, s.r.NumDevices(), s.r.Device); err != nil {
+		return nil, fmt.Errorf("prefix: mover: %w", err)
 	}
+	m.owned = true
 	return m, nil
 }
 
@@ -63,11 +59,7 @@ func NewMover(s *Store, eng kernels.Engine, ids []kernels.RangeID) (*Mover, erro
 func (m *Mover) Close() error {
 	var first error
 	if m.owned {
-		for _, id := range m.ids {
-			if err := m.eng.Unregister(id); err != nil && first == nil {
-				first = err
-			}
-		}
+		first = kernels.UnregisterAll(m.eng, m.ids)
 		m.ids = nil
 	}
 	return first

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unsafe"
 
 	"github.com/cxltier/cxltier/kernels"
 )
@@ -151,12 +150,11 @@ func (p *Pool) pushExtents(req, layer int, ls *layerSeq, from int) error {
 	if from == len(ls.extents) {
 		return nil
 	}
-	words := make([]uint64, len(ls.extents)-from)
-	for i := range words {
-		words[i] = uint64(ls.extents[from+i].addr)
+	addrs := make([]kernels.Addr, len(ls.extents)-from)
+	for i := range addrs {
+		addrs[i] = ls.extents[from+i].addr
 	}
-	b := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), 8*len(words))
-	return p.eng.Upload(p.ep.state, p.ep.regionOffset(req, layer)+l.ExtentsOffset()+8*int64(from), b)
+	return p.eng.Upload(p.ep.state, p.ep.regionOffset(req, layer)+l.ExtentsOffset()+8*int64(from), kernels.AsBytes(addrs))
 }
 
 // ResolveIn resolves one step whose selections and output slots are in
@@ -198,14 +196,14 @@ func (p *Pool) resolveOnEngine(start time.Time, layer int, reqs []int, seqLens [
 			*b = buf
 		}
 	}
-	if err := p.eng.Upload(ep.sel, 0, int32Bytes(topk)); err != nil {
+	if err := p.eng.Upload(ep.sel, 0, kernels.AsBytes(topk)); err != nil {
 		return Step{}, fmt.Errorf("topk: upload selections: %w", err)
 	}
 	st, err := p.planOnEngine(start, layer, reqs, seqLens, kernels.Span{Buf: ep.sel}, kernels.Span{Buf: ep.out}, true)
 	if err != nil {
 		return st, err
 	}
-	if err := p.eng.Download(int32Bytes(out), ep.out, 0); err != nil {
+	if err := p.eng.Download(kernels.AsBytes(out), ep.out, 0); err != nil {
 		return st, fmt.Errorf("topk: download slots: %w", err)
 	}
 	return st, nil
@@ -270,16 +268,8 @@ func (p *Pool) tables(req, layer int) (tokens, lru, loaded []int32, err error) {
 	}
 	S := p.cfg.Slots
 	all := make([]int32, 3*S+2)
-	if err := p.eng.Download(int32Bytes(all), p.ep.state, p.ep.regionOffset(req, layer)); err != nil {
+	if err := p.eng.Download(kernels.AsBytes(all), p.ep.state, p.ep.regionOffset(req, layer)); err != nil {
 		return nil, nil, nil, err
 	}
 	return all[:S+1], all[2*S+2:], all[S+1 : 2*S+2], nil
-}
-
-// int32Bytes views s as bytes, for copies within a call.
-func int32Bytes(s []int32) []byte {
-	if len(s) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), 4*len(s))
 }

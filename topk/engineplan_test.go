@@ -156,7 +156,7 @@ func TestEnginePlanBadSelectionChangesNothing(t *testing.T) {
 			p, e := ep.eng, ep.e
 			sel, out := mustAlloc(t, e, 32), mustAlloc(t, e, 32)
 			upload := func(v []int32) {
-				if err := e.Upload(sel, 0, int32Bytes(v)); err != nil {
+				if err := e.Upload(sel, 0, kernels.AsBytes(v)); err != nil {
 					t.Fatal(err)
 				}
 			}

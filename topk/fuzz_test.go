@@ -56,7 +56,7 @@ func FuzzEnginePlan(f *testing.F) {
 		}
 		want, got := make([]int32, 4), make([]int32, 4)
 		_, werr := ep.ref.Resolve(0, []int{0}, []int64{seqLen}, sel, want)
-		if err := ep.e.Upload(selBuf, 0, int32Bytes(sel)); err != nil {
+		if err := ep.e.Upload(selBuf, 0, kernels.AsBytes(sel)); err != nil {
 			t.Fatal(err)
 		}
 		_, gerr := ep.eng.ResolveIn(0, []int{0}, []int64{seqLen}, kernels.Span{Buf: selBuf}, kernels.Span{Buf: outBuf})
@@ -66,7 +66,7 @@ func FuzzEnginePlan(f *testing.F) {
 		if werr != nil {
 			return
 		}
-		if err := ep.e.Download(int32Bytes(got), outBuf, 0); err != nil {
+		if err := ep.e.Download(kernels.AsBytes(got), outBuf, 0); err != nil {
 			t.Fatal(err)
 		}
 		if !slices.Equal(got, want) {

@@ -104,15 +104,11 @@ func New(c *tier.Client, eng kernels.Engine, ids []kernels.RangeID, cfg Config) 
 		return nil, fmt.Errorf("%w: %d ranges for %d tier devices", ErrBadConfig, len(ids), r.NumDevices())
 	}
 	if ids == nil {
-		p.owned = true
-		for d := range r.NumDevices() {
-			id, err := eng.Register(r.Device(d))
-			if err != nil {
-				p.Close()
-				return nil, fmt.Errorf("topk: register tier device %d: %w", d, err)
-			}
-			p.ids = append(p.ids, id)
+		var err error
+		if p.ids, err = kernels.RegisterAll(eng, r.NumDevices(), r.Device); err != nil {
+			return nil, fmt.Errorf("topk: %w", err)
 		}
+		p.owned = true
 	}
 	var err error
 	if p.rec, p.recOff, err = statsRecord(c); err != nil {
@@ -175,9 +171,7 @@ func (p *Pool) Close() error {
 		keep(p.ep.free())
 	}
 	if p.owned {
-		for _, id := range p.ids {
-			keep(p.eng.Unregister(id))
-		}
+		keep(kernels.UnregisterAll(p.eng, p.ids))
 	}
 	return first
 }

@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"time"
-	"unsafe"
 
 	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/tier"
@@ -157,7 +156,7 @@ func runCase(p *topk.Pool, eng kernels.Engine, o options, reqs []int, ctx int64,
 	for s := range o.warm + o.steps {
 		sel := tr.Next()
 		if selBuf != nil {
-			if err := eng.Upload(selBuf, 0, unsafe.Slice((*byte)(unsafe.Pointer(&sel[0])), 4*len(sel))); err != nil {
+			if err := eng.Upload(selBuf, 0, kernels.AsBytes(sel)); err != nil {
 				return res, err
 			}
 		}

@@ -93,14 +93,23 @@ func prefixKeys(pageSize int, tokens *C.int64_t, n C.int64_t, prior, out *C.uint
 	return nil
 }
 
+// indexKeys is the start of every keyed call: the index and its n keys.
+func indexKeys(h C.uint64_t, keys *C.uint8_t, n C.int64_t) (*index, []prefix.Key, error) {
+	s, err := indexOf(uint64(h))
+	if err != nil {
+		return nil, nil, err
+	}
+	ks, err := keysArg(keys, n)
+	return s, ks, err
+}
+
 //export cxl_prefix_exists
 func cxl_prefix_exists(h C.uint64_t, keys *C.uint8_t, n C.int64_t, leading *C.int64_t, errbuf *C.char, errlen C.int) C.int {
 	err := func() error {
-		s, err := indexOf(uint64(h))
-		if err != nil {
+		s, ks, err := indexKeys(h, keys, n)
+		if s == nil {
 			return err
 		}
-		ks, err := keysArg(keys, n)
 		if err != nil || leading == nil {
 			return errors.Join(err, fmt.Errorf("prefix exists: %w", errBadArg))
 		}
@@ -118,11 +127,7 @@ func buffersArg(ptrs *unsafe.Pointer, sizes *C.int64_t, n C.int64_t) ([][]byte, 
 //export cxl_prefix_set
 func cxl_prefix_set(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Pointer, sizes *C.int64_t, statuses *C.int8_t, errbuf *C.char, errlen C.int) C.int {
 	err := func() error {
-		s, err := indexOf(uint64(h))
-		if err != nil {
-			return err
-		}
-		ks, err := keysArg(keys, n)
+		s, ks, err := indexKeys(h, keys, n)
 		if err != nil {
 			return err
 		}
@@ -145,11 +150,10 @@ func cxl_prefix_set(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Poi
 //export cxl_prefix_get
 func cxl_prefix_get(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Pointer, caps, lens *C.int64_t, served *C.int64_t, errbuf *C.char, errlen C.int) C.int {
 	err := func() error {
-		s, err := indexOf(uint64(h))
-		if err != nil {
+		s, ks, err := indexKeys(h, keys, n)
+		if s == nil {
 			return err
 		}
-		ks, err := keysArg(keys, n)
 		if err != nil || served == nil {
 			return errors.Join(err, fmt.Errorf("prefix get: %w", errBadArg))
 		}
@@ -173,11 +177,7 @@ func cxl_prefix_get(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Poi
 //export cxl_prefix_delete
 func cxl_prefix_delete(h C.uint64_t, keys *C.uint8_t, n C.int64_t, deleted *C.int64_t, errbuf *C.char, errlen C.int) C.int {
 	err := func() error {
-		s, err := indexOf(uint64(h))
-		if err != nil {
-			return err
-		}
-		ks, err := keysArg(keys, n)
+		s, ks, err := indexKeys(h, keys, n)
 		if err != nil {
 			return err
 		}

@@ -219,14 +219,14 @@ func (p *topkPool) resolveDevice(layer int, reqs []int, lens []int64, sel, out u
 	p.stage.Lock()
 	defer p.stage.Unlock()
 	p.hostTopK, p.hostOut = grow(p.hostTopK, n), grow(p.hostOut, n)
-	if err := p.eng.Download(int32Bytes(p.hostTopK), selBuf, 0); err != nil {
+	if err := p.eng.Download(kernels.AsBytes(p.hostTopK), selBuf, 0); err != nil {
 		return topk.Step{}, fmt.Errorf("topk resolve: read selections: %w", err)
 	}
 	st, err := p.Resolve(layer, reqs, lens, p.hostTopK, p.hostOut)
 	if err != nil {
 		return st, err
 	}
-	if err := p.eng.Upload(outBuf, 0, int32Bytes(p.hostOut)); err != nil {
+	if err := p.eng.Upload(outBuf, 0, kernels.AsBytes(p.hostOut)); err != nil {
 		return st, fmt.Errorf("topk resolve: write slots: %w", err)
 	}
 	return st, nil
@@ -237,14 +237,6 @@ func grow(s []int32, n int) []int32 {
 		return make([]int32, n)
 	}
 	return s[:n]
-}
-
-// int32Bytes views s as bytes (Go memory, used only within the call).
-func int32Bytes(s []int32) []byte {
-	if len(s) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), 4*len(s))
 }
 
 //export cxl_topk_buffer
