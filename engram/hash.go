@@ -102,6 +102,19 @@ func (h *Hasher) Moduli(l int) ([][]int64, error) {
 	return out, nil
 }
 
+// flat returns layer l's moduli and row offsets, order-major (the layout
+// of one position's rows).
+func (h *Hasher) flat(l int) (moduli, offsets []int64, err error) {
+	lh, err := h.layer(l)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i := range lh.moduli {
+		moduli, offsets = append(moduli, lh.moduli[i]...), append(offsets, lh.offsets[i]...)
+	}
+	return moduli, offsets, nil
+}
+
 // Rows is the number of rows in layer l's table.
 func (h *Hasher) Rows(l int) (int64, error) {
 	lh, err := h.layer(l)
@@ -121,26 +134,41 @@ func (h *Hasher) Hash(dst []int64, l int, history, ids []int64) ([]int64, error)
 	if err != nil {
 		return dst, err
 	}
+	err = h.eachWindow(history, ids, func(window []int64) { dst = lh.hashWindow(dst, window) })
+	return dst, err
+}
+
+// Windows appends to dst, for every position of ids, the MaxNgram ids the
+// hash of that position reads: the id itself, then the ids before it
+// (pad before the sequence start). history and ids are as for Hash and
+// checked the same way; an engine hashes the windows (kernels.EngramStep).
+func (h *Hasher) Windows(dst []int64, history, ids []int64) ([]int64, error) {
+	err := h.eachWindow(history, ids, func(window []int64) { dst = append(dst, window...) })
+	return dst, err
+}
+
+// eachWindow checks history and ids and calls f with the window of every
+// position of ids (window[k]: the id k positions back); f must not keep it.
+func (h *Hasher) eachWindow(history, ids []int64, f func(window []int64)) error {
 	if err := h.checkIDs(history, "history"); err != nil {
-		return dst, err
+		return err
 	}
 	if err := h.checkIDs(ids, "ids"); err != nil {
-		return dst, err
+		return err
 	}
 	maxN := h.g.MaxNgram
-	window := make([]int64, maxN) // window[k]: the id k positions back
+	window := make([]int64, maxN)
 	for k := range window {
 		window[k] = h.g.PadID
 	}
-	keep := history[max(0, len(history)-(maxN-1)):]
-	for _, id := range keep {
+	for _, id := range history[max(0, len(history)-(maxN-1)):] {
 		shift(window, id)
 	}
 	for _, id := range ids {
 		shift(window, id)
-		dst = lh.hashWindow(dst, window)
+		f(window)
 	}
-	return dst, nil
+	return nil
 }
 
 func shift(window []int64, id int64) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/cxltier/cxltier/internal/prefetch"
+	"github.com/cxltier/cxltier/kernels"
 )
 
 // hotSet maps table rows to cache slots for one layer. It is W-way set
@@ -22,9 +23,13 @@ import (
 // the row goes to a spill slot used for this call only; spill slots come
 // in `protect` banks used in turn, so a call never overwrites the spill
 // rows of the calls before it that may still be read.
+//
+// The engines' cache (kernels.EngramStep, engram.cu) follows the same
+// rules in the same layout, so that a prefetcher planning on the engine
+// gives every row the slot this one would.
 type hotSet struct {
 	tags    []uint64 // sets × ways
-	setMask uint64
+	sets    int
 	spill   [][]int32 // banks of spill slots
 	used    int       // spill slots taken in this call
 	epoch   uint64
@@ -32,11 +37,10 @@ type hotSet struct {
 }
 
 const (
-	ways      = 8
-	stampBits = 16
-	stampMask = 1<<stampBits - 1
-	// maxCachedRow keeps row+1 within the 48 bits of a tag.
-	maxCachedRow = 1<<(64-stampBits) - 2
+	ways         = kernels.EngramWays
+	stampBits    = 16
+	stampMask    = 1<<stampBits - 1
+	maxCachedRow = kernels.MaxEngramRow // row+1 fits a tag's 48 bits
 )
 
 // newHotSet divides slots into a power-of-two number of sets of `ways`
@@ -46,11 +50,8 @@ func newHotSet(slots int, protect uint64) (*hotSet, error) {
 	if slots < 1 {
 		return nil, fmt.Errorf("%w: %d cache slots", ErrGeometry, slots)
 	}
-	sets := 0
-	for s := 1; s*ways <= slots-slots/8; s *= 2 {
-		sets = s
-	}
-	h := &hotSet{tags: make([]uint64, sets*ways), setMask: uint64(max(sets, 1)) - 1, protect: protect}
+	sets := kernels.EngramSets(slots)
+	h := &hotSet{tags: make([]uint64, sets*ways), sets: sets, protect: protect}
 	spill := make([]int32, 0, slots-sets*ways)
 	for s := sets * ways; s < slots; s++ {
 		spill = append(spill, int32(s))
@@ -85,9 +86,7 @@ func (h *hotSet) lookup(row int64) (slot int32, fetch, ok bool) {
 }
 
 // setOf is row's set.
-func (h *hotSet) setOf(row int64) uint64 {
-	return (uint64(row) * 0x9E3779B97F4A7C15 >> 32) & h.setMask
-}
+func (h *hotSet) setOf(row int64) uint64 { return kernels.EngramSet(row, h.sets) }
 
 // prefetch starts loading row's tag line: a call's rows hit random lines
 // of a multi-MiB table, and asking a few rows ahead overlaps their DRAM

@@ -37,6 +37,10 @@ type PrefetchOptions struct {
 	// consumed before the next call for the same layer (in stream order on
 	// a GPU, as the forward-pass hook does).
 	Cache bool
+	// Planner says who hashes the ids and keeps the cache's tags: the host
+	// (the default) or the engine (PlanEngine: one engine call per
+	// prefetch, and at most Slots rows per call).
+	Planner Planner
 }
 
 // Prefetcher gathers Engram rows from tier tables into a per-layer cache
@@ -63,8 +67,9 @@ type layerCache struct {
 	mu    sync.Mutex
 	table *Table
 	buf   kernels.Buffer
-	hot   *hotSet // row → slot
-	miss  []int64 // rows fetched by the current call, by slot order of missSlots
+	hot   *hotSet     // row → slot (host planning)
+	eng   *enginePlan // engine planning
+	miss  []int64     // rows fetched by the current call, by slot order of missSlots
 }
 
 // NewPrefetcher registers every tier device with the engine and allocates a
@@ -75,6 +80,13 @@ func NewPrefetcher(eng kernels.Engine, r *tier.Region, h *Hasher, tables []*Tabl
 	}
 	if opts.Protect <= 0 {
 		opts.Protect = 2
+	}
+	switch opts.Planner {
+	case PlanAuto:
+		opts.Planner = PlanHost
+	case PlanHost, PlanEngine:
+	default:
+		return nil, fmt.Errorf("%w: %v", ErrInput, opts.Planner)
 	}
 	p := &Prefetcher{h: h, eng: eng, r: r, opts: opts, layers: map[int]*layerCache{}}
 	var err error
@@ -98,7 +110,14 @@ func NewPrefetcher(eng kernels.Engine, r *tier.Region, h *Hasher, tables []*Tabl
 			p.Close()
 			return nil, err
 		}
-		p.layers[t.Layer] = &layerCache{table: t, buf: buf, hot: hot}
+		lc := &layerCache{table: t, buf: buf, hot: hot}
+		p.layers[t.Layer] = lc
+		if opts.Planner == PlanEngine {
+			if err := p.startEnginePlan(lc); err != nil {
+				p.Close()
+				return nil, err
+			}
+		}
 	}
 	return p, nil
 }
@@ -131,7 +150,8 @@ func (p *Prefetcher) CacheBuffer(layer int) (kernels.Buffer, error) {
 // Pending is a prefetch in flight.
 type Pending struct {
 	// Slots holds, per position and head (the Hash layout), the cache slot
-	// of that row in the layer's CacheBuffer.
+	// of that row in the layer's CacheBuffer. With engine planning and the
+	// cache it is filled by Wait; read it after Wait.
 	Slots  []int32
 	h      kernels.Handle
 	start  time.Time
@@ -142,13 +162,21 @@ type Pending struct {
 	// drop from the cache if the fetch fails.
 	lc      *layerCache
 	fetched []int32
+	// rows: the call's rows; out: an engine-planned call's output area,
+	// read back by Wait (out.Buf nil: nothing to read back).
+	rows int
+	out  kernels.Span
+	err  error // of the read back
 }
+
+// Rows is the number of rows the call hashed (len(Slots) once known).
+func (pd *Pending) Rows() int { return pd.rows }
 
 // Wait blocks until the rows are in the cache and returns the time from
 // the call to readiness; a time past the deadline is counted as a miss.
 func (pd *Pending) Wait() (time.Duration, error) {
 	if pd.waited {
-		return pd.ready, nil
+		return pd.ready, pd.err
 	}
 	if err := pd.h.Wait(); err != nil {
 		pd.lc.mu.Lock()
@@ -156,7 +184,14 @@ func (pd *Pending) Wait() (time.Duration, error) {
 		pd.lc.mu.Unlock()
 		return 0, err
 	}
+	// Rows are ready here; reading an engine-planned call's slots back to
+	// the host comes after (a GPU consumer would read them where they are).
 	pd.waited, pd.ready = true, time.Since(pd.start)
+	if pd.out.Buf != nil {
+		if pd.err = pd.readBack(); pd.err != nil {
+			return pd.ready, pd.err
+		}
+	}
 	m := &pd.p.metrics
 	m.ReadyNanos.Add(uint64(pd.ready))
 	if pd.p.opts.Deadline > 0 && pd.ready > pd.p.opts.Deadline {
@@ -177,14 +212,13 @@ func (p *Prefetcher) Prefetch(layer int, histories, seqs [][]int64) (*Pending, e
 	if histories != nil && len(histories) != len(seqs) {
 		return nil, fmt.Errorf("%w: %d histories for %d sequences", ErrInput, len(histories), len(seqs))
 	}
+	if lc.eng != nil {
+		return p.prefetchEngine(lc, histories, seqs, start)
+	}
 	var rows []int64
 	for b, ids := range seqs {
-		var hist []int64
-		if histories != nil {
-			hist = histories[b]
-		}
 		var err error
-		if rows, err = p.h.Hash(rows, layer, hist, ids); err != nil {
+		if rows, err = p.h.Hash(rows, layer, history(histories, b), ids); err != nil {
 			return nil, fmt.Errorf("sequence %d: %w", b, err)
 		}
 	}
@@ -219,7 +253,36 @@ func (p *Prefetcher) Prefetch(layer int, histories, seqs [][]int64) (*Pending, e
 	m.Rows.Add(uint64(len(rows)))
 	m.Fetched.Add(uint64(len(miss)))
 	m.Hits.Add(uint64(len(rows) - len(miss)))
-	return &Pending{Slots: slots, h: h, start: start, p: p, lc: lc, fetched: miss}, nil
+	return &Pending{Slots: slots, h: h, start: start, p: p, lc: lc, fetched: miss, rows: len(rows)}, nil
+}
+
+// prefetchEngine checks the ids, lays out their windows and queues the
+// call on the engine.
+func (p *Prefetcher) prefetchEngine(lc *layerCache, histories, seqs [][]int64, start time.Time) (*Pending, error) {
+	var windows []int64
+	for b, ids := range seqs {
+		var err error
+		if windows, err = p.h.Windows(windows, history(histories, b), ids); err != nil {
+			return nil, fmt.Errorf("sequence %d: %w", b, err)
+		}
+	}
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	pd := &Pending{start: start, p: p, lc: lc}
+	if err := p.prefetchOnEngine(lc, windows, pd); err != nil {
+		return nil, err
+	}
+	p.metrics.Calls.Add(1)
+	p.metrics.Rows.Add(uint64(pd.rows))
+	return pd, nil
+}
+
+// history is sequence b's history, nil when there are none.
+func history(histories [][]int64, b int) []int64 {
+	if histories == nil {
+		return nil
+	}
+	return histories[b]
 }
 
 // addr is the engine address of a table row. On a one-device tier the
@@ -293,6 +356,11 @@ func (p *Prefetcher) Close() error {
 	for _, lc := range p.layers {
 		if err := lc.buf.Free(); err != nil && first == nil {
 			first = err
+		}
+		if lc.eng != nil {
+			if err := lc.eng.free(); err != nil && first == nil {
+				first = err
+			}
 		}
 	}
 	if err := kernels.UnregisterAll(p.eng, p.devIDs); err != nil && first == nil {

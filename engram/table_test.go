@@ -129,17 +129,32 @@ func TestTablesAndPrefetch(t *testing.T) {
 
 // checkRows reads every slot back and compares with the synthetic row the
 // hash names.
-func checkRows(t *testing.T, p *Prefetcher, h *Hasher, eng *kernels.CPU, layer int, seqs [][]int64, slots []int32) {
+func checkRows(t testing.TB, p *Prefetcher, h *Hasher, eng *kernels.CPU, layer int, seqs [][]int64, slots []int32) {
+	t.Helper()
+	checkRowsAfter(t, p, h, layer, nil, seqs, slots)
+}
+
+// checkRowsAfter is checkRows for sequences with histories, on any engine.
+func checkRowsAfter(t testing.TB, p *Prefetcher, h *Hasher, layer int, hists, seqs [][]int64, slots []int32) {
 	t.Helper()
 	var rows []int64
-	for _, s := range seqs {
-		rows, _ = h.Hash(rows, layer, nil, s)
+	for b, s := range seqs {
+		rows, _ = h.Hash(rows, layer, history(hists, b), s)
+	}
+	if len(slots) != len(rows) {
+		t.Fatalf("layer %d: %d slots for %d rows", layer, len(slots), len(rows))
 	}
 	buf, _ := p.CacheBuffer(layer)
-	mem, _ := eng.Bytes(buf)
+	mem := make([]byte, buf.Len())
+	if err := p.eng.Download(mem, buf, 0); err != nil {
+		t.Fatal(err)
+	}
 	rb := h.Geometry().RowBytes
 	want := make([]byte, rb)
 	for i, row := range rows {
+		if slots[i] < 0 || int64(slots[i]+1)*rb > buf.Len() {
+			t.Fatalf("layer %d position/head %d: slot %d", layer, i, slots[i])
+		}
 		SyntheticRow(layer, row, want)
 		got := mem[int64(slots[i])*rb : int64(slots[i]+1)*rb]
 		if !bytes.Equal(got, want) {

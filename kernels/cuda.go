@@ -36,6 +36,7 @@ type CUDA struct {
 	mem       [MaxRanges][]byte // registered memory, to unregister
 	stages    [4]stage          // index staging, reused round robin
 	topk      topkKernels       // the top-k planner (topkplan_cuda.go)
+	engram    engramKernels     // the Engram planner (engram_cuda.go)
 	next      int
 	closed    bool
 }
@@ -532,6 +533,7 @@ func (e *CUDA) release() {
 		e.bases = 0
 	}
 	e.topk.release()
+	e.engram.release()
 	if e.mod != (cu.Module{}) {
 		e.mod.Unload()
 		e.mod = cu.Module{}

@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// The kernels' PTX, compiled from gather.cu and topk.cu by genptx.sh. It is
+// The kernels' PTX, compiled from gather.cu, topk.cu and engram.cu by genptx.sh. It is
 // embedded in every build so that a test without CUDA can check it against
 // the sources.
 var (
@@ -13,6 +13,8 @@ var (
 	gatherPTX string
 	//go:embed topk.ptx
 	topkPTX string
+	//go:embed engram.ptx
+	engramPTX string
 )
 
 // ptxSourceHash is the SHA-256 of the .cu source recorded when ptx was made.

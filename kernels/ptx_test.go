@@ -15,6 +15,7 @@ func TestPTXMatchesSource(t *testing.T) {
 	}{
 		{"gather.cu", gatherPTX, []string{"cxl_rows", "cxl_blocks"}},
 		{"topk.cu", topkPTX, []string{"cxl_topk_check", "cxl_topk_plan"}},
+		{"engram.cu", engramPTX, []string{"cxl_engram_rows"}},
 	} {
 		src, err := os.ReadFile(c.src)
 		if err != nil {

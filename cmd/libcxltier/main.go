@@ -10,8 +10,10 @@
 // handles; no Go pointer crosses the boundary, and the library only reads
 // or writes caller memory (keys, payloads, ids) during the call.
 //
-// ABI 3 (2 with cxl_engram_open taking cache and cxl_topk_open taking the
-// planner and max context; 2 was 1 plus cxl_topk_* and cxl_engram_compress):
+// ABI 4 (3 with cxl_engram_open's cache int become flags, engine planning
+// among them, and cxl_engram_wait writing the call's slots; 3 was 2 with
+// cxl_engram_open taking cache and cxl_topk_open taking the planner and max
+// context; 2 was 1 plus cxl_topk_* and cxl_engram_compress):
 //
 //	cxl_attach(devices, name, &tier)           devices: comma-separated backings
 //	cxl_detach(tier)
@@ -24,9 +26,10 @@
 //	cxl_prefix_delete(index, keys, n, &n_deleted)
 //	cxl_prefix_stats(index, json, json_cap)
 //	cxl_engram_hash(spec, layer, ids, n, out, out_cap, &n_rows) spec: preset name or JSON geometry
-//	cxl_engram_open(tier, spec, engine, cuda_stream, slots, cache, deadline_ns, &pf)   engine: cpu, cuda, auto; cache: 0 off, 1 on
+//	cxl_engram_open(tier, spec, engine, cuda_stream, slots, flags, deadline_ns, &pf)   engine: cpu, cuda, auto; flags: 1 cache, 2 plan on the engine
 //	cxl_engram_prefetch(pf, layer, ids, lens, n_seqs, hist_ids|NULL, hist_lens|NULL, slots, slots_cap, &n_slots, &pending)
-//	cxl_engram_wait(pending, &ready_ns)
+//	                 slots: written now when known (host planning, or no cache)
+//	cxl_engram_wait(pending, slots|NULL, slots_cap, &ready_ns)   slots: the call's final slots
 //	cxl_engram_buffer(pf, layer, &device_ptr, &bytes, &row_bytes)   GPU engines only
 //	cxl_engram_read(pf, layer, slot, out, out_cap)                  copy one cached row out
 //	cxl_engram_stats(pf, json, json_cap)
@@ -67,7 +70,7 @@ package main
 import "C"
 
 // abiVersion changes whenever a call's meaning or signature does.
-const abiVersion = 3
+const abiVersion = 4
 
 //export cxl_abi_version
 func cxl_abi_version() C.int { return abiVersion }

@@ -59,11 +59,24 @@ func engineOf(kind string, stream uintptr) (kernels.Engine, error) {
 	return kernels.New(kind)
 }
 
+// cxl_engram_open's flags.
+const (
+	engramCache    = 1 // keep hot rows across calls
+	engramOnEngine = 2 // the engine hashes and keeps the cache's tags
+)
+
+func plannerOf(flags C.int) engram.Planner {
+	if flags&engramOnEngine != 0 {
+		return engram.PlanEngine
+	}
+	return engram.PlanHost
+}
+
 //export cxl_engram_open
-func cxl_engram_open(h C.uint64_t, spec, engine *C.char, stream C.uint64_t, slots, cache C.int, deadlineNs C.int64_t, out *C.uint64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_engram_open(h C.uint64_t, spec, engine *C.char, stream C.uint64_t, slots, flags C.int, deadlineNs C.int64_t, out *C.uint64_t, errbuf *C.char, errlen C.int) C.int {
 	err := func() error {
-		if out == nil || slots < 1 || cache < 0 || cache > 1 {
-			return fmt.Errorf("engram open: %w: %d slots, cache %d (0 off, 1 on)", errBadArg, slots, cache)
+		if out == nil || slots < 1 || flags&^(engramCache|engramOnEngine) != 0 {
+			return fmt.Errorf("engram open: %w: %d slots, flags %#x (1 cache, 2 plan on the engine)", errBadArg, slots, flags)
 		}
 		a, err := tierOf(uint64(h))
 		if err != nil {
@@ -101,7 +114,8 @@ func cxl_engram_open(h C.uint64_t, spec, engine *C.char, stream C.uint64_t, slot
 		if err != nil {
 			return err
 		}
-		p, err := engram.NewPrefetcher(eng, a.r, hs, tables, engram.PrefetchOptions{Slots: int(slots), Cache: cache == 1, Deadline: time.Duration(deadlineNs)})
+		p, err := engram.NewPrefetcher(eng, a.r, hs, tables, engram.PrefetchOptions{Slots: int(slots),
+			Cache: flags&engramCache != 0, Planner: plannerOf(flags), Deadline: time.Duration(deadlineNs)})
 		if err != nil {
 			eng.Close()
 			return err
@@ -172,11 +186,13 @@ func cxl_engram_prefetch(h C.uint64_t, layer C.int, ids, lens *C.int64_t, nseq C
 		if err != nil {
 			return err
 		}
-		*nSlots = C.int64_t(len(pd.Slots))
-		if int64(len(pd.Slots)) > int64(slotsCap) || (len(pd.Slots) > 0 && slots == nil) {
+		*nSlots = C.int64_t(pd.Rows())
+		if int64(pd.Rows()) > int64(slotsCap) || (pd.Rows() > 0 && slots == nil) {
 			pd.Wait()
-			return fmt.Errorf("engram prefetch: %w: %d slots, room for %d", errRange, len(pd.Slots), slotsCap)
+			return fmt.Errorf("engram prefetch: %w: %d slots, room for %d", errRange, pd.Rows(), slotsCap)
 		}
+		// Slots known now are written now; an engine-planned call's are
+		// written by cxl_engram_wait.
 		if len(pd.Slots) > 0 {
 			copy(unsafe.Slice((*int32)(unsafe.Pointer(slots)), len(pd.Slots)), pd.Slots)
 		}
@@ -187,16 +203,22 @@ func cxl_engram_prefetch(h C.uint64_t, layer C.int, ids, lens *C.int64_t, nseq C
 }
 
 //export cxl_engram_wait
-func cxl_engram_wait(pending C.uint64_t, readyNs *C.int64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_engram_wait(pending C.uint64_t, slots *C.int32_t, slotsCap C.int64_t, readyNs *C.int64_t, errbuf *C.char, errlen C.int) C.int {
 	err := func() error {
 		pd, err := get[*engram.Pending](&handles, uint64(pending))
 		if err != nil {
 			return err
 		}
+		if slots != nil && int64(slotsCap) < int64(pd.Rows()) {
+			return fmt.Errorf("engram wait: %w: %d slots, room for %d", errRange, pd.Rows(), slotsCap)
+		}
 		handles.remove(uint64(pending))
 		d, err := pd.Wait()
 		if readyNs != nil {
 			*readyNs = C.int64_t(d)
+		}
+		if slots != nil && len(pd.Slots) > 0 {
+			copy(unsafe.Slice((*int32)(unsafe.Pointer(slots)), len(pd.Slots)), pd.Slots)
 		}
 		return err
 	}()
@@ -249,7 +271,8 @@ func cxl_engram_stats(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, e
 		m := p.Metrics()
 		raw, _ := json.Marshal(map[string]any{"calls": m.Calls.Load(), "rows": m.Rows.Load(), "hits": m.Hits.Load(),
 			"fetched": m.Fetched.Load(), "deadline_misses": m.DeadlineMisses.Load(), "ready_ns": m.ReadyNanos.Load(),
-			"layers": p.Layers(), "max_ngram": p.g.MaxNgram, "lookup": p.comp != nil, "cache": p.Options().Cache})
+			"layers": p.Layers(), "max_ngram": p.g.MaxNgram, "lookup": p.comp != nil, "cache": p.Options().Cache,
+			"planner": p.Options().Planner.String()})
 		return copyString(raw, buf, bufCap)
 	}()
 	return report(err, errbuf, errlen)

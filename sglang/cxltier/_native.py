@@ -6,7 +6,7 @@ import json
 import os
 import threading
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 _ERRLEN = 1024
 
 
@@ -77,7 +77,7 @@ _PROTOTYPES = {
     "cxl_engram_open": [_u64, _cstr, _cstr, _u64, _int, _int, _i64, _p(_u64)] + _err,
     "cxl_engram_close": [_u64] + _err,
     "cxl_engram_prefetch": [_u64, _int, _p(_i64), _p(_i64), _i64, _p(_i64), _p(_i64), _p(ctypes.c_int32), _i64, _p(_i64), _p(_u64)] + _err,
-    "cxl_engram_wait": [_u64, _p(_i64)] + _err,
+    "cxl_engram_wait": [_u64, _p(ctypes.c_int32), _i64, _p(_i64)] + _err,
     "cxl_engram_buffer": [_u64, _int, _p(_u64), _p(_i64), _p(_i64)] + _err,
     "cxl_engram_read": [_u64, _int, _i64, ctypes.c_void_p, _i64] + _err,
     "cxl_engram_stats": [_u64, ctypes.c_char_p, _int] + _err,

@@ -35,11 +35,14 @@ def _flatten(seqs):
 
 
 class Prefetch:
-    """A prefetch in flight: `slots` holds the cache slot of each row, in the
-    order engram_hash lists them (sequence, position, then head)."""
+    """A prefetch in flight. Once wait() returns, `slots` holds the cache
+    slot of each row, in the order engram_hash lists them (sequence,
+    position, then head); before, it is None (with planner="engine" and the
+    cache, the engine decides the slots as it runs)."""
 
-    def __init__(self, slots, pending):
-        self.slots = slots
+    def __init__(self, out, n, pending):
+        self.slots = None
+        self._out, self._n = out, n
         self._pending = pending
 
     def wait(self):
@@ -49,7 +52,10 @@ class Prefetch:
             return self._ready
         ns = ctypes.c_int64()
         h, self._pending = self._pending, None
-        _native.call("cxl_engram_wait", h, ctypes.byref(ns))
+        try:
+            _native.call("cxl_engram_wait", h, self._out, self._n, ctypes.byref(ns))
+        finally:
+            self.slots = list(self._out[: self._n])
         self._ready = ns.value / 1e9
         return self._ready
 
@@ -59,18 +65,25 @@ class EngramPrefetcher(_native.Child):
     `slots` rows in the engine's memory ("cuda": GPU memory on `stream`;
     "cpu": host memory), for every layer of the geometry whose table is
     loaded in the tier. With cache=True rows stay across calls and are not
-    fetched again (the cache is managed on the host and has measured slower
-    than fetching everything, so it is off by default); without it a call's
-    rows take slots 0..n-1 and must be used before the next call for the
-    same layer (stream order on a GPU)."""
+    fetched again (managed on the host it has measured slower than fetching
+    everything, so it is off by default); without it a call's rows take
+    slots 0..n-1 and must be used before the next call for the same layer
+    (stream order on a GPU). planner="engine" lets the engine hash the ids
+    and keep the cache's tags in its own memory, one engine call per
+    prefetch (on a GPU: kernels/engram.cu, not yet measured there)."""
 
     _kind = "engram"
+    _CACHE, _ON_ENGINE = 1, 2
 
-    def __init__(self, tier, spec, engine="auto", stream=0, slots=1 << 17, deadline_us=56.0, cache=False):
+    def __init__(self, tier, spec, engine="auto", stream=0, slots=1 << 17, deadline_us=56.0, cache=False,
+                 planner="host"):
         if isinstance(spec, dict):
             spec = json.dumps(spec)
+        if planner not in ("host", "engine"):
+            raise ValueError(f"planner {planner!r}: want 'host' or 'engine'")
+        flags = (self._CACHE if cache else 0) | (self._ON_ENGINE if planner == "engine" else 0)
         h = ctypes.c_uint64()
-        _native.call("cxl_engram_open", tier.handle, spec.encode(), engine.encode(), stream, slots, int(bool(cache)),
+        _native.call("cxl_engram_open", tier.handle, spec.encode(), engine.encode(), stream, slots, flags,
                      int(deadline_us * 1000), ctypes.byref(h))
         self._opened(tier, h.value)
         st = self.stats()
@@ -102,7 +115,7 @@ class EngramPrefetcher(_native.Child):
             try:
                 _native.call("cxl_engram_prefetch", self._h, layer, ids, lens, nseq, hist_ids, hist_lens, out, cap,
                              ctypes.byref(n), ctypes.byref(pending))
-                return Prefetch(list(out[: n.value]), pending.value)
+                return Prefetch(out, n.value, pending.value)
             except _native.RangeError:
                 cap = n.value
 

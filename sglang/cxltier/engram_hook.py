@@ -207,7 +207,8 @@ def hook_from_env(runner):
     preset name or a geometry JSON file; its "lookup" file beside it), the
     tier from CXLTIER_DEVICES, the row buffers on the runner's GPU and
     current stream when torch has CUDA, CXLTIER_ENGRAM_SLOTS rows per layer,
-    the hot-row cache on when CXLTIER_ENGRAM_CACHE=1."""
+    the hot-row cache on when CXLTIER_ENGRAM_CACHE=1, hashing and cache
+    bookkeeping on the engine when CXLTIER_ENGRAM_PLANNER=engine."""
     from .engram import EngramPrefetcher
     from .tier import Tier
 
@@ -230,7 +231,8 @@ def hook_from_env(runner):
     tier = Tier(os.environ.get("CXLTIER_DEVICES", "shm:cxltier"), name=f"engram-{os.getpid()}")
     slots = int(os.environ.get("CXLTIER_ENGRAM_SLOTS", 1 << 17))
     cache = os.environ.get("CXLTIER_ENGRAM_CACHE", "0") == "1"
-    pf = EngramPrefetcher(tier, spec, engine=engine, stream=stream, slots=slots, cache=cache)
+    planner = os.environ.get("CXLTIER_ENGRAM_PLANNER", "host")
+    pf = EngramPrefetcher(tier, spec, engine=engine, stream=stream, slots=slots, cache=cache, planner=planner)
     runner._cxltier_engram_tier = tier  # lives as long as the runner
     logger.info("cxltier: Engram prefetch for layers %s on the %s engine", pf.layers, engine)
     return EngramForwardHook(pf)

@@ -91,6 +91,30 @@ def test_prefetch_without_the_cache_fetches_every_row(cli, device, tmp_path):
             p.prefetch(1, [list(range(1, 20))])  # 19 positions x 4 rows > 64 slots
 
 
+def test_engine_planner_matches_host_planner(cli, device, tmp_path):
+    """planner="engine" (on the CPU engine: the Go twin of the CUDA kernel)
+    gives every row the slot the host planner gives it, call after call."""
+    geo = tmp_path / "geo.json"
+    geo.write_text(json.dumps(GEOMETRY))
+    subprocess.run([cli, "engram", "load", "--config", str(geo), "--layer", "1", "--synthetic", device], check=True, capture_output=True)
+    with cxltier.Tier(device) as t, \
+            cxltier.EngramPrefetcher(t, GEOMETRY, engine="cpu", slots=256, cache=True, planner="host") as host, \
+            cxltier.EngramPrefetcher(t, GEOMETRY, engine="cpu", slots=256, cache=True, planner="engine") as dev:
+        assert dev.stats()["planner"] == "engine" and host.stats()["planner"] == "host"
+        for seqs, hists in [([[5, 17, 99, 3], [42, 42, 7]], None), ([[8], [9]], [[5, 17, 99, 3], [42, 42, 7]]),
+                            ([[5, 17, 99, 3]], None)]:
+            a, b = host.prefetch(1, seqs, hists), dev.prefetch(1, seqs, hists)
+            assert b.slots is None  # decided by the engine as it runs
+            a.wait(), b.wait()
+            assert a.slots == b.slots
+            rows = [r for pos in cxltier.engram_hash(GEOMETRY, 1, seqs[0]) for r in pos] if hists is None else None
+            for row, slot in zip(rows or [], b.slots):
+                assert dev.read_row(1, slot, 64) == synthetic_row(1, row, 64)
+        assert dev.stats()["hits"] == host.stats()["hits"] > 0
+        with pytest.raises(ValueError, match="planner"):
+            cxltier.EngramPrefetcher(t, GEOMETRY, engine="cpu", planner="gpu")
+
+
 def test_detach_closes_the_prefetcher(cli, device, tmp_path):
     geo = tmp_path / "geo.json"
     geo.write_text(json.dumps(GEOMETRY))

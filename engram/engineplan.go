@@ -1,0 +1,216 @@
+package engram
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+
+	"github.com/cxltier/cxltier/kernels"
+)
+
+// Planner says where a call's rows are hashed and given cache slots.
+type Planner int
+
+const (
+	// PlanAuto is PlanHost for now: the engine planner's CUDA kernel
+	// (kernels/engram.cu) has not yet been measured on a GPU, and auto will
+	// choose it only once it has been shown faster.
+	PlanAuto Planner = iota
+	// PlanHost hashes and keeps the cache's tags on the host (hotset.go);
+	// the engine only copies the rows to fetch.
+	PlanHost
+	// PlanEngine sends the ids to the engine, which hashes them, probes a
+	// cache whose tags live in its own memory and fetches the misses in one
+	// call (kernels.EngramPlanner; on a GPU one launch of engram.cu, on the
+	// CPU engine its Go twin). With the cache, slots are known only when
+	// the call is done: Pending.Slots is filled by Wait.
+	PlanEngine
+)
+
+func (p Planner) String() string {
+	switch p {
+	case PlanAuto:
+		return "auto"
+	case PlanHost:
+		return "host"
+	case PlanEngine:
+		return "engine"
+	}
+	return fmt.Sprintf("Planner(%d)", int(p))
+}
+
+// ParsePlanner reads "auto", "host" or "engine".
+func ParsePlanner(s string) (Planner, error) {
+	for _, p := range []Planner{PlanAuto, PlanHost, PlanEngine} {
+		if s == p.String() {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: planner %q (want auto, host or engine)", ErrInput, s)
+}
+
+// enginePlan is one layer's state when the engine plans: the layout and
+// hash constants in engine memory, the cache's tags, and an output area
+// per protected call (counts and slots, read back by Wait).
+type enginePlan struct {
+	planner        kernels.EngramPlanner
+	layout, bypass kernels.EngramLayout // with the cache, and without (Sets 0)
+	params, tags   kernels.Buffer
+	out            kernels.Buffer
+	outStride      int64 // bytes per output area
+	epoch          uint64
+}
+
+// startEnginePlan prepares layer lc for engine planning.
+func (p *Prefetcher) startEnginePlan(lc *layerCache) error {
+	planner, ok := p.eng.(kernels.EngramPlanner)
+	if !ok {
+		return fmt.Errorf("%w: engine %s cannot plan Engram rows", ErrInput, p.eng.Name())
+	}
+	t := lc.table
+	tm, err := p.tableMap(t)
+	if err != nil {
+		return err
+	}
+	mult, err := p.h.Multipliers(t.Layer)
+	if err != nil {
+		return err
+	}
+	moduli, offsets, err := p.h.flat(t.Layer)
+	if err != nil {
+		return err
+	}
+	g := p.h.Geometry()
+	slots := p.opts.Slots
+	sets := kernels.EngramSets(slots)
+	ep := &enginePlan{planner: planner, layout: kernels.EngramLayout{MaxN: g.MaxNgram, Heads: g.Heads,
+		Multipliers: mult, Moduli: moduli, Offsets: offsets, Rows: t.Rows, Table: tm,
+		Sets: sets, SpillSlots: slots - sets*kernels.EngramWays, Protect: p.opts.Protect}}
+	ep.bypass = ep.layout
+	ep.bypass.Sets, ep.bypass.SpillSlots = 0, 0
+	if err := planner.CanPlanEngram(&ep.layout); err != nil {
+		return fmt.Errorf("engram: layer %d: %w", t.Layer, err)
+	}
+	ep.outStride = (kernels.EngramOutBytes(slots) + 7) &^ 7
+	lc.eng = ep
+	if ep.params, err = p.upload(ep.layout.ParamBytes(), kernels.AsBytes(ep.layout.Params())); err != nil {
+		return err
+	}
+	if ep.tags, err = p.upload(ep.layout.TagBytes(), nil); err != nil {
+		return err
+	}
+	ep.out, err = p.eng.Alloc(int64(p.opts.Protect) * ep.outStride)
+	return err
+}
+
+// upload allocates an engine buffer of n bytes holding b, then zeros.
+func (p *Prefetcher) upload(n int64, b []byte) (kernels.Buffer, error) {
+	buf, err := p.eng.Alloc(n)
+	if err != nil {
+		return nil, fmt.Errorf("engram: engine buffer of %d bytes: %w", n, err)
+	}
+	data := make([]byte, n)
+	copy(data, b)
+	if err := p.eng.Upload(buf, 0, data); err != nil {
+		buf.Free()
+		return nil, err
+	}
+	return buf, nil
+}
+
+func (ep *enginePlan) free() error {
+	var first error
+	for _, b := range []kernels.Buffer{ep.params, ep.tags, ep.out} {
+		if b != nil {
+			if err := b.Free(); err != nil && first == nil {
+				first = err
+			}
+		}
+	}
+	return first
+}
+
+// errTableMap means the map of a table's rows disagrees with the tier: a
+// bug, caught before any engine reads from a wrong address.
+var errTableMap = errors.New("engram: table map disagrees with the tier")
+
+// tableMap describes where t's rows lie for the engine, and checks it
+// against the tier's own placement at the rows where stripes change and
+// at random ones.
+func (p *Prefetcher) tableMap(t *Table) (kernels.TableMap, error) {
+	base, err := p.addr(t, 0)
+	if err != nil {
+		return kernels.TableMap{}, err
+	}
+	start := int64(p.r.DataStart())
+	tm := kernels.TableMap{RowBytes: t.RowBytes, Base: base, First: t.first, PerStripe: t.perStr, Stripe: t.stripe,
+		Stripe0: (int64(t.boundary) - start) / t.stripe, Control: start, Devices: p.devIDs}
+	check := []int64{0, t.first - 1, t.first, t.first + t.perStr - 1, t.first + t.perStr, t.Rows - 1}
+	rng := rand.New(rand.NewPCG(uint64(t.Rows), 7))
+	for range 64 {
+		check = append(check, rng.Int64N(t.Rows))
+	}
+	for _, row := range check {
+		if row < 0 || row >= t.Rows {
+			continue
+		}
+		want, err := p.addr(t, row)
+		if err != nil {
+			return kernels.TableMap{}, err
+		}
+		if got := tm.Addr(row); got != want {
+			return kernels.TableMap{}, fmt.Errorf("%w: layer %d row %d at %v, the tier says %v", errTableMap, t.Layer, row, got, want)
+		}
+	}
+	return tm, nil
+}
+
+// prefetchOnEngine queues a call planned by the engine. Callers hold lc.mu.
+func (p *Prefetcher) prefetchOnEngine(lc *layerCache, windows []int64, pd *Pending) error {
+	ep := lc.eng
+	n := len(windows) / ep.layout.MaxN * ep.layout.RowsPerToken()
+	if n > p.opts.Slots {
+		return fmt.Errorf("%w: %d rows in one call (%d slots)", ErrCacheTooSmall, n, p.opts.Slots)
+	}
+	ep.epoch++
+	out := kernels.Span{Buf: ep.out, Offset: int64(ep.epoch%uint64(p.opts.Protect)) * ep.outStride}
+	step := kernels.EngramStep{Layout: &ep.layout, Params: ep.params, Tags: ep.tags, Cache: lc.buf, Windows: windows,
+		Epoch: ep.epoch, Out: out}
+	if !p.opts.Cache {
+		step.Layout, step.Tags = &ep.bypass, nil
+	}
+	h, err := ep.planner.PlanEngram(step)
+	if err != nil {
+		ep.epoch--
+		return fmt.Errorf("engram: layer %d: %w", lc.table.Layer, err)
+	}
+	pd.h, pd.rows = h, n
+	if !p.opts.Cache { // row i is in slot i, all fetched: nothing to read back
+		pd.Slots = make([]int32, n)
+		for i := range pd.Slots {
+			pd.Slots[i] = int32(i)
+		}
+		p.metrics.Fetched.Add(uint64(n))
+		return nil
+	}
+	pd.out = out
+	return nil
+}
+
+// readBack fills pd.Slots and the counters from the call's output area
+// once it is done.
+func (pd *Pending) readBack() error {
+	b := make([]byte, kernels.EngramOutBytes(pd.rows))
+	if err := pd.p.eng.Download(b, pd.out.Buf, pd.out.Offset); err != nil {
+		return err
+	}
+	pd.Slots = make([]int32, pd.rows)
+	c, err := kernels.ReadEngramOut(b, pd.Slots)
+	m := &pd.p.metrics
+	m.Hits.Add(uint64(c.Hits))
+	m.Fetched.Add(uint64(c.Fetched))
+	if err != nil {
+		return fmt.Errorf("%w: layer %d: %w", ErrCacheTooSmall, pd.lc.table.Layer, err)
+	}
+	return nil
+}
