@@ -182,8 +182,8 @@ func TestTableMapStripes(t *testing.T) {
 	}{
 		{0, At(0, 4096+250)}, {1, At(0, 4096+350)},
 		{2, At(6, 4096)}, {4, At(6, 4096+200)}, // stripe 1: device 1, first stripe there
-		{5, At(7, 4096)},                       // stripe 2: device 2
-		{8, At(5, 4096+400)},                   // stripe 3: device 0, its second stripe
+		{5, At(7, 4096)},     // stripe 2: device 2
+		{8, At(5, 4096+400)}, // stripe 3: device 0, its second stripe
 		{11, At(6, 4096+400)},
 	} {
 		if got := m.Addr(tc.row); got != tc.want {
