@@ -13,11 +13,15 @@
 // slices are read during the call and may be reused as soon as it returns.
 //
 // The package knows nothing of requests, sequences or hashes; topk, engram
-// and prefix build the row lists. The one exception is the top-k planner
-// (TopKPlanner, topkplan.go, topk.cu): to plan a sparse-attention step where
-// the selections already are, an engine keeps package topk's slot tables
-// in its own memory in a layout defined here, and plans and fetches a step
-// itself; the CPU engine runs a Go twin of the CUDA kernels. The CPU engine is always built; the CUDA
+// and prefix build the row lists. The exceptions are the planners, which
+// let an engine decide the rows itself where its inputs already are: the
+// top-k planner (TopKPlanner, topkplan.go, topk.cu) keeps package topk's
+// slot tables in engine memory and plans and fetches a sparse-attention
+// step; the Engram planner (EngramPlanner, engram.go, engram.cu) hashes a
+// call's token windows with package engram's constants, probes a
+// set-associative row cache whose tags live in engine memory and fetches
+// the misses. Their layouts are defined here; the CPU engine runs a Go twin
+// of each CUDA kernel. The CPU engine is always built; the CUDA
 // engine is built with the tag "cuda" (see cuda.go) because its driver
 // binding links libcuda and exits a process that has no driver.
 package kernels

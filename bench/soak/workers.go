@@ -229,7 +229,12 @@ func engramStep(c *tier.Client, rng *rand.Rand) (func() (int, error), error) {
 		return nil, err
 	}
 	eng := kernels.NewCPU(1)
-	pf, err := engram.NewPrefetcher(eng, c.Region(), h, []*engram.Table{t}, engram.PrefetchOptions{Slots: 2048, Cache: true})
+	// Half the workers plan on the engine (the Go twin of engram.cu).
+	planner := engram.PlanHost
+	if rng.IntN(2) == 0 {
+		planner = engram.PlanEngine
+	}
+	pf, err := engram.NewPrefetcher(eng, c.Region(), h, []*engram.Table{t}, engram.PrefetchOptions{Slots: 2048, Cache: true, Planner: planner})
 	if err != nil {
 		return nil, err
 	}

@@ -67,14 +67,15 @@ def test_topk_device_paths_agree_with_the_cpu_engine(device):
         assert gpu.stats()["hits"] > 0
 
 
-def test_engram_prefetch_into_gpu_memory(cli, device, tmp_path):
+@pytest.mark.parametrize("planner", ["host", "engine"])
+def test_engram_prefetch_into_gpu_memory(cli, device, tmp_path, planner):
     geo = tmp_path / "geo.json"
     geo.write_text(json.dumps(GEOMETRY))
     subprocess.run([cli, "engram", "load", "--config", str(geo), "--layer", "1", "--synthetic", device], check=True, capture_output=True)
     with cxltier.Tier(device) as t:
         try:
             p = cxltier.EngramPrefetcher(t, GEOMETRY, engine="cuda", stream=torch.cuda.current_stream().cuda_stream, slots=256,
-                                         cache=True)
+                                         cache=True, planner=planner)
         except cxltier.CxlTierError as e:
             pytest.skip(f"library has no CUDA engine: {e}")
         with p:
