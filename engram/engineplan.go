@@ -9,44 +9,31 @@ import (
 )
 
 // Planner says where a call's rows are hashed and given cache slots.
-type Planner int
+type Planner = kernels.Planner
 
 const (
 	// PlanAuto is PlanHost for now: the engine planner's CUDA kernel
 	// (kernels/engram.cu) has not yet been measured on a GPU, and auto will
 	// choose it only once it has been shown faster.
-	PlanAuto Planner = iota
+	PlanAuto = kernels.PlanAuto
 	// PlanHost hashes and keeps the cache's tags on the host (hotset.go);
 	// the engine only copies the rows to fetch.
-	PlanHost
+	PlanHost = kernels.PlanHost
 	// PlanEngine sends the ids to the engine, which hashes them, probes a
 	// cache whose tags live in its own memory and fetches the misses in one
 	// call (kernels.EngramPlanner; on a GPU one launch of engram.cu, on the
 	// CPU engine its Go twin). With the cache, slots are known only when
 	// the call is done: Pending.Slots is filled by Wait.
-	PlanEngine
+	PlanEngine = kernels.PlanEngine
 )
-
-func (p Planner) String() string {
-	switch p {
-	case PlanAuto:
-		return "auto"
-	case PlanHost:
-		return "host"
-	case PlanEngine:
-		return "engine"
-	}
-	return fmt.Sprintf("Planner(%d)", int(p))
-}
 
 // ParsePlanner reads "auto", "host" or "engine".
 func ParsePlanner(s string) (Planner, error) {
-	for _, p := range []Planner{PlanAuto, PlanHost, PlanEngine} {
-		if s == p.String() {
-			return p, nil
-		}
+	p, err := kernels.ParsePlanner(s)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrInput, err)
 	}
-	return 0, fmt.Errorf("%w: planner %q (want auto, host or engine)", ErrInput, s)
+	return p, nil
 }
 
 // enginePlan is one layer's state when the engine plans: the layout and

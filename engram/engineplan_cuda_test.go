@@ -3,9 +3,9 @@
 package engram
 
 import (
-	"errors"
 	"testing"
 
+	"github.com/cxltier/cxltier/internal/tiertest"
 	"github.com/cxltier/cxltier/kernels"
 )
 
@@ -15,15 +15,5 @@ func init() {
 		name  string
 		exact bool
 		make  func(t testing.TB) kernels.Engine
-	}{"cuda", false, func(t testing.TB) kernels.Engine {
-		e, err := kernels.NewCUDA(kernels.CUDAOptions{})
-		if errors.Is(err, kernels.ErrNoDevice) {
-			t.Skip(err)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
-		return e
-	}})
+	}{"cuda", false, tiertest.CUDA})
 }

@@ -176,3 +176,36 @@ func AsBytes[T int32 | uint32 | int64 | uint64 | Addr](s []T) []byte {
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(s[0])))
 }
+
+// Planner says who decides a call's rows for the packages whose engines
+// can plan them (TopKPlanner, EngramPlanner): the host, or the engine
+// where its inputs are. Each package says what PlanAuto picks there.
+type Planner int
+
+const (
+	PlanAuto Planner = iota
+	PlanHost
+	PlanEngine
+)
+
+func (p Planner) String() string {
+	switch p {
+	case PlanAuto:
+		return "auto"
+	case PlanHost:
+		return "host"
+	case PlanEngine:
+		return "engine"
+	}
+	return fmt.Sprintf("Planner(%d)", int(p))
+}
+
+// ParsePlanner reads "auto", "host" or "engine".
+func ParsePlanner(s string) (Planner, error) {
+	for _, p := range []Planner{PlanAuto, PlanHost, PlanEngine} {
+		if s == p.String() {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: planner %q (want auto, host or engine)", ErrBadRequest, s)
+}

@@ -10,42 +10,29 @@ import (
 )
 
 // Planner says where a pool's slot tables live and who plans a step.
-type Planner int
+type Planner = kernels.Planner
 
 const (
 	// PlanAuto plans on the engine when it is a GPU engine that can plan
 	// the pool's layout (kernels.TopKPlanner), else on the host.
-	PlanAuto Planner = iota
+	PlanAuto = kernels.PlanAuto
 	// PlanHost keeps the tables in host memory and plans in Go; only the
 	// copies run on the engine.
-	PlanHost
+	PlanHost = kernels.PlanHost
 	// PlanEngine keeps the tables in engine memory and lets the engine
 	// plan: on a GPU, the kernels of kernels/topk.cu (one block per
 	// request), so selections in GPU memory never cross the bus; on the
 	// CPU engine, their Go twin.
-	PlanEngine
+	PlanEngine = kernels.PlanEngine
 )
-
-func (p Planner) String() string {
-	switch p {
-	case PlanAuto:
-		return "auto"
-	case PlanHost:
-		return "host"
-	case PlanEngine:
-		return "engine"
-	}
-	return fmt.Sprintf("Planner(%d)", int(p))
-}
 
 // ParsePlanner reads "auto", "host" or "engine".
 func ParsePlanner(s string) (Planner, error) {
-	for _, p := range []Planner{PlanAuto, PlanHost, PlanEngine} {
-		if s == p.String() {
-			return p, nil
-		}
+	p, err := kernels.ParsePlanner(s)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
-	return 0, fmt.Errorf("%w: planner %q (want auto, host or engine)", ErrBadConfig, s)
+	return p, nil
 }
 
 // enginePlan is a pool's state when the engine plans: the tables of every

@@ -3,9 +3,9 @@
 package topk
 
 import (
-	"errors"
 	"testing"
 
+	"github.com/cxltier/cxltier/internal/tiertest"
 	"github.com/cxltier/cxltier/kernels"
 )
 
@@ -14,14 +14,5 @@ func init() {
 	planEngines = append(planEngines, struct {
 		name string
 		make func(t testing.TB) kernels.Engine
-	}{"cuda", func(t testing.TB) kernels.Engine {
-		e, err := kernels.NewCUDA(kernels.CUDAOptions{})
-		if errors.Is(err, kernels.ErrNoDevice) {
-			t.Skip(err)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}})
+	}{"cuda", tiertest.CUDA})
 }

@@ -1,4 +1,5 @@
-// Package tiertest makes small file-backed tiers for tests.
+// Package tiertest makes small file-backed tiers for tests (and, built
+// with the tag cuda, CUDA engines).
 package tiertest
 
 import (
