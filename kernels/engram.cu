@@ -19,8 +19,9 @@
 //   out: u64 hits, fetched, spilled, without room; then an i32 slot per row.
 //
 // A warp takes 32 consecutive rows: each lane hashes and probes its row,
-// then the warp copies the lanes' misses one after another, all 32 lanes
-// on each row, so every row is read as one run of PCIe requests.
+// then the warp copies the lanes' misses eight rows at a time, all 32
+// lanes on each row, every lane loading its words of the eight rows before
+// storing any, so the reads of host memory overlap.
 //
 // The cache probe is lock-free for hits: a lane that finds its row
 // refreshes the way's stamp with a compare-and-swap. A miss takes its
@@ -203,17 +204,46 @@ static __device__ int probe(const layer &l, u64 *tags, u32 *locks, u64 *counts, 
   }
 }
 
-// copy_row: the whole warp copies one row, in 8-byte words when both ends
-// allow, else 4-byte words (rows are a multiple of 4 bytes).
-static __device__ __forceinline__ void copy_row(char *dst, const char *src, u64 n, u32 lane) {
-  if ((((u64)dst | (u64)src | n) & 7) == 0) {
-    const u64 *s = (const u64 *)src;
-    u64 *d = (u64 *)dst;
-    for (u64 i = lane; i < n / 8; i += 32) d[i] = s[i];
-  } else {
-    const u32 *s = (const u32 *)src;
-    u32 *d = (u32 *)dst;
-    for (u64 i = lane; i < n / 4; i += 32) d[i] = s[i];
+#define FETCH_GROUP 8
+
+// copy_words: the warp copies m (<= FETCH_GROUP) rows of nw words of type
+// W at once, each lane loading its words of every row before storing any,
+// so that a lane keeps m reads of host memory in flight rather than one.
+template <typename W>
+static __device__ __forceinline__ void copy_words(char *const *dst, const char *const *src, int m, u64 nw, u32 lane) {
+  for (u64 i = lane; i < nw; i += 32) {
+    W v[FETCH_GROUP];
+#pragma unroll
+    for (int j = 0; j < FETCH_GROUP; j++)
+      if (j < m) v[j] = ((const W *)src[j])[i];
+#pragma unroll
+    for (int j = 0; j < FETCH_GROUP; j++)
+      if (j < m) ((W *)dst[j])[i] = v[j];
+  }
+}
+
+// fetch_rows copies the warp's rows to fetch (the lanes set in todo), a group
+// at a time: 8-byte words when every end allows, else 4-byte words (rows
+// are a multiple of 4 bytes).
+static __device__ void fetch_rows(const layer &l, const u64 *bases, u64 cache, u32 todo, u64 row, int slot, u32 lane) {
+  while (todo) {
+    char *dst[FETCH_GROUP];
+    const char *src[FETCH_GROUP];
+    u64 align = l.row_bytes;
+    int m = 0;
+    for (; m < FETCH_GROUP && todo; m++) {
+      const int from = FFS(todo) - 1;
+      todo &= todo - 1;
+      const u64 r = (u64)(u32)SHFL((int)(u32)row, from) | (u64)(u32)SHFL((int)(row >> 32), from) << 32;
+      const u64 s = (u64)(u32)SHFL(slot, from);
+      dst[m] = (char *)(cache + s * l.row_bytes);
+      src[m] = row_addr(l, bases, r);
+      align |= (u64)dst[m] | (u64)src[m];
+    }
+    if ((align & 7) == 0)
+      copy_words<u64>(dst, src, m, l.row_bytes / 8, lane);
+    else
+      copy_words<u32>(dst, src, m, l.row_bytes / 4, lane);
   }
 }
 
@@ -255,12 +285,6 @@ extern "C" __global__ void cxl_engram_rows(const u64 *bases, const u64 *params, 
       if (hits) ATOM_ADD64(&out[C_HITS], (u64)POPC(hits));
       if (todo) ATOM_ADD64(&out[C_FETCHED], (u64)POPC(todo));
     }
-    while (todo) {
-      const int src = FFS(todo) - 1;
-      todo &= todo - 1;
-      const u64 r = (u64)(u32)SHFL((int)(u32)row, src) | (u64)(u32)SHFL((int)(row >> 32), src) << 32;
-      const u64 s = (u64)(u32)SHFL(slot, src);
-      copy_row((char *)(cache + s * l.row_bytes), row_addr(l, bases, r), l.row_bytes, lane);
-    }
+    fetch_rows(l, bases, cache, todo, row, slot, lane);
   }
 }
