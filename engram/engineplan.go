@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"time"
 
 	"github.com/cxltier/cxltier/kernels"
 )
@@ -152,13 +153,23 @@ func (p *Prefetcher) tableMap(t *Table) (kernels.TableMap, error) {
 	return tm, nil
 }
 
-// prefetchOnEngine queues a call planned by the engine. Callers hold lc.mu.
-func (p *Prefetcher) prefetchOnEngine(lc *layerCache, windows []int64, pd *Pending) error {
+// prefetchEngine checks the ids, lays out their windows and queues the
+// call on the engine.
+func (p *Prefetcher) prefetchEngine(lc *layerCache, histories, seqs [][]int64, start time.Time) (*Pending, error) {
+	var windows []int64
+	for b, ids := range seqs {
+		var err error
+		if windows, err = p.h.Windows(windows, history(histories, b), ids); err != nil {
+			return nil, fmt.Errorf("sequence %d: %w", b, err)
+		}
+	}
 	ep := lc.eng
 	n := len(windows) / ep.layout.MaxN * ep.layout.RowsPerToken()
 	if n > p.opts.Slots {
-		return fmt.Errorf("%w: %d rows in one call (%d slots)", ErrCacheTooSmall, n, p.opts.Slots)
+		return nil, fmt.Errorf("%w: %d rows in one call (%d slots)", ErrCacheTooSmall, n, p.opts.Slots)
 	}
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
 	ep.epoch++
 	out := kernels.Span{Buf: ep.out, Offset: int64(ep.epoch%uint64(p.opts.Protect)) * ep.outStride}
 	step := kernels.EngramStep{Layout: &ep.layout, Params: ep.params, Tags: ep.tags, Cache: lc.buf, Windows: windows,
@@ -169,19 +180,18 @@ func (p *Prefetcher) prefetchOnEngine(lc *layerCache, windows []int64, pd *Pendi
 	h, err := ep.planner.PlanEngram(step)
 	if err != nil {
 		ep.epoch--
-		return fmt.Errorf("engram: layer %d: %w", lc.table.Layer, err)
+		return nil, fmt.Errorf("engram: layer %d: %w", lc.table.Layer, err)
 	}
-	pd.h, pd.rows = h, n
+	p.metrics.Calls.Add(1)
+	p.metrics.Rows.Add(uint64(n))
+	pd := &Pending{h: h, start: start, p: p, lc: lc, rows: n}
 	if !p.opts.Cache { // row i is in slot i, all fetched: nothing to read back
-		pd.Slots = make([]int32, n)
-		for i := range pd.Slots {
-			pd.Slots[i] = int32(i)
-		}
+		pd.Slots = firstSlots(n)
 		p.metrics.Fetched.Add(uint64(n))
-		return nil
+		return pd, nil
 	}
 	pd.out = out
-	return nil
+	return pd, nil
 }
 
 // readBack fills pd.Slots and the counters from the call's output area

@@ -67,8 +67,8 @@ type layerCache struct {
 	mu    sync.Mutex
 	table *Table
 	buf   kernels.Buffer
-	hot   *hotSet     // row → slot (host planning)
-	eng   *enginePlan // engine planning
+	hot   *hotSet     // row → slot, with host planning
+	eng   *enginePlan // with engine planning
 	miss  []int64     // rows fetched by the current call, by slot order of missSlots
 }
 
@@ -104,19 +104,16 @@ func NewPrefetcher(eng kernels.Engine, r *tier.Region, h *Hasher, tables []*Tabl
 			p.Close()
 			return nil, fmt.Errorf("%w: layer %d has %d rows, the cache tags at most %d", ErrGeometry, t.Layer, t.Rows, int64(maxCachedRow))
 		}
-		hot, err := newHotSet(opts.Slots, uint64(opts.Protect))
-		if err != nil {
-			buf.Free()
-			p.Close()
-			return nil, err
-		}
-		lc := &layerCache{table: t, buf: buf, hot: hot}
+		lc := &layerCache{table: t, buf: buf}
 		p.layers[t.Layer] = lc
 		if opts.Planner == PlanEngine {
-			if err := p.startEnginePlan(lc); err != nil {
-				p.Close()
-				return nil, err
-			}
+			err = p.startEnginePlan(lc)
+		} else {
+			lc.hot, err = newHotSet(opts.Slots, uint64(opts.Protect))
+		}
+		if err != nil {
+			p.Close()
+			return nil, err
 		}
 	}
 	return p, nil
@@ -227,7 +224,7 @@ func (p *Prefetcher) Prefetch(layer int, histories, seqs [][]int64) (*Pending, e
 	var slots, miss []int32
 	var err error
 	if !p.opts.Cache {
-		slots, miss, err = lc.bypass(rows)
+		slots, miss, err = lc.bypass(rows, p.opts.Slots)
 	} else {
 		slots, miss, err = lc.assign(rows)
 	}
@@ -254,27 +251,6 @@ func (p *Prefetcher) Prefetch(layer int, histories, seqs [][]int64) (*Pending, e
 	m.Fetched.Add(uint64(len(miss)))
 	m.Hits.Add(uint64(len(rows) - len(miss)))
 	return &Pending{Slots: slots, h: h, start: start, p: p, lc: lc, fetched: miss, rows: len(rows)}, nil
-}
-
-// prefetchEngine checks the ids, lays out their windows and queues the
-// call on the engine.
-func (p *Prefetcher) prefetchEngine(lc *layerCache, histories, seqs [][]int64, start time.Time) (*Pending, error) {
-	var windows []int64
-	for b, ids := range seqs {
-		var err error
-		if windows, err = p.h.Windows(windows, history(histories, b), ids); err != nil {
-			return nil, fmt.Errorf("sequence %d: %w", b, err)
-		}
-	}
-	lc.mu.Lock()
-	defer lc.mu.Unlock()
-	pd := &Pending{start: start, p: p, lc: lc}
-	if err := p.prefetchOnEngine(lc, windows, pd); err != nil {
-		return nil, err
-	}
-	p.metrics.Calls.Add(1)
-	p.metrics.Rows.Add(uint64(pd.rows))
-	return pd, nil
 }
 
 // history is sequence b's history, nil when there are none.
@@ -338,16 +314,22 @@ func (lc *layerCache) forget(slots []int32) {
 }
 
 // bypass places row i in slot i and fetches them all.
-func (lc *layerCache) bypass(rows []int64) ([]int32, []int32, error) {
-	if n := lc.hot.slots(); len(rows) > n {
-		return nil, nil, fmt.Errorf("%w: %d rows (%d slots)", ErrCacheTooSmall, len(rows), n)
-	}
-	slots := make([]int32, len(rows))
-	for i := range rows {
-		slots[i] = int32(i)
+func (lc *layerCache) bypass(rows []int64, slots int) ([]int32, []int32, error) {
+	if len(rows) > slots {
+		return nil, nil, fmt.Errorf("%w: %d rows (%d slots)", ErrCacheTooSmall, len(rows), slots)
 	}
 	lc.miss = append(lc.miss[:0], rows...)
-	return slots, slots, nil
+	in := firstSlots(len(rows))
+	return in, in, nil
+}
+
+// firstSlots is slots 0..n-1, where a call without the cache puts its rows.
+func firstSlots(n int) []int32 {
+	s := make([]int32, n)
+	for i := range s {
+		s[i] = int32(i)
+	}
+	return s
 }
 
 // Close frees the caches and unregisters the tier.

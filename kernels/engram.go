@@ -123,24 +123,24 @@ func (m *TableMap) check() error {
 	return nil
 }
 
-// spans are the byte spans the table's rows occupy, one per device and
-// the leading rows: what must lie in registered memory.
-func (m *TableMap) spans(rows int64) []struct {
+// tableSpan is n bytes at a.
+type tableSpan struct {
 	a Addr
 	n int64
-} {
-	type span = struct {
-		a Addr
-		n int64
-	}
-	out := []span{{m.Base, min(rows, m.First) * m.RowBytes}}
+}
+
+// spans are the byte spans the table's rows reach furthest into, the
+// leading rows and each device's last stripe: what must lie in
+// registered memory.
+func (m *TableMap) spans(rows int64) []tableSpan {
+	out := []tableSpan{{m.Base, min(rows, m.First) * m.RowBytes}}
 	if rows <= m.First {
 		return out
 	}
 	n := int64(len(m.Devices))
 	last := m.Stripe0 + (rows-1-m.First)/m.PerStripe
 	for g := max(m.Stripe0, last-n+1); g <= last; g++ {
-		out = append(out, span{At(m.Devices[g%n], m.Control+(g/n)*m.Stripe), m.PerStripe * m.RowBytes})
+		out = append(out, tableSpan{At(m.Devices[g%n], m.Control+(g/n)*m.Stripe), m.PerStripe * m.RowBytes})
 	}
 	return out
 }

@@ -17,6 +17,14 @@ import (
 	"github.com/cxltier/cxltier/tier"
 )
 
+// formatTier formats a 16 MiB file-backed tier of 256 KiB chunks at path.
+func formatTier(t *testing.T, path string) {
+	t.Helper()
+	if code, _, errs := runCLI(t, "format", "-device", "file:"+path, "-size", "16MiB", "-chunk", "256KiB"); code != 0 {
+		t.Fatalf("format %s: %s", path, errs)
+	}
+}
+
 func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	var out, errb bytes.Buffer
@@ -222,11 +230,8 @@ func TestPrefixKeysMatchVectors(t *testing.T) {
 func TestPrefixIndexCommands(t *testing.T) {
 	dir := t.TempDir()
 	tierA, tierB := filepath.Join(dir, "a"), filepath.Join(dir, "b")
-	for _, p := range []string{tierA, tierB} {
-		if code, _, errs := runCLI(t, "format", "-device", "file:"+p, "-size", "16MiB", "-chunk", "256KiB"); code != 0 {
-			t.Fatalf("format: %s", errs)
-		}
-	}
+	formatTier(t, tierA)
+	formatTier(t, tierB)
 	code, out, errs := runCLI(t, "prefix", "create", "--name", "m", "--blocks", "8", "--block-bytes", "64KiB", tierA)
 	if code != 0 || !strings.Contains(out, `created prefix index "m": 8 blocks of 64KiB`) {
 		t.Fatalf("create: exit %d, %q %q", code, out, errs)
@@ -301,9 +306,7 @@ func TestPrefixIndexCommands(t *testing.T) {
 func TestEngramLoadAndVerify(t *testing.T) {
 	dir := t.TempDir()
 	dev := filepath.Join(dir, "tier")
-	if code, _, errs := runCLI(t, "format", "-device", "file:"+dev, "-size", "16MiB", "-chunk", "256KiB"); code != 0 {
-		t.Fatal(errs)
-	}
+	formatTier(t, dev)
 	geo := filepath.Join(dir, "geo.json")
 	os.WriteFile(geo, []byte(`{"name":"tiny","layer_ids":[1,3],"max_ngram":2,"heads_per_order":2,"base_sizes":[50],
 		"seed":7,"vocab":100,"pad_id":0,"row_bytes":64,"dtype":"float32"}`), 0o600)
@@ -400,9 +403,7 @@ func TestEngramLoadAndVerify(t *testing.T) {
 func TestPrefixTenantKey(t *testing.T) {
 	dir := t.TempDir()
 	dev := filepath.Join(dir, "tier")
-	if code, _, errs := runCLI(t, "format", "-device", "file:"+dev, "-size", "16MiB", "-chunk", "256KiB"); code != 0 {
-		t.Fatal(errs)
-	}
+	formatTier(t, dev)
 	keyFile := filepath.Join(dir, "key")
 	os.WriteFile(keyFile, []byte("tenant-secret\n"), 0o600)
 	if code, _, errs := runCLI(t, "prefix", "create", "--name", "t", "--blocks", "4", "--block-bytes", "4KiB", "--key-file", keyFile, dev); code != 0 {
