@@ -12,12 +12,19 @@ import (
 // flush, publish. It returns each key's status; keys present already are
 // left as they are.
 func (s *Store) Set(keys []Key, payloads [][]byte) ([]Status, error) {
-	if len(payloads) != len(keys) {
-		return nil, fmt.Errorf("prefix: %q: set: %d keys but %d payloads: %w", s.name, len(keys), len(payloads), ErrBadConfig)
+	return s.SetPieces(keys, wholePieces(payloads))
+}
+
+// SetPieces stores under keys[i] the concatenation of pieces[i]: a page
+// whose parts lie apart in host memory (an SGLang layer-first pool holds one
+// piece per layer) is stored as one payload with no staging copy.
+func (s *Store) SetPieces(keys []Key, pieces [][][]byte) ([]Status, error) {
+	if len(pieces) != len(keys) {
+		return nil, fmt.Errorf("prefix: %q: set: %d keys but %d payloads: %w", s.name, len(keys), len(pieces), ErrBadConfig)
 	}
 	sizes := make([]int64, len(keys))
-	for i, p := range payloads {
-		sizes[i] = int64(len(p))
+	for i, p := range pieces {
+		sizes[i] = piecesLen(p)
 	}
 	res, err := s.Reserve(keys, sizes)
 	if err != nil && res == nil {
@@ -28,7 +35,7 @@ func (s *Store) Set(keys []Key, payloads [][]byte) ([]Status, error) {
 		if res[i].Status != Reserved {
 			continue
 		}
-		crc, werr := s.writePayload(res[i].Offset, payloads[i])
+		crc, werr := s.writePayload(res[i].Offset, sizes[i], pieces[i])
 		if werr != nil {
 			s.Abort(res)
 			return nil, fmt.Errorf("prefix: %q: set %v: %w", s.name, keys[i], werr)
@@ -41,6 +48,23 @@ func (s *Store) Set(keys []Key, payloads [][]byte) ([]Status, error) {
 	return statuses(res), err
 }
 
+// wholePieces views each payload as a payload of one piece.
+func wholePieces(payloads [][]byte) [][][]byte {
+	out := make([][][]byte, len(payloads))
+	for i := range payloads {
+		out[i] = payloads[i : i+1 : i+1]
+	}
+	return out
+}
+
+func piecesLen(pieces [][]byte) int64 {
+	var n int64
+	for _, p := range pieces {
+		n += int64(len(p))
+	}
+	return n
+}
+
 func statuses(res []Reservation) []Status {
 	out := make([]Status, len(res))
 	for i, r := range res {
@@ -49,15 +73,20 @@ func statuses(res []Reservation) []Status {
 	return out
 }
 
-// writePayload copies p into the block at off, makes it visible to other
-// hosts, and returns the checksum of what the block now holds.
-func (s *Store) writePayload(off tier.Offset, p []byte) (uint32, error) {
-	dst, err := s.r.Slice(off, int64(len(p)))
+// writePayload copies pieces (n bytes in all) into the block at off, makes
+// them visible to other hosts, and returns the checksum of what the block
+// now holds.
+func (s *Store) writePayload(off tier.Offset, n int64, pieces [][]byte) (uint32, error) {
+	dst, err := s.r.Slice(off, n)
 	if err != nil {
 		return 0, err
 	}
-	crc := copyCRC(dst, p)
-	return crc, s.r.Publish(off, int64(len(p)))
+	var crc uint32
+	for _, p := range pieces {
+		crc = copyCRC(crc, dst, p)
+		dst = dst[len(p):]
+	}
+	return crc, s.r.Publish(off, n)
 }
 
 // Get copies the payloads of the longest ready prefix of keys into dst
@@ -68,6 +97,34 @@ func (s *Store) Get(keys []Key, dst [][]byte) (int, error) {
 	if len(dst) < len(keys) {
 		return 0, fmt.Errorf("prefix: %q: get: %d keys but %d buffers: %w", s.name, len(keys), len(dst), ErrBadConfig)
 	}
+	return s.serve(keys, func(i int, h Hit) error {
+		if int64(cap(dst[i])) < h.Len {
+			return fmt.Errorf("get %v: buffer of %d bytes for a %d-byte payload: %w", h.Key, cap(dst[i]), h.Len, ErrBadConfig)
+		}
+		dst[i] = dst[i][:h.Len]
+		return s.readHit(h, dst[i:i+1])
+	})
+}
+
+// GetPieces is Get into scattered pieces: the payload of keys[i] is split
+// over dst[i] in order, and must be exactly as long as they are together
+// (the pieces are the places of one page in a host pool; a payload of
+// another size is a page of another layout and is refused, not cut).
+func (s *Store) GetPieces(keys []Key, dst [][][]byte) (int, error) {
+	if len(dst) < len(keys) {
+		return 0, fmt.Errorf("prefix: %q: get: %d keys but %d buffers: %w", s.name, len(keys), len(dst), ErrBadConfig)
+	}
+	return s.serve(keys, func(i int, h Hit) error {
+		if n := piecesLen(dst[i]); n != h.Len {
+			return fmt.Errorf("get %v: %d bytes of buffers for a %d-byte payload: %w", h.Key, n, h.Len, ErrBadConfig)
+		}
+		return s.readHit(h, dst[i])
+	})
+}
+
+// serve looks keys up, pinned, and has read copy each hit in order; it
+// returns how many were served before the first miss or failure.
+func (s *Store) serve(keys []Key, read func(i int, h Hit) error) (int, error) {
 	hits, err := s.Lookup(keys)
 	if err != nil {
 		return 0, err
@@ -75,17 +132,13 @@ func (s *Store) Get(keys []Key, dst [][]byte) (int, error) {
 	defer func() { s.Release(hits) }()
 	var bytes uint64
 	for i, h := range hits {
-		if int64(cap(dst[i])) < h.Len {
-			return i, fmt.Errorf("prefix: %q: get %v: buffer of %d bytes for a %d-byte payload: %w", s.name, h.Key, cap(dst[i]), h.Len, ErrBadConfig)
-		}
-		dst[i] = dst[i][:h.Len]
-		if err := s.readHit(h, dst[i]); err != nil {
+		if err := read(i, h); err != nil {
 			if errors.Is(err, ErrChecksum) {
 				s.Release(hits[i:])
 				hits = hits[:i]
 				s.dropCorrupt(h.Key)
 			}
-			return i, fmt.Errorf("prefix: %q: get: %w", s.name, err)
+			return i, fmt.Errorf("prefix: %q: %w", s.name, err)
 		}
 		bytes += uint64(h.Len)
 	}
@@ -112,15 +165,21 @@ func (s *Store) payload(off tier.Offset, n int64) ([]byte, error) {
 	return s.r.Slice(off, n)
 }
 
-// readHit copies a pinned hit's payload into dst (h.Len bytes) and checks
-// the copy, which is what the caller keeps, against the stored checksum.
-func (s *Store) readHit(h Hit, dst []byte) error {
+// readHit copies a pinned hit's payload (h.Len bytes) into dst's pieces in
+// order, which together hold exactly that, and checks the copy, which is
+// what the caller keeps, against the stored checksum.
+func (s *Store) readHit(h Hit, dst [][]byte) error {
 	src, err := s.payload(h.Offset, h.Len)
 	if err != nil {
 		return fmt.Errorf("%v: %w", h.Key, err)
 	}
-	if got := copyCRC(dst, src); got != h.CRC {
-		return fmt.Errorf("%v: %w: stored %#x, read %#x", h.Key, ErrChecksum, h.CRC, got)
+	var crc uint32
+	for _, d := range dst {
+		crc = copyCRC(crc, d, src[:len(d)])
+		src = src[len(d):]
+	}
+	if crc != h.CRC {
+		return fmt.Errorf("%v: %w: stored %#x, read %#x", h.Key, ErrChecksum, h.CRC, crc)
 	}
 	return nil
 }
@@ -129,9 +188,9 @@ func (s *Store) readHit(h Hit, dst []byte) error {
 // checksum, so a payload is read from memory once, not twice.
 const copyPiece = 64 << 10
 
-// copyCRC copies src into dst and returns the CRC-32C of what dst holds.
-func copyCRC(dst, src []byte) uint32 {
-	var crc uint32
+// copyCRC copies src into dst and returns crc (the CRC-32C of what came
+// before) updated with what dst now holds.
+func copyCRC(crc uint32, dst, src []byte) uint32 {
 	for off := 0; off < len(src); off += copyPiece {
 		end := min(off+copyPiece, len(src))
 		n := copy(dst[off:end], src[off:end])

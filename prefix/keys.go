@@ -76,3 +76,26 @@ func PageKeys(parent *Key, tokens []int64, pageSize int) ([]Key, error) {
 
 func leU64(b []byte) uint64       { return binary.LittleEndian.Uint64(b) }
 func putLeU64(b []byte, v uint64) { binary.LittleEndian.PutUint64(b, v) }
+
+// PartMask names one part of a page in a store shared by several writers
+// (SGLang's HiCache backend: a model, a rank, a layout and K or V): the
+// SHA-256 of tag under a fixed domain. PartKey applies it.
+func PartMask(tag string) Key { return sha256.Sum256([]byte("cxltier/hicache/v1\x00" + tag)) }
+
+// PartKey is the key of one part of a page: the page's key XOR mask. A page
+// key is SGLang's hex digest (any other string is hashed, as StringKey
+// does). XOR with one mask keeps distinct pages distinct, and keys of two
+// masks meet only where two SHA-256 digests differ by exactly the XOR of
+// the masks, so a batch of keys costs a hex decode each, not a hash.
+func PartKey(page string, mask Key) Key {
+	var k Key
+	if len(page) != 2*len(k) {
+		k = StringKey(page)
+	} else if _, err := hex.Decode(k[:], []byte(page)); err != nil {
+		k = StringKey(page)
+	}
+	for i := range k {
+		k[i] ^= mask[i]
+	}
+	return k
+}

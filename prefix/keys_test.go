@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -71,5 +72,38 @@ func TestPageKeysBadInput(t *testing.T) {
 	b, _ := PageKeys(nil, []int64{1, 2, 3, 4}, 2)
 	if len(a) != 2 || a[0] != b[0] || a[1] != b[1] {
 		t.Fatalf("short last page changed the chain: %v vs %v", a, b)
+	}
+}
+
+func TestPartKey(t *testing.T) {
+	digest := strings.Repeat("0f", 32)
+	k, err := ParseKey(digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	maskK, maskV := PartMask("m_0_1_k"), PartMask("m_0_1_v")
+	if maskK == maskV {
+		t.Fatal("two tags gave one mask")
+	}
+	for _, tc := range []struct {
+		name, page string
+		want       Key
+	}{
+		{"hex digest", digest, k},
+		{"upper-case hex", strings.ToUpper(digest), k},
+		{"other string", "not-a-digest", StringKey("not-a-digest")},
+		{"64 characters, not hex", strings.Repeat("zz", 32), StringKey(strings.Repeat("zz", 32))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := PartKey(tc.page, maskK)
+			for i := range got {
+				if got[i]^maskK[i] != tc.want[i] {
+					t.Fatalf("PartKey(%q) = %v, want %v XOR mask", tc.page, got, tc.want)
+				}
+			}
+			if PartKey(tc.page, maskV) == got {
+				t.Fatal("K and V parts share a key")
+			}
+		})
 	}
 }

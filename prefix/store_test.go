@@ -483,3 +483,54 @@ func TestReadsVersion1Indexes(t *testing.T) {
 		t.Errorf("version 9: %v", err)
 	}
 }
+
+// TestPiecesRoundTrip stores pages given as scattered pieces and reads them
+// back whole, back into pieces, and refuses pieces of another total size.
+func TestPiecesRoundTrip(t *testing.T) {
+	_, c := testTier(t, 2)
+	s := testStore(t, c, 16, 64<<10)
+	keys := []Key{keyN(1), keyN(2), keyN(3)}
+	whole := make([][]byte, len(keys))
+	pieces := make([][][]byte, len(keys))
+	for i, k := range keys {
+		whole[i] = payloadFor(k, 3000+1000*i)
+		// Uneven cuts, an empty piece among them.
+		cuts := []int{0, 7, 7, 1024, len(whole[i])}
+		for j := 1; j < len(cuts); j++ {
+			pieces[i] = append(pieces[i], whole[i][cuts[j-1]:cuts[j]])
+		}
+	}
+	if _, err := s.SetPieces(keys, pieces); err != nil {
+		t.Fatal(err)
+	}
+	dst := make([][]byte, len(keys))
+	for i := range dst {
+		dst[i] = make([]byte, 64<<10)
+	}
+	if n, err := s.Get(keys, dst); err != nil || n != len(keys) {
+		t.Fatalf("Get = %d, %v", n, err)
+	}
+	for i := range keys {
+		if !bytes.Equal(dst[i], whole[i]) {
+			t.Fatalf("key %d: the pieces were not stored in order", i)
+		}
+	}
+	back := make([][][]byte, len(keys))
+	for i := range back {
+		half := len(whole[i]) / 2
+		back[i] = [][]byte{make([]byte, half), make([]byte, len(whole[i])-half)}
+	}
+	if n, err := s.GetPieces(keys, back); err != nil || n != len(keys) {
+		t.Fatalf("GetPieces = %d, %v", n, err)
+	}
+	for i := range keys {
+		if got := append(append([]byte{}, back[i][0]...), back[i][1]...); !bytes.Equal(got, whole[i]) {
+			t.Fatalf("key %d: GetPieces scattered the payload wrongly", i)
+		}
+	}
+	short := [][][]byte{{make([]byte, len(whole[0])-1)}}
+	if n, err := s.GetPieces(keys[:1], short); n != 0 || !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("GetPieces into one byte too few = %d, %v; want 0, ErrBadConfig", n, err)
+	}
+	mustCheck(t, s)
+}

@@ -115,3 +115,50 @@ func stepAt(reqs, lens unsafe.Pointer, batch int64, maxReq int) ([]int, []int64,
 	}
 	return rs, int64sAt(lens, batch), nil
 }
+
+// piecesAt views n keys' buffers of per pieces each: ptrs and sizes hold
+// n*per entries, key-major.
+func piecesAt(ptrs, sizes unsafe.Pointer, n, per int64) ([][][]byte, error) {
+	if n < 0 || per < 1 || per > maxKeys || n > maxKeys/per {
+		return nil, fmt.Errorf("%w: %d keys of %d pieces", errBadArg, n, per)
+	}
+	flat, err := buffersAt(ptrs, sizes, n*per)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][][]byte, n)
+	for i := range out {
+		out[i] = flat[int64(i)*per : int64(i+1)*per : int64(i+1)*per]
+	}
+	return out, nil
+}
+
+// stringsAt views n strings laid back to back at text, string i ending at
+// byte ends[i] (so starting at ends[i-1], or 0).
+func stringsAt(text, ends unsafe.Pointer, n int64) ([]string, error) {
+	if n < 0 || n > maxKeys || (n > 0 && ends == nil) {
+		return nil, fmt.Errorf("%w: %d strings", errBadArg, n)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	es := unsafe.Slice((*int64)(ends), int(n))
+	total := es[n-1]
+	if total < 0 || total > maxBuffer || (total > 0 && text == nil) {
+		return nil, fmt.Errorf("%w: %d bytes of strings", errBadArg, total)
+	}
+	var all string
+	if total > 0 {
+		all = unsafe.String((*byte)(text), int(total))
+	}
+	out := make([]string, n)
+	var start int64
+	for i, e := range es {
+		if e < start || e > total {
+			return nil, fmt.Errorf("%w: string %d ends at %d, after %d of %d bytes", errBadArg, i, e, start, total)
+		}
+		out[i] = all[start:e]
+		start = e
+	}
+	return out, nil
+}

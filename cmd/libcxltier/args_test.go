@@ -131,3 +131,48 @@ func TestStepArguments(t *testing.T) {
 		t.Fatalf("no arrays: %v", err)
 	}
 }
+
+func TestPiecesAndStrings(t *testing.T) {
+	buf := make([]byte, 12)
+	ptrs := []unsafe.Pointer{unsafe.Pointer(&buf[0]), unsafe.Pointer(&buf[4]), unsafe.Pointer(&buf[8]), unsafe.Pointer(&buf[10])}
+	sizes := []int64{4, 4, 2, 2}
+	ps, err := piecesAt(unsafe.Pointer(&ptrs[0]), unsafe.Pointer(&sizes[0]), 2, 2)
+	if err != nil || len(ps) != 2 || len(ps[1]) != 2 || len(ps[1][0]) != 2 {
+		t.Fatalf("2 keys of 2 pieces: %v %v", ps, err)
+	}
+	if cap(ps[0]) != 2 {
+		t.Errorf("a key's pieces reach into the next key's (cap %d)", cap(ps[0]))
+	}
+	for _, tc := range []struct{ n, per int64 }{{-1, 1}, {1, 0}, {2, maxKeys}, {maxKeys, 2}} {
+		if _, err := piecesAt(unsafe.Pointer(&ptrs[0]), unsafe.Pointer(&sizes[0]), tc.n, tc.per); !errors.Is(err, errBadArg) {
+			t.Errorf("%d keys of %d pieces: %v", tc.n, tc.per, err)
+		}
+	}
+
+	text := []byte("abcdefg")
+	for _, tc := range []struct {
+		ends []int64
+		want []string
+	}{
+		{[]int64{3, 3, 7}, []string{"abc", "", "defg"}},
+		{[]int64{4, 2}, nil},       // goes backwards
+		{[]int64{-1}, nil},         // negative
+		{[]int64{2, 1 << 41}, nil}, // past any buffer
+	} {
+		got, err := stringsAt(unsafe.Pointer(&text[0]), unsafe.Pointer(&tc.ends[0]), int64(len(tc.ends)))
+		if tc.want == nil {
+			if !errors.Is(err, errBadArg) {
+				t.Errorf("ends %v: %v, want errBadArg", tc.ends, err)
+			}
+			continue
+		}
+		if err != nil || len(got) != len(tc.want) {
+			t.Fatalf("ends %v: %q %v", tc.ends, got, err)
+		}
+		for i := range got {
+			if got[i] != tc.want[i] {
+				t.Errorf("ends %v: string %d = %q, want %q", tc.ends, i, got[i], tc.want[i])
+			}
+		}
+	}
+}

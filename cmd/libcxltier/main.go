@@ -10,7 +10,8 @@
 // handles; no Go pointer crosses the boundary, and the library only reads
 // or writes caller memory (keys, payloads, ids) during the call.
 //
-// ABI 4 (3 with cxl_engram_open's cache int become flags, engine planning
+// ABI 5 (4 plus cxl_prefix_setv/getv/part_keys; 4 was 3 with
+// cxl_engram_open's cache int become flags, engine planning
 // among them, and cxl_engram_wait writing the call's slots; 3 was 2 with
 // cxl_engram_open taking cache and cxl_topk_open taking the planner and max
 // context; 2 was 1 plus cxl_topk_* and cxl_engram_compress):
@@ -23,6 +24,9 @@
 //	cxl_prefix_exists(index, keys, n, &n_leading)
 //	cxl_prefix_set(index, keys, n, ptrs, sizes, statuses)      status: 0 stored, 1 present, 2 no space
 //	cxl_prefix_get(index, keys, n, ptrs, caps, lens, &n_served)
+//	cxl_prefix_setv(index, keys, n, per, ptrs, sizes, statuses)  each key's payload: its per pieces, concatenated
+//	cxl_prefix_getv(index, keys, n, per, ptrs, sizes, &n_served) each payload into its per pieces, exactly filled
+//	cxl_prefix_part_keys(text, ends, n, masks, n_masks, out)    n pages' strings × n_masks parts → keys, page-major
 //	cxl_prefix_delete(index, keys, n, &n_deleted)
 //	cxl_prefix_stats(index, json, json_cap)
 //	cxl_engram_hash(spec, layer, ids, n, out, out_cap, &n_rows) spec: preset name or JSON geometry
@@ -70,7 +74,7 @@ package main
 import "C"
 
 // abiVersion changes whenever a call's meaning or signature does.
-const abiVersion = 4
+const abiVersion = 5
 
 //export cxl_abi_version
 func cxl_abi_version() C.int { return abiVersion }

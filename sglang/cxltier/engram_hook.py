@@ -174,11 +174,20 @@ def wrap_model_runner(cls, make_hook):
     original = cls.forward
 
     def forward(self, forward_batch, *args, **kwargs):
-        hook = self.__dict__.get("_cxltier_engram_hook")
-        if hook is None:
-            hook = self._cxltier_engram_hook = make_hook(self)
-            _forget_on_free(self, hook)
-        forward_batch.cxltier_engram = hook.begin_forward_safely(forward_batch)
+        rows = None
+        try:
+            hook = self.__dict__.get("_cxltier_engram_hook")
+            if hook is None:
+                hook = self._cxltier_engram_hook = make_hook(self)
+                _forget_on_free(self, hook)
+            if hook is not False:
+                rows = hook.begin_forward_safely(forward_batch)
+        except Exception:
+            # No tier, no tables, a bad geometry: this runner runs without
+            # the prefetch (the model's own lookup), and says so once.
+            self._cxltier_engram_hook = False
+            logger.exception("cxltier: Engram prefetch hook disabled for this runner")
+        forward_batch.cxltier_engram = rows
         return original(self, forward_batch, *args, **kwargs)
 
     forward._cxltier_engram = True
@@ -188,18 +197,44 @@ def wrap_model_runner(cls, make_hook):
 
 
 def _forget_on_free(runner, hook):
+    """Makes the hook forget requests whose rows the runner's
+    req_to_token_pool frees. SGLang 0.5.23 releases every row through
+    free_rows(indices) (free(req) calls it with req.kv.req_pool_idx); an
+    older pool has only free(indices). The wrapper never raises into SGLang:
+    a row it cannot read is logged once and the real call goes on."""
     pool = getattr(runner, "req_to_token_pool", None)
-    free = getattr(pool, "free", None)
-    if free is None:
-        logger.warning("cxltier: no req_to_token_pool.free to follow; Engram histories are kept until reused")
+    name = "free_rows" if callable(getattr(pool, "free_rows", None)) else "free"
+    real = getattr(pool, name, None)
+    if not callable(real):
+        logger.warning("cxltier: no req_to_token_pool.free_rows or free to follow; Engram histories are kept until reused")
         return
 
-    def forgetting_free(free_index, *args, **kwargs):
-        idx = free_index
-        hook.forget([idx] if isinstance(idx, int) else [int(i) for i in _list(idx)])
-        return free(free_index, *args, **kwargs)
+    def forgetting(arg, *args, **kwargs):
+        try:
+            hook.forget(_rows(arg))
+        except Exception:
+            hook.counters["errors"] += 1
+            if not getattr(hook, "_free_warned", False):
+                hook._free_warned = True
+                logger.exception("cxltier: could not read the rows freed by req_to_token_pool.%s", name)
+        return real(arg, *args, **kwargs)
 
-    pool.free = forgetting_free
+    setattr(pool, name, forgetting)
+
+
+def _rows(arg):
+    """Request rows from what a pool's free takes: a row, rows (a list or
+    tensor), or a request (req.kv.req_pool_idx, or req.req_pool_idx)."""
+    kv = getattr(arg, "kv", None)
+    if kv is not None and hasattr(kv, "req_pool_idx"):
+        arg = kv.req_pool_idx
+    elif hasattr(arg, "req_pool_idx"):
+        arg = arg.req_pool_idx
+    if arg is None:
+        return []
+    if isinstance(arg, int):
+        return [arg]
+    return [int(i) for i in _list(arg)]
 
 
 def hook_from_env(runner):

@@ -5,31 +5,50 @@ Load it in SGLang with the dynamic backend (no fork, no plugin needed):
     --enable-hierarchical-cache --hicache-storage-backend dynamic \\
     --hicache-storage-backend-extra-config '{"backend_name": "cxltier",
         "module_path": "cxltier.hicache", "class_name": "CxlTierStorage",
-        "devices": "shm:cxltier", "index": "llama-3-8b"}'
+        "interface_v1": 1, "devices": "shm:cxltier", "index": "llama-3-8b"}'
 
 extra_config keys: devices (default $CXLTIER_DEVICES or shm:cxltier),
 index (default: the model name), key (the index's tenant key, default
 $CXLTIER_PREFIX_KEY; prefer the environment, the config is logged), and,
 to create the index when it is missing, blocks and block_bytes (≥ the
-bytes of one page's K or V).
+bytes of one page's K or V). "interface_v1": 1 makes SGLang move pages
+zero-copy (batch_get_v1 / batch_set_v1); without it SGLang copies each page
+through a flat tensor (batch_get / batch_set). Both store the same bytes
+under the same keys, so a page written one way is read the other.
 
-Pages are stored under SGLang's page hashes: each page's parts (K and V for
-MHA, one for MLA) are separate entries keyed by SHA-256 of
-"<page hash>[_<tp_rank>_<tp_size>]_<part>", so every worker, process and host
-that maps the tier shares them; MLA pages are the same on every TP rank and
-carry no rank. Data moves zero-copy between the host pool's pages and the
-tier (batch_get_v1 / batch_set_v1).
+Each page is stored as one entry per part (K and V for MHA, one for MLA),
+keyed by SGLang's page hash XOR a mask naming the model, the rank (MHA
+pages hold the rank's heads; MLA pages are the same on every rank and carry
+none), the byte order of the host pool's layout and the part
+(cxltier.prefix.part_keys; prefix.PartKey in Go), so every worker, process
+and host that maps the tier shares them. A part's payload is its pieces in
+the host pool in layer order: a layer-first pool hands one piece per layer,
+and they move without a staging copy. Hybrid models (DSA indexer, SWA,
+Mamba) also store their extra pools' pages, through the v2 calls.
 """
 
+import ctypes
 import logging
 import os
 
-from .prefix import string_key
+from ._native import CxlTierError
+from .prefix import KEY_BYTES, KeyBlock, part_keys, part_mask
 from .tier import Tier
 
 logger = logging.getLogger(__name__)
 
-_PARTS = {1: ("k",), 2: ("k", "v")}
+# How each host-pool layout orders the bytes of one part of a page
+# (L layer, T token, H head, D dim), from SGLang's get_page_buffer_meta and
+# get_data_page. Layouts of one order share entries; a layout missing here
+# is refused at setup rather than stored under keys another layout reads.
+_BYTE_ORDER = {
+    "mha": {"layer_first": "LTHD", "page_first_direct": "LTHD", "page_first": "TLHD", "page_head": "HTLD"},
+    "mla": {"layer_first": "LTD", "page_first_direct": "LTD", "page_first": "TLD"},
+}
+
+
+class LayoutError(ValueError):
+    """The host pool's layout or sharding is one this backend does not store."""
 
 
 def _config(storage_config):
@@ -44,87 +63,314 @@ def _config(storage_config):
     }
 
 
+def _suffixes(storage_config):
+    """(rank-replicated suffix, per-rank suffix) of this rank's keys, as
+    SGLang's own file backend splits them."""
+    get = lambda name, default: getattr(storage_config, name, default)  # noqa: E731
+    model = (get("model_name", None) or "default").replace("/", "-")
+    shard = ""
+    if get("pp_size", 1) > 1:
+        shard += f"_pp{get('pp_rank', 0)}_{get('pp_size', 1)}"
+    if get("attn_cp_size", 1) > 1:
+        shard += f"_cp{get('attn_cp_rank', 0)}_{get('attn_cp_size', 1)}"
+    if get("dcp_size", 1) > 1:
+        shard += f"_dcp{get('dcp_rank', 0)}_{get('dcp_size', 1)}"
+    return f"{model}{shard}", f"{model}_{get('tp_rank', 0)}_{get('tp_size', 1)}{shard}"
+
+
+def _address(t):
+    """(address, bytes) of a contiguous tensor or an (address, size) pair.
+    The caller keeps the tensor alive while the address is in use."""
+    if isinstance(t, tuple):
+        return t
+    if not hasattr(t, "data_ptr"):
+        raise TypeError(f"cxltier: a page or object target is a tensor or an (address, size) pair, not {type(t).__name__}")
+    if not t.is_contiguous():
+        raise ValueError("cxltier: a page tensor must be contiguous")
+    return t.data_ptr(), t.numel() * t.element_size()
+
+
+def _by_part(ptrs, pages, parts):
+    """Each page's buffers regrouped part by part: an MHA pool hands K, V,
+    K, V, ... (a pair per layer in a layer-first pool)."""
+    if parts == 1:
+        return list(ptrs)
+    n = len(ptrs) // pages
+    out = []
+    for i in range(pages):
+        page = ptrs[i * n : (i + 1) * n]
+        for p in range(parts):
+            out.extend(page[p::parts])
+    return out
+
+
 class HiCacheAdapter:
     """The HiCache storage contract on a prefix index, independent of SGLang
     (CxlTierStorage mixes it into SGLang's HiCacheStorage)."""
 
     def _setup(self, storage_config, mem_pool_host=None):
+        if getattr(storage_config, "should_split_heads", False):
+            raise LayoutError("cxltier: HiCache storage across TP sizes (tp_lcm_size) is not supported")
         cfg = _config(storage_config)
+        self.is_mla = bool(getattr(storage_config, "is_mla_model", False))
+        self._shared_suffix, self._rank_suffix = _suffixes(storage_config)
+        self.key_suffix = self._shared_suffix if self.is_mla else self._rank_suffix
+        self._parts = ("k",) if self.is_mla else ("k", "v")
+        self._object_mask = part_mask(f"{self.key_suffix}/object")
+        self._kv_masks = None
+        self._pool_masks = {}
+        self.registered_pools = {}
         self.tier = Tier(cfg["devices"], name=f"sglang-{os.getpid()}")
-        self.index = self.tier.prefix(cfg["index"], cfg["blocks"], cfg["block_bytes"], cfg["key"])
-        is_mla = bool(getattr(storage_config, "is_mla_model", False))
-        tp_rank = getattr(storage_config, "tp_rank", 0)
-        tp_size = getattr(storage_config, "tp_size", 1)
-        self.key_suffix = "" if is_mla else f"_{tp_rank}_{tp_size}"
-        if mem_pool_host is not None:
-            self.mem_pool_host = mem_pool_host
+        try:
+            self.index = self.tier.prefix(cfg["index"], cfg["blocks"], cfg["block_bytes"], cfg["key"])
+            if mem_pool_host is not None:
+                self.register_mem_pool_host(mem_pool_host)
+        except BaseException:
+            self.tier.close()
+            raise
         logger.info("cxltier: HiCache storage on %s, index %r", cfg["devices"], cfg["index"])
 
-    def _keys(self, keys, parts):
-        return [string_key(f"{k}{self.key_suffix}_{p}") for k in keys for p in parts]
+    def register_mem_pool_host(self, mem_pool_host):
+        """The KV host pool whose pages this backend moves (SGLang calls it
+        at attach). A layout the backend cannot store is refused here."""
+        kind = "mla" if self.is_mla else "mha"
+        layout = getattr(mem_pool_host, "layout", None)
+        order = _BYTE_ORDER[kind].get(layout)
+        if order is None:
+            raise LayoutError(
+                f"cxltier: HiCache host pool layout {layout!r} is not supported for {kind.upper()} models; "
+                f"use --hicache-mem-layout {' or '.join(sorted(_BYTE_ORDER[kind]))}"
+            )
+        self.mem_pool_host = mem_pool_host
+        self._kv_masks = [part_mask(f"{self.key_suffix}/kv/{order}/{p}") for p in self._parts]
 
-    def _page_meta(self, keys, host_indices):
-        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
-        if not keys or len(ptrs) % len(keys):
-            raise ValueError(f"cxltier: {len(ptrs)} page buffers for {len(keys)} keys")
-        parts = _PARTS.get(len(ptrs) // len(keys)) or tuple(f"p{i}" for i in range(len(ptrs) // len(keys)))
-        return self._keys(keys, parts), list(zip(ptrs, sizes)), len(parts)
+    def register_mem_host_pool_v2(self, host_pool, host_pool_name):
+        """An extra pool of a hybrid model (indexer, SWA, Mamba state)."""
+        self.registered_pools[str(host_pool_name)] = host_pool
 
-    # Zero-copy page interface.
+    def on_host_pools_registered(self):
+        pass
+
+    def _pool(self):
+        if self._kv_masks is None:
+            raise LayoutError("cxltier: no host pool registered (register_mem_pool_host)")
+        return self.mem_pool_host
+
+    # KV pages, zero-copy (interface_v1).
+
+    def _page_buffers(self, keys, host_indices):
+        """The keys of keys' parts and the pool's buffers of each part, part
+        by part: (key block, pieces per part, addresses, sizes)."""
+        ptrs, sizes = self._pool().get_page_buffer_meta(host_indices)
+        nparts = len(self._parts)
+        if len(ptrs) != len(sizes) or len(ptrs) % (len(keys) * nparts):
+            raise ValueError(f"cxltier: {len(ptrs)} page buffers for {len(keys)} pages of {nparts} parts")
+        per = len(ptrs) // (len(keys) * nparts)
+        return (part_keys(keys, self._kv_masks), per, _by_part(ptrs, len(keys), nparts),
+                _by_part(sizes, len(keys), nparts))
 
     def batch_set_v1(self, keys, host_indices, extra_info=None):
         if not keys:
             return []
-        tier_keys, bufs, per = self._page_meta(keys, host_indices)
-        st = self.index.set(tier_keys, bufs)
-        return [all(s != "no_space" for s in st[i * per : (i + 1) * per]) for i in range(len(keys))]
+        block, per, ptrs, sizes = self._page_buffers(keys, host_indices)
+        return self._pages_stored(self.index.setv(block, per, ptrs, sizes), len(keys))
 
     def batch_get_v1(self, keys, host_indices, extra_info=None):
         if not keys:
             return []
-        tier_keys, bufs, per = self._page_meta(keys, host_indices)
-        served, _ = self.index.get(tier_keys, bufs)
-        return [i < served // per for i in range(len(keys))]
+        block, per, ptrs, sizes = self._page_buffers(keys, host_indices)
+        return self._pages_served(self._getv(block, per, ptrs, sizes), len(keys))
 
     def batch_exists(self, keys, extra_info=None):
         """How many leading pages are stored, every part of them."""
         if not keys:
             return 0
-        per = len(_PARTS[2]) if self.key_suffix else 1
-        return self.index.exists(self._keys(keys, _PARTS[per])) // per
+        self._pool()
+        return self.index.exists_block(part_keys(keys, self._kv_masks)) // len(self._parts)
 
-    # Whole-object interface (targets are tensors or bytes-like buffers):
-    # one entry per key, "<key>[_<rank>_<size>]", apart from the pages.
+    def _pages_stored(self, statuses, pages):
+        per = len(statuses) // pages
+        return [all(s != "no_space" for s in statuses[i * per : (i + 1) * per]) for i in range(pages)]
 
-    def _object_key(self, key):
-        return string_key(f"{key}{self.key_suffix}")
+    def _pages_served(self, served, pages):
+        per = len(self._parts)
+        return [i < served // per for i in range(pages)]
 
-    def exists(self, key):
-        return self.index.exists([self._object_key(key)]) == 1
+    def _getv(self, block, per, ptrs, sizes):
+        """getv, but a damaged entry (dropped by the library) ends the prefix
+        served instead of failing the batch."""
+        try:
+            return self.index.getv(block, per, ptrs, sizes)
+        except CxlTierError as e:
+            logger.warning("cxltier: %s", e)
+            return getattr(e, "served", 0)
 
-    def _buf(self, target):
-        if hasattr(target, "data_ptr"):
-            return (target.data_ptr(), target.numel() * target.element_size())
-        return target
+    # KV pages through flat tensors (the generic path, without interface_v1):
+    # a flat page is its parts back to back, so it is split at the part
+    # boundaries and stored under the same keys as the v1 path.
 
-    def set(self, key, value=None, target_location=None, target_sizes=None):
-        return self.batch_set([key], [value], [target_location] if target_location is not None else None)
+    def _flat_buffers(self, keys, pages):
+        nparts = len(self._parts)
+        ptrs, sizes = [], []
+        for t in pages:
+            addr, n = _address(t)
+            if n % nparts:
+                raise ValueError(f"cxltier: a flat page of {n} bytes does not split into {nparts} parts")
+            part = n // nparts
+            for p in range(nparts):
+                ptrs.append(addr + p * part)
+                sizes.append(part)
+        return part_keys(keys, self._kv_masks), ptrs, sizes
 
     def batch_set(self, keys, values=None, target_locations=None, target_sizes=None):
-        bufs = [self._buf(t) for t in (target_locations or values)]
-        st = self.index.set([self._object_key(k) for k in keys], bufs)
-        return all(s != "no_space" for s in st)
-
-    def get(self, key, target_location=None, target_sizes=None):
-        got = self.batch_get([key], [target_location])
-        return got[0]
+        """Stores flat pages (SGLang's get_data_page) under page keys."""
+        if not keys:
+            return True
+        self._pool()
+        block, ptrs, sizes = self._flat_buffers(keys, values if values is not None else target_locations)
+        return all(self._pages_stored(self.index.setv(block, 1, ptrs, sizes), len(keys)))
 
     def batch_get(self, keys, target_locations=None, target_sizes=None):
-        served, _ = self.index.get([self._object_key(k) for k in keys], [self._buf(t) for t in target_locations])
-        return [t if i < served else None for i, t in enumerate(target_locations)]
+        """Loads flat pages into target_locations (SGLang's dummy flat
+        pages); each is returned, or None past the stored prefix."""
+        if not keys:
+            return []
+        self._pool()
+        block, ptrs, sizes = self._flat_buffers(keys, target_locations)
+        ok = self._pages_served(self._getv(block, 1, ptrs, sizes), len(keys))
+        return [t if hit else None for t, hit in zip(target_locations, ok)]
+
+    # Extra pools of hybrid models (the v2 calls): pages move as the pool's
+    # flat data pages, keyed per pool; state sharded over TP ranks (all of
+    # an MHA model's, and Mamba's always) carries the rank.
+
+    def _pool_masks_for(self, name):
+        mask = self._pool_masks.get(name)
+        if mask is None:
+            pool = self.registered_pools.get(name)
+            if pool is None:
+                raise LayoutError(f"cxltier: no host pool registered as {name!r}")
+            suffix = self._shared_suffix if self.is_mla and name != "mamba" else self._rank_suffix
+            mask = self._pool_masks[name] = [part_mask(f"{suffix}/{name}/{getattr(pool, 'layout', '')}")]
+        return mask
+
+    def _transfer_pages(self, t):
+        """(pool, key block, each page's first host index) of a transfer."""
+        name = str(t.name)
+        keys = list(t.keys or [])
+        pool = self.registered_pools.get(name)
+        masks = self._pool_masks_for(name)
+        page_size = getattr(pool, "page_size", 1) or 1
+        idx = t.host_indices
+        if idx is None or len(idx) != len(keys) * page_size:
+            raise ValueError(f"cxltier: pool {name}: {len(keys)} pages need {len(keys) * page_size} host indices, "
+                             f"got {0 if idx is None else len(idx)}")
+        firsts = [int(i) for i in idx[::page_size].tolist()] if hasattr(idx, "tolist") else list(idx)[::page_size]
+        return pool, part_keys(keys, masks), firsts
+
+    def batch_set_v2(self, transfers, extra_info=None):
+        out = {}
+        for t in transfers:
+            try:
+                pool, block, firsts = self._transfer_pages(t)
+                pages = [pool.get_data_page(i, flat=True).contiguous() for i in firsts]
+                ptrs, sizes = zip(*(_address(p) for p in pages)) if pages else ((), ())
+                out[str(t.name)] = [s != "no_space" for s in self.index.setv(block, 1, list(ptrs), list(sizes))]
+            except Exception:
+                logger.exception("cxltier: storing pool %s failed", t.name)
+                out[str(t.name)] = [False] * len(t.keys or [])
+        return out
+
+    def batch_get_v2(self, transfers, extra_info=None):
+        out = {}
+        for t in transfers:
+            try:
+                pool, block, firsts = self._transfer_pages(t)
+                pages = [pool.get_dummy_flat_data_page() for _ in firsts]
+                ptrs, sizes = zip(*(_address(p) for p in pages)) if pages else ((), ())
+                served = self._getv(block, 1, list(ptrs), list(sizes))
+                for i in range(served):
+                    pool.set_from_flat_data_page(firsts[i], pages[i])
+                out[str(t.name)] = [i < served for i in range(len(firsts))]
+            except Exception:
+                logger.exception("cxltier: loading pool %s failed", t.name)
+                out[str(t.name)] = [False] * len(t.keys or [])
+        return out
+
+    def batch_exists_v2(self, keys, pool_transfers=None, extra_info=None):
+        """The usable prefix of keys: KV pages present from the start, cut
+        where an extra pool lacks what its hit policy needs (every page, or
+        the trailing window ending at the prefix), as SGLang's own backends
+        count it."""
+        from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolTransferResult
+
+        kv_pages = self.batch_exists(keys)
+        hits = {"kv": kv_pages} if kv_pages else {}
+        restorable = set(range(1, kv_pages + 1))
+        for t in pool_transfers or []:
+            if not restorable:
+                break
+            name = str(t.name)
+            have = self._present(part_keys(keys[:kv_pages], self._pool_masks_for(name)))
+            if t.hit_policy == PoolHitPolicy.ALL_PAGES:
+                boundary = have.index(False) if False in have else kv_pages
+                ok = set(range(1, boundary + 1))
+            elif t.hit_policy == PoolHitPolicy.TRAILING_PAGES:
+                window = max(1, len(t.keys) if t.keys else 1)
+                ok = {n for n in range(1, kv_pages + 1) if all(have[max(0, n - window) : n])}
+                boundary = max(ok, default=0)
+            else:
+                raise LayoutError(f"cxltier: pool {name}: hit policy {t.hit_policy} is not supported")
+            if boundary:
+                hits[name] = boundary
+            restorable &= ok
+        order = sorted(restorable)
+        return PoolTransferResult(order[-1] if order else 0, hits, order)
+
+    def _present(self, block):
+        """Whether each key of block has an entry."""
+        out = []
+        for i in range(block.n):
+            one = (ctypes.c_uint8 * KEY_BYTES).from_buffer(block.array, i * KEY_BYTES)
+            out.append(self.index.exists_block(KeyBlock(one, 1)) == 1)
+        return out
+
+    # Whole objects under any key (not pages): one entry per key. Targets are
+    # tensors, buffers, or an address with target_sizes bytes (the form
+    # SGLang's own backend tests use).
+
+    def _object_keys(self, keys):
+        return part_keys(list(keys), [self._object_mask])
+
+    def _object_buffer(self, value, target_location, target_sizes):
+        target = value if value is not None else target_location
+        if isinstance(target, int):
+            if not isinstance(target_sizes, int) or target_sizes < 0:
+                raise ValueError("cxltier: an address target needs its size in target_sizes")
+            return target, target_sizes
+        return _address(target)
+
+    def exists(self, key):
+        return self.index.exists_block(self._object_keys([key])) == 1
+
+    def set(self, key, value=None, target_location=None, target_sizes=None):
+        addr, n = self._object_buffer(value, target_location, target_sizes)
+        return self.index.setv(self._object_keys([key]), 1, [addr], [n])[0] != "no_space"
+
+    def get(self, key, target_location=None, target_sizes=None):
+        """Loads key's object into target_location: returns it (True for an
+        address target), or None (False) when the key is absent."""
+        addr, n = self._object_buffer(None, target_location, target_sizes)
+        ok = self._getv(self._object_keys([key]), 1, [addr], [n]) == 1
+        if isinstance(target_location, int):
+            return ok
+        return target_location if ok else None
 
     def get_stats(self):
         return self.index.stats()
+
+    def clear(self):
+        return False  # entries are shared with other processes; evicted, never wiped by one client
 
     def close(self):
         self.tier.close()
@@ -141,9 +387,7 @@ if _HiCacheStorage is not None:
         """SGLang HiCacheStorage backend on a cxltier prefix index."""
 
         def __init__(self, storage_config, *args, **kwargs):
-            # SGLang versions pass (config, kwargs-dict) or (config, mem_pool_host, **kwargs).
+            # SGLang's factory passes (config, kwargs-dict); the host pool
+            # arrives by register_mem_pool_host.
             host = next((a for a in args if hasattr(a, "get_page_buffer_meta")), kwargs.get("mem_pool_host"))
             self._setup(storage_config, host)
-
-        def register_mem_pool_host(self, mem_pool_host):
-            self.mem_pool_host = mem_pool_host

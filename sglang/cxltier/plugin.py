@@ -1,12 +1,16 @@
 """SGLang plugin entry point (group sglang.srt.plugins, name cxltier).
 
-SGLang calls install() at start-up when plugins are enabled. It registers
-the HiCache backend under the name "cxltier" with SGLang's storage backend
-factory where the factory allows it (the dynamic backend works without it,
-see cxltier.hicache), and with CXLTIER_HISPARSE_HOST_POOL=1 puts HiSparse's
-host KV pool in the tier (cxltier.hisparse). With CXLTIER_ENGRAM set (a
-preset or a geometry file) it starts Engram prefetches at the top of every
-forward pass (cxltier.engram_hook). CXLTIER_PLUGIN=0 makes it do nothing.
+SGLang calls install() at start-up in every process when plugins are
+enabled (SGLANG_PLUGINS whitelists names). With CXLTIER_HISPARSE_HOST_POOL=1
+it puts HiSparse's host KV pool in the tier (cxltier.hisparse); with
+CXLTIER_ENGRAM set (a preset or a geometry file) it starts Engram prefetches
+at the top of every forward pass (cxltier.engram_hook). CXLTIER_PLUGIN=0
+makes it do nothing. The HiCache backend needs no plugin: SGLang loads it
+through the dynamic backend (cxltier.hicache).
+
+A plugin must never stop SGLang from starting: each part is installed on its
+own, and one that fails (an SGLang whose classes this package does not know,
+say) is logged with the SGLang version and skipped, never raised.
 """
 
 import logging
@@ -14,29 +18,50 @@ import os
 
 logger = logging.getLogger(__name__)
 
+# The SGLang releases the real-SGLang suite (sglang/tests/real) passes on.
+TESTED_SGLANG = ("0.5.23",)
+
+
+def sglang_version():
+    try:
+        from importlib.metadata import version
+
+        return version("sglang")
+    except Exception:
+        return None
+
+
+def _part(name, fn):
+    """Runs one part's install; True when it installed something."""
+    try:
+        done = fn()
+    except Exception as e:
+        tested = ", ".join(TESTED_SGLANG)
+        logger.error("cxltier plugin: %s not installed: SGLang %s is not one this cxltier knows (tested: %s): %s",
+                     name, sglang_version() or "(version unknown)", tested, e)
+        return False
+    logger.info("cxltier plugin: %s %s", name, "installed" if done else "not installed (SGLang absent or done already)")
+    return bool(done)
+
 
 def install():
+    """Installs the parts the environment asks for. Returns the names of
+    those installed."""
     if os.environ.get("CXLTIER_PLUGIN", "1") == "0":
-        return False
+        return []
+    version = sglang_version()
+    if version is not None and version not in TESTED_SGLANG:
+        logger.warning("cxltier plugin: SGLang %s has not been tested with this cxltier (tested: %s)",
+                       version, ", ".join(TESTED_SGLANG))
+    installed = []
     if os.environ.get("CXLTIER_HISPARSE_HOST_POOL") == "1":
         from . import hisparse
 
-        logger.info("cxltier plugin: HiSparse host pool in the tier (%d places)", hisparse.install())
+        if _part("HiSparse host pool in the tier", hisparse.install):
+            installed.append("hisparse")
     if os.environ.get("CXLTIER_ENGRAM"):
         from . import engram_hook
 
-        logger.info("cxltier plugin: Engram prefetch hook %s", "installed" if engram_hook.install() else "not installed")
-    try:
-        from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
-    except ImportError:
-        logger.info("cxltier plugin: SGLang's storage backend factory not found; use the dynamic backend")
-        return False
-    register = getattr(StorageBackendFactory, "register_backend", None)
-    if register is None:
-        return False
-    try:
-        register("cxltier", "cxltier.hicache", "CxlTierStorage")
-    except ValueError:  # already registered
-        pass
-    logger.info("cxltier plugin: HiCache storage backend 'cxltier' registered")
-    return True
+        if _part("Engram prefetch hook", engram_hook.install):
+            installed.append("engram")
+    return installed

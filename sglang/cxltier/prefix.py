@@ -3,6 +3,7 @@ get and delete on a shared index."""
 
 import ctypes
 import hashlib
+from itertools import accumulate
 
 from . import _native
 
@@ -34,6 +35,47 @@ def _key(k):
 def _keys(keys):
     raw = b"".join(_key(k) for k in keys)
     return (ctypes.c_uint8 * len(raw)).from_buffer_copy(raw) if raw else None, len(keys)
+
+
+class KeyBlock:
+    """n keys back to back in one ctypes array, the form the library takes:
+    what part_keys makes in one call, and what PrefixIndex's *_block calls
+    take without building a Python object per key."""
+
+    def __init__(self, array, n):
+        self.array, self.n = array, n
+
+    def __len__(self):
+        return self.n
+
+    def hex(self, i):
+        return bytes(self.array[i * KEY_BYTES : (i + 1) * KEY_BYTES]).hex()
+
+
+def part_mask(tag):
+    """The mask of one part of a page (model, rank, layout, part): the same
+    as the Go library's prefix.PartMask."""
+    return hashlib.sha256(b"cxltier/hicache/v1\x00" + tag.encode()).digest()
+
+
+def part_keys(pages, masks):
+    """The keys of every part of every page, page-major (prefix.PartKey in
+    Go, one call for the batch): each page string (SGLang's hex digest; any
+    other string is hashed) XOR each mask."""
+    n, m = len(pages), len(masks)
+    out = (ctypes.c_uint8 * max(n * m * KEY_BYTES, 1))()
+    if n and m:
+        text = "".join(pages).encode()
+        if len(text) == sum(map(len, pages)):
+            ends = (ctypes.c_int64 * n)(*accumulate(map(len, pages)))
+        else:  # some page string is not ASCII: byte lengths differ
+            encoded = [p.encode() for p in pages]
+            text = b"".join(encoded)
+            ends = (ctypes.c_int64 * n)(*accumulate(map(len, encoded)))
+        raw = b"".join(masks)
+        mask_arr = (ctypes.c_uint8 * len(raw)).from_buffer_copy(raw)
+        _native.call("cxl_prefix_part_keys", text, ends, n, mask_arr, m, out)
+    return KeyBlock(out, n * m)
 
 
 def page_keys(tokens, page_size, prior=None):
@@ -132,6 +174,43 @@ class PrefixIndex(_native.Child):
         _native.call("cxl_prefix_get", self.handle, arr, n, ptrs, caps, lens, ctypes.byref(served))
         del keep
         return served.value, [lens[i] for i in range(served.value)]
+
+    # Calls on a KeyBlock, with buffers as parallel lists of addresses and
+    # sizes: the HiCache backend's path, with nothing built per key.
+
+    def exists_block(self, block):
+        """How many leading keys of block have entries."""
+        out = ctypes.c_int64()
+        _native.call("cxl_prefix_exists", self.handle, block.array, block.n, ctypes.byref(out))
+        return out.value
+
+    def setv(self, block, per, ptrs, sizes):
+        """Stores under key i the concatenation of its per buffers (ptrs and
+        sizes hold len(block) * per entries, key-major). Returns each key's
+        status, as set does."""
+        m = block.n * per
+        if len(ptrs) != m or len(sizes) != m:
+            raise ValueError(f"{block.n} keys of {per} pieces need {m} buffers, got {len(ptrs)} and {len(sizes)} sizes")
+        st = (ctypes.c_int8 * max(block.n, 1))()
+        _native.call("cxl_prefix_setv", self.handle, block.array, block.n, per, (ctypes.c_void_p * max(m, 1))(*ptrs),
+                     (ctypes.c_int64 * max(m, 1))(*sizes), st)
+        return [_STATUS[st[i]] for i in range(block.n)]
+
+    def getv(self, block, per, ptrs, sizes):
+        """Copies the longest present prefix of block's payloads, each into
+        its per buffers in order (which must hold it exactly). Returns how
+        many keys were served."""
+        m = block.n * per
+        if len(ptrs) != m or len(sizes) != m:
+            raise ValueError(f"{block.n} keys of {per} pieces need {m} buffers, got {len(ptrs)} and {len(sizes)} sizes")
+        served = ctypes.c_int64()
+        try:
+            _native.call("cxl_prefix_getv", self.handle, block.array, block.n, per, (ctypes.c_void_p * max(m, 1))(*ptrs),
+                         (ctypes.c_int64 * max(m, 1))(*sizes), ctypes.byref(served))
+        except _native.CxlTierError as e:
+            e.served = served.value  # the payloads before the failure were copied and checked
+            raise
+        return served.value
 
     def delete(self, keys):
         arr, n = _keys(keys)

@@ -1,0 +1,92 @@
+package main
+
+// #include <stdint.h>
+import "C"
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/cxltier/cxltier/prefix"
+)
+
+// Pages of SGLang host pools lie in pieces (one per layer in a layer-first
+// pool), and their keys are SGLang's hex digests: these calls store, load
+// and name such pages without a staging copy and without a hash per key.
+
+//export cxl_prefix_setv
+func cxl_prefix_setv(h C.uint64_t, keys *C.uint8_t, n, per C.int64_t, ptrs *unsafe.Pointer, sizes *C.int64_t, statuses *C.int8_t, errbuf *C.char, errlen C.int) C.int {
+	err := func() error {
+		s, ks, err := indexKeys(h, keys, n)
+		if err != nil {
+			return err
+		}
+		pieces, err := piecesArg(ptrs, sizes, n, per)
+		if err != nil {
+			return err
+		}
+		st, err := s.SetPieces(ks, pieces)
+		if statuses != nil && len(st) > 0 {
+			out := unsafe.Slice((*int8)(unsafe.Pointer(statuses)), int(n))
+			for i, x := range st {
+				out[i] = int8(x)
+			}
+		}
+		return err
+	}()
+	return report(err, errbuf, errlen)
+}
+
+//export cxl_prefix_getv
+func cxl_prefix_getv(h C.uint64_t, keys *C.uint8_t, n, per C.int64_t, ptrs *unsafe.Pointer, sizes *C.int64_t, served *C.int64_t, errbuf *C.char, errlen C.int) C.int {
+	err := func() error {
+		s, ks, err := indexKeys(h, keys, n)
+		if err != nil {
+			return err
+		}
+		if served == nil {
+			return fmt.Errorf("prefix getv: %w: no output count", errBadArg)
+		}
+		pieces, err := piecesArg(ptrs, sizes, n, per)
+		if err != nil {
+			return err
+		}
+		got, err := s.GetPieces(ks, pieces)
+		*served = C.int64_t(got)
+		return err
+	}()
+	return report(err, errbuf, errlen)
+}
+
+// piecesArg views n keys' buffers, per pieces each, key-major.
+func piecesArg(ptrs *unsafe.Pointer, sizes *C.int64_t, n, per C.int64_t) ([][][]byte, error) {
+	return piecesAt(unsafe.Pointer(ptrs), unsafe.Pointer(sizes), int64(n), int64(per))
+}
+
+//export cxl_prefix_part_keys
+func cxl_prefix_part_keys(text *C.char, ends *C.int64_t, n C.int64_t, masks *C.uint8_t, nMasks C.int64_t, out *C.uint8_t, errbuf *C.char, errlen C.int) C.int {
+	err := func() error {
+		pages, err := stringsAt(unsafe.Pointer(text), unsafe.Pointer(ends), int64(n))
+		if err != nil {
+			return err
+		}
+		ms, err := keysAt(unsafe.Pointer(masks), int64(nMasks))
+		if err != nil {
+			return err
+		}
+		if int64(n)*int64(nMasks) > maxKeys || (n > 0 && nMasks > 0 && out == nil) {
+			return fmt.Errorf("prefix part keys: %w: %d pages × %d parts", errBadArg, n, nMasks)
+		}
+		dst, err := keysAt(unsafe.Pointer(out), int64(n)*int64(nMasks))
+		if err != nil {
+			return err
+		}
+		for i, p := range pages {
+			for j, m := range ms {
+				dst[i*len(ms)+j] = prefix.PartKey(p, m)
+			}
+		}
+		return nil
+	}()
+	return report(err, errbuf, errlen)
+}
