@@ -3,6 +3,7 @@ MHA and MLA device and host pools, for every layout the pools support and
 both the zero-copy (interface_v1) and the generic (flat page) paths."""
 
 import threading
+from types import SimpleNamespace
 import uuid
 
 import pytest
@@ -220,3 +221,23 @@ def test_plugin_registers_no_named_backend(built):
 
     plugin.install()
     assert "cxltier" not in StorageBackendFactory._registry
+
+
+def test_mha_ranks_do_not_share_and_mla_ranks_do(built, device):
+    from cxltier.hicache import HiCacheAdapter
+
+    def adapter(mla, rank, pool):
+        a = HiCacheAdapter()
+        a._setup(SimpleNamespace(model_name="m", is_mla_model=mla, tp_rank=rank, tp_size=2,
+                                 extra_config={"devices": device, "blocks": 64, "block_bytes": 16384}), pool)
+        return a
+
+    for mla, shared in ((False, False), (True, True)):
+        _, pool = host_pool(mla, "page_first")
+        hashes = page_hashes(2)
+        fill(pool, 1, 2)
+        a, b = adapter(mla, 0, pool), adapter(mla, 1, pool)
+        assert a.batch_set_v1(hashes, indices(1, 2)) == [True, True]
+        assert b.batch_exists(hashes) == (2 if shared else 0)
+        a.close()
+        b.close()
