@@ -26,12 +26,7 @@ func cxl_prefix_setv(h C.uint64_t, keys *C.uint8_t, n, per C.int64_t, ptrs *unsa
 			return err
 		}
 		st, err := s.SetPieces(ks, pieces)
-		if statuses != nil && len(st) > 0 {
-			out := unsafe.Slice((*int8)(unsafe.Pointer(statuses)), int(n))
-			for i, x := range st {
-				out[i] = int8(x)
-			}
-		}
+		writeStatuses(statuses, n, st)
 		return err
 	}()
 	return report(err, errbuf, errlen)
@@ -89,4 +84,15 @@ func cxl_prefix_part_keys(text *C.char, ends *C.int64_t, n C.int64_t, masks *C.u
 		return nil
 	}()
 	return report(err, errbuf, errlen)
+}
+
+// writeStatuses copies each key's insert status to the caller's array.
+func writeStatuses(statuses *C.int8_t, n C.int64_t, st []prefix.Status) {
+	if statuses == nil || len(st) == 0 {
+		return
+	}
+	out := unsafe.Slice((*int8)(unsafe.Pointer(statuses)), int(n))
+	for i, x := range st {
+		out[i] = int8(x)
+	}
 }

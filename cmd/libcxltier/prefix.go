@@ -136,12 +136,7 @@ func cxl_prefix_set(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Poi
 			return err
 		}
 		st, err := s.Set(ks, bufs)
-		if statuses != nil && len(st) > 0 {
-			out := unsafe.Slice((*int8)(unsafe.Pointer(statuses)), int(n))
-			for i, x := range st {
-				out[i] = int8(x)
-			}
-		}
+		writeStatuses(statuses, n, st)
 		return err
 	}()
 	return report(err, errbuf, errlen)
