@@ -13,9 +13,9 @@
 // tried, so it is off unless PrefetchOptions.Cache asks for it.
 //
 // PrefetchOptions.Planner = PlanEngine moves hashing and the cache's tags
-// to the engine (engineplan.go, kernels.EngramPlanner): the host checks the
+// to the engine (engineplan.go; engram.cu on a GPU, its Go twin on the CPU engine): the host checks the
 // ids and lays out each token's window of ids, and one engine call hashes,
-// probes and fetches; on a GPU that is one launch of kernels/engram.cu,
+// probes and fetches; on a GPU that is one launch of engram/engram.cu,
 // which has not yet run on one. The engine follows the host cache's rules
 // in the same layout, so on the CPU engine (its Go twin) every row gets
 // the slot host planning gives it; the tests hold them to that. A call

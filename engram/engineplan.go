@@ -14,7 +14,7 @@ type Planner = kernels.Planner
 
 const (
 	// PlanAuto is PlanHost for now: the engine planner's CUDA kernel
-	// (kernels/engram.cu) has not yet been measured on a GPU, and auto will
+	// (engram.cu) has not yet been measured on a GPU, and auto will
 	// choose it only once it has been shown faster.
 	PlanAuto = kernels.PlanAuto
 	// PlanHost hashes and keeps the cache's tags on the host (hotset.go);
@@ -22,9 +22,9 @@ const (
 	PlanHost = kernels.PlanHost
 	// PlanEngine sends the ids to the engine, which hashes them, probes a
 	// cache whose tags live in its own memory and fetches the misses in one
-	// call (kernels.EngramPlanner; on a GPU one launch of engram.cu, on the
-	// CPU engine its Go twin). With the cache, slots are known only when
-	// the call is done: Pending.Slots is filled by Wait.
+	// call (on a GPU one launch of engram.cu, on the CPU engine its Go
+	// twin). With the cache, slots are known only when the call is done:
+	// Pending.Slots is filled by Wait.
 	PlanEngine = kernels.PlanEngine
 )
 
@@ -41,8 +41,8 @@ func ParsePlanner(s string) (Planner, error) {
 // hash constants in engine memory, the cache's tags, and an output area
 // per protected call (counts and slots, read back by Wait).
 type enginePlan struct {
-	planner        kernels.EngramPlanner
-	layout, bypass kernels.EngramLayout // with the cache, and without (Sets 0)
+	st             stepper
+	layout, bypass engineLayout // with the cache, and without (sets 0)
 	params, tags   kernels.Buffer
 	out            kernels.Buffer
 	outStride      int64 // bytes per output area
@@ -50,46 +50,45 @@ type enginePlan struct {
 }
 
 // startEnginePlan prepares layer lc for engine planning.
-func (p *Prefetcher) startEnginePlan(lc *layerCache) error {
-	planner, ok := p.eng.(kernels.EngramPlanner)
+func (p *Prefetcher) startEnginePlan(lc *layerCache) (*enginePlan, error) {
+	st, ok := newStepper(p.eng)
 	if !ok {
-		return fmt.Errorf("%w: engine %s cannot plan Engram rows", ErrInput, p.eng.Name())
+		return nil, fmt.Errorf("%w: engine %s cannot plan Engram rows", ErrInput, p.eng.Name())
 	}
 	t := lc.table
 	tm, err := p.tableMap(t)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	mult, err := p.h.Multipliers(t.Layer)
+	lh, err := p.h.layer(t.Layer)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	moduli, offsets, err := p.h.flat(t.Layer)
-	if err != nil {
-		return err
-	}
-	g := p.h.Geometry()
 	slots := p.opts.Slots
-	sets := kernels.EngramSets(slots)
-	ep := &enginePlan{planner: planner, layout: kernels.EngramLayout{MaxN: g.MaxNgram, Heads: g.Heads,
-		Multipliers: mult, Moduli: moduli, Offsets: offsets, Rows: t.Rows, Table: tm,
-		Sets: sets, SpillSlots: slots - sets*kernels.EngramWays, Protect: p.opts.Protect}}
+	sets := cacheSets(slots)
+	ep := &enginePlan{st: st, layout: engineLayout{hash: lh.hashRule, rows: t.Rows, table: tm,
+		sets: sets, spillSlots: slots - sets*ways, protect: p.opts.Protect}}
 	ep.bypass = ep.layout
-	ep.bypass.Sets, ep.bypass.SpillSlots = 0, 0
-	if err := planner.CanPlanEngram(&ep.layout); err != nil {
-		return fmt.Errorf("engram: layer %d: %w", t.Layer, err)
+	ep.bypass.sets, ep.bypass.spillSlots = 0, 0
+	if err := ep.layout.check(); err != nil {
+		return nil, fmt.Errorf("engram: layer %d: %w", t.Layer, err)
 	}
-	ep.outStride = (kernels.EngramOutBytes(slots) + 7) &^ 7
-	lc.eng = ep
-	if ep.params, err = p.upload(ep.layout.ParamBytes(), kernels.AsBytes(ep.layout.Params())); err != nil {
-		return err
+	ep.outStride = (outBytes(slots) + 7) &^ 7
+	if ep.params, err = p.upload(ep.layout.paramBytes(), kernels.AsBytes(ep.layout.params())); err == nil {
+		if ep.tags, err = p.upload(ep.layout.tagBytes(), nil); err == nil {
+			ep.out, err = p.eng.Alloc(int64(p.opts.Protect) * ep.outStride)
+		}
 	}
-	if ep.tags, err = p.upload(ep.layout.TagBytes(), nil); err != nil {
-		return err
+	if err != nil {
+		ep.free()
+		return nil, err
 	}
-	ep.out, err = p.eng.Alloc(int64(p.opts.Protect) * ep.outStride)
-	return err
+	return ep, nil
 }
+
+// forget needs nothing: a failed call's tags are in engine memory, and
+// the call that fetched them was the engine's own.
+func (ep *enginePlan) forget([]int32) {}
 
 // upload allocates an engine buffer of n bytes holding b, then zeros.
 func (p *Prefetcher) upload(n int64, b []byte) (kernels.Buffer, error) {
@@ -125,14 +124,14 @@ var errTableMap = errors.New("engram: table map disagrees with the tier")
 // tableMap describes where t's rows lie for the engine, and checks it
 // against the tier's own placement at the rows where stripes change and
 // at random ones.
-func (p *Prefetcher) tableMap(t *Table) (kernels.TableMap, error) {
+func (p *Prefetcher) tableMap(t *Table) (tableMap, error) {
 	base, err := p.addr(t, 0)
 	if err != nil {
-		return kernels.TableMap{}, err
+		return tableMap{}, err
 	}
 	start := int64(p.r.DataStart())
-	tm := kernels.TableMap{RowBytes: t.RowBytes, Base: base, First: t.first, PerStripe: t.perStr, Stripe: t.stripe,
-		Stripe0: (int64(t.boundary) - start) / t.stripe, Control: start, Devices: p.devIDs}
+	tm := tableMap{rowBytes: t.RowBytes, base: base, first: t.first, perStripe: t.perStr, stripe: t.stripe,
+		stripe0: (int64(t.boundary) - start) / t.stripe, control: start, devices: p.devIDs}
 	check := []int64{0, t.first - 1, t.first, t.first + t.perStr - 1, t.first + t.perStr, t.Rows - 1}
 	rng := rand.New(rand.NewPCG(uint64(t.Rows), 7))
 	for range 64 {
@@ -144,18 +143,18 @@ func (p *Prefetcher) tableMap(t *Table) (kernels.TableMap, error) {
 		}
 		want, err := p.addr(t, row)
 		if err != nil {
-			return kernels.TableMap{}, err
+			return tableMap{}, err
 		}
-		if got := tm.Addr(row); got != want {
-			return kernels.TableMap{}, fmt.Errorf("%w: layer %d row %d at %v, the tier says %v", errTableMap, t.Layer, row, got, want)
+		if got := tm.addr(row); got != want {
+			return tableMap{}, fmt.Errorf("%w: layer %d row %d at %v, the tier says %v", errTableMap, t.Layer, row, got, want)
 		}
 	}
 	return tm, nil
 }
 
-// prefetchEngine checks the ids, lays out their windows and queues the
-// call on the engine.
-func (p *Prefetcher) prefetchEngine(lc *layerCache, histories, seqs [][]int64, start time.Time) (*Pending, error) {
+// prefetch checks the ids, lays out their windows and queues the call on
+// the engine.
+func (ep *enginePlan) prefetch(p *Prefetcher, lc *layerCache, histories, seqs [][]int64, start time.Time) (*Pending, error) {
 	var windows []int64
 	for b, ids := range seqs {
 		var err error
@@ -163,8 +162,7 @@ func (p *Prefetcher) prefetchEngine(lc *layerCache, histories, seqs [][]int64, s
 			return nil, fmt.Errorf("sequence %d: %w", b, err)
 		}
 	}
-	ep := lc.eng
-	n := len(windows) / ep.layout.MaxN * ep.layout.RowsPerToken()
+	n := len(windows) / ep.layout.maxN() * ep.layout.rowsPerToken()
 	if n > p.opts.Slots {
 		return nil, fmt.Errorf("%w: %d rows in one call (%d slots)", ErrCacheTooSmall, n, p.opts.Slots)
 	}
@@ -172,12 +170,12 @@ func (p *Prefetcher) prefetchEngine(lc *layerCache, histories, seqs [][]int64, s
 	defer lc.mu.Unlock()
 	ep.epoch++
 	out := kernels.Span{Buf: ep.out, Offset: int64(ep.epoch%uint64(p.opts.Protect)) * ep.outStride}
-	step := kernels.EngramStep{Layout: &ep.layout, Params: ep.params, Tags: ep.tags, Cache: lc.buf, Windows: windows,
-		Epoch: ep.epoch, Out: out}
+	step := &engineStep{layout: &ep.layout, params: ep.params, tags: ep.tags, cache: lc.buf, windows: windows,
+		epoch: ep.epoch, out: out}
 	if !p.opts.Cache {
-		step.Layout, step.Tags = &ep.bypass, nil
+		step.layout, step.tags = &ep.bypass, nil
 	}
-	h, err := ep.planner.PlanEngram(step)
+	h, err := ep.st.plan(step)
 	if err != nil {
 		ep.epoch--
 		return nil, fmt.Errorf("engram: layer %d: %w", lc.table.Layer, err)
@@ -197,17 +195,17 @@ func (p *Prefetcher) prefetchEngine(lc *layerCache, histories, seqs [][]int64, s
 // readBack fills pd.Slots and the counters from the call's output area
 // once it is done.
 func (pd *Pending) readBack() error {
-	b := make([]byte, kernels.EngramOutBytes(pd.rows))
+	b := make([]byte, outBytes(pd.rows))
 	if err := pd.p.eng.Download(b, pd.out.Buf, pd.out.Offset); err != nil {
 		return err
 	}
 	pd.Slots = make([]int32, pd.rows)
-	c, err := kernels.ReadEngramOut(b, pd.Slots)
+	c, err := readOut(b, pd.Slots)
 	m := &pd.p.metrics
-	m.Hits.Add(uint64(c.Hits))
-	m.Fetched.Add(uint64(c.Fetched))
+	m.Hits.Add(uint64(c.hits))
+	m.Fetched.Add(uint64(c.fetched))
 	if err != nil {
-		return fmt.Errorf("%w: layer %d: %w", ErrCacheTooSmall, pd.lc.table.Layer, err)
+		return fmt.Errorf("engram: layer %d: %w", pd.lc.table.Layer, err)
 	}
 	return nil
 }

@@ -243,7 +243,7 @@ func testOutOfRoom(t *testing.T, eng kernels.Engine, exact bool) {
 		}
 		perSet := map[uint64]int{}
 		for _, row := range rows {
-			perSet[kernels.EngramSet(row, 2)]++
+			perSet[setOf(row, 2)]++
 		}
 		if perSet[0] > 10 || perSet[1] > 10 {
 			seqs = [][]int64{ids}
@@ -256,7 +256,7 @@ func testOutOfRoom(t *testing.T, eng kernels.Engine, exact bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pd.Wait(); !errors.Is(err, ErrCacheTooSmall) || !errors.Is(err, kernels.ErrNoRoom) {
+	if _, err := pd.Wait(); !errors.Is(err, ErrCacheTooSmall) {
 		t.Fatalf("engine planner: %v", err)
 	}
 	rows, _ := pp.h.Hash(nil, 1, nil, seqs[0])

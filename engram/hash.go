@@ -14,10 +14,36 @@ type Hasher struct {
 
 // layerHash is one layer's derived constants.
 type layerHash struct {
-	mult    []int64   // one per position back, MaxNgram of them
-	moduli  [][]int64 // [order-2][head]
-	offsets [][]int64 // global row of each head's first row
-	rows    int64     // rows in the layer's table
+	hashRule
+	rows int64 // rows in the layer's table
+}
+
+// hashRule is the hash of one layer, the one Go implementation the host
+// planner and the CPU twin of engram.cu share: a token whose window is w
+// (w[k] the id k positions back) hashes to one row per order n in
+// [2, MaxNgram] and head h, mix_n mod p + offset, where mix_n is the XOR
+// of w[k]*mult[k] for k < n. Rows are order-major.
+type hashRule struct {
+	mult    []int64 // one per position back, MaxNgram of them
+	heads   int
+	moduli  []int64 // [(order-2)*heads + head]
+	offsets []int64 // global row of each head's first row, same order
+}
+
+// appendRows appends the rows of the token whose window is w. The modulus
+// is taken unsigned, so that a window with ids outside the vocabulary
+// (which callers reject) could not yield a row outside the table; for the
+// ids callers pass, mix stays below 2^63 ((V-1)*m < 2^63 by the choice of
+// half_bound, and XOR keeps the top bit 0), where both agree.
+func (r *hashRule) appendRows(dst, w []int64) []int64 {
+	mix := w[0] * r.mult[0]
+	for k := 1; k < len(r.mult); k++ {
+		mix ^= w[k] * r.mult[k]
+		for j := (k - 1) * r.heads; j < k*r.heads; j++ {
+			dst = append(dst, int64(uint64(mix)%uint64(r.moduli[j]))+r.offsets[j])
+		}
+	}
+	return dst
 }
 
 // NewHasher derives multipliers, moduli and offsets for every layer.
@@ -32,21 +58,19 @@ func NewHasher(g Geometry) (*Hasher, error) {
 		if err != nil {
 			return nil, err
 		}
-		lh := &layerHash{mult: m}
+		lh := &layerHash{hashRule: hashRule{mult: m, heads: g.Heads}}
 		for n := 2; n <= g.MaxNgram; n++ {
 			start := g.BaseSizes[n-2] - 1
-			var mods, offs []int64
 			for range g.Heads {
 				p, ok := nextPrime(start, seen)
 				if !ok {
 					return nil, fmt.Errorf("%w: no prime above %d", ErrGeometry, start)
 				}
 				seen[p] = true
-				mods, offs = append(mods, p), append(offs, lh.rows)
+				lh.moduli, lh.offsets = append(lh.moduli, p), append(lh.offsets, lh.rows)
 				lh.rows += p
 				start = p
 			}
-			lh.moduli, lh.offsets = append(lh.moduli, mods), append(lh.offsets, offs)
 		}
 		h.layers[layer] = lh
 	}
@@ -95,24 +119,11 @@ func (h *Hasher) Moduli(l int) ([][]int64, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([][]int64, len(lh.moduli))
+	out := make([][]int64, len(lh.mult)-1)
 	for i := range out {
-		out[i] = append([]int64(nil), lh.moduli[i]...)
+		out[i] = append([]int64(nil), lh.moduli[i*lh.heads:(i+1)*lh.heads]...)
 	}
 	return out, nil
-}
-
-// flat returns layer l's moduli and row offsets, order-major (the layout
-// of one position's rows).
-func (h *Hasher) flat(l int) (moduli, offsets []int64, err error) {
-	lh, err := h.layer(l)
-	if err != nil {
-		return nil, nil, err
-	}
-	for i := range lh.moduli {
-		moduli, offsets = append(moduli, lh.moduli[i]...), append(offsets, lh.offsets[i]...)
-	}
-	return moduli, offsets, nil
 }
 
 // Rows is the number of rows in layer l's table.
@@ -134,14 +145,14 @@ func (h *Hasher) Hash(dst []int64, l int, history, ids []int64) ([]int64, error)
 	if err != nil {
 		return dst, err
 	}
-	err = h.eachWindow(history, ids, func(window []int64) { dst = lh.hashWindow(dst, window) })
+	err = h.eachWindow(history, ids, func(window []int64) { dst = lh.appendRows(dst, window) })
 	return dst, err
 }
 
 // Windows appends to dst, for every position of ids, the MaxNgram ids the
 // hash of that position reads: the id itself, then the ids before it
 // (pad before the sequence start). history and ids are as for Hash and
-// checked the same way; an engine hashes the windows (kernels.EngramStep).
+// checked the same way; an engine hashes the windows (engineStep).
 func (h *Hasher) Windows(dst []int64, history, ids []int64) ([]int64, error) {
 	err := h.eachWindow(history, ids, func(window []int64) { dst = append(dst, window...) })
 	return dst, err
@@ -174,19 +185,6 @@ func (h *Hasher) eachWindow(history, ids []int64, f func(window []int64)) error 
 func shift(window []int64, id int64) {
 	copy(window[1:], window[:len(window)-1])
 	window[0] = id
-}
-
-// hashWindow appends the rows of one position. All values stay below 2^63:
-// (V-1)*m < 2^63 by the choice of half_bound, and XOR keeps the top bit 0.
-func (lh *layerHash) hashWindow(dst []int64, window []int64) []int64 {
-	mix := window[0] * lh.mult[0]
-	for k := 1; k < len(window); k++ {
-		mix ^= window[k] * lh.mult[k]
-		for j, p := range lh.moduli[k-1] {
-			dst = append(dst, mix%p+lh.offsets[k-1][j])
-		}
-	}
-	return dst
 }
 
 func (h *Hasher) checkIDs(ids []int64, what string) error {

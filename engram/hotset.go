@@ -2,9 +2,9 @@ package engram
 
 import (
 	"fmt"
+	"math/bits"
 
 	"github.com/cxltier/cxltier/internal/prefetch"
-	"github.com/cxltier/cxltier/kernels"
 )
 
 // hotSet maps table rows to cache slots for one layer. It is W-way set
@@ -24,9 +24,10 @@ import (
 // in `protect` banks used in turn, so a call never overwrites the spill
 // rows of the calls before it that may still be read.
 //
-// The engines' cache (kernels.EngramStep, engram.cu) follows the same
-// rules in the same layout, so that a prefetcher planning on the engine
-// gives every row the slot this one would.
+// The engine planners' cache (engineStep: engram.cu and its CPU twin)
+// follows the same rules in the same layout — the twin through the same
+// functions, setOf and probeLine — so that a prefetcher planning on the
+// engine gives every row the slot this one would.
 type hotSet struct {
 	tags    []uint64 // sets × ways
 	sets    int
@@ -37,11 +38,57 @@ type hotSet struct {
 }
 
 const (
-	ways         = kernels.EngramWays
+	ways         = 8 // a set's tags are one 64-byte line
 	stampBits    = 16
 	stampMask    = 1<<stampBits - 1
-	maxCachedRow = kernels.MaxEngramRow // row+1 fits a tag's 48 bits
+	maxCachedRow = 1<<(64-stampBits) - 2 // row+1 fits a tag's 48 bits
+	setGolden    = 0x9E3779B97F4A7C15
 )
+
+// setOf is row's set among sets (a power of two).
+func setOf(row int64, sets int) uint64 {
+	return (uint64(row) * setGolden >> 32) & (uint64(sets) - 1)
+}
+
+// cacheSets is how many sets of `ways` a cache of slots slots has: the
+// largest power of two that leaves at least an eighth of the slots for
+// spill banks, 0 when not even one set fits.
+func cacheSets(slots int) int {
+	q := (slots - slots/8) / ways
+	if q < 1 {
+		return 0
+	}
+	return 1 << (bits.Len(uint(q)) - 1)
+}
+
+// probeLine finds row in its set's tag line at stamp now: a hit refreshes
+// the way's stamp (fetch false); a miss takes the empty way, else the
+// least recently used way no call of the last protect stamped (fetch
+// true). way is -1 when every way is protected.
+func probeLine(line []uint64, row int64, now, protect uint64) (way int, fetch bool) {
+	want := uint64(row + 1)
+	victim, oldest := -1, uint64(0)
+	for w, tag := range line {
+		if tag>>stampBits == want {
+			line[w] = want<<stampBits | now
+			return w, false
+		}
+		age := (now - tag) & stampMask
+		switch {
+		case tag == 0:
+			age = stampMask + 1 // empty ways first
+		case age < protect:
+			continue // used by a call that may still be read
+		}
+		if age > oldest {
+			victim, oldest = w, age
+		}
+	}
+	if victim >= 0 {
+		line[victim] = want<<stampBits | now
+	}
+	return victim, true
+}
 
 // newHotSet divides slots into a power-of-two number of sets of `ways`
 // slots (slot = set*ways + way) and spill slots after them: at least an
@@ -50,7 +97,7 @@ func newHotSet(slots int, protect uint64) (*hotSet, error) {
 	if slots < 1 {
 		return nil, fmt.Errorf("%w: %d cache slots", ErrGeometry, slots)
 	}
-	sets := kernels.EngramSets(slots)
+	sets := cacheSets(slots)
 	h := &hotSet{tags: make([]uint64, sets*ways), sets: sets, protect: protect}
 	spill := make([]int32, 0, slots-sets*ways)
 	for s := sets * ways; s < slots; s++ {
@@ -86,7 +133,7 @@ func (h *hotSet) lookup(row int64) (slot int32, fetch, ok bool) {
 }
 
 // setOf is row's set.
-func (h *hotSet) setOf(row int64) uint64 { return kernels.EngramSet(row, h.sets) }
+func (h *hotSet) setOf(row int64) uint64 { return setOf(row, h.sets) }
 
 // prefetch starts loading row's tag line: a call's rows hit random lines
 // of a multi-MiB table, and asking a few rows ahead overlaps their DRAM
@@ -100,30 +147,11 @@ func (h *hotSet) prefetch(row int64) {
 
 func (h *hotSet) inSet(row int64) (int32, bool, bool) {
 	set := h.setOf(row)
-	line := h.tags[set*ways : set*ways+ways]
-	want, now := uint64(row+1), h.epoch&stampMask
-	victim, oldest := -1, uint64(0)
-	for w, tag := range line {
-		if tag>>stampBits == want {
-			line[w] = want<<stampBits | now
-			return int32(set*ways) + int32(w), false, true
-		}
-		age := (now - tag) & stampMask
-		switch {
-		case tag == 0:
-			age = stampMask + 1 // empty ways first
-		case age < h.protect:
-			continue // used by a call that may still be read
-		}
-		if age > oldest {
-			victim, oldest = w, age
-		}
-	}
-	if victim < 0 {
+	w, fetch := probeLine(h.tags[set*ways:set*ways+ways], row, h.epoch&stampMask, h.protect)
+	if w < 0 {
 		return 0, false, false
 	}
-	line[victim] = want<<stampBits | now
-	return int32(set*ways) + int32(victim), true, true
+	return int32(set*ways) + int32(w), fetch, true
 }
 
 // slots is the number of slots the set was made for.

@@ -134,8 +134,10 @@ func TestHotSetRefusesWhatDoesNotFit(t *testing.T) {
 // loop they would sit in the CPU's last-level cache.
 func BenchmarkHotSetAssign(b *testing.B) {
 	flush := make([]byte, 64<<20)
-	lc := &layerCache{}
-	lc.hot, _ = newHotSet(1<<17, 2)
+	hl, err := newHostLayer(1<<17, 2)
+	if err != nil {
+		b.Fatal(err)
+	}
 	rng := rand.New(rand.NewPCG(5, 5))
 	zipf := rand.NewZipf(rng, 1.1, 1, 4_800_000)
 	calls := make([][]int64, 64)
@@ -152,7 +154,7 @@ func BenchmarkHotSetAssign(b *testing.B) {
 			flush[j]++
 		}
 		b.StartTimer()
-		if _, _, err := lc.assign(calls[i%len(calls)]); err != nil {
+		if _, _, err := hl.assign(calls[i%len(calls)]); err != nil {
 			b.Fatal(err)
 		}
 		i++

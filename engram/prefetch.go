@@ -41,6 +41,11 @@ type PrefetchOptions struct {
 	// (the default) or the engine (PlanEngine: one engine call per
 	// prefetch, and at most Slots rows per call).
 	Planner Planner
+	// Ranges are the engine ranges of the tier's devices when the caller
+	// registered them already (an engine maps a tier once, however many
+	// pools and prefetchers use it); nil registers them here, and Close
+	// unregisters them.
+	Ranges []kernels.RangeID
 }
 
 // Prefetcher gathers Engram rows from tier tables into a per-layer cache
@@ -48,13 +53,15 @@ type PrefetchOptions struct {
 // slot, fetches the rows not already cached in one engine call, and returns
 // the slot of every row for the model's embedding lookup.
 type Prefetcher struct {
-	h       *Hasher
-	eng     kernels.Engine
-	devIDs  []kernels.RangeID // engine range of each tier device
-	r       *tier.Region
-	opts    PrefetchOptions
-	layers  map[int]*layerCache
-	metrics Metrics
+	h      *Hasher
+	eng    kernels.Engine
+	devIDs []kernels.RangeID // engine range of each tier device
+	// ownRanges: NewPrefetcher registered devIDs, and Close unregisters them.
+	ownRanges bool
+	r         *tier.Region
+	opts      PrefetchOptions
+	layers    map[int]*layerCache
+	metrics   Metrics
 }
 
 // Metrics are cumulative counters, safe to read at any time.
@@ -67,9 +74,19 @@ type layerCache struct {
 	mu    sync.Mutex
 	table *Table
 	buf   kernels.Buffer
-	hot   *hotSet     // row → slot, with host planning
-	eng   *enginePlan // with engine planning
-	miss  []int64     // rows fetched by the current call, by slot order of missSlots
+	pl    layerPlanner
+}
+
+// layerPlanner is how a layer's calls get their rows and slots, chosen
+// once by NewPrefetcher: hostLayer (hashing and tags on the host) or
+// enginePlan (both on the engine, engineplan.go).
+type layerPlanner interface {
+	// prefetch checks and queues one call; lc.mu is not held.
+	prefetch(p *Prefetcher, lc *layerCache, histories, seqs [][]int64, start time.Time) (*Pending, error)
+	// forget empties slots whose rows a failed call may not have
+	// fetched; lc.mu is held.
+	forget(slots []int32)
+	free() error
 }
 
 // NewPrefetcher registers every tier device with the engine and allocates a
@@ -88,10 +105,16 @@ func NewPrefetcher(eng kernels.Engine, r *tier.Region, h *Hasher, tables []*Tabl
 	default:
 		return nil, fmt.Errorf("%w: %v", ErrInput, opts.Planner)
 	}
-	p := &Prefetcher{h: h, eng: eng, r: r, opts: opts, layers: map[int]*layerCache{}}
-	var err error
-	if p.devIDs, err = kernels.RegisterAll(eng, r.NumDevices(), r.Device); err != nil {
-		return nil, fmt.Errorf("engram: %w", err)
+	p := &Prefetcher{h: h, eng: eng, r: r, opts: opts, layers: map[int]*layerCache{}, devIDs: opts.Ranges}
+	switch {
+	case opts.Ranges == nil:
+		var err error
+		if p.devIDs, err = kernels.RegisterAll(eng, r.NumDevices(), r.Device); err != nil {
+			return nil, fmt.Errorf("engram: %w", err)
+		}
+		p.ownRanges = true
+	case len(opts.Ranges) != r.NumDevices():
+		return nil, fmt.Errorf("%w: %d engine ranges for %d tier devices", ErrInput, len(opts.Ranges), r.NumDevices())
 	}
 	for _, t := range tables {
 		buf, err := eng.Alloc(int64(opts.Slots) * t.RowBytes)
@@ -107,9 +130,9 @@ func NewPrefetcher(eng kernels.Engine, r *tier.Region, h *Hasher, tables []*Tabl
 		lc := &layerCache{table: t, buf: buf}
 		p.layers[t.Layer] = lc
 		if opts.Planner == PlanEngine {
-			err = p.startEnginePlan(lc)
+			lc.pl, err = p.startEnginePlan(lc)
 		} else {
-			lc.hot, err = newHotSet(opts.Slots, uint64(opts.Protect))
+			lc.pl, err = newHostLayer(opts.Slots, uint64(opts.Protect))
 		}
 		if err != nil {
 			p.Close()
@@ -177,7 +200,7 @@ func (pd *Pending) Wait() (time.Duration, error) {
 	}
 	if err := pd.h.Wait(); err != nil {
 		pd.lc.mu.Lock()
-		pd.lc.forget(pd.fetched) // the slots may not hold their rows
+		pd.lc.pl.forget(pd.fetched) // the slots may not hold their rows
 		pd.lc.mu.Unlock()
 		return 0, err
 	}
@@ -209,9 +232,36 @@ func (p *Prefetcher) Prefetch(layer int, histories, seqs [][]int64) (*Pending, e
 	if histories != nil && len(histories) != len(seqs) {
 		return nil, fmt.Errorf("%w: %d histories for %d sequences", ErrInput, len(histories), len(seqs))
 	}
-	if lc.eng != nil {
-		return p.prefetchEngine(lc, histories, seqs, start)
+	return lc.pl.prefetch(p, lc, histories, seqs, start)
+}
+
+// hostLayer hashes a call's rows and keeps the cache's tags on the host
+// (hotSet); the engine only copies the rows to fetch.
+type hostLayer struct {
+	hot  *hotSet
+	miss []int64 // rows fetched by the current call, in the order of its fetched slots
+}
+
+func newHostLayer(slots int, protect uint64) (*hostLayer, error) {
+	hot, err := newHotSet(slots, protect)
+	if err != nil {
+		return nil, err
 	}
+	return &hostLayer{hot: hot}, nil
+}
+
+func (hl *hostLayer) free() error { return nil }
+
+// forget drops the slots from the cache, so that no later call takes
+// them for hits.
+func (hl *hostLayer) forget(slots []int32) {
+	for _, s := range slots {
+		hl.hot.drop(s)
+	}
+}
+
+func (hl *hostLayer) prefetch(p *Prefetcher, lc *layerCache, histories, seqs [][]int64, start time.Time) (*Pending, error) {
+	layer := lc.table.Layer
 	var rows []int64
 	for b, ids := range seqs {
 		var err error
@@ -224,25 +274,25 @@ func (p *Prefetcher) Prefetch(layer int, histories, seqs [][]int64) (*Pending, e
 	var slots, miss []int32
 	var err error
 	if !p.opts.Cache {
-		slots, miss, err = lc.bypass(rows, p.opts.Slots)
+		slots, miss, err = hl.bypass(rows, p.opts.Slots)
 	} else {
-		slots, miss, err = lc.assign(rows)
+		slots, miss, err = hl.assign(rows)
 	}
 	if err != nil {
 		return nil, err
 	}
 	req := kernels.Rows{RowBytes: lc.table.RowBytes, Buf: lc.buf, Tier: make([]kernels.Addr, len(miss)), Slots: make([]int64, len(miss))}
 	for i, s := range miss {
-		a, err := p.addr(lc.table, lc.miss[i])
+		a, err := p.addr(lc.table, hl.miss[i])
 		if err != nil {
-			lc.hot.abort(miss)
+			hl.hot.abort(miss)
 			return nil, err
 		}
 		req.Tier[i], req.Slots[i] = a, int64(s)
 	}
 	h, err := p.eng.Gather(req)
 	if err != nil {
-		lc.hot.abort(miss)
+		hl.hot.abort(miss)
 		return nil, err
 	}
 	m := &p.metrics
@@ -277,48 +327,40 @@ func (p *Prefetcher) addr(t *Table, row int64) (kernels.Addr, error) {
 
 // assign gives every row a slot: cached rows keep theirs, others take one
 // (hotSet). It returns the slot per row and the slots to fetch, whose rows
-// it leaves in lc.miss.
-func (lc *layerCache) assign(rows []int64) ([]int32, []int32, error) {
-	lc.hot.begin()
+// it leaves in hl.miss.
+func (hl *hostLayer) assign(rows []int64) ([]int32, []int32, error) {
+	hl.hot.begin()
 	slots := make([]int32, len(rows))
 	var miss []int32
-	lc.miss = lc.miss[:0]
+	hl.miss = hl.miss[:0]
 	const ahead = 16 // rows whose tag lines are on their way
 	for i := range min(ahead, len(rows)) {
-		lc.hot.prefetch(rows[i])
+		hl.hot.prefetch(rows[i])
 	}
 	for i, r := range rows {
 		if i+ahead < len(rows) {
-			lc.hot.prefetch(rows[i+ahead])
+			hl.hot.prefetch(rows[i+ahead])
 		}
-		s, fetch, ok := lc.hot.lookup(r)
+		s, fetch, ok := hl.hot.lookup(r)
 		if !ok {
-			lc.hot.abort(miss)
-			return nil, nil, fmt.Errorf("%w: row %d of %d found no free way and no spill slot (%d slots)", ErrCacheTooSmall, i, len(rows), lc.hot.slots())
+			hl.hot.abort(miss)
+			return nil, nil, fmt.Errorf("%w: row %d of %d found no free way and no spill slot (%d slots)", ErrCacheTooSmall, i, len(rows), hl.hot.slots())
 		}
 		if fetch {
 			miss = append(miss, s)
-			lc.miss = append(lc.miss, r)
+			hl.miss = append(hl.miss, r)
 		}
 		slots[i] = s
 	}
 	return slots, miss, nil
 }
 
-// forget empties slots whose rows may not have been fetched, so that no
-// later call takes them for hits. Callers hold lc.mu.
-func (lc *layerCache) forget(slots []int32) {
-	for _, s := range slots {
-		lc.hot.drop(s)
-	}
-}
-
 // bypass places row i in slot i and fetches them all.
-func (lc *layerCache) bypass(rows []int64, slots int) ([]int32, []int32, error) {
+func (hl *hostLayer) bypass(rows []int64, slots int) ([]int32, []int32, error) {
 	if len(rows) > slots {
 		return nil, nil, fmt.Errorf("%w: %d rows (%d slots)", ErrCacheTooSmall, len(rows), slots)
 	}
-	lc.miss = append(lc.miss[:0], rows...)
+	hl.miss = append(hl.miss[:0], rows...)
 	in := firstSlots(len(rows))
 	return in, in, nil
 }
@@ -339,14 +381,16 @@ func (p *Prefetcher) Close() error {
 		if err := lc.buf.Free(); err != nil && first == nil {
 			first = err
 		}
-		if lc.eng != nil {
-			if err := lc.eng.free(); err != nil && first == nil {
+		if lc.pl != nil {
+			if err := lc.pl.free(); err != nil && first == nil {
 				first = err
 			}
 		}
 	}
-	if err := kernels.UnregisterAll(p.eng, p.devIDs); err != nil && first == nil {
-		first = err
+	if p.ownRanges {
+		if err := kernels.UnregisterAll(p.eng, p.devIDs); err != nil && first == nil {
+			first = err
+		}
 	}
 	return first
 }

@@ -50,19 +50,25 @@ func (e *CPU) Register(mem []byte) (RangeID, error) {
 	return id, nil
 }
 
-// Unregister implements Engine. Calls already made finish first.
+// Unregister implements Engine. Calls already made finish first; calls
+// made after it returns cannot reach the range (they are checked under the
+// same lock).
 func (e *CPU) Unregister(id RangeID) error {
-	if err := e.Sync(); err != nil {
-		return err
-	}
-	if err := e.ranges.release(id); err != nil {
-		return err
-	}
 	e.mu.Lock()
+	if err := e.ranges.release(id); err != nil {
+		e.mu.Unlock()
+		return err
+	}
 	e.mem[id] = nil
+	tail := e.tail
 	e.mu.Unlock()
-	return nil
+	return tail.Wait()
 }
+
+// CheckSpan reports whether n bytes at a lie in a registered range (for
+// planners that compute addresses themselves and want to name a bad one
+// before their gather does).
+func (e *CPU) CheckSpan(a Addr, n int64) error { return e.ranges.checkOne(a, n, "span") }
 
 type hostBuffer struct {
 	eng *CPU
@@ -160,13 +166,11 @@ func (e *CPU) rows(r Rows, toTier bool) (Handle, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := e.ranges.checkRows(&r); err != nil {
-		return nil, err
-	}
 	n, buf := r.RowBytes, hb.b
 	prefetchRows := !toTier && n <= prefetchMaxRow
+	check := func() error { return e.ranges.checkRows(&r) }
 	detach := func() { r.Tier, r.Slots = slices.Clone(r.Tier), slices.Clone(r.Slots) }
-	return e.submit(len(r.Tier), n, detach, func(mem *[MaxRanges][]byte, lo, hi int) {
+	return e.submit(len(r.Tier), n, check, detach, func(mem *[MaxRanges][]byte, lo, hi int) {
 		for i := lo; i < hi; i++ {
 			if j := i + prefetchDistance; prefetchRows && j < hi {
 				p := r.Tier[j]
@@ -195,13 +199,12 @@ func (e *CPU) blocks(b Blocks, toTier bool) (Handle, error) {
 		}
 		chunks[c], offsets[c] = hb.b, ch.Offset
 	}
-	if err := e.ranges.checkBlocks(&b); err != nil {
-		return nil, err
-	}
+	check := func() error { return e.ranges.checkBlocks(&b) }
 	tier, pages := b.Tier, b.Pages
-	n, stride, nc := b.ChunkBytes, b.PageStride, len(chunks)
+	nc := len(chunks)
 	detach := func() { tier, pages = slices.Clone(tier), slices.Clone(pages) }
-	return e.submit(len(tier)*nc, n, detach, func(mem *[MaxRanges][]byte, lo, hi int) {
+	return e.submit(len(tier)*nc, b.ChunkBytes, check, detach, func(mem *[MaxRanges][]byte, lo, hi int) {
+		n, stride := b.ChunkBytes, b.PageStride // set by check
 		for r := lo; r < hi; r++ {
 			blk, c := r/nc, r%nc
 			a := tier[blk]
@@ -228,15 +231,19 @@ const prefetchMaxRow = 1024
 // parallelBytes is the least work worth handing to another goroutine.
 const parallelBytes = 256 << 10
 
-// submit queues a copy of rows rows of rowBytes each behind the calls
-// before it. A call with nothing ahead of it and too small to split runs
+// submit checks a call under the engine lock (so no Unregister comes
+// between the check and the copy's snapshot of the ranges) and queues a
+// copy of rows rows of rowBytes each behind the calls before it. A call with nothing ahead of it and too small to split runs
 // at once on the caller's goroutine; only a call that is queued runs
 // detach first, to stop sharing the caller's index slices.
-func (e *CPU) submit(rows int, rowBytes int64, detach func(), copyRows func(mem *[MaxRanges][]byte, lo, hi int)) (Handle, error) {
+func (e *CPU) submit(rows int, rowBytes int64, check func() error, detach func(), copyRows func(mem *[MaxRanges][]byte, lo, hi int)) (Handle, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
 		return nil, ErrClosed
+	}
+	if err := check(); err != nil {
+		return nil, err
 	}
 	mem := e.mem // a copy: Register may change the table while this runs
 	parts := int(min(int64(e.workers), int64(rows)*rowBytes/parallelBytes))
@@ -321,12 +328,13 @@ func (e *CPU) CopyEach(r Rows) error {
 	if err != nil {
 		return err
 	}
-	if err := e.ranges.checkRows(&r); err != nil {
-		return err
-	}
 	e.mu.Lock()
+	err = e.ranges.checkRows(&r)
 	mem := e.mem
 	e.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	for i, a := range r.Tier {
 		d := r.bufOffset(i)
 		copy(hb.b[d:d+r.RowBytes], mem[a.Range()][a.Offset():])
@@ -343,12 +351,13 @@ func (e *CPU) BulkCopy(dst Buffer, dstOff int64, src Addr, n int64) error {
 	if err := checkBufSpan("bulk copy", hb.Len(), dstOff, n); err != nil {
 		return err
 	}
-	if err := e.ranges.checkOne(src, n, "bulk copy"); err != nil {
-		return err
-	}
 	e.mu.Lock()
+	err = e.ranges.checkOne(src, n, "bulk copy")
 	m := e.mem[src.Range()]
 	e.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	copy(hb.b[dstOff:dstOff+n], m[src.Offset():])
 	return nil
 }

@@ -3,6 +3,7 @@
 package kernels
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -33,10 +34,9 @@ type CUDA struct {
 	// into, and this struct holds Go pointers (mem) that may point into the
 	// Go heap when a caller registers heap memory.
 	hostBases *[MaxRanges]uint64
-	mem       [MaxRanges][]byte // registered memory, to unregister
-	stages    [4]stage          // index staging, reused round robin
-	topk      topkKernels       // the top-k planner (topkplan_cuda.go)
-	engram    engramKernels     // the Engram planner (engram_cuda.go)
+	mem       [MaxRanges][]byte    // registered memory, to unregister
+	stages    [4]stage             // index staging, reused round robin
+	modules   map[string]cu.Module // loaded by Launch.Function, by module name
 	next      int
 	closed    bool
 }
@@ -95,9 +95,6 @@ func (e *CUDA) start(opts CUDAOptions) error {
 	}
 	if e.fnBlocks, err = e.mod.Function("cxl_blocks"); err != nil {
 		return fmt.Errorf("kernels: cxl_blocks: %w", err)
-	}
-	if err := e.topk.load(e.dev); err != nil {
-		return err
 	}
 	e.maxBlocks = opts.MaxBlocks
 	if e.maxBlocks <= 0 {
@@ -166,7 +163,12 @@ func (e *CUDA) Register(mem []byte) (RangeID, error) {
 	}
 	e.mem[id], e.hostBases[id] = mem, d
 	if err := e.pushBases(); err != nil {
-		return 0, err
+		// Undo all of it: the id and the pin would otherwise leak, and the
+		// device table may or may not hold the base.
+		e.mem[id], e.hostBases[id] = nil, 0
+		hostUnregister(mem)
+		e.ranges.release(id)
+		return 0, errors.Join(err, e.pushBases())
 	}
 	return id, nil
 }
@@ -187,7 +189,9 @@ func (e *CUDA) Unregister(id RangeID) error {
 	e.ranges.release(id)
 	mem := e.mem[id]
 	e.mem[id], e.hostBases[id] = nil, 0
-	return hostUnregister(mem)
+	// The device table must forget the base too: a kernel resolving an
+	// Addr of this id must find 0, not the address of unpinned memory.
+	return errors.Join(e.pushBases(), hostUnregister(mem))
 }
 
 type deviceBuffer struct {
@@ -318,17 +322,18 @@ func (e *CUDA) rows(r Rows, toTier uint64) (Handle, error) {
 	if err != nil {
 		return nil, err
 	}
+	leave, err := e.enter()
+	if err != nil {
+		return nil, err
+	}
+	defer leave()
+	// Checked under the engine lock: no Unregister until the launch is queued.
 	if err := e.ranges.checkRows(&r); err != nil {
 		return nil, err
 	}
 	if len(r.Tier) == 0 {
 		return cudaDone{}, nil
 	}
-	leave, err := e.enter()
-	if err != nil {
-		return nil, err
-	}
-	defer leave()
 	n := len(r.Tier)
 	words := n
 	if r.Slots != nil {
@@ -360,17 +365,17 @@ func (e *CUDA) blocks(b Blocks, toTier uint64) (Handle, error) {
 		}
 		chunkPtrs[c] = uint64(db.ptr) + uint64(ch.Offset)
 	}
+	leave, err := e.enter()
+	if err != nil {
+		return nil, err
+	}
+	defer leave()
 	if err := e.ranges.checkBlocks(&b); err != nil {
 		return nil, err
 	}
 	if len(b.Tier) == 0 {
 		return cudaDone{}, nil
 	}
-	leave, err := e.enter()
-	if err != nil {
-		return nil, err
-	}
-	defer leave()
 	n, nc := len(b.Tier), len(chunkPtrs)
 	words := 2*n + nc
 	s, err := e.stage(words)
@@ -532,8 +537,10 @@ func (e *CUDA) release() {
 		cu.MemFree(e.bases)
 		e.bases = 0
 	}
-	e.topk.release()
-	e.engram.release()
+	for name, mod := range e.modules {
+		mod.Unload()
+		delete(e.modules, name)
+	}
 	if e.mod != (cu.Module{}) {
 		e.mod.Unload()
 		e.mod = cu.Module{}
@@ -579,14 +586,14 @@ func (e *CUDA) CopyEach(r Rows) error {
 	if err != nil {
 		return err
 	}
-	if err := e.ranges.checkRows(&r); err != nil {
-		return err
-	}
 	leave, err := e.enter()
 	if err != nil {
 		return err
 	}
 	defer leave()
+	if err := e.ranges.checkRows(&r); err != nil {
+		return err
+	}
 	for i, a := range r.Tier {
 		d := r.bufOffset(i)
 		src := unsafe.Pointer(&e.mem[a.Range()][a.Offset()])
@@ -606,14 +613,14 @@ func (e *CUDA) BulkCopy(dst Buffer, dstOff int64, src Addr, n int64) error {
 	if err := checkBufSpan("bulk copy", db.n, dstOff, n); err != nil {
 		return err
 	}
-	if err := e.ranges.checkOne(src, n, "bulk copy"); err != nil {
-		return err
-	}
 	leave, err := e.enter()
 	if err != nil {
 		return err
 	}
 	defer leave()
+	if err := e.ranges.checkOne(src, n, "bulk copy"); err != nil {
+		return err
+	}
 	p := unsafe.Pointer(&e.mem[src.Range()][src.Offset()])
 	if err := cu.MemcpyHtoDAsync(db.ptr+cu.DevicePtr(dstOff), p, n, e.stream); err != nil {
 		return fmt.Errorf("kernels: bulk copy: %w", err)

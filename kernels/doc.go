@@ -8,20 +8,18 @@
 // Calls on one engine complete in the order they were made, like work on a
 // CUDA stream, and each returns a Handle to wait on.
 //
-// Every row is checked against the registered ranges and the buffer before
-// anything is launched: a bad row is an error, never a fault. The request's
-// slices are read during the call and may be reused as soon as it returns.
+// Every row is checked against the registered ranges and the buffer under
+// the engine's lock, before anything is launched: a bad row is an error,
+// never a fault, and no Unregister can come between the check and the copy.
+// The request's slices are read during the call and may be reused as soon
+// as it returns.
 //
-// The package knows nothing of requests, sequences or hashes; topk, engram
-// and prefix build the row lists. The exceptions are the planners, which
-// let an engine decide the rows itself where its inputs already are: the
-// top-k planner (TopKPlanner, topkplan.go, topk.cu) keeps package topk's
-// slot tables in engine memory and plans and fetches a sparse-attention
-// step; the Engram planner (EngramPlanner, engram.go, engram.cu) hashes a
-// call's token windows with package engram's constants, probes a
-// set-associative row cache whose tags live in engine memory and fetches
-// the misses. Their layouts are defined here; the CPU engine runs a Go twin
-// of each CUDA kernel. The CPU engine is always built; the CUDA
-// engine is built with the tag "cuda" (see cuda.go) because its driver
-// binding links libcuda and exits a process that has no driver.
+// The package knows nothing of requests, sequences or hashes. Packages that
+// own a kernel (topk's planner, engram's) embed its PTX and run it through
+// the launch API (launch.go): an engine that implements Launcher lends them,
+// inside Run and under its lock, module loading, staging, checks against its
+// ranges and launches on its stream. Only this package talks to the CUDA
+// driver. The CPU engine is always built; the CUDA engine is built with the
+// tag "cuda" (see cuda.go) because its driver binding links libcuda and
+// exits a process that has no driver.
 package kernels

@@ -1,9 +1,9 @@
 // cxltier gather kernels: rows and paged blocks between registered host
 // memory (the tier) and GPU buffers, one launch per call.
 //
-// Built to PTX for compute_80 (JIT-compiled forward on Hopper) by genptx.sh;
+// Built to PTX for compute_80 (JIT-compiled forward on Hopper) by scripts/genptx.sh;
 // the PTX is committed and embedded. Any change here must be followed by
-// ./genptx.sh, or TestPTXMatchesSource fails.
+// scripts/genptx.sh, or TestPTXMatchesSource fails.
 //
 // Rows are copied by groups of `lanes` threads (a power of two up to 32, so
 // a group never straddles a warp). A group loads up to four 16-byte vectors

@@ -34,7 +34,7 @@
 // each request (a batch spread over goroutines); only the copies run on the
 // engine. With PlanEngine (the default on a GPU engine) the tables live in
 // engine memory and the engine plans: on the GPU, the kernels of
-// kernels/topk.cu, one block per request with the step's selections in a
+// topk.cu (run through the kernels package's launch API), one block per request with the step's selections in a
 // shared-memory hash, block scans built on warp ballots, and the block's
 // copies fetched by the same block as soon as its plan is done; on the CPU
 // engine, their Go twin. ResolveIn takes selections and returns slots in

@@ -70,7 +70,7 @@ type Pool struct {
 
 	extentEntries int64 // entries per extent (one chunk)
 	bufs          []kernels.Buffer
-	ep            *enginePlan // nil: the host plans
+	pl            planner
 
 	mu    sync.Mutex
 	seqs  []*seq     // by request index; nil when not registered
@@ -124,7 +124,7 @@ func New(c *tier.Client, eng kernels.Engine, ids []kernels.RangeID, cfg Config) 
 		}
 		p.bufs = append(p.bufs, b)
 	}
-	if err := p.startEnginePlan(); err != nil {
+	if p.pl, err = p.newPlanner(); err != nil {
 		p.Close()
 		return nil, err
 	}
@@ -167,8 +167,8 @@ func (p *Pool) Close() error {
 	for _, b := range p.bufs {
 		keep(b.Free())
 	}
-	if p.ep != nil {
-		keep(p.ep.free())
+	if p.pl != nil {
+		keep(p.pl.free())
 	}
 	if p.owned {
 		keep(kernels.UnregisterAll(p.eng, p.ids))

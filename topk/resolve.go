@@ -38,9 +38,42 @@ func (p *Pool) Resolve(layer int, reqs []int, seqLens []int64, topk, out []int32
 	if err != nil {
 		return Step{}, err
 	}
-	if p.ep != nil {
-		return p.resolveOnEngine(start, layer, reqs, seqLens, topk, out)
+	return p.pl.resolve(start, layer, reqs, seqLens, seqs, topk, out)
+}
+
+// hostPlanner keeps each request's tables in Go (table.go) and plans a
+// step on the host; only the copies run on the engine.
+type hostPlanner struct{ p *Pool }
+
+func (h *hostPlanner) kind() Planner     { return PlanHost }
+func (h *hostPlanner) maxContext() int64 { return 1<<31 - 1 }
+func (h *hostPlanner) free() error       { return nil }
+
+func (h *hostPlanner) register(_ int, s *seq) error {
+	for l := range s.layers {
+		s.layers[l].table = newTable(h.p.cfg.Slots)
 	}
+	return nil
+}
+
+func (h *hostPlanner) grown(int, int, *layerSeq, int) error { return nil }
+
+func (h *hostPlanner) resolveIn(time.Time, int, []int, []int64, kernels.Span, kernels.Span) (Step, error) {
+	return Step{}, fmt.Errorf("%w: ResolveIn needs engine planning (planner %v)", ErrBadConfig, PlanHost)
+}
+
+func (h *hostPlanner) tables(_, layer int, s *seq) (tokens, lru, loaded []int32, err error) {
+	t := &s.layers[layer].table
+	lru = make([]int32, len(t.lru))
+	for i, v := range t.lru {
+		lru[i] = int32(v)
+	}
+	return append([]int32(nil), t.tokens...), lru, append([]int32(nil), t.loaded...), nil
+}
+
+// resolve plans every request on its table and gathers the batch's copies.
+func (h *hostPlanner) resolve(start time.Time, layer int, reqs []int, seqLens []int64, seqs []*seq, topk, out []int32) (Step, error) {
+	p := h.p
 	plans := p.plan(layer, seqs, seqLens, topk, out)
 	var st Step
 	rows := kernels.Rows{RowBytes: p.cfg.EntryBytes, Buf: p.bufs[layer], SlotStride: p.cfg.EntryBytes,

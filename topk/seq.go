@@ -72,19 +72,14 @@ func (p *Pool) Register(req int, spec Sequence) error {
 	}
 	s := &seq{req: req, layers: make([]layerSeq, p.cfg.Layers)}
 	for l := range s.layers {
-		if p.ep == nil {
-			s.layers[l].table = newTable(p.cfg.Slots)
-		}
 		if err := p.grow(&s.layers[l], spec.Capacity); err != nil {
 			p.freeSeq(s)
 			return fmt.Errorf("topk: register request %d: %w", req, err)
 		}
 	}
-	if p.ep != nil {
-		if err := p.resetTables(req, s); err != nil {
-			p.freeSeq(s)
-			return fmt.Errorf("topk: register request %d: %w", req, err)
-		}
+	if err := p.pl.register(req, s); err != nil {
+		p.freeSeq(s)
+		return fmt.Errorf("topk: register request %d: %w", req, err)
 	}
 	p.seqs[req] = s
 	p.stats.Sequences++
@@ -173,17 +168,15 @@ func (p *Pool) appendTarget(req, layer int, n int64) (*layerSeq, error) {
 		return nil, fmt.Errorf("%w: request %d: layer %d of %d", ErrBadInput, req, layer, len(s.layers))
 	}
 	ls := &s.layers[layer]
-	if ls.length+n > 1<<31-1 || (p.ep != nil && ls.length+n > p.cfg.MaxContext) {
+	if ls.length+n > p.pl.maxContext() {
 		return nil, fmt.Errorf("%w: request %d: %d entries (max context %d)", ErrBadInput, req, ls.length+n, p.cfg.MaxContext)
 	}
 	before := len(ls.extents)
 	if err := p.grow(ls, ls.length+n); err != nil {
 		return nil, fmt.Errorf("topk: append to request %d layer %d: %w", req, layer, err)
 	}
-	if p.ep != nil {
-		if err := p.pushExtents(req, layer, ls, before); err != nil {
-			return nil, err
-		}
+	if err := p.pl.grown(req, layer, ls, before); err != nil {
+		return nil, err
 	}
 	return ls, nil
 }

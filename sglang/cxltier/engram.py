@@ -70,7 +70,7 @@ class EngramPrefetcher(_native.Child):
     slots 0..n-1 and must be used before the next call for the same layer
     (stream order on a GPU). planner="engine" lets the engine hash the ids
     and keep the cache's tags in its own memory, one engine call per
-    prefetch (on a GPU: kernels/engram.cu, not yet measured there)."""
+    prefetch (on a GPU: engram/engram.cu, not yet measured there)."""
 
     _kind = "engram"
     _CACHE, _ON_ENGINE = 1, 2

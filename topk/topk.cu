@@ -11,11 +11,11 @@
 //                   the new slot table and LRU order, then the block's
 //                   copies, tier → slot rows, as soon as its plan is done
 //
-// Built to PTX by genptx.sh; the PTX is committed and embedded. The Go
-// twin of cxl_topk_plan is planTopKCPU (topkplan.go): the CPU engine runs
-// it, and the tests hold both to package topk's reference.
+// Built to PTX by scripts/genptx.sh; the PTX is committed and embedded.
+// The Go twin of cxl_topk_plan is twinPlanner (twin.go): the CPU engine runs
+// it, and the tests hold both to the package's host planner.
 //
-// Layouts (all little endian, the Go side's TopKState):
+// Layouts (all little endian, the Go side's engineLayout in layout.go):
 //   state, per request and layer, one region of region_bytes:
 //     int32 tokens[S+1]  the token each slot holds for SGLang (slot S: newest)
 //     int32 loaded[S+1]  the token whose bytes are really in the slot, -1 none

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Regenerates NAME.ptx from each NAME.cu here (or only those named). Uses
-# nvcc when there is one, else clang (no CUDA install needed: the sources do
-# not include CUDA headers). The first line of each PTX records its source's
-# SHA-256; a test compares.
+# Regenerates NAME.ptx beside each NAME.cu given (default: every .cu of the
+# packages that own kernels: kernels, topk, engram). Uses nvcc when there is
+# one, else clang (no CUDA install needed: the sources do not include CUDA
+# headers). The first line of each PTX records its source's SHA-256; each
+# package's TestPTXMatchesSource compares.
 set -euo pipefail
-cd "$(dirname "$0")"
+cd "$(dirname "$0")/.."
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
 sources=("$@")
-[ ${#sources[@]} -gt 0 ] || sources=(*.cu)
+[ ${#sources[@]} -gt 0 ] || sources=(kernels/*.cu topk/*.cu engram/*.cu)
 for src in "${sources[@]}"; do
 	ptx="${src%.cu}.ptx"
 	sum=$(sha256sum "$src" | cut -d' ' -f1)

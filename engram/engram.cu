@@ -5,11 +5,12 @@
 // (registered host memory) into their slots, so the host does no hashing,
 // no cache bookkeeping and no per-row work.
 //
-// Built to PTX by genptx.sh; the PTX is committed and embedded. The Go
-// twin is (*CPU).PlanEngram (engram.go): it runs the same steps one row at
-// a time, and package engram's tests hold it to the host cache (hotset.go).
+// Built to PTX by scripts/genptx.sh; the PTX is committed and embedded.
+// The Go twin is twinStepper (twin.go): it runs the same steps one row at a
+// time with the host's own hash and victim rule, and the package's tests
+// hold both to the host cache (hotset.go).
 //
-// Layouts (little endian; engram.go's EngramLayout):
+// Layouts (little endian; layout.go's engineLayout):
 //   params (u64 words): max_n, heads, row_bytes, sets, spill slots, protect,
 //     first, per_stripe, stripe, stripe0, control, n_devices, base Addr,
 //     (pad to 16), device range ids[n_devices], multipliers[max_n],
