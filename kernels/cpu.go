@@ -34,17 +34,17 @@ func NewCPU(workers int) *CPU {
 // Name implements Engine.
 func (e *CPU) Name() string { return "cpu" }
 
-// Register implements Engine.
+// Register implements Engine. The id is claimed under the engine lock, so
+// no call sees the range before its memory is in the table.
 func (e *CPU) Register(mem []byte) (RangeID, error) {
-	id, err := e.ranges.claim(int64(len(mem)))
-	if err != nil {
-		return 0, err
-	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		e.ranges.release(id)
 		return 0, ErrClosed
+	}
+	id, err := e.ranges.claim(int64(len(mem)))
+	if err != nil {
+		return 0, err
 	}
 	e.mem[id] = mem
 	return id, nil

@@ -145,17 +145,18 @@ func (e *CUDA) pushBases() error {
 }
 
 // Register implements Engine: it page-locks mem and maps it for the GPU.
+// The id is claimed under the engine lock, so no call sees the range
+// before its base is on the device.
 func (e *CUDA) Register(mem []byte) (RangeID, error) {
+	leave, err := e.enter()
+	if err != nil {
+		return 0, err
+	}
+	defer leave()
 	id, err := e.ranges.claim(int64(len(mem)))
 	if err != nil {
 		return 0, err
 	}
-	leave, err := e.enter()
-	if err != nil {
-		e.ranges.release(id)
-		return 0, err
-	}
-	defer leave()
 	d, err := hostRegister(mem)
 	if err != nil {
 		e.ranges.release(id)

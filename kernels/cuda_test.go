@@ -57,3 +57,32 @@ func TestCUDAWrapDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestUnregisterClearsDeviceBase: after Unregister the device's base table
+// holds 0 for the id, so a kernel resolving a stale Addr finds no memory
+// rather than the address of memory no longer pinned. Unregister used to
+// leave the old base on the device.
+func TestUnregisterClearsDeviceBase(t *testing.T) {
+	e := newTestCUDA(t)
+	defer e.Close()
+	id, err := e.Register(make([]byte, 1<<16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := func() uint64 {
+		var b [8]byte
+		if _, err := e.Run(func(l Launch) error { return l.Read(b[:], l.Bases()+8*uint64(id)) }); err != nil {
+			t.Fatal(err)
+		}
+		return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 | uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
+	}
+	if base() == 0 {
+		t.Fatal("a registered range has no base on the device")
+	}
+	if err := e.Unregister(id); err != nil {
+		t.Fatal(err)
+	}
+	if b := base(); b != 0 {
+		t.Fatalf("the device still holds base %#x for unregistered range %d", b, id)
+	}
+}

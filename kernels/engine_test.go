@@ -515,3 +515,72 @@ func TestClosedEngine(t *testing.T) {
 		t.Errorf("gather after close: %v", err)
 	}
 }
+
+// TestUnregisterDuringCalls: a range unregistered while calls on it are
+// made is, for each call, either an error (checked after the unregister)
+// or a complete copy of the right bytes (checked before it, and finished
+// before Unregister returns) — never a fault on memory the engine let go.
+// Calls used to check the range before taking the engine lock, so an
+// Unregister in between left the copy a nil mapping to index.
+func TestUnregisterDuringCalls(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		const rowBytes, rows = 64, 256
+		mem := mapRange(t, rowBytes*rows, rand.New(rand.NewPCG(3, 3)))
+		buf, err := e.Alloc(rowBytes * rows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer buf.Free()
+		tier := make([]Addr, rows)
+		stop := make(chan struct{})
+		done := make(chan error)
+		go func() {
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				id, err := e.Register(mem)
+				if err != nil {
+					done <- err
+					return
+				}
+				if err := e.Unregister(id); err != nil {
+					done <- err
+					return
+				}
+			}
+		}()
+		copied := 0
+		got := make([]byte, rowBytes*rows)
+		for i := range tier {
+			tier[i] = At(0, int64(i)*rowBytes) // the only range takes id 0
+		}
+		for range 3000 {
+			h, err := e.Gather(Rows{RowBytes: rowBytes, Tier: tier, Buf: buf})
+			if err != nil {
+				if !errors.Is(err, ErrNoRange) {
+					t.Fatalf("gather: %v", err)
+				}
+				continue
+			}
+			if err := h.Wait(); err != nil {
+				t.Fatal(err)
+			}
+			copied++
+		}
+		close(stop)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Download(got, buf, 0); err != nil {
+			t.Fatal(err)
+		}
+		if copied > 0 && !bytes.Equal(got, mem) {
+			t.Fatalf("after %d whole copies the buffer differs from the range", copied)
+		}
+		t.Logf("%d of 3000 calls copied, the rest found the range gone", copied)
+	})
+}
