@@ -9,14 +9,14 @@
 // of every call, so its bookkeeping is on the critical path: it is 8-way
 // set associative with a set's tags in one cache line (hotset.go), and a
 // call that does not fit is undone rather than left half-recorded. Even so
-// it measured slower than fetching every row on an H100 at every hit rate
-// tried, so it is off unless PrefetchOptions.Cache asks for it.
+// it measured slower on a GPU than fetching every row at every hit rate
+// tried (README, "Engram"), so it is off unless PrefetchOptions.Cache asks
+// for it.
 //
 // PrefetchOptions.Planner = PlanEngine moves hashing and the cache's tags
-// to the engine (engineplan.go; engram.cu on a GPU, its Go twin on the CPU engine): the host checks the
-// ids and lays out each token's window of ids, and one engine call hashes,
-// probes and fetches; on a GPU that is one launch of engram/engram.cu,
-// which has not yet run on one. The engine follows the host cache's rules
+// to the engine (engineplan.go): the host checks the ids and lays out each
+// token's window of ids, and one engine call hashes, probes and fetches; on
+// a GPU that is one launch of engram.cu, which has not yet run on one. The engine follows the host cache's rules
 // in the same layout, so on the CPU engine (its Go twin) every row gets
 // the slot host planning gives it; the tests hold them to that. A call
 // that runs out of room differs: the host refuses it and changes nothing,

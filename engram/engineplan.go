@@ -1,10 +1,11 @@
 package engram
 
 import (
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"github.com/cxltier/cxltier/internal/errkind"
 
 	"github.com/cxltier/cxltier/kernels"
 )
@@ -119,7 +120,7 @@ func (ep *enginePlan) free() error {
 
 // errTableMap means the map of a table's rows disagrees with the tier: a
 // bug, caught before any engine reads from a wrong address.
-var errTableMap = errors.New("engram: table map disagrees with the tier")
+var errTableMap = errkind.New(errkind.Other, "engram: table map disagrees with the tier")
 
 // tableMap describes where t's rows lie for the engine, and checks it
 // against the tier's own placement at the rows where stripes change and

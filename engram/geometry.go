@@ -3,20 +3,21 @@ package engram
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+
+	"github.com/cxltier/cxltier/internal/errkind"
 )
 
 // ErrGeometry marks an invalid geometry; ErrInput an invalid id or layer.
 var (
-	ErrGeometry = errors.New("engram: invalid geometry")
-	ErrInput    = errors.New("engram: invalid input")
-	ErrTable    = errors.New("engram: bad table")
+	ErrGeometry = errkind.New(errkind.Invalid, "engram: invalid geometry")
+	ErrInput    = errkind.New(errkind.Invalid, "engram: invalid input")
+	ErrTable    = errkind.New(errkind.Invalid, "engram: bad table")
 )
 
 // Geometry describes a model's Engram tables. Layer ids, seed and sizes

@@ -1,19 +1,20 @@
 package engram
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/cxltier/cxltier/internal/errkind"
+
 	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/tier"
 )
 
 // ErrCacheTooSmall: one call needs more distinct rows than the cache holds.
-var ErrCacheTooSmall = errors.New("engram: more distinct rows in one call than cache slots")
+var ErrCacheTooSmall = errkind.New(errkind.NoSpace, "engram: more distinct rows in one call than cache slots")
 
 // PrefetchOptions configures a Prefetcher.
 type PrefetchOptions struct {
@@ -27,12 +28,9 @@ type PrefetchOptions struct {
 	// the call being consumed and the one prefetched ahead of it).
 	Protect int
 	// Cache keeps hot rows across calls: a row already in the buffer is
-	// not fetched again. The cache is managed on the host (hotset.go), and
-	// on an H100 that bookkeeping cost more than the fetches it saved at
-	// every hit rate measured for batches of 32 and 256 (1% to 97% hits:
-	// 1.3–2.5× the latency of a call without it; 0.9–1.3× at batch 1;
-	// bench/results/engram-cuda0*.json),
-	// so it is off by default. Without it every call fetches all of its
+	// not fetched again. Planned on the host (hotset.go), that bookkeeping
+	// measured costlier on a GPU than the fetches it saved (README,
+	// "Engram"), so it is off by default. Without it every call fetches all of its
 	// rows into slots 0..n-1, which a call may then overwrite: rows must be
 	// consumed before the next call for the same layer (in stream order on
 	// a GPU, as the forward-pass hook does).

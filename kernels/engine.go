@@ -1,20 +1,21 @@
 package kernels
 
 import (
-	"errors"
 	"fmt"
 	"unsafe"
+
+	"github.com/cxltier/cxltier/internal/errkind"
 )
 
 // Sentinel errors; calls wrap them with the offending row or range.
 var (
-	ErrOutOfBounds   = errors.New("kernels: row outside its range or buffer")
-	ErrNoRange       = errors.New("kernels: range not registered")
-	ErrTooManyRanges = errors.New("kernels: all range ids in use")
-	ErrBadRequest    = errors.New("kernels: malformed request")
-	ErrForeignBuffer = errors.New("kernels: buffer belongs to another engine")
-	ErrClosed        = errors.New("kernels: engine closed")
-	ErrNoDevice      = errors.New("kernels: no CUDA device")
+	ErrOutOfBounds   = errkind.New(errkind.Invalid, "kernels: row outside its range or buffer")
+	ErrNoRange       = errkind.New(errkind.Invalid, "kernels: range not registered")
+	ErrTooManyRanges = errkind.New(errkind.NoSpace, "kernels: all range ids in use")
+	ErrBadRequest    = errkind.New(errkind.Invalid, "kernels: malformed request")
+	ErrForeignBuffer = errkind.New(errkind.Invalid, "kernels: buffer belongs to another engine")
+	ErrClosed        = errkind.New(errkind.Closed, "kernels: engine closed")
+	ErrNoDevice      = errkind.New(errkind.Invalid, "kernels: no CUDA device")
 )
 
 // MaxRanges is how many ranges an engine can have registered at once: the

@@ -1,8 +1,9 @@
 package kernels
 
 import (
-	"errors"
 	"unsafe"
+
+	"github.com/cxltier/cxltier/internal/errkind"
 )
 
 // The launch API: how packages that own a kernel (topk, engram) run it on
@@ -15,7 +16,7 @@ import (
 
 // ErrNotInRun is returned by Launch methods used outside the Run that lent
 // them, or in a way Run allows once.
-var ErrNotInRun = errors.New("kernels: launch used outside its Run")
+var ErrNotInRun = errkind.New(errkind.Invalid, "kernels: launch used outside its Run")
 
 // Function is a kernel of a module an engine loaded (on CUDA, a CUfunction
 // handle). The zero Function is none.

@@ -1,12 +1,13 @@
 package kernels
 
 import (
-	"errors"
 	"fmt"
+
+	"github.com/cxltier/cxltier/internal/errkind"
 )
 
 // ErrNoCUDA is returned by NewCUDA in a build without the "cuda" tag.
-var ErrNoCUDA = errors.New("kernels: built without CUDA (rebuild with -tags cuda)")
+var ErrNoCUDA = errkind.New(errkind.Invalid, "kernels: built without CUDA (rebuild with -tags cuda)")
 
 // CUDAOptions configures the CUDA engine.
 type CUDAOptions struct {

@@ -1,22 +1,22 @@
 package prefix
 
-import "errors"
+import "github.com/cxltier/cxltier/internal/errkind"
 
 // Sentinel errors; calls wrap them with the key, entry or value at fault.
 var (
-	ErrBadKey      = errors.New("malformed key")
-	ErrBadToken    = errors.New("token id out of range")
-	ErrBadConfig   = errors.New("invalid prefix index configuration")
-	ErrBadIndex    = errors.New("not a valid prefix index")
-	ErrTooLarge    = errors.New("payload larger than the index's block size")
-	ErrNoSpace     = errors.New("no free block and nothing evictable")
-	ErrIndexFull   = errors.New("index table full")
-	ErrPinsFull    = errors.New("pin table of this client full")
-	ErrPinned      = errors.New("entry pinned by a reader")
-	ErrNotFound    = errors.New("key not found")
-	ErrChecksum    = errors.New("payload checksum mismatch")
-	ErrLost        = errors.New("reservation lost (reclaimed)")
-	ErrOpen        = errors.New("index already open by this client")
-	ErrBadSnapshot = errors.New("malformed prefix snapshot")
-	ErrDenied      = errors.New("wrong or missing index key")
+	ErrBadKey      = errkind.New(errkind.Invalid, "malformed key")
+	ErrBadToken    = errkind.New(errkind.Invalid, "token id out of range")
+	ErrBadConfig   = errkind.New(errkind.Invalid, "invalid prefix index configuration")
+	ErrBadIndex    = errkind.New(errkind.Invalid, "not a valid prefix index")
+	ErrTooLarge    = errkind.New(errkind.Invalid, "payload larger than the index's block size")
+	ErrNoSpace     = errkind.New(errkind.NoSpace, "no free block and nothing evictable")
+	ErrIndexFull   = errkind.New(errkind.NoSpace, "index table full")
+	ErrPinsFull    = errkind.New(errkind.NoSpace, "pin table of this client full")
+	ErrPinned      = errkind.New(errkind.Other, "entry pinned by a reader")
+	ErrNotFound    = errkind.New(errkind.NotFound, "key not found")
+	ErrChecksum    = errkind.New(errkind.Checksum, "payload checksum mismatch")
+	ErrLost        = errkind.New(errkind.Closed, "reservation lost (reclaimed)")
+	ErrOpen        = errkind.New(errkind.Exists, "index already open by this client")
+	ErrBadSnapshot = errkind.New(errkind.Invalid, "malformed prefix snapshot")
+	ErrDenied      = errkind.New(errkind.Denied, "wrong or missing index key")
 )

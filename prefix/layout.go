@@ -137,7 +137,7 @@ func headerCRC(b []byte) uint32 {
 
 func alignUp(v, a int64) int64 { return (v + a - 1) / a * a }
 
-// metaBytes lays out the metadata run for the counts in g and returns its size.
+// place lays out the metadata run for the counts in g and returns its size.
 func (g *geometry) place() int64 {
 	g.EntriesOff = headerBytes
 	g.OwnersOff = alignUp(g.EntriesOff+g.Entries*entryBytes, lineSize)

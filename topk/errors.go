@@ -1,15 +1,15 @@
 package topk
 
-import "errors"
+import "github.com/cxltier/cxltier/internal/errkind"
 
 // Sentinel errors; calls wrap them with the request, layer or position.
 var (
-	ErrBadConfig   = errors.New("topk: bad configuration")
-	ErrUnknown     = errors.New("topk: request not registered")
-	ErrRegistered  = errors.New("topk: request already registered")
-	ErrBadPosition = errors.New("topk: position outside the sequence")
-	ErrBadEntry    = errors.New("topk: entry size does not match the pool")
-	ErrBadInput    = errors.New("topk: malformed input")
-	ErrNotAppended = errors.New("topk: sequence length beyond the appended entries")
-	ErrClosed      = errors.New("topk: pool closed")
+	ErrBadConfig   = errkind.New(errkind.Invalid, "topk: bad configuration")
+	ErrUnknown     = errkind.New(errkind.NotFound, "topk: request not registered")
+	ErrRegistered  = errkind.New(errkind.Exists, "topk: request already registered")
+	ErrBadPosition = errkind.New(errkind.Invalid, "topk: position outside the sequence")
+	ErrBadEntry    = errkind.New(errkind.Invalid, "topk: entry size does not match the pool")
+	ErrBadInput    = errkind.New(errkind.Invalid, "topk: malformed input")
+	ErrNotAppended = errkind.New(errkind.Invalid, "topk: sequence length beyond the appended entries")
+	ErrClosed      = errkind.New(errkind.Closed, "topk: pool closed")
 )

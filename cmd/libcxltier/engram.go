@@ -11,7 +11,8 @@ import (
 )
 
 //export cxl_engram_hash
-func cxl_engram_hash(spec *C.char, layer C.int, ids *C.int64_t, n C.int64_t, out *C.int64_t, outCap C.int64_t, nRows *C.int64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_engram_hash(spec *C.char, layer C.int, ids *C.int64_t, n C.int64_t, out *C.int64_t, outCap C.int64_t, nRows *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_engram_hash", errbuf, errlen, &code)
 	return report(engramHash(C.GoString(spec), int(layer), ids, n, out, outCap, nRows), errbuf, errlen)
 }
 

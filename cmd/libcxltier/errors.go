@@ -4,14 +4,13 @@ package main
 import "C"
 
 import (
-	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
 	"unsafe"
 
-	"github.com/cxltier/cxltier/engram"
-	"github.com/cxltier/cxltier/kernels"
-	"github.com/cxltier/cxltier/prefix"
-	"github.com/cxltier/cxltier/tier"
-	"github.com/cxltier/cxltier/topk"
+	"github.com/cxltier/cxltier/internal/errkind"
 )
 
 // Codes are the CXL_E* values of main.go's C enum.
@@ -28,38 +27,57 @@ const (
 	codeOther    = -99
 )
 
-// errRange: a caller's output buffer is too small.
-var errRange = errors.New("output buffer too small")
+// errRange: a caller's output buffer is too small. errBadArg: a bad
+// argument that no package below checks.
+var (
+	errRange  = errkind.New(errkind.Range, "output buffer too small")
+	errBadArg = errkind.New(errkind.Invalid, "bad argument")
+)
+
+// codes are the CXL_E* code of each error kind (package errkind's table,
+// which every package's sentinels name).
+var codes = map[errkind.Kind]C.int{
+	errkind.Invalid:  codeInval,
+	errkind.NotFound: codeNotFound,
+	errkind.Exists:   codeExist,
+	errkind.NoSpace:  codeNoSpace,
+	errkind.Checksum: codeChecksum,
+	errkind.Closed:   codeClosed,
+	errkind.Range:    codeRange,
+	errkind.Denied:   codeDenied,
+}
 
 // codeOf maps an error to the code a C caller can branch on.
 func codeOf(err error) C.int {
-	switch {
-	case err == nil:
+	if err == nil {
 		return codeOK
-	case errors.Is(err, errRange):
-		return codeRange
-	case errors.Is(err, prefix.ErrDenied):
-		return codeDenied
-	case errors.Is(err, prefix.ErrChecksum):
-		return codeChecksum
-	case errors.Is(err, tier.ErrNotFound), errors.Is(err, prefix.ErrNotFound), errors.Is(err, tier.ErrNoBacking), errors.Is(err, topk.ErrUnknown):
-		return codeNotFound
-	case errors.Is(err, tier.ErrExists), errors.Is(err, topk.ErrRegistered):
-		return codeExist
-	case errors.Is(err, tier.ErrExhausted), errors.Is(err, tier.ErrLeaseTable), errors.Is(err, tier.ErrDirFull), errors.Is(err, prefix.ErrNoSpace), errors.Is(err, prefix.ErrIndexFull), errors.Is(err, prefix.ErrPinsFull):
-		return codeNoSpace
-	case errors.Is(err, tier.ErrClosed), errors.Is(err, tier.ErrLeaseLost), errors.Is(err, prefix.ErrLost), errors.Is(err, topk.ErrClosed):
-		return codeClosed
-	case errors.Is(err, tier.ErrInvalidConfig), errors.Is(err, prefix.ErrBadKey), errors.Is(err, prefix.ErrBadConfig),
-		errors.Is(err, prefix.ErrTooLarge), errors.Is(err, engram.ErrGeometry), errors.Is(err, engram.ErrInput),
-		errors.Is(err, errBadArg), errors.Is(err, topk.ErrBadConfig), errors.Is(err, topk.ErrBadPosition), errors.Is(err, topk.ErrBadEntry),
-		errors.Is(err, topk.ErrBadInput), errors.Is(err, topk.ErrNotAppended), errors.Is(err, kernels.ErrNoCUDA), errors.Is(err, kernels.ErrNoDevice):
-		return codeInval
+	}
+	if c, ok := codes[errkind.Of(err)]; ok {
+		return c
 	}
 	return codeOther
 }
 
-var errBadArg = errors.New("bad argument")
+// recoverCall is deferred first by every exported function: a panic (a
+// bug in the library) becomes CXL_EOTHER with a message naming the call,
+// and its stack goes to stderr, instead of killing the process the library
+// runs in (an inference server).
+func recoverCall(name string, errbuf *C.char, errlen C.int, code *C.int) {
+	if err := recovered(name, recover(), os.Stderr); err != nil {
+		*code = report(err, errbuf, errlen)
+	}
+}
+
+// recovered is the error of a recovered panic p in call name (nil: none),
+// its stack written to log.
+func recovered(name string, p any, log io.Writer) error {
+	if p == nil {
+		return nil
+	}
+	err := fmt.Errorf("%s: internal error, a bug in libcxltier (please report it with the stack printed on stderr): %v", name, p)
+	fmt.Fprintf(log, "libcxltier: %v\n%s", err, debug.Stack())
+	return err
+}
 
 // report writes err's message into the caller's buffer (NUL-terminated,
 // cut to fit) and returns its code.

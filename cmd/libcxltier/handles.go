@@ -27,13 +27,15 @@ type attached struct {
 	r        *tier.Region
 	c        *tier.Client
 	children map[uint64]func() error
+	engines  engines // shared by the children that move data
 }
 
 // child is an object opened on a tier; closing it removes it from both
 // the handle table and its tier's children.
 type child struct {
-	tier  uint64
-	close func() error
+	tier   uint64
+	handle uint64 // its own, once added
+	close  func() error
 }
 
 // index is an open prefix index.

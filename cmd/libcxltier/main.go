@@ -10,11 +10,7 @@
 // handles; no Go pointer crosses the boundary, and the library only reads
 // or writes caller memory (keys, payloads, ids) during the call.
 //
-// ABI 5 (4 plus cxl_prefix_setv/getv/part_keys; 4 was 3 with
-// cxl_engram_open's cache int become flags, engine planning
-// among them, and cxl_engram_wait writing the call's slots; 3 was 2 with
-// cxl_engram_open taking cache and cxl_topk_open taking the planner and max
-// context; 2 was 1 plus cxl_topk_* and cxl_engram_compress):
+// The calls of ABI 5 (what changed between versions: docs/abi.md):
 //
 //	cxl_attach(devices, name, &tier)           devices: comma-separated backings
 //	cxl_detach(tier)

@@ -15,7 +15,8 @@ import (
 // and name such pages without a staging copy and without a hash per key.
 
 //export cxl_prefix_setv
-func cxl_prefix_setv(h C.uint64_t, keys *C.uint8_t, n, per C.int64_t, ptrs *unsafe.Pointer, sizes *C.int64_t, statuses *C.int8_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_prefix_setv(h C.uint64_t, keys *C.uint8_t, n, per C.int64_t, ptrs *unsafe.Pointer, sizes *C.int64_t, statuses *C.int8_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_setv", errbuf, errlen, &code)
 	err := func() error {
 		s, ks, err := indexKeys(h, keys, n)
 		if err != nil {
@@ -33,7 +34,8 @@ func cxl_prefix_setv(h C.uint64_t, keys *C.uint8_t, n, per C.int64_t, ptrs *unsa
 }
 
 //export cxl_prefix_getv
-func cxl_prefix_getv(h C.uint64_t, keys *C.uint8_t, n, per C.int64_t, ptrs *unsafe.Pointer, sizes *C.int64_t, served *C.int64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_prefix_getv(h C.uint64_t, keys *C.uint8_t, n, per C.int64_t, ptrs *unsafe.Pointer, sizes *C.int64_t, served *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_getv", errbuf, errlen, &code)
 	err := func() error {
 		s, ks, err := indexKeys(h, keys, n)
 		if err != nil {
@@ -59,7 +61,8 @@ func piecesArg(ptrs *unsafe.Pointer, sizes *C.int64_t, n, per C.int64_t) ([][][]
 }
 
 //export cxl_prefix_part_keys
-func cxl_prefix_part_keys(text *C.char, ends *C.int64_t, n C.int64_t, masks *C.uint8_t, nMasks C.int64_t, out *C.uint8_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_prefix_part_keys(text *C.char, ends *C.int64_t, n C.int64_t, masks *C.uint8_t, nMasks C.int64_t, out *C.uint8_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_part_keys", errbuf, errlen, &code)
 	err := func() error {
 		pages, err := stringsAt(unsafe.Pointer(text), unsafe.Pointer(ends), int64(n))
 		if err != nil {

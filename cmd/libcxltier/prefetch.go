@@ -16,23 +16,21 @@ import (
 	"github.com/cxltier/cxltier/tier"
 )
 
-// prefetcher is an Engram prefetcher over the tables of one geometry, with
-// the engine it owns.
+// prefetcher is an Engram prefetcher over the tables of one geometry, on
+// its tier's shared engine.
 type prefetcher struct {
 	*engram.Prefetcher
 	child
-	eng  kernels.Engine
+	a    *attached
+	se   *sharedEngine
+	eng  kernels.Engine // se.eng
 	g    engram.Geometry
 	comp *engram.Compressor // nil: the geometry has no lookup table
 }
 
-// shut closes the prefetcher and then its engine.
+// shut closes the prefetcher and then lets go of its engine.
 func (p *prefetcher) shut() error {
-	err := p.Prefetcher.Close()
-	if cerr := p.eng.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return errors.Join(p.Prefetcher.Close(), p.a.engines.release(p.se))
 }
 
 // cacheOf is prefetcher h and its cache buffer for layer.
@@ -52,13 +50,6 @@ func geometryOf(spec string) (engram.Geometry, error) {
 	return engram.Preset(spec)
 }
 
-func engineOf(kind string, stream uintptr) (kernels.Engine, error) {
-	if kind == "cuda" || (kind == "auto" && stream != 0) {
-		return kernels.NewCUDA(kernels.CUDAOptions{Stream: stream})
-	}
-	return kernels.New(kind)
-}
-
 // cxl_engram_open's flags.
 const (
 	engramCache    = 1 // keep hot rows across calls
@@ -73,63 +64,78 @@ func plannerOf(flags C.int) engram.Planner {
 }
 
 //export cxl_engram_open
-func cxl_engram_open(h C.uint64_t, spec, engine *C.char, stream C.uint64_t, slots, flags C.int, deadlineNs C.int64_t, out *C.uint64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_engram_open(h C.uint64_t, spec, engine *C.char, stream C.uint64_t, slots, flags C.int, deadlineNs C.int64_t, out *C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_engram_open", errbuf, errlen, &code)
 	err := func() error {
-		if out == nil || slots < 1 || flags&^(engramCache|engramOnEngine) != 0 {
-			return fmt.Errorf("engram open: %w: %d slots, flags %#x (1 cache, 2 plan on the engine)", errBadArg, slots, flags)
+		if out == nil {
+			return fmt.Errorf("engram open: %w: no output handle", errBadArg)
 		}
-		a, err := tierOf(uint64(h))
+		pf, err := openEngram(uint64(h), C.GoString(spec), C.GoString(engine), uintptr(stream), int(slots), int(flags), time.Duration(deadlineNs))
 		if err != nil {
 			return err
 		}
-		g, err := geometryOf(C.GoString(spec))
-		if err != nil {
-			return err
-		}
-		hs, err := engram.NewHasher(g)
-		if err != nil {
-			return err
-		}
-		var comp *engram.Compressor
-		if g.Lookup != "" {
-			if comp, err = engram.LoadCompressor(g); err != nil {
-				return err
-			}
-		}
-		var tables []*engram.Table
-		for _, l := range g.LayerIDs {
-			t, err := engram.OpenTable(a.r, g, hs, l, false)
-			if errors.Is(err, tier.ErrNotFound) {
-				continue // layers without a loaded table are not prefetched
-			}
-			if err != nil {
-				return err
-			}
-			tables = append(tables, t)
-		}
-		if len(tables) == 0 {
-			return fmt.Errorf("engram open: %w: no table of %q is loaded in the tier (cxltier engram load)", tier.ErrNotFound, g.Name)
-		}
-		eng, err := engineOf(C.GoString(engine), uintptr(stream))
-		if err != nil {
-			return err
-		}
-		p, err := engram.NewPrefetcher(eng, a.r, hs, tables, engram.PrefetchOptions{Slots: int(slots),
-			Cache: flags&engramCache != 0, Planner: plannerOf(flags), Deadline: time.Duration(deadlineNs)})
-		if err != nil {
-			eng.Close()
-			return err
-		}
-		pf := &prefetcher{Prefetcher: p, eng: eng, g: g, comp: comp}
-		pf.child = child{tier: uint64(h), close: pf.shut}
-		*out = C.uint64_t(handles.addChild(a, pf, pf.child))
+		*out = C.uint64_t(pf.handle)
 		return nil
 	}()
 	return report(err, errbuf, errlen)
 }
 
+// openEngram opens a prefetcher over the loaded tables of spec on tier h
+// and returns it under its new handle.
+func openEngram(h uint64, spec, engine string, stream uintptr, slots, flags int, deadline time.Duration) (*prefetcher, error) {
+	if slots < 1 || flags&^(engramCache|engramOnEngine) != 0 {
+		return nil, fmt.Errorf("engram open: %w: %d slots, flags %#x (1 cache, 2 plan on the engine)", errBadArg, slots, flags)
+	}
+	a, err := tierOf(h)
+	if err != nil {
+		return nil, err
+	}
+	g, err := geometryOf(spec)
+	if err != nil {
+		return nil, err
+	}
+	hs, err := engram.NewHasher(g)
+	if err != nil {
+		return nil, err
+	}
+	var comp *engram.Compressor
+	if g.Lookup != "" {
+		if comp, err = engram.LoadCompressor(g); err != nil {
+			return nil, err
+		}
+	}
+	var tables []*engram.Table
+	for _, l := range g.LayerIDs {
+		t, err := engram.OpenTable(a.r, g, hs, l, false)
+		if errors.Is(err, tier.ErrNotFound) {
+			continue // layers without a loaded table are not prefetched
+		}
+		if err != nil {
+			return nil, err
+		}
+		tables = append(tables, t)
+	}
+	if len(tables) == 0 {
+		return nil, fmt.Errorf("engram open: %w: no table of %q is loaded in the tier (cxltier engram load)", tier.ErrNotFound, g.Name)
+	}
+	se, err := a.engines.acquire(engine, stream, a.r.NumDevices(), a.r.Device)
+	if err != nil {
+		return nil, err
+	}
+	p, err := engram.NewPrefetcher(se.eng, a.r, hs, tables, engram.PrefetchOptions{Slots: slots,
+		Cache: flags&engramCache != 0, Planner: plannerOf(C.int(flags)), Deadline: deadline, Ranges: se.ids})
+	if err != nil {
+		return nil, errors.Join(err, a.engines.release(se))
+	}
+	pf := &prefetcher{Prefetcher: p, a: a, se: se, eng: se.eng, g: g, comp: comp}
+	pf.child = child{tier: h, close: pf.shut}
+	pf.handle = handles.addChild(a, pf, pf.child)
+	return pf, nil
+}
+
 //export cxl_engram_compress
-func cxl_engram_compress(h C.uint64_t, ids *C.int64_t, n C.int64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_engram_compress(h C.uint64_t, ids *C.int64_t, n C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_engram_compress", errbuf, errlen, &code)
 	err := func() error {
 		p, err := get[*prefetcher](&handles, uint64(h))
 		if err != nil {
@@ -148,7 +154,8 @@ func cxl_engram_compress(h C.uint64_t, ids *C.int64_t, n C.int64_t, errbuf *C.ch
 }
 
 //export cxl_engram_close
-func cxl_engram_close(h C.uint64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_engram_close(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_engram_close", errbuf, errlen, &code)
 	p, err := get[*prefetcher](&handles, uint64(h))
 	if err != nil {
 		return report(err, errbuf, errlen)
@@ -163,7 +170,8 @@ func sequences(ids, lens *C.int64_t, nseq C.int64_t) ([][]int64, error) {
 
 //export cxl_engram_prefetch
 func cxl_engram_prefetch(h C.uint64_t, layer C.int, ids, lens *C.int64_t, nseq C.int64_t, histIDs, histLens *C.int64_t,
-	slots *C.int32_t, slotsCap C.int64_t, nSlots *C.int64_t, pending *C.uint64_t, errbuf *C.char, errlen C.int) C.int {
+	slots *C.int32_t, slotsCap C.int64_t, nSlots *C.int64_t, pending *C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_engram_prefetch", errbuf, errlen, &code)
 	err := func() error {
 		p, err := get[*prefetcher](&handles, uint64(h))
 		if err != nil {
@@ -203,7 +211,8 @@ func cxl_engram_prefetch(h C.uint64_t, layer C.int, ids, lens *C.int64_t, nseq C
 }
 
 //export cxl_engram_wait
-func cxl_engram_wait(pending C.uint64_t, slots *C.int32_t, slotsCap C.int64_t, readyNs *C.int64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_engram_wait(pending C.uint64_t, slots *C.int32_t, slotsCap C.int64_t, readyNs *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_engram_wait", errbuf, errlen, &code)
 	err := func() error {
 		pd, err := get[*engram.Pending](&handles, uint64(pending))
 		if err != nil {
@@ -226,7 +235,8 @@ func cxl_engram_wait(pending C.uint64_t, slots *C.int32_t, slotsCap C.int64_t, r
 }
 
 //export cxl_engram_buffer
-func cxl_engram_buffer(h C.uint64_t, layer C.int, ptr *C.uint64_t, size, rowBytes *C.int64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_engram_buffer(h C.uint64_t, layer C.int, ptr *C.uint64_t, size, rowBytes *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_engram_buffer", errbuf, errlen, &code)
 	err := func() error {
 		p, buf, err := cacheOf(h, layer)
 		if err != nil {
@@ -246,7 +256,8 @@ func cxl_engram_buffer(h C.uint64_t, layer C.int, ptr *C.uint64_t, size, rowByte
 }
 
 //export cxl_engram_read
-func cxl_engram_read(h C.uint64_t, layer C.int, slot C.int64_t, out unsafe.Pointer, outCap C.int64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_engram_read(h C.uint64_t, layer C.int, slot C.int64_t, out unsafe.Pointer, outCap C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_engram_read", errbuf, errlen, &code)
 	err := func() error {
 		p, buf, err := cacheOf(h, layer)
 		if err != nil {
@@ -262,7 +273,8 @@ func cxl_engram_read(h C.uint64_t, layer C.int, slot C.int64_t, out unsafe.Point
 }
 
 //export cxl_engram_stats
-func cxl_engram_stats(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, errlen C.int) C.int {
+func cxl_engram_stats(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_engram_stats", errbuf, errlen, &code)
 	err := func() error {
 		p, err := get[*prefetcher](&handles, uint64(h))
 		if err != nil {

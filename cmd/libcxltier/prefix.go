@@ -14,7 +14,8 @@ import (
 )
 
 //export cxl_prefix_open
-func cxl_prefix_open(h C.uint64_t, name, key *C.char, blocks, blockBytes C.int64_t, out *C.uint64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_prefix_open(h C.uint64_t, name, key *C.char, blocks, blockBytes C.int64_t, out *C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_open", errbuf, errlen, &code)
 	k := ""
 	if key != nil {
 		k = C.GoString(key)
@@ -46,7 +47,8 @@ func prefixOpen(h uint64, name, key string, blocks, blockBytes int64, out *C.uin
 }
 
 //export cxl_prefix_close
-func cxl_prefix_close(h C.uint64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_prefix_close(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_close", errbuf, errlen, &code)
 	ix, err := indexOf(uint64(h))
 	if err != nil {
 		return report(err, errbuf, errlen)
@@ -60,7 +62,8 @@ func keysArg(p *C.uint8_t, n C.int64_t) ([]prefix.Key, error) {
 }
 
 //export cxl_prefix_keys
-func cxl_prefix_keys(pageSize C.int, tokens *C.int64_t, n C.int64_t, prior *C.uint8_t, out *C.uint8_t, outCap C.int64_t, nKeys *C.int64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_prefix_keys(pageSize C.int, tokens *C.int64_t, n C.int64_t, prior *C.uint8_t, out *C.uint8_t, outCap C.int64_t, nKeys *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_keys", errbuf, errlen, &code)
 	return report(prefixKeys(int(pageSize), tokens, n, prior, out, outCap, nKeys), errbuf, errlen)
 }
 
@@ -104,7 +107,8 @@ func indexKeys(h C.uint64_t, keys *C.uint8_t, n C.int64_t) (*index, []prefix.Key
 }
 
 //export cxl_prefix_exists
-func cxl_prefix_exists(h C.uint64_t, keys *C.uint8_t, n C.int64_t, leading *C.int64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_prefix_exists(h C.uint64_t, keys *C.uint8_t, n C.int64_t, leading *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_exists", errbuf, errlen, &code)
 	err := func() error {
 		s, ks, err := indexKeys(h, keys, n)
 		if s == nil {
@@ -125,7 +129,8 @@ func buffersArg(ptrs *unsafe.Pointer, sizes *C.int64_t, n C.int64_t) ([][]byte, 
 }
 
 //export cxl_prefix_set
-func cxl_prefix_set(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Pointer, sizes *C.int64_t, statuses *C.int8_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_prefix_set(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Pointer, sizes *C.int64_t, statuses *C.int8_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_set", errbuf, errlen, &code)
 	err := func() error {
 		s, ks, err := indexKeys(h, keys, n)
 		if err != nil {
@@ -143,7 +148,8 @@ func cxl_prefix_set(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Poi
 }
 
 //export cxl_prefix_get
-func cxl_prefix_get(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Pointer, caps, lens *C.int64_t, served *C.int64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_prefix_get(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Pointer, caps, lens *C.int64_t, served *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_get", errbuf, errlen, &code)
 	err := func() error {
 		s, ks, err := indexKeys(h, keys, n)
 		if s == nil {
@@ -170,7 +176,8 @@ func cxl_prefix_get(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Poi
 }
 
 //export cxl_prefix_delete
-func cxl_prefix_delete(h C.uint64_t, keys *C.uint8_t, n C.int64_t, deleted *C.int64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_prefix_delete(h C.uint64_t, keys *C.uint8_t, n C.int64_t, deleted *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_delete", errbuf, errlen, &code)
 	err := func() error {
 		s, ks, err := indexKeys(h, keys, n)
 		if err != nil {
@@ -186,7 +193,8 @@ func cxl_prefix_delete(h C.uint64_t, keys *C.uint8_t, n C.int64_t, deleted *C.in
 }
 
 //export cxl_prefix_stats
-func cxl_prefix_stats(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, errlen C.int) C.int {
+func cxl_prefix_stats(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_stats", errbuf, errlen, &code)
 	err := func() error {
 		s, err := indexOf(uint64(h))
 		if err != nil {

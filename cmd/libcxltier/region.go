@@ -17,7 +17,8 @@ import (
 // cxl_region_free, at detach, or by the daemon when this process dies.
 
 //export cxl_region_alloc
-func cxl_region_alloc(h C.uint64_t, bytes C.int64_t, offset *C.uint64_t, addr *unsafe.Pointer, size *C.int64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_region_alloc(h C.uint64_t, bytes C.int64_t, offset *C.uint64_t, addr *unsafe.Pointer, size *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_region_alloc", errbuf, errlen, &code)
 	err := func() error {
 		a, err := tierOf(uint64(h))
 		if err != nil {
@@ -48,7 +49,8 @@ func cxl_region_alloc(h C.uint64_t, bytes C.int64_t, offset *C.uint64_t, addr *u
 }
 
 //export cxl_region_free
-func cxl_region_free(h C.uint64_t, offset C.uint64_t, size C.int64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_region_free(h C.uint64_t, offset C.uint64_t, size C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_region_free", errbuf, errlen, &code)
 	err := func() error {
 		a, err := tierOf(uint64(h))
 		if err != nil {

@@ -11,37 +11,47 @@ import (
 )
 
 //export cxl_attach
-func cxl_attach(devices, name *C.char, out *C.uint64_t, errbuf *C.char, errlen C.int) C.int {
-	return report(attach(C.GoString(devices), C.GoString(name), out), errbuf, errlen)
+func cxl_attach(devices, name *C.char, out *C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_attach", errbuf, errlen, &code)
+	if out == nil {
+		return report(fmt.Errorf("attach: %w: no output handle", errBadArg), errbuf, errlen)
+	}
+	h, err := attach(C.GoString(devices), C.GoString(name))
+	if err == nil {
+		*out = C.uint64_t(h)
+	}
+	return report(err, errbuf, errlen)
 }
 
-func attach(devices, name string, out *C.uint64_t) error {
-	if out == nil || devices == "" {
-		return fmt.Errorf("attach: %w: devices and an output handle are required", errBadArg)
+// attach opens the tier on devices (comma-separated backings) and attaches
+// a client called name; it returns the tier's handle.
+func attach(devices, name string) (uint64, error) {
+	if devices == "" {
+		return 0, fmt.Errorf("attach: %w: no devices", errBadArg)
 	}
 	var devs []tier.Backing
 	for _, d := range strings.Split(devices, ",") {
 		b, err := tier.ParseBacking(strings.TrimSpace(d))
 		if err != nil {
-			return err
+			return 0, err
 		}
 		devs = append(devs, b)
 	}
 	r, err := tier.Open(tier.Options{Devices: devs})
 	if err != nil {
-		return err
+		return 0, err
 	}
 	c, err := r.Attach(tier.ClientOptions{Name: name})
 	if err != nil {
 		r.Close()
-		return err
+		return 0, err
 	}
-	*out = C.uint64_t(handles.add(&attached{r: r, c: c, children: map[uint64]func() error{}}))
-	return nil
+	return handles.add(&attached{r: r, c: c, children: map[uint64]func() error{}}), nil
 }
 
 //export cxl_detach
-func cxl_detach(h C.uint64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_detach(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_detach", errbuf, errlen, &code)
 	return report(detach(uint64(h)), errbuf, errlen)
 }
 

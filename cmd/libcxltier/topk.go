@@ -5,6 +5,7 @@ import "C"
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"unsafe"
@@ -19,11 +20,13 @@ const (
 	onDevice = 1 // GPU memory of the pool's engine, ordered on its stream
 )
 
-// topkPool is a top-k pool with the engine it owns.
+// topkPool is a top-k pool on its tier's shared engine.
 type topkPool struct {
 	*topk.Pool
 	child
-	eng kernels.Engine
+	a   *attached
+	se  *sharedEngine
+	eng kernels.Engine // se.eng
 	// stage guards hostTopK and hostOut, which stage device-resident step
 	// arrays: two threads may resolve on one pool.
 	stage             sync.Mutex
@@ -31,51 +34,59 @@ type topkPool struct {
 }
 
 func (p *topkPool) shut() error {
-	err := p.Pool.Close()
-	if cerr := p.eng.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return errors.Join(p.Pool.Close(), p.a.engines.release(p.se))
 }
 
 func topkOf(h C.uint64_t) (*topkPool, error) { return get[*topkPool](&handles, uint64(h)) }
 
 //export cxl_topk_open
 func cxl_topk_open(h C.uint64_t, engine *C.char, stream C.uint64_t, layers C.int, entryBytes C.int64_t, slots, k, maxRequests C.int,
-	planner *C.char, maxContext C.int64_t, out *C.uint64_t, errbuf *C.char, errlen C.int) C.int {
+	planner *C.char, maxContext C.int64_t, out *C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_topk_open", errbuf, errlen, &code)
 	err := func() error {
 		if out == nil {
 			return fmt.Errorf("topk open: %w: no output handle", errBadArg)
-		}
-		a, err := tierOf(uint64(h))
-		if err != nil {
-			return err
 		}
 		pl, err := topk.ParsePlanner(C.GoString(planner))
 		if err != nil {
 			return err
 		}
-		eng, err := engineOf(C.GoString(engine), uintptr(stream))
-		if err != nil {
-			return err
-		}
 		cfg := topk.Config{Layers: int(layers), EntryBytes: int64(entryBytes), Slots: int(slots), TopK: int(k), MaxRequests: int(maxRequests),
 			Planner: pl, MaxContext: int64(maxContext)}
-		pool, err := topk.New(a.c, eng, nil, cfg)
+		p, err := openTopk(uint64(h), C.GoString(engine), uintptr(stream), cfg)
 		if err != nil {
-			eng.Close()
 			return err
 		}
-		p := &topkPool{Pool: pool, eng: eng}
-		p.child = child{tier: uint64(h), close: p.shut}
-		*out = C.uint64_t(handles.addChild(a, p, p.child))
+		*out = C.uint64_t(p.handle)
 		return nil
 	}()
 	return report(err, errbuf, errlen)
 }
 
+// openTopk opens a top-k pool on tier h and returns it under its new
+// handle.
+func openTopk(h uint64, engine string, stream uintptr, cfg topk.Config) (*topkPool, error) {
+	a, err := tierOf(h)
+	if err != nil {
+		return nil, err
+	}
+	se, err := a.engines.acquire(engine, stream, a.r.NumDevices(), a.r.Device)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := topk.New(a.c, se.eng, se.ids, cfg)
+	if err != nil {
+		return nil, errors.Join(err, a.engines.release(se))
+	}
+	p := &topkPool{Pool: pool, a: a, se: se, eng: se.eng}
+	p.child = child{tier: h, close: p.shut}
+	p.handle = handles.addChild(a, p, p.child)
+	return p, nil
+}
+
 //export cxl_topk_close
-func cxl_topk_close(h C.uint64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_topk_close(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_topk_close", errbuf, errlen, &code)
 	p, err := topkOf(h)
 	if err != nil {
 		return report(err, errbuf, errlen)
@@ -84,7 +95,8 @@ func cxl_topk_close(h C.uint64_t, errbuf *C.char, errlen C.int) C.int {
 }
 
 //export cxl_topk_register
-func cxl_topk_register(h C.uint64_t, req C.int, capacity C.int64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_topk_register(h C.uint64_t, req C.int, capacity C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_topk_register", errbuf, errlen, &code)
 	err := func() error {
 		p, err := topkOf(h)
 		if err != nil {
@@ -97,7 +109,8 @@ func cxl_topk_register(h C.uint64_t, req C.int, capacity C.int64_t, errbuf *C.ch
 }
 
 //export cxl_topk_free
-func cxl_topk_free(h C.uint64_t, req C.int, errbuf *C.char, errlen C.int) C.int {
+func cxl_topk_free(h C.uint64_t, req C.int, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_topk_free", errbuf, errlen, &code)
 	p, err := topkOf(h)
 	if err == nil {
 		err = p.Free(int(req))
@@ -106,7 +119,8 @@ func cxl_topk_free(h C.uint64_t, req C.int, errbuf *C.char, errlen C.int) C.int 
 }
 
 //export cxl_topk_len
-func cxl_topk_len(h C.uint64_t, req, layer C.int, n *C.int64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_topk_len(h C.uint64_t, req, layer C.int, n *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_topk_len", errbuf, errlen, &code)
 	err := func() error {
 		p, err := topkOf(h)
 		if err != nil {
@@ -123,7 +137,8 @@ func cxl_topk_len(h C.uint64_t, req, layer C.int, n *C.int64_t, errbuf *C.char, 
 }
 
 //export cxl_topk_append
-func cxl_topk_append(h C.uint64_t, req, layer C.int, src unsafe.Pointer, n C.int64_t, where C.int, errbuf *C.char, errlen C.int) C.int {
+func cxl_topk_append(h C.uint64_t, req, layer C.int, src unsafe.Pointer, n C.int64_t, where C.int, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_topk_append", errbuf, errlen, &code)
 	err := func() error {
 		p, err := topkOf(h)
 		if err != nil {
@@ -163,7 +178,8 @@ func (p *topkPool) wrap(ptr uintptr, n int64) (kernels.Buffer, error) {
 
 //export cxl_topk_resolve
 func cxl_topk_resolve(h C.uint64_t, layer C.int, reqs, seqLens *C.int64_t, batch C.int64_t, sel, out *C.int32_t, where C.int,
-	step *C.int64_t, errbuf *C.char, errlen C.int) C.int {
+	step *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_topk_resolve", errbuf, errlen, &code)
 	err := func() error {
 		p, err := topkOf(h)
 		if err != nil {
@@ -240,7 +256,8 @@ func grow(s []int32, n int) []int32 {
 }
 
 //export cxl_topk_buffer
-func cxl_topk_buffer(h C.uint64_t, layer C.int, ptr *C.uint64_t, size, rowBytes, rowsPerRequest *C.int64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_topk_buffer(h C.uint64_t, layer C.int, ptr *C.uint64_t, size, rowBytes, rowsPerRequest *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_topk_buffer", errbuf, errlen, &code)
 	err := func() error {
 		p, buf, err := topkBuffer(h, layer)
 		if err != nil {
@@ -272,7 +289,8 @@ func topkBuffer(h C.uint64_t, layer C.int) (*topkPool, kernels.Buffer, error) {
 }
 
 //export cxl_topk_read
-func cxl_topk_read(h C.uint64_t, layer, req, slot C.int, out unsafe.Pointer, outCap C.int64_t, errbuf *C.char, errlen C.int) C.int {
+func cxl_topk_read(h C.uint64_t, layer, req, slot C.int, out unsafe.Pointer, outCap C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_topk_read", errbuf, errlen, &code)
 	err := func() error {
 		p, buf, err := topkBuffer(h, layer)
 		if err != nil {
@@ -288,7 +306,8 @@ func cxl_topk_read(h C.uint64_t, layer, req, slot C.int, out unsafe.Pointer, out
 }
 
 //export cxl_topk_stats
-func cxl_topk_stats(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, errlen C.int) C.int {
+func cxl_topk_stats(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_topk_stats", errbuf, errlen, &code)
 	err := func() error {
 		p, err := topkOf(h)
 		if err != nil {

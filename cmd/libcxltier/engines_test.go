@@ -1,0 +1,151 @@
+package main
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"testing"
+
+	"github.com/cxltier/cxltier/engram"
+	"github.com/cxltier/cxltier/kernels"
+	"github.com/cxltier/cxltier/prefix"
+	"github.com/cxltier/cxltier/tier"
+	"github.com/cxltier/cxltier/topk"
+)
+
+// TestOneEnginePerTier: a top-k pool, an Engram prefetcher and a prefix
+// mover opened on one tier in one process share one engine, with the tier
+// registered once; the engine goes when the last of them closes. (On a
+// CUDA engine a second registration of the same mapping is refused by the
+// driver; on the CPU engine the test checks the sharing itself.)
+func TestOneEnginePerTier(t *testing.T) {
+	for _, kind := range engineKinds(t) {
+		t.Run(kind, func(t *testing.T) { oneEnginePerTier(t, kind) })
+	}
+}
+
+func oneEnginePerTier(t *testing.T, kind string) {
+	dir := t.TempDir()
+	devices := "file:" + filepath.Join(dir, "d0") + ",file:" + filepath.Join(dir, "d1")
+	var devs []tier.Backing
+	for _, d := range []string{"d0", "d1"} {
+		b, err := tier.ParseBacking("file:" + filepath.Join(dir, d))
+		if err != nil {
+			t.Fatal(err)
+		}
+		devs = append(devs, b)
+	}
+	geo := tier.DefaultGeometry()
+	geo.DeviceSize, geo.ChunkSize, geo.Stripe = 16<<20, 256<<10, 256<<10
+	r, err := tier.Format(tier.Options{Devices: devs, Geometry: geo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	h, err := attach(devices, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer detach(h)
+	a, _ := tierOf(h)
+
+	g := engram.Geometry{Name: "tiny", LayerIDs: []int{1}, MaxNgram: 3, Heads: 2, BaseSizes: []int64{500, 600},
+		Seed: 7, Vocab: 300, PadID: 2, RowBytes: 64, DType: "float32"}
+	hs, err := engram.NewHasher(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := engram.CreateTable(a.c, g, hs, 1, func(row int64, b []byte) error { engram.SyntheticRow(1, row, b); return nil }, nil); err != nil {
+		t.Fatal(err)
+	}
+	spec, _ := json.Marshal(g)
+
+	pool, err := openTopk(h, kind, 0, topk.Config{Layers: 2, EntryBytes: 64, Slots: 64, TopK: 16, MaxRequests: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pf, err := openEngram(h, string(spec), kind, 0, 256, engramCache, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := prefix.Create(a.c, prefix.Config{Name: "p", Blocks: 8, BlockBytes: 4096, PinsPerClient: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	se, err := a.engines.acquire(kind, 0, a.r.NumDevices(), a.r.Device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mover, err := prefix.NewMover(store, se.eng, se.ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := a.engines.count(); n != 1 || pool.eng != pf.eng || pf.eng != se.eng || se.refs != 3 {
+		t.Fatalf("%d engines, shared: %v %v, %d uses", n, pool.eng == pf.eng, pf.eng == se.eng, se.refs)
+	}
+
+	// Each works on the shared engine: a step, a prefetch, a block moved.
+	if err := pool.Register(0, topk.Sequence{Layers: 2, EntryBytes: 64, Capacity: 32}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.Append(0, 0, make([]byte, 32*64)); err != nil {
+		t.Fatal(err)
+	}
+	sel := []int32{0, 5, 31, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
+	if _, err := pool.Resolve(0, []int{0}, []int64{32}, sel, make([]int32, 16)); err != nil {
+		t.Fatal(err)
+	}
+	pd, err := pf.Prefetch(1, nil, [][]int64{{3, 4, 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	buf, err := se.eng.Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Free()
+	l := prefix.Layout{ChunkBytes: 4096, Chunks: []kernels.Span{{Buf: buf}}}
+	keys := []prefix.Key{prefix.StringKey("k")}
+	if _, err := mover.Put(keys, l, []int64{0}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := mover.Get(keys, l, []int64{0}); err != nil || n != 1 {
+		t.Fatalf("get: %d, %v", n, err)
+	}
+
+	for i, c := range []func() error{pool.shut, pf.shut, mover.Close, func() error { return a.engines.release(se) }} {
+		if a.engines.count() != 1 {
+			t.Fatalf("the engine went after %d of 4 closed", i)
+		}
+		if err := c(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a.engines.count() != 0 {
+		t.Fatal("the engine outlived its last user")
+	}
+	// A tier's devices registered once: the range ids the engine handed
+	// out are free again, so a new engine starts at 0.
+	se2, err := a.engines.acquire(kind, 0, a.r.NumDevices(), a.r.Device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.engines.release(se2)
+	if se2 == se || se2.ids[0] != 0 || se2.ids[1] != 1 {
+		t.Fatalf("a fresh engine got ranges %v", se2.ids)
+	}
+}
+
+// engineKinds are the engines the test runs on: the CPU engine, and CUDA
+// in a cuda build on a machine with a device.
+func engineKinds(t *testing.T) []string {
+	kinds := []string{"cpu"}
+	if e, err := kernels.NewCUDA(kernels.CUDAOptions{}); err == nil {
+		e.Close()
+		kinds = append(kinds, "cuda")
+	}
+	return kinds
+}

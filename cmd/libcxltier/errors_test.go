@@ -1,0 +1,129 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cxltier/cxltier/engram"
+	"github.com/cxltier/cxltier/kernels"
+	"github.com/cxltier/cxltier/prefix"
+	"github.com/cxltier/cxltier/tier"
+	"github.com/cxltier/cxltier/topk"
+)
+
+// TestEveryExportRecovers: every exported function but cxl_abi_version
+// defers recoverCall with its own name first, so no panic reaches the
+// process the library runs in.
+func TestEveryExportRecovers(t *testing.T) {
+	files, _ := filepath.Glob("*.go")
+	fset := token.NewFileSet()
+	exports := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		file, err := parser.ParseFile(fset, f, nil, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range file.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Doc == nil || !hasExport(fn) {
+				continue
+			}
+			exports++
+			if fn.Name.Name == "cxl_abi_version" {
+				continue
+			}
+			if !defersRecover(fn) {
+				t.Errorf("%s: %s does not defer recoverCall(%q, errbuf, errlen, &code) first", fset.Position(fn.Pos()), fn.Name.Name, fn.Name.Name)
+			}
+		}
+	}
+	if exports < 30 {
+		t.Fatalf("found %d exported functions; the parse is wrong", exports)
+	}
+}
+
+func hasExport(fn *ast.FuncDecl) bool {
+	for _, c := range fn.Doc.List {
+		if c.Text == "//export "+fn.Name.Name {
+			return true
+		}
+	}
+	return false
+}
+
+func defersRecover(fn *ast.FuncDecl) bool {
+	if len(fn.Body.List) == 0 {
+		return false
+	}
+	d, ok := fn.Body.List[0].(*ast.DeferStmt)
+	if !ok {
+		return false
+	}
+	id, ok := d.Call.Fun.(*ast.Ident)
+	if !ok || id.Name != "recoverCall" || len(d.Call.Args) != 4 {
+		return false
+	}
+	name, ok := d.Call.Args[0].(*ast.BasicLit)
+	return ok && name.Value == `"`+fn.Name.Name+`"`
+}
+
+// TestRecovered: a panic becomes an error of no kind (CXL_EOTHER) naming
+// the call, with the stack logged.
+func TestRecovered(t *testing.T) {
+	var log bytes.Buffer
+	f := func() (err error) {
+		defer func() { err = recovered("cxl_test", recover(), &log) }()
+		var m map[string]int
+		m["x"] = 1
+		return nil
+	}
+	err := f()
+	if err == nil || !strings.Contains(err.Error(), "cxl_test") || codeOf(err) != codeOther {
+		t.Fatalf("%v (code %d)", err, codeOf(err))
+	}
+	if !strings.Contains(log.String(), "goroutine") {
+		t.Fatalf("no stack logged: %q", log.String())
+	}
+	if recovered("cxl_test", nil, &log) != nil {
+		t.Fatal("no panic, yet an error")
+	}
+}
+
+// TestCodes: sentinels of every package reach C callers with their kind;
+// the ones that used to come out as CXL_EOTHER among them.
+func TestCodes(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want int
+	}{
+		{engram.ErrCacheTooSmall, codeNoSpace},
+		{kernels.ErrOutOfBounds, codeInval},
+		{kernels.ErrBadRequest, codeInval},
+		{kernels.ErrTooManyRanges, codeNoSpace},
+		{topk.ErrBadPosition, codeInval},
+		{topk.ErrUnknown, codeNotFound},
+		{prefix.ErrDenied, codeDenied},
+		{prefix.ErrChecksum, codeChecksum},
+		{tier.ErrLeaseLost, codeClosed},
+		{tier.ErrExists, codeExist},
+		{errRange, codeRange},
+		{errBadHandle, codeNotFound},
+		{errors.New("plain"), codeOther},
+	} {
+		if got := int(codeOf(tc.err)); got != tc.want {
+			t.Errorf("%v: code %d, want %d", tc.err, got, tc.want)
+		}
+		if got := int(codeOf(errors.Join(errors.New("context"), tc.err))); got != tc.want && tc.want != codeOther {
+			t.Errorf("wrapped %v: code %d, want %d", tc.err, got, tc.want)
+		}
+	}
+}
