@@ -1,6 +1,8 @@
 module github.com/cxltier/cxltier
 
-go 1.26.8
+go 1.26.0
+
+toolchain go1.26.8
 
 require (
 	github.com/klauspost/compress v1.20.3

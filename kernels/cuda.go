@@ -118,6 +118,15 @@ func (e *CUDA) start(opts CUDAOptions) error {
 // Name implements Engine.
 func (e *CUDA) Name() string { return fmt.Sprintf("cuda:%d", int(e.dev)) }
 
+// DeviceName implements DeviceNamer.
+func (e *CUDA) DeviceName() string {
+	name, err := e.dev.Name()
+	if err != nil {
+		return e.Name()
+	}
+	return name
+}
+
 // enter makes the engine's context current on a locked OS thread and takes
 // the engine lock; the returned func undoes both.
 func (e *CUDA) enter() (func(), error) {

@@ -29,6 +29,12 @@ type DeviceBuffer interface {
 	DevicePtr() uintptr
 }
 
+// DeviceNamer is implemented by engines on a device: its model name
+// ("NVIDIA H100 80GB HBM3"), for result files.
+type DeviceNamer interface {
+	DeviceName() string
+}
+
 // DeviceWrapper is implemented by engines whose buffers can wrap memory
 // allocated elsewhere (a torch tensor's data_ptr on the same device).
 type DeviceWrapper interface {

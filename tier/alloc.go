@@ -230,6 +230,9 @@ type Usage struct {
 // Usage reads the bitmap and owner words without a lock (a consistent
 // enough snapshot for monitoring).
 func (r *Region) Usage() Usage {
+	if r.live("usage") != nil {
+		return Usage{}
+	}
 	u := Usage{ChunkSize: r.l.ChunkSize, Chunks: r.l.ChunkCount, UsedChunks: r.usedChunks()}
 	r.sync.refresh(r.ownerBytes(0, r.l.ChunkCount))
 	for i := int64(0); i < r.l.ChunkCount; i++ {

@@ -110,6 +110,9 @@ func (r *Region) readDir(i int) (dirEntry, error) {
 
 // DirLookup finds a name without taking any lock.
 func (r *Region) DirLookup(name string) (DirEntry, error) {
+	if err := r.live("directory"); err != nil {
+		return DirEntry{}, err
+	}
 	for i := 0; i < r.l.DirEntries; i++ {
 		e, err := r.readDir(i)
 		if err != nil {
@@ -125,6 +128,9 @@ func (r *Region) DirLookup(name string) (DirEntry, error) {
 // DirList returns every live entry.
 func (r *Region) DirList() ([]DirEntry, error) {
 	var out []DirEntry
+	if err := r.live("directory"); err != nil {
+		return nil, err
+	}
 	for i := 0; i < r.l.DirEntries; i++ {
 		e, err := r.readDir(i)
 		if err != nil {

@@ -72,6 +72,9 @@ func (r *Region) readLease(slot int) LeaseInfo {
 // Leases returns every non-free lease slot.
 func (r *Region) Leases() []LeaseInfo {
 	var out []LeaseInfo
+	if r.live("leases") != nil {
+		return nil
+	}
 	for s := 0; s < r.l.Nodes*r.l.ClientsPerNode; s++ {
 		if inf := r.readLease(s); inf.State != "free" {
 			out = append(out, inf)
@@ -108,6 +111,9 @@ type Client struct {
 
 // Attach takes a lease slot on the given node and starts its heartbeat.
 func (r *Region) Attach(opts ClientOptions) (*Client, error) {
+	if err := r.live("attach"); err != nil {
+		return nil, err
+	}
 	if r.readOnly {
 		return nil, fmt.Errorf("tier: attach: %w", ErrReadOnly)
 	}

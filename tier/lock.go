@@ -204,6 +204,9 @@ type LockState struct {
 // Locks returns the state of every lock that is held or requested.
 func (r *Region) Locks() []LockState {
 	var out []LockState
+	if r.live("locks") != nil {
+		return nil
+	}
 	for id := 0; id < r.l.LockSlots; id++ {
 		st := LockState{ID: id, Holder: -1, Node: -1}
 		nodeStates := make([]byte, r.l.Nodes)
@@ -257,6 +260,9 @@ func (r *Region) TokenSlot(token uint64) int {
 
 // holderAlive says whether the lease named by a lock token is still live.
 func (r *Region) holderAlive(token uint64) bool {
+	if r.live("lease") != nil {
+		return false
+	}
 	slot := int(uint32(token)) - 1
 	if slot < 0 || slot >= r.l.Nodes*r.l.ClientsPerNode {
 		return false

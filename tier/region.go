@@ -175,11 +175,23 @@ func (r *Region) checkDevice(i int, m *mapping, l layout, expect int64) error {
 }
 
 // Close unmaps every device. The region's content stays in its backings.
+//
+// Close must not race with other calls on r. Afterwards calls that return
+// an error return ErrClosed, and the others zero values (no lease, no
+// lock, no device): the mapping is gone, and a method must not fault on it.
 func (r *Region) Close() error {
 	if !r.closed.CompareAndSwap(false, true) {
 		return fmt.Errorf("tier: close: %w", ErrClosed)
 	}
 	return r.unmapAll()
+}
+
+// live reports ErrClosed once Close has run.
+func (r *Region) live(op string) error {
+	if r.closed.Load() {
+		return fmt.Errorf("tier: %s: %w", op, ErrClosed)
+	}
+	return nil
 }
 
 func (r *Region) unmapAll() error {
@@ -189,7 +201,7 @@ func (r *Region) unmapAll() error {
 			errs = append(errs, fmt.Errorf("tier: unmap %s: %w", m.backing, err))
 		}
 	}
-	r.devs = nil
+	r.devs, r.ctl = nil, nil
 	return errors.Join(errs...)
 }
 
@@ -263,6 +275,9 @@ func (r *Region) Locate(off Offset) (dev int, devOff int64, contiguous int64, er
 // Slice returns the n bytes at off as one slice of the mapping. It fails if
 // the range leaves the region or, on a striped tier, crosses to another device.
 func (r *Region) Slice(off Offset, n int64) ([]byte, error) {
+	if err := r.live("slice"); err != nil {
+		return nil, err
+	}
 	if n < 0 || uint64(off)+uint64(n) > uint64(r.l.size()) {
 		return nil, fmt.Errorf("tier: slice %v+%d of %d-byte region: %w", off, n, r.l.size(), ErrOutOfBounds)
 	}
@@ -281,6 +296,9 @@ func (r *Region) Slice(off Offset, n int64) ([]byte, error) {
 
 // each calls fn on the device-contiguous pieces of [off, off+n).
 func (r *Region) each(off Offset, n int64, fn func(b []byte)) error {
+	if err := r.live("access"); err != nil {
+		return err
+	}
 	if n < 0 || uint64(off)+uint64(n) > uint64(r.l.size()) {
 		return fmt.Errorf("tier: range %v+%d of %d-byte region: %w", off, n, r.l.size(), ErrOutOfBounds)
 	}
@@ -323,8 +341,14 @@ func (r *Region) Refresh(off Offset, n int64) error {
 }
 
 // Device returns device i's whole mapping, for engines that register host
-// memory with a GPU. The caller must not use it after Close.
-func (r *Region) Device(i int) []byte { return r.devs[i].data }
+// memory with a GPU; nil for no such device or after Close. The caller
+// must not use it after Close.
+func (r *Region) Device(i int) []byte {
+	if i < 0 || i >= len(r.devs) {
+		return nil
+	}
+	return r.devs[i].data
+}
 
 // NumDevices is the number of devices the region stripes across.
 func (r *Region) NumDevices() int { return len(r.devs) }

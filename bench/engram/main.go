@@ -59,6 +59,7 @@ type PrefetchResult struct {
 
 // Report is the JSON written to -out.
 type Report struct {
+	Run      report.Run       `json:"run"`
 	Engine   string           `json:"engine"`
 	CPU      string           `json:"cpu"`
 	Base     int64            `json:"base_size_per_order"`
@@ -100,7 +101,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer eng.Close()
-	rep := Report{Engine: eng.Name(), CPU: report.CPUModel(), Base: *base}
+	rep := Report{Run: report.NewRun(eng), Engine: eng.Name(), CPU: report.CPUModel(), Base: *base}
 	for _, name := range []string{"v4.1-flash", "engram-27b"} {
 		g, _ := engram.Preset(name)
 		if *base > 0 {

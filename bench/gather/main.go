@@ -66,14 +66,15 @@ type Latency struct {
 
 // Report is the JSON written to -out.
 type Report struct {
-	Engine  string    `json:"engine"`
-	CPU     string    `json:"cpu"`
-	Procs   int       `json:"gomaxprocs"`
-	When    time.Time `json:"when"`
-	Batch   int64     `json:"batch_bytes"`
-	Huge    bool      `json:"hugepages"`
-	Results []Result  `json:"results"`
-	Latency []Latency `json:"latency"`
+	Run     report.Run `json:"run"`
+	Engine  string     `json:"engine"`
+	CPU     string     `json:"cpu"`
+	Procs   int        `json:"gomaxprocs"`
+	When    time.Time  `json:"when"`
+	Batch   int64      `json:"batch_bytes"`
+	Huge    bool       `json:"hugepages"`
+	Results []Result   `json:"results"`
+	Latency []Latency  `json:"latency"`
 }
 
 func main() {
@@ -97,7 +98,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if !ok {
 		return fmt.Errorf("engine %s has no baselines", eng.Name())
 	}
-	rep := Report{Engine: eng.Name(), CPU: report.CPUModel(), Procs: runtime.GOMAXPROCS(0), When: time.Now().UTC(),
+	rep := Report{Run: report.NewRun(eng), Engine: eng.Name(), CPU: report.CPUModel(), Procs: runtime.GOMAXPROCS(0), When: time.Now().UTC(),
 		Batch: cfg.batch, Huge: cfg.hugepages}
 	b := &bench{cfg: cfg, eng: eng, base: base, rng: rand.New(rand.NewPCG(1, 1)), log: stderr}
 	for _, region := range cfg.regions {
@@ -226,7 +227,8 @@ func (b *bench) region(size int64) ([]Result, Latency, error) {
 		res.Region, res.BulkGBs = size, bulk
 		out = append(out, res)
 	}
-	lat, err := s.latency(2048, 656)
+	// DSA's decode step: 2048 rows of 656 B, or what fits a smaller -batch.
+	lat, err := s.latency(int(min(2048, b.cfg.batch/656)), 656)
 	lat.Region = size
 	return out, lat, err
 }

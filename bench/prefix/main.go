@@ -27,6 +27,7 @@ import (
 
 // Report is the JSON written to -out.
 type Report struct {
+	Run       report.Run  `json:"run"`
 	CPU       string      `json:"cpu"`
 	Cores     int         `json:"cores"`
 	Engine    string      `json:"engine"`
@@ -107,7 +108,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer eng.Close()
-	rep := Report{CPU: report.CPUModel(), Cores: runtime.NumCPU(), Engine: eng.Name()}
+	rep := Report{Run: report.NewRun(eng), CPU: report.CPUModel(), Cores: runtime.NumCPU(), Engine: eng.Name()}
 	if rep.Ops, err = opsCases(o, stderr); err != nil {
 		return err
 	}

@@ -57,16 +57,17 @@ type Result struct {
 
 // Report is the JSON written to -out.
 type Report struct {
-	CPU         string   `json:"cpu"`
-	Engine      string   `json:"engine"`
-	EntryBytes  int64    `json:"entry_bytes"`
-	TopK        int      `json:"top_k"`
-	Slots       int      `json:"slots"`
-	GatherGBps  float64  `json:"gather_gb_per_s"` // random 656-byte rows, large batch
-	BulkGBps    float64  `json:"bulk_gb_per_s"`   // one contiguous copy
-	LaunchFloor float64  `json:"launch_floor_us"` // a one-row gather
-	Skipped     []string `json:"skipped,omitempty"`
-	Results     []Result `json:"results"`
+	Run         report.Run `json:"run"`
+	CPU         string     `json:"cpu"`
+	Engine      string     `json:"engine"`
+	EntryBytes  int64      `json:"entry_bytes"`
+	TopK        int        `json:"top_k"`
+	Slots       int        `json:"slots"`
+	GatherGBps  float64    `json:"gather_gb_per_s"` // random 656-byte rows, large batch
+	BulkGBps    float64    `json:"bulk_gb_per_s"`   // one contiguous copy
+	LaunchFloor float64    `json:"launch_floor_us"` // a one-row gather
+	Skipped     []string   `json:"skipped,omitempty"`
+	Results     []Result   `json:"results"`
 }
 
 type options struct {
@@ -155,7 +156,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer eng.Close()
-	rep := Report{CPU: report.CPUModel(), Engine: eng.Name(), EntryBytes: o.entry, TopK: o.k, Slots: o.slots}
+	rep := Report{Run: report.NewRun(eng), CPU: report.CPUModel(), Engine: eng.Name(), EntryBytes: o.entry, TopK: o.k, Slots: o.slots}
 	if err := measureEngine(eng, o, &rep, stderr); err != nil {
 		return err
 	}

@@ -7,11 +7,55 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/cxltier/cxltier/kernels"
 )
+
+// Run says where a result file's figures come from: the commit they were
+// measured at (with "dirty" when the tree had changes), when, and on what.
+type Run struct {
+	Commit string    `json:"commit"`
+	Dirty  bool      `json:"dirty,omitempty"`
+	Date   time.Time `json:"date"`
+	Go     string    `json:"go"`
+	CPU    string    `json:"cpu"`
+	GPU    string    `json:"gpu,omitempty"` // the engine's device, when it has one
+}
+
+// NewRun describes this run on eng: the commit from the binary's build
+// information (go build records it), else from git in the working
+// directory (go run does not), else "unknown".
+func NewRun(eng kernels.Engine) Run {
+	r := Run{Commit: "unknown", Date: time.Now().UTC(), Go: runtime.Version(), CPU: CPUModel()}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				r.Commit = s.Value
+			case "vcs.modified":
+				r.Dirty = s.Value == "true"
+			}
+		}
+	}
+	if r.Commit == "unknown" { // go run does not stamp; ask git, if there is one
+		if out, err := exec.Command("git", "rev-parse", "HEAD").Output(); err == nil {
+			r.Commit = strings.TrimSpace(string(out))
+			st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output()
+			r.Dirty = err == nil && len(st) > 0
+		}
+	}
+	if d, ok := eng.(kernels.DeviceNamer); ok {
+		r.GPU = d.DeviceName()
+	}
+	return r
+}
 
 // CPUModel names the machine's CPU and core count, for result files.
 func CPUModel() string {

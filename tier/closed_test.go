@@ -1,0 +1,39 @@
+package tier
+
+import (
+	"errors"
+	"testing"
+)
+
+// TestRegionAfterClose: every method of a closed region returns ErrClosed
+// or a zero value. They used to index the unmapped devices (a panic) or
+// read the unmapped control area (a fault no recover catches).
+func TestRegionAfterClose(t *testing.T) {
+	r := formatTest(t, testGeometry(), fileBacking(t))
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for name, err := range map[string]error{
+		"Slice":     func() error { _, err := r.Slice(r.DataStart(), 8); return err }(),
+		"ReadAt":    r.ReadAt(make([]byte, 8), r.DataStart()),
+		"WriteAt":   r.WriteAt(make([]byte, 8), r.DataStart()),
+		"Publish":   r.Publish(r.DataStart(), 8),
+		"Refresh":   r.Refresh(r.DataStart(), 8),
+		"DirLookup": func() error { _, err := r.DirLookup("x"); return err }(),
+		"DirList":   func() error { _, err := r.DirList(); return err }(),
+		"Attach":    func() error { _, err := r.Attach(ClientOptions{Name: "late"}); return err }(),
+		"Close":     r.Close(),
+	} {
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("%s after Close: %v", name, err)
+		}
+	}
+	if r.Leases() != nil || r.Locks() != nil || r.LeaseLive(1) || r.Device(0) != nil || r.NumDevices() != 0 {
+		t.Error("a closed region still reports leases, locks or devices")
+	}
+	if u := r.Usage(); u != (Usage{}) {
+		t.Errorf("usage of a closed region: %+v", u)
+	}
+	_ = r.Snapshot() // must not fault
+	_ = r.Info()
+}
