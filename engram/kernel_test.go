@@ -2,6 +2,7 @@ package engram
 
 import (
 	"errors"
+	"math/bits"
 	"testing"
 
 	"github.com/cxltier/cxltier/internal/ptxcheck"
@@ -201,6 +202,11 @@ func TestTableMapStripes(t *testing.T) {
 
 func TestPTXMatchesSource(t *testing.T) {
 	if err := ptxcheck.Check("engram.cu", engramPTX, "cxl_engram_rows"); err != nil {
+		t.Error(err)
+	}
+	rangeShift := uint64(bits.Len64(uint64(kernels.MaxRangeBytes)) - 1)
+	if err := ptxcheck.Agree("engram.cu", map[string]uint64{"WAYS": ways, "STAMP_BITS": stampBits, "GOLDEN": setGolden,
+		"ADDR_RANGE_SHIFT": rangeShift}); err != nil {
 		t.Error(err)
 	}
 }

@@ -3,6 +3,7 @@ package topk
 import (
 	"encoding/binary"
 	"errors"
+	"math/bits"
 	"testing"
 
 	"github.com/cxltier/cxltier/internal/ptxcheck"
@@ -52,6 +53,11 @@ func TestInitialRegion(t *testing.T) {
 
 func TestPTXMatchesSource(t *testing.T) {
 	if err := ptxcheck.Check("topk.cu", topkPTX, "cxl_topk_check", "cxl_topk_plan"); err != nil {
+		t.Error(err)
+	}
+	rangeShift := uint64(bits.Len64(uint64(kernels.MaxRangeBytes)) - 1)
+	if err := ptxcheck.Agree("topk.cu", map[string]uint64{"CHECK_ALL_MAX_BATCH": checkAllMaxBatch, "ADDR_RANGE_SHIFT": rangeShift,
+		"NO_SLOT": hashNoSlot}); err != nil {
 		t.Error(err)
 	}
 }
