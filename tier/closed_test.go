@@ -10,8 +10,21 @@ import (
 // read the unmapped control area (a fault no recover catches).
 func TestRegionAfterClose(t *testing.T) {
 	r := formatTest(t, testGeometry(), fileBacking(t))
+	c := attachTest(t, r, 0) // still attached when the region closes
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
+	}
+	for name, err := range map[string]error{
+		"AllocChunks": func() error { _, err := c.AllocChunks(1); return err }(),
+		"Lock":        c.Lock(SystemLock),
+		"Unlock":      c.Unlock(SystemLock),
+		"DirPut":      c.DirPut(DirEntry{Name: "x", Kind: 1, Size: 1}),
+		"Err":         c.Err(),
+		"Close":       c.Close(),
+	} {
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("client %s after the region closed: %v", name, err)
+		}
 	}
 	for name, err := range map[string]error{
 		"Slice":     func() error { _, err := r.Slice(r.DataStart(), 8); return err }(),

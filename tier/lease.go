@@ -153,6 +153,7 @@ func (r *Region) Attach(opts ClientOptions) (*Client, error) {
 		}
 		c.done.Add(1)
 		go c.heartbeat(period)
+		r.track(c)
 		return c, nil
 	}
 	return nil, fmt.Errorf("tier: attach on node %d: all %d slots taken: %w", opts.Node, r.l.ClientsPerNode, ErrLeaseTable)
@@ -202,10 +203,26 @@ func (c *Client) Region() *Region { return c.r }
 // Err reports ErrLeaseLost once a reaper has taken the lease away (the
 // process was presumed dead, e.g. it stalled past the lease timeout).
 func (c *Client) Err() error {
+	if err := c.r.live("client"); err != nil {
+		return err
+	}
 	if c.lost.Load() {
 		return fmt.Errorf("tier: client slot %d: %w", c.slot, ErrLeaseLost)
 	}
 	return nil
+}
+
+// abandon stops the client's heartbeat without touching its lease, for a
+// region closing under it: later calls report ErrClosed.
+func (c *Client) abandon() {
+	c.closeMu.Lock()
+	defer c.closeMu.Unlock()
+	if c.closed {
+		return
+	}
+	c.closed = true
+	close(c.stop)
+	c.done.Wait()
 }
 
 // Close frees the chunks the client still owns and releases its lease.
@@ -221,6 +238,7 @@ func (c *Client) Close() error {
 	c.closed = true
 	close(c.stop)
 	c.done.Wait()
+	c.r.untrack(c)
 	if c.lost.Load() {
 		return nil // a reaper already reclaimed everything
 	}

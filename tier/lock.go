@@ -43,6 +43,9 @@ func (c *Client) Lock(id int) error { return c.LockContext(context.Background(),
 // stage; once this node has asked the manager, the wait ends with the grant
 // (the manager takes the lock back from dead holders, so it does end).
 func (c *Client) LockContext(ctx context.Context, id int) error {
+	if err := c.r.live("lock"); err != nil {
+		return err
+	}
 	if err := c.r.checkLockID(id); err != nil {
 		return err
 	}
@@ -124,6 +127,9 @@ func (r *Region) awaitGrantFor(global []byte, limit time.Duration) bool {
 
 // Unlock releases lock id, which this client must hold.
 func (c *Client) Unlock(id int) error {
+	if err := c.r.live("unlock"); err != nil {
+		return err
+	}
 	if err := c.r.checkLockID(id); err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -33,6 +34,9 @@ type Region struct {
 	sync     syncer
 	readOnly bool
 	closed   atomic.Bool
+
+	clientsMu sync.Mutex
+	clients   map[*Client]struct{} // attached here and not closed
 }
 
 // Format creates the devices, writes the format and returns the mapped region.
@@ -176,14 +180,42 @@ func (r *Region) checkDevice(i int, m *mapping, l layout, expect int64) error {
 
 // Close unmaps every device. The region's content stays in its backings.
 //
-// Close must not race with other calls on r. Afterwards calls that return
-// an error return ErrClosed, and the others zero values (no lease, no
-// lock, no device): the mapping is gone, and a method must not fault on it.
+// Close must not race with other calls on r. Clients still attached stop
+// their heartbeats first and report ErrClosed from then on; their leases
+// stay in the tier for a reaper to reclaim, as a crashed process's would.
+// Afterwards calls that return an error return ErrClosed, and the others
+// zero values (no lease, no lock, no device): the mapping is gone, and a
+// method must not fault on it.
 func (r *Region) Close() error {
 	if !r.closed.CompareAndSwap(false, true) {
 		return fmt.Errorf("tier: close: %w", ErrClosed)
 	}
+	r.clientsMu.Lock()
+	left := make([]*Client, 0, len(r.clients))
+	for c := range r.clients {
+		left = append(left, c)
+	}
+	r.clientsMu.Unlock()
+	for _, c := range left {
+		c.abandon()
+	}
 	return r.unmapAll()
+}
+
+// track and untrack keep the set of clients Close must stop.
+func (r *Region) track(c *Client) {
+	r.clientsMu.Lock()
+	defer r.clientsMu.Unlock()
+	if r.clients == nil {
+		r.clients = map[*Client]struct{}{}
+	}
+	r.clients[c] = struct{}{}
+}
+
+func (r *Region) untrack(c *Client) {
+	r.clientsMu.Lock()
+	defer r.clientsMu.Unlock()
+	delete(r.clients, c)
 }
 
 // live reports ErrClosed once Close has run.
