@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/cxltier/cxltier/internal/tokentrace"
 	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/tier"
 )
@@ -42,7 +43,11 @@ func newPlanPair(t testing.TB, r *tier.Region, c *tier.Client, opts PrefetchOpti
 
 func newPlanPairOn(t testing.TB, r *tier.Region, c *tier.Client, opts PrefetchOptions, dEng kernels.Engine, exact bool) *planPair {
 	t.Helper()
-	g := tinyGeometry()
+	return newPlanPairGeometry(t, r, c, tinyGeometry(), opts, dEng, exact)
+}
+
+func newPlanPairGeometry(t testing.TB, r *tier.Region, c *tier.Client, g Geometry, opts PrefetchOptions, dEng kernels.Engine, exact bool) *planPair {
+	t.Helper()
 	h, err := NewHasher(g)
 	if err != nil {
 		t.Fatal(err)
@@ -289,5 +294,45 @@ func testOutOfRoom(t *testing.T, eng kernels.Engine, exact bool) {
 	}
 	if err != nil {
 		t.Fatalf("a call that fits, after one that did not: %v", err)
+	}
+}
+
+// TestEnginePlanMatchesHostOnText replays real text (the head of the
+// pydocs trace, testdata/README.md) as 8 concurrent requests through both
+// planners with the cache on: n-grams of text repeat, so calls hit, evict
+// and spill as they do in service, and the engine's planner must give
+// every row the host's slot and bytes, call for call.
+func TestEnginePlanMatchesHostOnText(t *testing.T) {
+	tr, err := tokentrace.Read("testdata/pydocs-head.u32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := Geometry{Name: "text", LayerIDs: []int{1}, MaxNgram: 3, Heads: 4, BaseSizes: []int64{2000, 2400},
+		Seed: 11, Vocab: 99092, PadID: 2, RowBytes: 64, DType: "float32"}
+	for _, pe := range planEngines {
+		t.Run(pe.name, func(t *testing.T) {
+			r, c := testTier(t, 2)
+			pp := newPlanPairGeometry(t, r, c, g, PrefetchOptions{Slots: 4000, Protect: 2, Cache: true}, pe.make(t), pe.exact)
+			rp, err := tokentrace.NewReplay(tr, 8, g.MaxNgram-1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			steps := 0
+			for ; steps < 600; steps++ {
+				hist, ids, ok := rp.Step()
+				if !ok {
+					break
+				}
+				pp.call(t, 1, hist, ids)
+			}
+			hm, dm := pp.host.Metrics(), pp.dev.Metrics()
+			if steps < 600 || hm.Hits.Load() == 0 || hm.Fetched.Load() == 0 {
+				t.Fatalf("%d steps, %d hits, %d fetched: the replay did not exercise the cache", steps, hm.Hits.Load(), hm.Fetched.Load())
+			}
+			if pe.exact && (hm.Hits.Load() != dm.Hits.Load() || hm.Fetched.Load() != dm.Fetched.Load()) {
+				t.Fatalf("hits %d vs %d, fetched %d vs %d", hm.Hits.Load(), dm.Hits.Load(), hm.Fetched.Load(), dm.Fetched.Load())
+			}
+			t.Logf("%d steps of 8 tokens: %.0f%% of rows hit", steps, 100*float64(hm.Hits.Load())/float64(hm.Rows.Load()))
+		})
 	}
 }

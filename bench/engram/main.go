@@ -7,21 +7,32 @@
 // Ids: "uniform" and "zipf" draw every token independently (Zipf over the
 // vocabulary, s = 1.1), so n-grams of two or more tokens rarely repeat;
 // "phrases" strings together phrases of 2–8 tokens drawn Zipf-distributed
-// from a fixed set of 50,000, a stand-in for text whose n-grams repeat (not
-// a trace of real text).
+// from a fixed set of 50,000, a stand-in for text whose n-grams repeat;
+// "trace" (or trace:PATH) replays real text: B requests decode the trace's
+// documents token by token, each taking the next document when done
+// (internal/tokentrace; default ../shared/data/engram/pydocs-cl100k.u32).
+// Every case warms the cache on as many calls as it measures (for a trace,
+// the first half of the steps it replays, then the second).
+//
+// -forward also emulates a decode step's forward pass: a compute timeline
+// of -layers layers of -layer-time each, the prefetch started at the top of
+// the pass, and the Engram layer (the geometry's first, the one with the
+// least time to hide the fetch) waiting for its rows. It reports the step
+// with rows already in device memory, with rows from the tier, and the
+// stall between them (see forward for how the CPU engine reckons it).
 //
 // The tables are scaled down (-base) so they fit a small machine: hashing
 // cost is the same, and -base sets how far rows spread. Use -base 0 for the
 // real sizes (V4.1: ~100 GB per layer).
 //
 //	go run ./bench/engram
+//	go run ./bench/engram -ids trace -batch 256 -calls 5000 -forward
 //	go run -tags cuda ./bench/engram -engine cuda -base 0
 package main
 
 import (
 	"flag"
 	"fmt"
-	"github.com/cxltier/cxltier/bench/internal/report"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -31,7 +42,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/cxltier/cxltier/bench/internal/report"
 	"github.com/cxltier/cxltier/engram"
+	"github.com/cxltier/cxltier/internal/tokentrace"
 	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/tier"
 )
@@ -55,6 +68,20 @@ type PrefetchResult struct {
 	HitRate    float64 `json:"hit_rate"`
 	DeadlineUs float64 `json:"deadline_us"`
 	MissRate   float64 `json:"deadline_miss_rate"`
+	// Misses per call: rows fetched from the tier, p50 over measured calls.
+	MissesPerCall float64  `json:"misses_per_call"`
+	Forward       *Forward `json:"forward,omitempty"`
+}
+
+// Forward is the emulated forward pass of one case (p50 over its steps).
+type Forward struct {
+	Layers      int     `json:"layers"`
+	LayerUs     float64 `json:"layer_us"`
+	EngramLayer int     `json:"engram_layer"` // its index in the pass
+	StepUs      float64 `json:"step_us"`      // rows already in device memory
+	StepTierUs  float64 `json:"step_tier_us"` // rows prefetched from the tier
+	StallUs     float64 `json:"stall_us"`
+	StallPct    float64 `json:"stall_pct"`
 }
 
 // Report is the JSON written to -out.
@@ -63,6 +90,7 @@ type Report struct {
 	Engine   string           `json:"engine"`
 	CPU      string           `json:"cpu"`
 	Base     int64            `json:"base_size_per_order"`
+	Trace    string           `json:"trace,omitempty"`
 	Hash     []HashResult     `json:"hash"`
 	Prefetch []PrefetchResult `json:"prefetch"`
 }
@@ -83,25 +111,37 @@ func run(args []string, stdout, stderr io.Writer) error {
 	deadline := fs.Duration("deadline", 56*time.Microsecond, "per-layer deadline")
 	slots := fs.Int("slots", 1<<17, "hot cache rows per layer")
 	planners := fs.String("planner", "host,engine", "planners to run: host, engine (comma-separated)")
-	dists := fs.String("ids", "uniform,zipf,phrases", "id distributions: uniform, zipf, phrases")
+	dists := fs.String("ids", "uniform,zipf,phrases", "id sources: uniform, zipf, phrases, trace or trace:PATH (real text; default "+defaultTrace+")")
 	batches := fs.String("batch", "1,32,256", "batch sizes (decode tokens per call)")
 	out := fs.String("out", "", "JSON output (default bench/results/engram-ENGINE.json)")
+	var fw forwardOpts
+	fs.BoolVar(&fw.on, "forward", false, "also emulate the forward pass and report the stall")
+	fs.IntVar(&fw.layers, "layers", 64, "-forward: layers in the pass")
+	fs.DurationVar(&fw.layerTime, "layer-time", 56*time.Microsecond, "-forward: compute time of one layer")
+	fs.IntVar(&fw.steps, "forward-steps", 40, "-forward: emulated steps per case")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *base < 0 || *calls < 1 || *slots < 1 {
-		return fmt.Errorf("-base must be >= 0, -calls and -slots positive")
+	if *base < 0 || *calls < 1 || *slots < 1 || fw.layers < 2 || fw.layerTime <= 0 || fw.steps < 1 {
+		return fmt.Errorf("-base must be >= 0; -calls, -slots, -layer-time and -forward-steps positive; -layers at least 2")
 	}
-	cases, err := parseCases(*planners, *dists, *batches)
+	cases, tracePath, err := parseCases(*planners, *dists, *batches)
 	if err != nil {
 		return err
+	}
+	var trace *tokentrace.Trace
+	if tracePath != "" {
+		if trace, err = tokentrace.Read(tracePath); err != nil {
+			return fmt.Errorf("-ids trace: %w (the pydocs trace is in the shared data directory, ../shared/data/engram/; a 24K-token head of it is engram/testdata/pydocs-head.u32)", err)
+		}
+		fmt.Fprintf(stderr, "trace %s: %d documents, %d tokens\n", tracePath, len(trace.Docs), trace.Tokens)
 	}
 	eng, err := kernels.New(*engName)
 	if err != nil {
 		return err
 	}
 	defer eng.Close()
-	rep := Report{Run: report.NewRun(eng), Engine: eng.Name(), CPU: report.CPUModel(), Base: *base}
+	rep := Report{Run: report.NewRun(eng), Engine: eng.Name(), CPU: report.CPUModel(), Base: *base, Trace: tracePath}
 	for _, name := range []string{"v4.1-flash", "engram-27b"} {
 		g, _ := engram.Preset(name)
 		if *base > 0 {
@@ -115,7 +155,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		rep.Hash = append(rep.Hash, hashThroughput(name, h))
-		res, err := prefetchCases(eng, name, g, h, cases, *calls, *slots, *deadline, stderr)
+		if trace != nil && trace.MaxID >= g.Vocab {
+			return fmt.Errorf("-ids trace: ids up to %d, the %s vocabulary is %d", trace.MaxID, name, g.Vocab)
+		}
+		res, err := prefetchCases(eng, name, g, h, cases, caseOpts{calls: *calls, slots: *slots, deadline: *deadline, trace: trace, fw: fw}, stderr)
 		if err != nil {
 			return err
 		}
@@ -152,25 +195,41 @@ type benchCase struct {
 	planner engram.Planner
 }
 
-// parseCases crosses the flags' lists: batch, ids, cache off and on, planner.
-func parseCases(planners, dists, batches string) ([]benchCase, error) {
+// defaultTrace is where -ids trace looks, from the repository root.
+const defaultTrace = "../shared/data/engram/pydocs-cl100k.u32"
+
+// parseCases crosses the flags' lists: batch, ids, cache off and on,
+// planner. It also returns the trace's path when an id source is one.
+func parseCases(planners, dists, batches string) ([]benchCase, string, error) {
 	var ps []engram.Planner
 	for _, s := range strings.Split(planners, ",") {
 		p, err := engram.ParsePlanner(s)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		ps = append(ps, p)
 	}
 	var out []benchCase
+	trace := ""
 	for _, b := range strings.Split(batches, ",") {
 		batch, err := strconv.Atoi(b)
 		if err != nil || batch < 1 {
-			return nil, fmt.Errorf("-batch: %q is not a positive number", b)
+			return nil, "", fmt.Errorf("-batch: %q is not a positive number", b)
 		}
 		for _, d := range strings.Split(dists, ",") {
-			if d != "uniform" && d != "zipf" && d != "phrases" {
-				return nil, fmt.Errorf("-ids: %q (want uniform, zipf or phrases)", d)
+			switch {
+			case d == "uniform" || d == "zipf" || d == "phrases":
+			case d == "trace" || strings.HasPrefix(d, "trace:"):
+				path := strings.TrimPrefix(strings.TrimPrefix(d, "trace"), ":")
+				if path == "" {
+					path = defaultTrace
+				}
+				if trace != "" && trace != path {
+					return nil, "", fmt.Errorf("-ids: two traces (%s and %s)", trace, path)
+				}
+				trace, d = path, "trace"
+			default:
+				return nil, "", fmt.Errorf("-ids: %q (want uniform, zipf, phrases, trace or trace:PATH)", d)
 			}
 			for _, cache := range []bool{false, true} {
 				for _, p := range ps {
@@ -179,11 +238,18 @@ func parseCases(planners, dists, batches string) ([]benchCase, error) {
 			}
 		}
 	}
-	return out, nil
+	return out, trace, nil
 }
 
-func prefetchCases(eng kernels.Engine, name string, g engram.Geometry, h *engram.Hasher, cases []benchCase, calls, slots int,
-	deadline time.Duration, log io.Writer) ([]PrefetchResult, error) {
+// caseOpts are the flags every case shares.
+type caseOpts struct {
+	calls, slots int
+	deadline     time.Duration
+	trace        *tokentrace.Trace
+	fw           forwardOpts
+}
+
+func prefetchCases(eng kernels.Engine, name string, g engram.Geometry, h *engram.Hasher, cases []benchCase, o caseOpts, log io.Writer) ([]PrefetchResult, error) {
 	layer := g.LayerIDs[0]
 	rows, _ := h.Rows(layer)
 	fmt.Fprintf(log, "%s: building a synthetic table of %d rows × %d B...\n", name, rows, g.RowBytes)
@@ -202,7 +268,7 @@ func prefetchCases(eng kernels.Engine, name string, g engram.Geometry, h *engram
 	}
 	var out []PrefetchResult
 	for _, bc := range cases {
-		res, err := prefetchCase(eng, r, h, t, bc, calls, slots, deadline)
+		res, err := prefetchCase(eng, r, h, t, bc, o)
 		if err != nil {
 			return nil, fmt.Errorf("%s %+v: %w", name, bc, err)
 		}
@@ -228,27 +294,31 @@ func tierFor(bytes int64) (*tier.Region, *tier.Client, error) {
 	return r, c, nil
 }
 
-func prefetchCase(eng kernels.Engine, r *tier.Region, h *engram.Hasher, t *engram.Table, bc benchCase,
-	calls, slots int, deadline time.Duration) (PrefetchResult, error) {
+func prefetchCase(eng kernels.Engine, r *tier.Region, h *engram.Hasher, t *engram.Table, bc benchCase, o caseOpts) (PrefetchResult, error) {
 	g := h.Geometry()
-	batch := bc.batch
-	opts := engram.PrefetchOptions{Slots: slots, Deadline: deadline, Cache: bc.cache, Planner: bc.planner}
+	opts := engram.PrefetchOptions{Slots: o.slots, Deadline: o.deadline, Cache: bc.cache, Planner: bc.planner}
 	p, err := engram.NewPrefetcher(eng, r, h, []*engram.Table{t}, opts)
 	if err != nil {
 		return PrefetchResult{}, err
 	}
 	defer p.Close()
-	streams := idStreams(bc.dist, g.Vocab, batch)
-	hist := make([][]int64, batch)
-	for b := range hist {
-		hist[b] = []int64{streams[b](), streams[b](), streams[b]()}
+	src, warm, calls, err := newSource(bc, g, o)
+	if err != nil {
+		return PrefetchResult{}, err
 	}
-	seqs := make([][]int64, batch)
 	var lat []time.Duration
-	for i := range calls + calls/4 {
-		for b := range seqs {
-			seqs[b] = []int64{streams[b]()}
+	var misses []int
+	m := p.Metrics()
+	var rows0, hits0 uint64
+	for i := range warm + calls {
+		if i == warm {
+			rows0, hits0 = m.Rows.Load(), m.Hits.Load()
 		}
+		hist, seqs, ok := src.Step()
+		if !ok {
+			return PrefetchResult{}, fmt.Errorf("the id source ran out after %d calls", i)
+		}
+		fetched := m.Fetched.Load()
 		pd, err := p.Prefetch(t.Layer, hist, seqs)
 		if err != nil {
 			return PrefetchResult{}, err
@@ -257,25 +327,127 @@ func prefetchCase(eng kernels.Engine, r *tier.Region, h *engram.Hasher, t *engra
 		if err != nil {
 			return PrefetchResult{}, err
 		}
-		if i >= calls/4 { // the first quarter warms the cache
+		if i >= warm {
 			lat = append(lat, d)
-		}
-		for b := range hist {
-			hist[b] = append(hist[b][1:], seqs[b][0])
+			misses = append(misses, int(m.Fetched.Load()-fetched))
 		}
 	}
 	slices.Sort(lat)
+	slices.Sort(misses)
 	missed := 0
 	for _, d := range lat {
-		if d > deadline {
+		if d > o.deadline {
 			missed++
 		}
 	}
-	m := p.Metrics()
-	return PrefetchResult{Batch: batch, IDs: bc.dist, Cache: bc.cache, Planner: bc.planner.String(),
+	res := PrefetchResult{Batch: bc.batch, IDs: bc.dist, Cache: bc.cache, Planner: bc.planner.String(),
 		P50us: us(lat[len(lat)/2]), P99us: us(lat[len(lat)*99/100]),
-		HitRate:    float64(m.Hits.Load()) / float64(m.Rows.Load()),
-		DeadlineUs: us(deadline), MissRate: float64(missed) / float64(len(lat))}, nil
+		HitRate:    float64(m.Hits.Load()-hits0) / float64(max(1, m.Rows.Load()-rows0)),
+		DeadlineUs: us(o.deadline), MissRate: float64(missed) / float64(len(lat)), MissesPerCall: float64(misses[len(misses)/2])}
+	if o.fw.on {
+		fw, err := forward(p, t.Layer, src, o.fw)
+		if err != nil {
+			return res, err
+		}
+		res.Forward = &fw
+	}
+	return res, nil
+}
+
+// source yields decode steps: per sequence the ids before its token and
+// the token.
+type source interface {
+	Step() (hist, ids [][]int64, ok bool)
+}
+
+// newSource is the case's id source and how many calls it warms and
+// measures: -calls each, or for a trace the two halves of what it has at
+// this batch (at most -calls each, leaving steps for -forward).
+func newSource(bc benchCase, g engram.Geometry, o caseOpts) (source, int, int, error) {
+	if bc.dist != "trace" {
+		return newStreams(bc.dist, g.Vocab, bc.batch), o.calls, o.calls, nil
+	}
+	steps := o.trace.Steps(bc.batch)
+	if o.fw.on {
+		steps -= o.fw.steps
+	}
+	half := min(o.calls, steps/2)
+	if half < 1 {
+		return nil, 0, 0, fmt.Errorf("the trace has %d steps at batch %d: too few to warm and measure", o.trace.Steps(bc.batch), bc.batch)
+	}
+	rp, err := tokentrace.NewReplay(o.trace, bc.batch, g.MaxNgram-1)
+	return rp, half, half, err
+}
+
+// streams are synthetic id streams with the histories they build.
+type streams struct {
+	gen        []func() int64
+	hist, seqs [][]int64
+	started    bool
+}
+
+func newStreams(dist string, vocab int64, batch int) *streams {
+	s := &streams{gen: idStreams(dist, vocab, batch), hist: make([][]int64, batch), seqs: make([][]int64, batch)}
+	for b := range s.hist {
+		s.hist[b] = []int64{s.gen[b](), s.gen[b](), s.gen[b]()}
+		s.seqs[b] = make([]int64, 1)
+	}
+	return s
+}
+
+func (s *streams) Step() (hist, ids [][]int64, ok bool) {
+	for b := range s.seqs {
+		if s.started { // the last step's token joins the history
+			s.hist[b] = append(s.hist[b][1:], s.seqs[b][0])
+		}
+		s.seqs[b][0] = s.gen[b]()
+	}
+	s.started = true
+	return s.hist, s.seqs, true
+}
+
+// forwardOpts are the -forward flags.
+type forwardOpts struct {
+	on        bool
+	layers    int
+	layerTime time.Duration
+	steps     int
+}
+
+// forward emulates decode steps' forward passes and reports the p50
+// step with rows already in device memory, with rows prefetched from the
+// tier, and the stall between them. The prefetch starts at the top of the
+// pass and runs for real; the compute is a timeline: layer l would start
+// at l × layer-time, and the Engram layer (index engramLayer of the pass)
+// starts only when its rows are ready. The CPU engine has no second
+// processor to run the layers on (burning this machine's cores would slow
+// the prefetch it measures), so the timeline is reckoned, not run; a GPU
+// run of the same program is what a user feels.
+func forward(p *engram.Prefetcher, layer int, src source, o forwardOpts) (Forward, error) {
+	engramLayer := min(layer, o.layers-1)
+	window := time.Duration(engramLayer) * o.layerTime
+	step := time.Duration(o.layers) * o.layerTime
+	var tiered []time.Duration
+	for range o.steps {
+		hist, ids, ok := src.Step()
+		if !ok {
+			return Forward{}, fmt.Errorf("-forward: the id source ran out")
+		}
+		start := time.Now()
+		pd, err := p.Prefetch(layer, hist, ids)
+		if err == nil {
+			_, err = pd.Wait()
+		}
+		if err != nil {
+			return Forward{}, err
+		}
+		ready := time.Since(start)
+		tiered = append(tiered, step+max(0, ready-window))
+	}
+	slices.Sort(tiered)
+	t := tiered[len(tiered)/2]
+	return Forward{Layers: o.layers, LayerUs: us(o.layerTime), EngramLayer: engramLayer, StepUs: us(step), StepTierUs: us(t),
+		StallUs: us(t - step), StallPct: 100 * float64(t-step) / float64(step)}, nil
 }
 
 // idStreams are the id streams of a batch's sequences under dist. Phrases
@@ -321,7 +493,11 @@ func idStreams(dist string, vocab int64, batch int) []func() int64 {
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 
 func printTable(w io.Writer, rep Report) {
-	fmt.Fprintf(w, "engine %s on %s; tables scaled to base %d per order\n\n", rep.Engine, rep.CPU, rep.Base)
+	fmt.Fprintf(w, "engine %s on %s; tables scaled to base %d per order\n", rep.Engine, rep.CPU, rep.Base)
+	if rep.Trace != "" {
+		fmt.Fprintf(w, "trace: %s\n", rep.Trace)
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "geometry\ttokens/s/core\trows/s/core\t")
 	for _, h := range rep.Hash {
@@ -330,10 +506,14 @@ func printTable(w io.Writer, rep Report) {
 	tw.Flush()
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "geometry\tbatch\tids\tcache\tplanner\tp50 µs\tp99 µs\thit rate\tdeadline µs\tmissed\t")
+	fmt.Fprintln(tw, "geometry\tbatch\tids\tcache\tplanner\tp50 µs\tp99 µs\thit rate\tmisses/call\tdeadline µs\tmissed\tstep µs\tfrom tier µs\tstall\t")
 	for _, p := range rep.Prefetch {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%v\t%s\t%.1f\t%.1f\t%.2f\t%.0f\t%.0f%%\t\n", p.Geometry, p.Batch, p.IDs, p.Cache, p.Planner,
-			p.P50us, p.P99us, p.HitRate, p.DeadlineUs, p.MissRate*100)
+		fw := "\t\t\t"
+		if f := p.Forward; f != nil {
+			fw = fmt.Sprintf("%.0f\t%.0f\t%.0f µs (%.1f%%)\t", f.StepUs, f.StepTierUs, f.StallUs, f.StallPct)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%v\t%s\t%.1f\t%.1f\t%.2f\t%.0f\t%.0f\t%.0f%%\t%s\n", p.Geometry, p.Batch, p.IDs, p.Cache, p.Planner,
+			p.P50us, p.P99us, p.HitRate, p.MissesPerCall, p.DeadlineUs, p.MissRate*100, fw)
 	}
 	tw.Flush()
 }
