@@ -24,7 +24,11 @@ func (s *Store) evictLocked(need int) int {
 			if tail == 0 {
 				break
 			}
-			i := tail - 1
+			i, ok := s.linkedEntry(tail)
+			if !ok || s.lruDamaged { // rebuild the list from the entries, then go on
+				s.repairLocked()
+				continue
+			}
 			e := s.entry(i)
 			w := atomic.LoadUint64(u64At(e, entWord))
 			if wordState(w) != stReady {
@@ -175,6 +179,7 @@ func (s *Store) repairLocked() {
 	})
 	atomic.StoreUint32(s.hdrU32(hdrLRUHead), 0)
 	atomic.StoreUint32(s.hdrU32(hdrLRUTail), 0)
+	s.lruDamaged = false
 	for _, i := range ready {
 		s.linkHead(i, atomic.LoadUint64(u64At(s.entry(i), entAccess)))
 	}

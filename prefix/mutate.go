@@ -49,6 +49,9 @@ func (s *Store) locked(fn func()) error {
 	s.publishMeta(hdrDirty&^(lineSize-1), lineSize)
 	s.freed = s.freed[:0]
 	fn()
+	if s.lruDamaged {
+		s.repairLocked()
+	}
 	if 4*int64(atomic.LoadUint32(s.hdrU32(hdrTombstones))) > s.g.Entries {
 		s.sweepTombstones()
 	}
@@ -379,15 +382,30 @@ func (s *Store) clearTombstones(i uint32) {
 }
 
 // linkHead puts entry i at the most recent end of the LRU list.
+// linkedEntry resolves an LRU link word (entry index + 1, 0 for none). A
+// word beyond the table is damage, not a reason to fault: it marks the
+// list for rebuilding from the entries (repairLocked, before the lock
+// holder lets go) and reads as no link.
+func (s *Store) linkedEntry(v uint32) (uint32, bool) {
+	if v == 0 {
+		return 0, false
+	}
+	if int64(v) > s.g.Entries {
+		s.lruDamaged = true
+		return 0, false
+	}
+	return v - 1, true
+}
+
 func (s *Store) linkHead(i uint32, now uint64) {
 	e := s.entry(i)
 	head := atomic.LoadUint32(s.hdrU32(hdrLRUHead))
 	atomic.StoreUint32(u32At(e, entPrev), 0)
 	atomic.StoreUint32(u32At(e, entNext), head)
 	atomic.StoreUint64(u64At(e, entLinkedAt), now)
-	if head != 0 {
-		atomic.StoreUint32(u32At(s.entry(head-1), entPrev), i+1)
-	} else {
+	if h, ok := s.linkedEntry(head); ok {
+		atomic.StoreUint32(u32At(s.entry(h), entPrev), i+1)
+	} else if head == 0 {
 		atomic.StoreUint32(s.hdrU32(hdrLRUTail), i+1)
 	}
 	atomic.StoreUint32(s.hdrU32(hdrLRUHead), i+1)
@@ -396,13 +414,13 @@ func (s *Store) linkHead(i uint32, now uint64) {
 func (s *Store) unlink(i uint32) {
 	e := s.entry(i)
 	prev, next := atomic.LoadUint32(u32At(e, entPrev)), atomic.LoadUint32(u32At(e, entNext))
-	if prev != 0 {
-		atomic.StoreUint32(u32At(s.entry(prev-1), entNext), next)
+	if p, ok := s.linkedEntry(prev); ok {
+		atomic.StoreUint32(u32At(s.entry(p), entNext), next)
 	} else if atomic.LoadUint32(s.hdrU32(hdrLRUHead)) == i+1 {
 		atomic.StoreUint32(s.hdrU32(hdrLRUHead), next)
 	}
-	if next != 0 {
-		atomic.StoreUint32(u32At(s.entry(next-1), entPrev), prev)
+	if n, ok := s.linkedEntry(next); ok {
+		atomic.StoreUint32(u32At(s.entry(n), entPrev), prev)
 	} else if atomic.LoadUint32(s.hdrU32(hdrLRUTail)) == i+1 {
 		atomic.StoreUint32(s.hdrU32(hdrLRUTail), prev)
 	}

@@ -116,6 +116,10 @@ func (s *Store) checkLocked(payloads bool) []string {
 		owned[b] = i
 		if payloads && wordState(w) == stReady {
 			n := int64(atomic.LoadUint32(u32At(e, entLen)))
+			if n > s.g.BlockBytes {
+				report("entry %d: payload of %d bytes in blocks of %d", i, n, s.g.BlockBytes)
+				continue
+			}
 			scratch = append(scratch[:0], make([]byte, n)...)
 			if err := s.r.ReadAt(scratch, s.blockOff[b]); err != nil {
 				report("entry %d: read payload: %v", i, err)
@@ -153,6 +157,10 @@ func (s *Store) checkLRU(ready int64, report func(string, ...any)) {
 	for cur := atomic.LoadUint32(s.hdrU32(hdrLRUHead)); cur != 0; {
 		if n > s.g.Entries {
 			report("LRU list has a cycle")
+			return
+		}
+		if int64(cur) > s.g.Entries {
+			report("LRU link %d names no entry (the table has %d)", int64(cur)-1, s.g.Entries)
 			return
 		}
 		e := s.entry(cur - 1)

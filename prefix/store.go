@@ -62,6 +62,9 @@ type Store struct {
 	// freed lists blocks this client freed while it holds the index lock,
 	// for its next allocations; only valid (and only used) under the lock.
 	freed []uint32
+	// lruDamaged: a link word of the LRU list named no entry; the lock
+	// holder rebuilds the list before it lets go (locked).
+	lruDamaged bool
 
 	pinMu   sync.Mutex
 	pinFree []int32 // this client's free pin records
