@@ -1,9 +1,14 @@
 package tier
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func TestChunkAllocExhaustionAndReuse(t *testing.T) {
@@ -243,5 +248,62 @@ func TestLeaseTableFull(t *testing.T) {
 	attachTest(t, r, 0)
 	if _, err := r.Attach(ClientOptions{}); !errors.Is(err, ErrLeaseTable) {
 		t.Errorf("third client: %v, want ErrLeaseTable", err)
+	}
+}
+
+// TestOrphanedLockIsReleased: a lock word naming no live lease (damage, or
+// a client that died between reaper passes) is flagged by Locks and taken
+// over by the next waiter, and by the reaper's pass when nobody waits. It
+// used to hang every writer, forever.
+func TestOrphanedLockIsReleased(t *testing.T) {
+	r := formatTest(t, testGeometry())
+	a := attachTest(t, r, 0)
+	for _, garbage := range []uint64{0x0101010101010101, uint64(1)<<32 | 9999, ^uint64(0)} {
+		_, local := r.lockLines(FirstUserLock, 0)
+		atomic.StoreUint64(u64At(local, 0), garbage)
+		if ls := r.Locks(); len(ls) != 1 || !ls[0].Orphan {
+			t.Fatalf("holder %#x: locks %+v, want one orphan", garbage, ls)
+		}
+		done := make(chan error, 1)
+		go func() { done <- a.Lock(FirstUserLock) }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("holder %#x: %v", garbage, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("holder %#x: the waiter still waits", garbage)
+		}
+		if err := a.Unlock(FirstUserLock); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := NewManager(r, ManagerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Client().Close()
+	_, local := r.lockLines(FirstUserLock+1, 0)
+	atomic.StoreUint64(u64At(local, 0), 0x0101010101010101)
+	m.ReapOnce()
+	if ls := r.Locks(); len(ls) != 0 {
+		t.Fatalf("after a reaper pass: %+v", ls)
+	}
+}
+
+// TestLockWaitEnds: a live holder that never lets go makes a waiter's
+// LockContext end with ErrLockTimeout naming the holder, not hang.
+func TestLockWaitEnds(t *testing.T) {
+	r := formatTest(t, testGeometry())
+	a := attachTest(t, r, 0)
+	b := attachTest(t, r, 0)
+	if err := a.Lock(FirstUserLock); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	err := b.LockContext(ctx, FirstUserLock)
+	if !errors.Is(err, ErrLockTimeout) || !strings.Contains(err.Error(), fmt.Sprintf("client slot %d", a.Slot())) {
+		t.Fatalf("wait on a held lock: %v", err)
 	}
 }

@@ -26,5 +26,6 @@ var (
 	ErrReadOnly      = errkind.New(errkind.Denied, "region opened read-only")
 	ErrInvalidFree   = errkind.New(errkind.Invalid, "invalid free")
 	ErrNotOwner      = errkind.New(errkind.Invalid, "chunk not owned by this client")
+	ErrLockTimeout   = errkind.New(errkind.Other, "lock wait timed out")
 	ErrDeviceOrder   = errkind.New(errkind.Invalid, "device does not belong at this position in the tier")
 )

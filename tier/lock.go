@@ -36,12 +36,25 @@ func (r *Region) checkLockID(id int) error {
 	return nil
 }
 
-// Lock acquires global lock id, waiting as long as it takes.
-func (c *Client) Lock(id int) error { return c.LockContext(context.Background(), id) }
+// LockWait bounds Lock's wait. Locks are held for a mutation's time
+// (microseconds to milliseconds), and a holder that dies is replaced by
+// its waiters or the reaper within a lease timeout; a wait this long means
+// a live process holds the lock and does not let go, which a caller should
+// hear about rather than hang on.
+const LockWait = time.Minute
 
-// LockContext acquires global lock id. ctx bounds the wait for the node-local
-// stage; once this node has asked the manager, the wait ends with the grant
-// (the manager takes the lock back from dead holders, so it does end).
+// Lock acquires global lock id, waiting at most LockWait.
+func (c *Client) Lock(id int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), LockWait)
+	defer cancel()
+	return c.LockContext(ctx, id)
+}
+
+// LockContext acquires global lock id, waiting until ctx ends: for the
+// node-local stage, then for the manager's grant. A holder word naming no
+// live lease (its client died, or the word is damage) is taken over and
+// released by the waiter, so a dead holder never blocks it. A wait that
+// ends without the lock is ErrLockTimeout, naming the holder.
 func (c *Client) LockContext(ctx context.Context, id int) error {
 	if err := c.r.live("lock"); err != nil {
 		return err
@@ -50,15 +63,40 @@ func (c *Client) LockContext(ctx context.Context, id int) error {
 		return err
 	}
 	global, local := c.r.lockLines(id, c.node)
-	if err := c.acquireLocal(ctx, local, true); err != nil {
+	if err := c.acquireLocal(ctx, global, local, true); err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("tier: lock %d: %s: %w", id, c.r.describeHolder(local), ErrLockTimeout)
+		}
 		return fmt.Errorf("tier: lock %d: %w", id, err)
 	}
 	if c.r.l.Nodes == 1 {
 		return nil
 	}
 	c.r.postRequest(global)
-	c.r.awaitGrantFor(global, 0)
+	limit := time.Duration(0)
+	if d, ok := ctx.Deadline(); ok {
+		limit = max(time.Until(d), time.Millisecond)
+	}
+	if !c.r.awaitGrantFor(global, limit) {
+		// The request stays posted (withdrawing it would race the grant):
+		// this client's Close or a reaper finishes the handshake.
+		return fmt.Errorf("tier: lock %d: no grant from the lock manager within the wait (is cxltierd running?): %w", id, ErrLockTimeout)
+	}
 	return nil
+}
+
+// describeHolder names the client in a lock's node-local word.
+func (r *Region) describeHolder(local []byte) string {
+	tok := atomic.LoadUint64(u64At(local, 0))
+	slot := r.TokenSlot(tok)
+	switch {
+	case tok == 0:
+		return "free now"
+	case slot < 0:
+		return fmt.Sprintf("held by a malformed token %#x", tok)
+	}
+	inf := r.readLease(slot)
+	return fmt.Sprintf("held by client slot %d (%q, pid %d, %s)", slot, inf.Name, inf.PID, inf.State)
 }
 
 // lockWithin takes lock id, giving up after limit. On a give-up in the
@@ -68,7 +106,7 @@ func (c *Client) lockWithin(id int, limit time.Duration) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	global, local := c.r.lockLines(id, c.node)
-	if c.acquireLocal(ctx, local, false) != nil {
+	if c.acquireLocal(ctx, global, local, false) != nil {
 		return false
 	}
 	if c.r.l.Nodes == 1 {
@@ -79,9 +117,11 @@ func (c *Client) lockWithin(id int, limit time.Duration) bool {
 }
 
 // acquireLocal takes the node-local stage of a lock: a CAS of the holder
-// word from 0 to this client's token. It gives up when ctx ends and, if
-// checkClient, when this client's lease is lost or closed.
-func (c *Client) acquireLocal(ctx context.Context, local []byte, checkClient bool) error {
+// word from 0 to this client's token. Now and then it checks the holder: one
+// that names no live lease is released on its behalf (releaseOrphan). It
+// gives up when ctx ends and, if checkClient, when this client's lease is
+// lost or closed.
+func (c *Client) acquireLocal(ctx context.Context, global, local []byte, checkClient bool) error {
 	holder := u64At(local, 0)
 	for try := 0; ; try++ {
 		c.r.sync.refresh(local)
@@ -98,9 +138,44 @@ func (c *Client) acquireLocal(ctx context.Context, local []byte, checkClient boo
 			if err := ctx.Err(); err != nil {
 				return err
 			}
+			c.r.releaseOrphan(global, local, c.token)
 		}
 		backoff(try)
 	}
+}
+
+// releaseOrphan releases a lock whose node-local word names no live lease
+// — a client that died between reaper passes, or a damaged word — acting as
+// its heir (releaseAs). It reports whether it released it.
+func (r *Region) releaseOrphan(global, local []byte, heir uint64) bool {
+	tok := atomic.LoadUint64(u64At(local, 0))
+	if tok == 0 || tok == heir || r.holderAlive(tok) {
+		return false
+	}
+	return r.releaseAs(global, local, tok, heir)
+}
+
+// releaseAs takes a lock's node-local word from dead to heir with a CAS and
+// completes the protocol from whatever global state it finds. It reports
+// false when another took the word first, or when this node's request is
+// still awaiting the manager's grant (the heir keeps the word and a later
+// pass finishes).
+func (r *Region) releaseAs(global, local []byte, dead, heir uint64) bool {
+	holder := u64At(local, 0)
+	if dead != heir && !atomic.CompareAndSwapUint64(holder, dead, heir) {
+		return false
+	}
+	r.sync.publish(local)
+	if r.l.Nodes > 1 {
+		r.sync.refresh(global)
+		if atomic.LoadUint32(u32At(global, 0)) == lockWaiting && !r.awaitGrantFor(global, r.l.LeaseTimeout) {
+			// The manager may be granting right now, so the heir must
+			// finish the handshake rather than race it.
+			return false
+		}
+	}
+	r.releaseHeld(global, local, heir)
+	return true
 }
 
 // postRequest marks this node as waiting for the manager's grant.
@@ -175,26 +250,25 @@ func (r *Region) releaseLocksOf(node int, dead, heir uint64) int {
 	n := 0
 	for id := 0; id < r.l.LockSlots; id++ {
 		global, local := r.lockLines(id, node)
-		holder := u64At(local, 0)
 		r.sync.refresh(local)
-		if atomic.LoadUint64(holder) != dead {
-			continue
+		if atomic.LoadUint64(u64At(local, 0)) == dead && r.releaseAs(global, local, dead, heir) {
+			n++
 		}
-		if dead != heir && !atomic.CompareAndSwapUint64(holder, dead, heir) {
-			continue
+	}
+	return n
+}
+
+// releaseOrphans releases every lock on node whose holder names no live
+// lease (the reaper's pass: a damaged holder word is no client it would
+// ever reap), as heir. It returns how many.
+func (r *Region) releaseOrphans(node int, heir uint64) int {
+	n := 0
+	for id := 0; id < r.l.LockSlots; id++ {
+		global, local := r.lockLines(id, node)
+		r.sync.refresh(local)
+		if r.releaseOrphan(global, local, heir) {
+			n++
 		}
-		r.sync.publish(local)
-		if r.l.Nodes > 1 {
-			r.sync.refresh(global)
-			if atomic.LoadUint32(u32At(global, 0)) == lockWaiting && !r.awaitGrantFor(global, r.l.LeaseTimeout) {
-				// The manager may be granting right now, so the heir must
-				// finish the handshake rather than race it. No grant yet:
-				// keep the heir as holder and finish on a later pass.
-				continue
-			}
-		}
-		r.releaseHeld(global, local, heir)
-		n++
 	}
 	return n
 }
@@ -204,6 +278,9 @@ type LockState struct {
 	ID     int    `json:"id"`
 	Holder int    `json:"holder_slot"` // lease slot of the node-local holder, -1 if none
 	Node   int    `json:"node"`        // node that holds it (global stage), -1 if none
+	// Orphan: the holder word names no live lease (a dead client not yet
+	// reaped, or damage); the next waiter or reaper pass releases it.
+	Orphan bool `json:"orphan,omitempty"`
 	Nodes  string `json:"nodes"`       // per node: I(dle), W(aiting), L(ocked); "-" on one-node tiers
 }
 
@@ -226,6 +303,7 @@ func (r *Region) Locks() []LockState {
 				if st.Holder < 0 {
 					st.Holder = int(uint32(tok)) - 1
 				}
+				st.Orphan = st.Orphan || !r.holderAlive(tok)
 			}
 			nodeStates[n] = '-'
 			if r.l.Nodes > 1 {

@@ -210,6 +210,7 @@ func (m *Manager) ReapOnce() []Reaped {
 			out = append(out, rp)
 		}
 	}
+	m.r.releaseOrphans(m.opts.Node, m.self.token)
 	return out
 }
 

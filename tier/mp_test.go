@@ -351,6 +351,9 @@ func TestKilledLockHolder(t *testing.T) {
 			if tc.skipPID || tc.holderNode != 0 {
 				limit += 2 * g.LeaseTimeout / 4 // heartbeat period + reap period
 			}
+			// Slack for a loaded 2-core machine (CI): the bound is about
+			// liveness, not speed; it failed by 2-5 ms under load.
+			limit += g.LeaseTimeout / 4
 			if took > limit {
 				t.Errorf("lock usable again after %v, limit %v", took, limit)
 			}

@@ -118,7 +118,11 @@ func printSnapshot(w io.Writer, s tier.Snapshot) {
 	}
 	fmt.Fprintf(w, "locks held or requested: %d\n", len(s.Locks))
 	for _, l := range s.Locks {
-		fmt.Fprintf(w, "  lock %d: holder slot %d, granted to node %d, nodes %s\n", l.ID, l.Holder, l.Node, l.Nodes)
+		orphan := ""
+		if l.Orphan {
+			orphan = " — ORPHANED: the holder is no live client (the next waiter or the daemon's reaper releases it)"
+		}
+		fmt.Fprintf(w, "  lock %d: holder slot %d, granted to node %d, nodes %s%s\n", l.ID, l.Holder, l.Node, l.Nodes, orphan)
 	}
 	fmt.Fprintf(w, "directory: %d of %d entries\n", len(s.Directory), s.Geometry.DirEntries)
 	for _, e := range s.Directory {
