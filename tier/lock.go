@@ -275,13 +275,13 @@ func (r *Region) releaseOrphans(node int, heir uint64) int {
 
 // LockState describes one lock for status pages.
 type LockState struct {
-	ID     int    `json:"id"`
-	Holder int    `json:"holder_slot"` // lease slot of the node-local holder, -1 if none
-	Node   int    `json:"node"`        // node that holds it (global stage), -1 if none
+	ID     int `json:"id"`
+	Holder int `json:"holder_slot"` // lease slot of the node-local holder, -1 if none
+	Node   int `json:"node"`        // node that holds it (global stage), -1 if none
 	// Orphan: the holder word names no live lease (a dead client not yet
 	// reaped, or damage); the next waiter or reaper pass releases it.
-	Orphan bool `json:"orphan,omitempty"`
-	Nodes  string `json:"nodes"`       // per node: I(dle), W(aiting), L(ocked); "-" on one-node tiers
+	Orphan bool   `json:"orphan,omitempty"`
+	Nodes  string `json:"nodes"` // per node: I(dle), W(aiting), L(ocked); "-" on one-node tiers
 }
 
 // Locks returns the state of every lock that is held or requested.
