@@ -19,4 +19,5 @@ var (
 	ErrOpen        = errkind.New(errkind.Exists, "index already open by this client")
 	ErrBadSnapshot = errkind.New(errkind.Invalid, "malformed prefix snapshot")
 	ErrDenied      = errkind.New(errkind.Denied, "wrong or missing index key")
+	ErrStale       = errkind.New(errkind.Closed, "index destroyed or replaced since this handle opened it")
 )

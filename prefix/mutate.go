@@ -40,6 +40,10 @@ func (s *Store) locked(fn func()) error {
 	if err := s.c.Lock(s.g.LockID); err != nil {
 		return fmt.Errorf("prefix: %q: %w", s.name, err)
 	}
+	if err := s.current(); err != nil {
+		s.c.Unlock(s.g.LockID)
+		return err
+	}
 	s.refreshMeta(hdrDirty&^(lineSize-1), lineSize)
 	dirty := s.hdrU64(hdrDirty)
 	if atomic.LoadUint64(dirty) != 0 {

@@ -85,7 +85,7 @@ func (s *Store) find(k *Key) (uint32, uint64, bool) {
 // Exists returns how many leading keys have ready entries (HiCache's
 // batch_exists). It takes no lock and pins nothing.
 func (s *Store) Exists(keys []Key) int {
-	if s.maint {
+	if s.maint || s.current() != nil {
 		return 0
 	}
 	for n := range keys {

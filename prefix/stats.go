@@ -190,6 +190,17 @@ func Destroy(c *tier.Client, name string) error {
 		return err
 	}
 	s.Close()
+	// Under the index lock, clear the magic: every other handle's next
+	// locked call or lookup then reports ErrStale instead of working on
+	// memory the index no longer owns.
+	if err := c.Lock(s.g.LockID); err != nil {
+		return fmt.Errorf("prefix: destroy %q: %w", name, err)
+	}
+	atomic.StoreUint64(u64At(s.hdr, hdrMagic), 0)
+	s.publishMeta(0, lineSize)
+	if err := c.Unlock(s.g.LockID); err != nil {
+		return fmt.Errorf("prefix: destroy %q: %w", name, err)
+	}
 	if err := c.DirDelete(DirName(name)); err != nil {
 		return fmt.Errorf("prefix: destroy %q: %w", name, err)
 	}

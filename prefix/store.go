@@ -1,6 +1,7 @@
 package prefix
 
 import (
+	"errors"
 	"crypto/sha256"
 	"crypto/subtle"
 	"fmt"
@@ -276,7 +277,35 @@ func (s *Store) entries(op string) error {
 	if s.maint {
 		return fmt.Errorf("prefix: %q: %s on a maintenance handle: %w", s.name, op, ErrDenied)
 	}
+	return s.current()
+}
+
+// current reports ErrStale when the header is no longer the one this
+// handle opened: the index was destroyed (Destroy clears the magic under
+// the index lock) and its memory perhaps reused by another index, whose
+// structures this handle's geometry does not describe.
+func (s *Store) current() error {
+	s.refreshMeta(0, lineSize)
+	s.refreshMeta(hdrCreated&^(lineSize-1), lineSize)
+	if atomic.LoadUint64(u64At(s.hdr, hdrMagic)) != indexMagic ||
+		int64(atomic.LoadUint64(u64At(s.hdr, hdrCreated))) != s.g.Created.UnixNano() {
+		return fmt.Errorf("prefix: %q: %w", s.name, ErrStale)
+	}
 	return nil
+}
+
+// Valid reports ErrStale when this handle no longer names the index the
+// directory calls by its name: destroyed, or destroyed and created again
+// (a long-lived holder such as the daemon drops the handle and reopens).
+func (s *Store) Valid() error {
+	if err := s.current(); err != nil {
+		return err
+	}
+	de, err := s.r.DirLookup(DirName(s.name))
+	if errors.Is(err, tier.ErrNotFound) || (err == nil && de.Offset != s.meta) {
+		return fmt.Errorf("prefix: %q: %w", s.name, ErrStale)
+	}
+	return err
 }
 
 // claimPins takes this client's pin table: clear the records a previous

@@ -579,3 +579,63 @@ func TestDamagedLRULinks(t *testing.T) {
 		}
 	}
 }
+
+// TestStaleHandle: a handle kept across Destroy and a new index of the
+// same name in the same chunks reports ErrStale on every call and changes
+// nothing in the new index. It used to work on the new index's memory with
+// the old geometry (the daemon's reclaim broke the new index's counts).
+func TestStaleHandle(t *testing.T) {
+	r, c := testTier(t, 1)
+	old, err := Create(c, Config{Name: "m", Blocks: 8, BlockBytes: 4096, PinsPerClient: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	dc, err := r.Attach(tier.ClientOptions{Name: "daemon"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dc.Close()
+	daemon, err := Maintain(dc, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Set([]Key{keyN(1)}, [][]byte{payloadFor(keyN(1), 100)}); err != nil {
+		t.Fatal(err)
+	}
+	cli, err := r.Attach(tier.ClientOptions{Name: "cli"}) // the CLI of another user
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if err := Destroy(cli, "m"); err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := Create(cli, Config{Name: "m", Blocks: 4, BlockBytes: 8192, PinsPerClient: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	if fresh.meta != old.meta {
+		t.Logf("the new index is at %v, the old was at %v", fresh.meta, old.meta)
+	}
+	for name, err := range map[string]error{
+		"Set":     func() error { _, err := old.Set([]Key{keyN(2)}, [][]byte{payloadFor(keyN(2), 100)}); return err }(),
+		"Lookup":  func() error { _, err := old.Lookup([]Key{keyN(1)}); return err }(),
+		"Reclaim": func() error { _, err := daemon.Reclaim(); return err }(),
+		"Valid":   daemon.Valid(),
+	} {
+		if !errors.Is(err, ErrStale) {
+			t.Errorf("%s on a stale handle: %v", name, err)
+		}
+	}
+	if old.Exists([]Key{keyN(1)}) != 0 {
+		t.Error("a stale handle finds keys")
+	}
+	if bad, err := fresh.Check(true); err != nil || len(bad) != 0 {
+		t.Fatalf("the new index after the stale handles' calls: %v, %v", bad, err)
+	}
+	if err := fresh.Valid(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -67,7 +67,8 @@ func startPrefixes(ctx context.Context, c *tier.Client, cfg config, logger *log.
 	return px, nil
 }
 
-// refresh opens indexes other processes created since the last look.
+// refresh drops the handles of indexes destroyed (or destroyed and created
+// again) since the last look, and opens indexes other processes created.
 func (px *prefixes) refresh() {
 	list, err := px.c.Region().DirList()
 	if err != nil {
@@ -76,6 +77,13 @@ func (px *prefixes) refresh() {
 	}
 	px.mu.Lock()
 	defer px.mu.Unlock()
+	for name, s := range px.open {
+		if err := s.Valid(); err != nil {
+			px.logger.Printf("prefix %q: dropped the daemon's handle: %v", name, err)
+			s.Close()
+			delete(px.open, name)
+		}
+	}
 	for _, e := range list {
 		if e.Kind != prefix.DirKind || len(e.Name) <= len("prefix/") {
 			continue
