@@ -1,9 +1,9 @@
 package prefix
 
 import (
-	"errors"
 	"crypto/sha256"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"sync"
