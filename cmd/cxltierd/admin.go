@@ -28,15 +28,60 @@ type admin struct {
 	token   []byte
 	started time.Time
 	logger  *log.Logger
-	limit   *limiter // nil: unbounded
+	limits  *limits // nil: unbounded
 }
 
 func newAdmin(r *tier.Region, m *tier.Manager, px *prefixes, cfg config, token []byte, logger *log.Logger) *admin {
-	return &admin{r: r, m: m, px: px, cfg: cfg, token: token, started: time.Now(), logger: logger, limit: newLimiter(cfg.AdminRate)}
+	return &admin{r: r, m: m, px: px, cfg: cfg, token: token, started: time.Now(), logger: logger, limits: newLimits(cfg.AdminRate)}
 }
 
-// limiter is a token bucket over all admin requests: rate per second,
-// bursts of up to rate (at least one).
+// limits are the admin API's rate limits: a bucket per client address for
+// callers without the token, and one of their own for callers with it, so
+// that a local user flooding the API cannot starve the operator. Liveness
+// (/healthz) is never limited: an orchestrator whose probes got 429 from a
+// healthy daemon would restart it.
+type limits struct {
+	rate       float64
+	authorised *limiter
+	mu         sync.Mutex
+	byAddr     map[string]*limiter
+}
+
+// maxTrackedAddrs bounds the per-address buckets; past it they start over
+// (a flood from many addresses then shares fresh buckets, which is no worse
+// than one bucket for all).
+const maxTrackedAddrs = 4096
+
+func newLimits(rate float64) *limits {
+	if rate <= 0 {
+		return nil
+	}
+	return &limits{rate: rate, authorised: newLimiter(rate), byAddr: map[string]*limiter{}}
+}
+
+// allow charges a request from addr (with the token when authorised).
+func (ls *limits) allow(addr string, authorised bool, now time.Time) bool {
+	if ls == nil {
+		return true
+	}
+	if authorised {
+		return ls.authorised.allow(now)
+	}
+	ls.mu.Lock()
+	l, ok := ls.byAddr[addr]
+	if !ok {
+		if len(ls.byAddr) >= maxTrackedAddrs {
+			clear(ls.byAddr)
+		}
+		l = newLimiter(ls.rate)
+		ls.byAddr[addr] = l
+	}
+	ls.mu.Unlock()
+	return l.allow(now)
+}
+
+// limiter is a token bucket: rate per second, bursts of up to rate (at
+// least one).
 type limiter struct {
 	mu           sync.Mutex
 	rate, tokens float64
@@ -94,11 +139,12 @@ func (a *admin) routes() map[string]route {
 }
 
 func (a *admin) handle(ctx *fasthttp.RequestCtx) {
-	rt, ok := a.routes()[string(ctx.Path())]
+	path := string(ctx.Path())
+	rt, ok := a.routes()[path]
 	switch {
-	case a.limit != nil && !a.limit.allow(time.Now()):
+	case path != "/healthz" && !a.limits.allow(ctx.RemoteIP().String(), a.hasToken(ctx), time.Now()):
 		ctx.Response.Header.Set("Retry-After", "1")
-		writeError(ctx, fasthttp.StatusTooManyRequests, "more than %v admin requests per second", a.cfg.AdminRate)
+		writeError(ctx, fasthttp.StatusTooManyRequests, "more than %v admin requests per second from %s", a.cfg.AdminRate, ctx.RemoteIP())
 	case !ok:
 		writeError(ctx, fasthttp.StatusNotFound, "no such endpoint: %s", ctx.Path())
 	case string(ctx.Method()) != rt.method && !(rt.method == fasthttp.MethodGet && ctx.IsHead()):
@@ -110,6 +156,15 @@ func (a *admin) handle(ctx *fasthttp.RequestCtx) {
 	}
 }
 
+// hasToken reports whether the request carries the bearer token (compared
+// in constant time), without answering it.
+func (a *admin) hasToken(ctx *fasthttp.RequestCtx) bool {
+	const prefix = "Bearer "
+	h := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
+	return len(a.token) > 0 && len(h) >= len(prefix) && string(h[:len(prefix)]) == prefix &&
+		subtle.ConstantTimeCompare(h[len(prefix):], a.token) == 1
+}
+
 // authorized checks the bearer token in constant time. Without a configured
 // token every mutation is refused: an open admin port must not be writable.
 func (a *admin) authorized(ctx *fasthttp.RequestCtx) bool {
@@ -117,10 +172,7 @@ func (a *admin) authorized(ctx *fasthttp.RequestCtx) bool {
 		writeError(ctx, fasthttp.StatusForbidden, "mutating endpoints are disabled: start cxltierd with -token-file or %s", tokenEnv)
 		return false
 	}
-	const prefix = "Bearer "
-	h := ctx.Request.Header.Peek(fasthttp.HeaderAuthorization)
-	if len(h) < len(prefix) || string(h[:len(prefix)]) != prefix ||
-		subtle.ConstantTimeCompare(h[len(prefix):], a.token) != 1 {
+	if !a.hasToken(ctx) {
 		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="cxltierd"`)
 		writeError(ctx, fasthttp.StatusUnauthorized, "missing or wrong bearer token")
 		return false
@@ -128,8 +180,15 @@ func (a *admin) authorized(ctx *fasthttp.RequestCtx) bool {
 	return true
 }
 
+// healthz says ok, or 503 with what is wrong: a region header or area
+// table that no longer checks (damaged, or zeroed under the daemon).
 func (a *admin) healthz(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("text/plain; charset=utf-8")
+	if err := a.r.Verify(); err != nil {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBodyString("unhealthy: " + err.Error() + "\n")
+		return
+	}
 	ctx.SetBodyString("ok\n")
 }
 

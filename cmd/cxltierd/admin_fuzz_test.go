@@ -79,3 +79,27 @@ func TestAdminRateLimit(t *testing.T) {
 		t.Error("rate 0 should mean no limiter")
 	}
 }
+
+// TestAdminLimitsPerClient: callers without the token are limited per
+// address, and callers with it by a bucket of their own, so a flood from
+// one local user leaves the operator's requests through. One bucket for
+// every request used to let four connections starve an authorised reap.
+func TestAdminLimitsPerClient(t *testing.T) {
+	ls := newLimits(3)
+	now := time.Now()
+	for range 10 {
+		ls.allow("127.0.0.1", false, now)
+	}
+	if ls.allow("127.0.0.1", false, now) {
+		t.Fatal("a flooding address still allowed")
+	}
+	if !ls.allow("10.0.0.7", false, now) {
+		t.Fatal("another address refused because of the flood")
+	}
+	if !ls.allow("127.0.0.1", true, now) {
+		t.Fatal("an authorised caller refused because of the flood")
+	}
+	if newLimits(0).allow("x", false, now) != true {
+		t.Fatal("no limits refused a request")
+	}
+}

@@ -449,11 +449,17 @@ func TestAdminRateLimitOverHTTP(t *testing.T) {
 	addr, _, _ := startInProcess(t, "-admin-rate", "2")
 	codes := map[int]int{}
 	for range 6 {
-		code, _ := get(t, "http://"+addr+"/healthz")
+		code, _ := get(t, "http://"+addr+"/metrics")
 		codes[code]++
 	}
 	if codes[200] < 2 || codes[429] == 0 {
 		t.Errorf("6 quick requests at 2/s: %v", codes)
+	}
+	// Liveness is never limited, even while others are.
+	for range 6 {
+		if code, body := get(t, "http://"+addr+"/healthz"); code != 200 {
+			t.Fatalf("/healthz under a flood: %d %s", code, body)
+		}
 	}
 	if _, err := loadConfig([]string{"-admin-rate", "-1"}, io.Discard); err == nil {
 		t.Error("negative rate accepted")
