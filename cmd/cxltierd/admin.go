@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"strings"
 	"sync"
 	"time"
 
@@ -246,7 +247,7 @@ func writeMetrics(w io.Writer, s adminapi.Status) {
 			if lbl != "" {
 				lbl += ","
 			}
-			lbl += fmt.Sprintf("%s=%q", labels[i], labels[i+1])
+			lbl += labels[i] + "=" + labelValue(labels[i+1])
 		}
 		if lbl != "" {
 			lbl = "{" + lbl + "}"
@@ -279,6 +280,31 @@ func writeMetrics(w io.Writer, s adminapi.Status) {
 	writeTopkMetrics(metric, s.Topk)
 }
 
+// labelValue quotes a label value as the Prometheus text format wants:
+// only backslash, double quote and line feed escaped, every other byte as
+// is (UTF-8 passes through). Go's %q escapes more (\u2028, \t, \x00) in
+// ways the format does not read, so a tenant's index name could break the
+// whole scrape.
+func labelValue(v string) string {
+	v = strings.ToValidUTF8(v, "\uFFFD") // the format is UTF-8
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; c {
+		case '\\':
+			b.WriteString(`\\`)
+		case '"':
+			b.WriteString(`\"`)
+		case '\n':
+			b.WriteString(`\n`)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
 // writeTopkMetrics exports the sparse-KV pools of the live clients; their
 // counters leave the sums when a process exits, as a restart's would.
 func writeTopkMetrics(metric func(name, typ, help string, value any, labels ...string), t topk.Stats) {
@@ -301,7 +327,7 @@ func writePrefixMetrics(w io.Writer, idx []prefix.Stats) {
 	family := func(name, typ, help string, value func(prefix.Stats) any) {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
 		for _, st := range idx {
-			fmt.Fprintf(w, "%s{index=%q} %v\n", name, st.Name, value(st))
+			fmt.Fprintf(w, "%s{index=%s} %v\n", name, labelValue(st.Name), value(st))
 		}
 	}
 	family("cxltier_prefix_entries_ready", "gauge", "Entries readers can hit.", func(s prefix.Stats) any { return s.Ready })

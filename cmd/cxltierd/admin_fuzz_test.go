@@ -103,3 +103,21 @@ func TestAdminLimitsPerClient(t *testing.T) {
 		t.Fatal("no limits refused a request")
 	}
 }
+
+// TestLabelValue: label values escape exactly what the Prometheus text
+// format escapes. Go's %q (used before) wrote \u2028 and \t escapes the
+// format does not read, so an index name could break the scrape.
+func TestLabelValue(t *testing.T) {
+	for in, want := range map[string]string{
+		"plain":          `"plain"`,
+		"a\"b":           `"a\"b"`,
+		`back\slash`:     `"back\\slash"`,
+		"line\nfeed":     `"line\nfeed"`,
+		"tab\tand\u2028": "\"tab\tand\u2028\"",
+		"bad\xffutf8":    "\"bad\uFFFDutf8\"",
+	} {
+		if got := labelValue(in); got != want {
+			t.Errorf("labelValue(%q) = %s, want %s", in, got, want)
+		}
+	}
+}

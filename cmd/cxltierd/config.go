@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"syscall"
 
 	"github.com/cxltier/cxltier/internal/tierflags"
 )
@@ -97,31 +98,58 @@ func loadConfig(args []string, stderr io.Writer) (config, error) {
 	return cfg, nil
 }
 
+// Token length bounds: shorter is guessable; longer is no token anyone
+// meant (it used to be cut to 4096 bytes without a word).
+const (
+	minTokenBytes = 16
+	maxTokenBytes = 4096
+)
+
 // loadToken reads the admin token from the token file or the environment.
-// A token file others can read is refused: the token guards mutations.
+// The token guards mutations, so a token file is refused unless it is a
+// regular file (opened without following a link), owned by the daemon's
+// user and unreadable by group and others.
 func loadToken(path string) ([]byte, error) {
 	if path == "" {
-		return []byte(strings.TrimSpace(os.Getenv(tokenEnv))), nil
+		tok := []byte(strings.TrimSpace(os.Getenv(tokenEnv)))
+		if len(tok) == 0 {
+			return nil, nil
+		}
+		return tok, checkToken(tok, tokenEnv)
 	}
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
-		return nil, fmt.Errorf("token file: %w", err)
+		return nil, fmt.Errorf("token file (not followed if a link): %w", err)
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("token file: %w", err)
 	}
-	if st.Mode().Perm()&0o077 != 0 {
+	switch sys, _ := st.Sys().(*syscall.Stat_t); {
+	case !st.Mode().IsRegular():
+		return nil, fmt.Errorf("token file %s is not a regular file", path)
+	case st.Mode().Perm()&0o077 != 0:
 		return nil, fmt.Errorf("token file %s has mode %v: it must not be readable by group or others", path, st.Mode().Perm())
+	case sys != nil && int(sys.Uid) != os.Geteuid():
+		return nil, fmt.Errorf("token file %s is owned by uid %d, the daemon runs as %d: another user could have planted it", path, sys.Uid, os.Geteuid())
 	}
-	raw, err := io.ReadAll(io.LimitReader(f, 4096))
+	raw, err := io.ReadAll(io.LimitReader(f, maxTokenBytes+64))
 	if err != nil {
 		return nil, fmt.Errorf("token file: %w", err)
 	}
 	tok := bytes.TrimSpace(raw)
-	if len(tok) == 0 {
-		return nil, fmt.Errorf("token file %s is empty", path)
+	return tok, checkToken(tok, "token file "+path)
+}
+
+func checkToken(tok []byte, where string) error {
+	switch {
+	case len(tok) == 0:
+		return fmt.Errorf("%s is empty", where)
+	case len(tok) < minTokenBytes:
+		return fmt.Errorf("%s: a token of %d bytes is too short (at least %d; e.g. openssl rand -hex 32)", where, len(tok), minTokenBytes)
+	case len(tok) > maxTokenBytes:
+		return fmt.Errorf("%s: a token of more than %d bytes", where, maxTokenBytes)
 	}
-	return tok, nil
+	return nil
 }

@@ -185,26 +185,55 @@ func TestConfig(t *testing.T) {
 
 func TestToken(t *testing.T) {
 	dir := t.TempDir()
+	const secret = "s3cret-s3cret-s3cret"
 	good := filepath.Join(dir, "token")
-	os.WriteFile(good, []byte("s3cret\n"), 0o600)
-	if tok, err := loadToken(good); err != nil || string(tok) != "s3cret" {
+	os.WriteFile(good, []byte(secret+"\n"), 0o600)
+	if tok, err := loadToken(good); err != nil || string(tok) != secret {
 		t.Errorf("token %q, %v", tok, err)
 	}
-	loose := filepath.Join(dir, "loose")
-	os.WriteFile(loose, []byte("s3cret"), 0o644)
-	if _, err := loadToken(loose); err == nil {
-		t.Error("world-readable token file accepted")
+	link := filepath.Join(dir, "link")
+	os.Symlink(good, link)
+	long := filepath.Join(dir, "long")
+	os.WriteFile(long, bytes.Repeat([]byte("x"), maxTokenBytes+1), 0o600)
+	for name, file := range map[string]struct {
+		data string
+		mode os.FileMode
+	}{
+		"world-readable": {secret, 0o644},
+		"empty":          {"", 0o600},
+		"one byte":       {"x", 0o600},
+		"short":          {"s3cret", 0o600},
+	} {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, []byte(file.data), file.mode)
+		if _, err := loadToken(p); err == nil {
+			t.Errorf("%s token file accepted", name)
+		}
 	}
-	empty := filepath.Join(dir, "empty")
-	os.WriteFile(empty, nil, 0o600)
-	if _, err := loadToken(empty); err == nil {
-		t.Error("empty token file accepted")
+	if _, err := loadToken(long); err == nil {
+		t.Error("a token of more than 4096 bytes accepted (it used to be cut short)")
+	}
+	if _, err := loadToken(link); err == nil {
+		t.Error("a token file behind a symbolic link followed")
+	}
+	if os.Geteuid() == 0 { // as root, make a file another user owns
+		other := filepath.Join(dir, "other")
+		os.WriteFile(other, []byte(secret), 0o600)
+		if err := os.Chown(other, 65534, 65534); err == nil {
+			if _, err := loadToken(other); err == nil {
+				t.Error("a token file owned by another user accepted")
+			}
+		}
+	}
+	t.Setenv(tokenEnv, "short")
+	if _, err := loadToken(""); err == nil {
+		t.Error("a short token in the environment accepted")
 	}
 }
 
 func TestAdminEndpoints(t *testing.T) {
 	tokenFile := filepath.Join(t.TempDir(), "token")
-	os.WriteFile(tokenFile, []byte("let-me-in"), 0o600)
+	os.WriteFile(tokenFile, []byte("let-me-in-0123456789"), 0o600)
 	addr, _, log := startInProcess(t, "-token-file", tokenFile, "-prefix-blocks", "8", "-prefix-block-bytes", "256KiB")
 	base := "http://" + addr
 
@@ -249,15 +278,15 @@ func TestAdminEndpoints(t *testing.T) {
 	}{
 		{"/v1/reap", "", 401},
 		{"/v1/reap", "Bearer wrong", 401},
-		{"/v1/reap", "Basic let-me-in", 401},
-		{"/v1/reap", "Bearer let-me-in", 200},
-		{"/v1/status", "Bearer let-me-in", 405},
+		{"/v1/reap", "Basic let-me-in-0123456789", 401},
+		{"/v1/reap", "Bearer let-me-in-0123456789", 200},
+		{"/v1/status", "Bearer let-me-in-0123456789", 405},
 	} {
 		if got := post(tc.path, tc.auth); got != tc.want {
 			t.Errorf("POST %s with %q: %d, want %d", tc.path, tc.auth, got, tc.want)
 		}
 	}
-	if strings.Contains(log.String(), "let-me-in") {
+	if strings.Contains(log.String(), "let-me-in-0123456789") {
 		t.Error("token appears in the daemon's log")
 	}
 }
