@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -95,12 +96,45 @@ func LoadGeometry(path string) (Geometry, error) {
 // refused: a misspelt key would otherwise silently change the hash.
 func ParseGeometry(raw []byte) (Geometry, error) {
 	var g Geometry
+	if err := uniqueKeys(raw); err != nil {
+		return g, err
+	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&g); err != nil {
 		return g, fmt.Errorf("%w: %v", ErrGeometry, err)
 	}
+	if _, err := dec.Token(); err != io.EOF {
+		return g, fmt.Errorf("%w: data after the geometry object", ErrGeometry)
+	}
 	return g, g.Validate()
+}
+
+// uniqueKeys refuses a geometry object that names a key twice: JSON
+// decoding would keep the last silently, and the hash would change
+// without a word (unknown keys are refused for the same reason).
+func uniqueKeys(raw []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil // not an object: Decode reports it
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		key, _ := t.(string)
+		if seen[key] {
+			return fmt.Errorf("%w: key %q appears twice", ErrGeometry, key)
+		}
+		seen[key] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return nil
+		}
+	}
+	return nil
 }
 
 // Validate checks every field and every size the hash and tables derive

@@ -22,6 +22,11 @@ func TestGeometryFile(t *testing.T) {
 		`{"layer_ids":[1],"max_ngram":3,"heads_per_order":0,"base_sizes":[10,10],"vocab":5,"row_bytes":4}`,
 		`[1,2]`,
 		``,
+		// The same key twice: decoding keeps the last, so the hash would
+		// change silently.
+		string(raw[:len(raw)-1]) + `,"seed":99}`,
+		string(raw) + ` {}`, // trailing data
+		string(raw) + `x`,
 	} {
 		if _, err := ParseGeometry([]byte(bad)); !errors.Is(err, ErrGeometry) {
 			t.Errorf("%q: %v", bad, err)
@@ -47,4 +52,24 @@ func FuzzParseGeometry(f *testing.F) {
 			t.Fatalf("invalid geometry accepted: %+v", g)
 		}
 	})
+}
+
+// TestLookupOnlyRegularFiles: a lookup path naming a device or a file
+// beyond any vocabulary is refused, not read forever.
+func TestLookupOnlyRegularFiles(t *testing.T) {
+	g, _ := Preset("demo")
+	for _, path := range []string{"/dev/zero", t.TempDir()} {
+		g.Lookup = path
+		if _, err := LoadCompressor(g); !errors.Is(err, ErrGeometry) {
+			t.Errorf("lookup %s: %v", path, err)
+		}
+	}
+	big := filepath.Join(t.TempDir(), "big")
+	f, _ := os.Create(big)
+	f.Truncate(maxLookupBytes + 8)
+	f.Close()
+	g.Lookup = big
+	if _, err := LoadCompressor(g); !errors.Is(err, ErrGeometry) {
+		t.Errorf("a %d-byte lookup: %v", maxLookupBytes+8, err)
+	}
 }

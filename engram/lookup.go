@@ -3,6 +3,7 @@ package engram
 import (
 	"encoding/binary"
 	"fmt"
+	"io"
 	"os"
 )
 
@@ -36,9 +37,9 @@ func LoadCompressor(g Geometry) (*Compressor, error) {
 	if g.Lookup == "" {
 		return nil, fmt.Errorf("%w: geometry %q has no lookup table", ErrGeometry, g.Name)
 	}
-	raw, err := os.ReadFile(g.Lookup)
+	raw, err := readLookup(g.Lookup)
 	if err != nil {
-		return nil, fmt.Errorf("engram: lookup table: %w", err)
+		return nil, err
 	}
 	if len(raw)%8 != 0 {
 		return nil, fmt.Errorf("%w: lookup table %s has %d bytes, not a whole number of int64", ErrGeometry, g.Lookup, len(raw))
@@ -52,6 +53,36 @@ func LoadCompressor(g Geometry) (*Compressor, error) {
 		return nil, fmt.Errorf("%s: %w", g.Lookup, err)
 	}
 	return c, nil
+}
+
+// maxLookupBytes bounds a lookup table: 8 M raw ids, far beyond any
+// tokenizer, so that a path naming a device (/dev/zero) or a huge file is
+// refused instead of read forever.
+const maxLookupBytes = 64 << 20
+
+// readLookup reads a lookup file that must be a regular file of at most
+// maxLookupBytes.
+func readLookup(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("engram: lookup table: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("engram: lookup table: %w", err)
+	}
+	if !st.Mode().IsRegular() || st.Size() > maxLookupBytes {
+		return nil, fmt.Errorf("%w: lookup table %s: want a regular file of at most %d bytes (%v, %d bytes)", ErrGeometry, path, maxLookupBytes, st.Mode().Type(), st.Size())
+	}
+	raw, err := io.ReadAll(io.LimitReader(f, maxLookupBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("engram: lookup table: %w", err)
+	}
+	if len(raw) > maxLookupBytes {
+		return nil, fmt.Errorf("%w: lookup table %s grew past %d bytes while read", ErrGeometry, path, maxLookupBytes)
+	}
+	return raw, nil
 }
 
 // RawVocab is the number of raw ids the table maps.
