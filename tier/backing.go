@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -102,17 +103,22 @@ func createBacking(b Backing, size int64, overwrite bool) (*mapping, error) {
 		}
 		return m, nil
 	}
-	flags := os.O_RDWR | os.O_CREATE | os.O_EXCL
+	// Never through a link (a planted symlink must not aim a format at
+	// another file), and an existing file is checked before it is cut.
+	flags := os.O_RDWR | os.O_CREATE | os.O_EXCL | unix.O_NOFOLLOW
 	if overwrite {
-		flags = os.O_RDWR | os.O_CREATE | os.O_TRUNC
+		flags = os.O_RDWR | os.O_CREATE | unix.O_NOFOLLOW
 	}
 	f, err := os.OpenFile(b.Path, flags, 0o600)
 	if err != nil {
 		return nil, classifyOpenErr(b, err)
 	}
 	defer f.Close()
-	if err := checkMode(b, f); err != nil {
+	if err := checkMode(b, f, true); err != nil {
 		return nil, err
+	}
+	if err := f.Truncate(0); err != nil {
+		return nil, fmt.Errorf("tier: clear %s: %w", b, err)
 	}
 	size = roundToFSBlock(f, size)
 	if err := f.Truncate(size); err != nil {
@@ -134,16 +140,16 @@ func openBacking(b Backing, writable bool) (*mapping, error) {
 	if b.Kind == BackingAnon {
 		return nil, fmt.Errorf("tier: anon backing cannot be reopened: %w", ErrNoBacking)
 	}
-	flags := os.O_RDONLY
+	flags := os.O_RDONLY | unix.O_NOFOLLOW
 	if writable {
-		flags = os.O_RDWR
+		flags = os.O_RDWR | unix.O_NOFOLLOW
 	}
 	f, err := os.OpenFile(b.Path, flags, 0)
 	if err != nil {
 		return nil, classifyOpenErr(b, err)
 	}
 	defer f.Close()
-	if err := checkMode(b, f); err != nil {
+	if err := checkMode(b, f, writable); err != nil {
 		return nil, err
 	}
 	size, err := backingSize(b, f)
@@ -164,16 +170,25 @@ func classifyOpenErr(b Backing, err error) error {
 		return fmt.Errorf("tier: create %s: %w: %w", b, ErrExists, err)
 	case errors.Is(err, fs.ErrPermission), errors.Is(err, unix.EROFS):
 		return fmt.Errorf("tier: open %s: %w: %w", b, ErrPermission, err)
+	case errors.Is(err, unix.ELOOP):
+		return fmt.Errorf("tier: open %s: a symbolic link, not followed (name the file itself): %w: %w", b, ErrPermission, err)
 	}
 	return fmt.Errorf("tier: open %s: %w", b, err)
 }
 
-// checkMode refuses group- or world-writable backings: anyone who can write
-// the region can forge every structure in it.
-func checkMode(b Backing, f *os.File) error {
+// checkMode refuses group- or world-writable backings, and writable ones
+// another user owns: anyone who can write the region can forge every
+// structure in it, and /dev/shm lets any local user create the name a
+// daemon will attach to before it first starts. (Reading another user's
+// region, as an inspection does, is allowed: every word read is checked.)
+func checkMode(b Backing, f *os.File, writable bool) error {
 	st, err := f.Stat()
 	if err != nil {
 		return fmt.Errorf("tier: stat %s: %w", b, err)
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && writable && int(sys.Uid) != os.Geteuid() {
+		return fmt.Errorf("tier: %s is owned by uid %d, this process runs as %d: a region another user created is refused: %w",
+			b, sys.Uid, os.Geteuid(), ErrPermission)
 	}
 	wantChar := b.Kind == BackingDax
 	isChar := st.Mode()&fs.ModeCharDevice != 0

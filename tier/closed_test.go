@@ -2,6 +2,8 @@ package tier
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -67,4 +69,48 @@ func TestVerifySeesDamage(t *testing.T) {
 	if err := r.Verify(); err != nil {
 		t.Fatalf("restored: %v", err)
 	}
+}
+
+// TestBackingNotFollowedNorForeign: a tier path that is a symbolic link is
+// refused, by a format with Overwrite too (which used to follow it and cut
+// the file it named); a region file another user owns is refused for
+// writing, and allowed for reading.
+func TestBackingNotFollowedNorForeign(t *testing.T) {
+	dir := t.TempDir()
+	victim := filepath.Join(dir, "victim")
+	os.WriteFile(victim, []byte("precious"), 0o600)
+	link := filepath.Join(dir, "tier")
+	if err := os.Symlink(victim, link); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := ParseBacking("file:" + link)
+	if _, err := Format(Options{Devices: []Backing{b}, Geometry: testGeometry(), Overwrite: true}); !errors.Is(err, ErrPermission) {
+		t.Fatalf("format through a link: %v", err)
+	}
+	if got, _ := os.ReadFile(victim); string(got) != "precious" {
+		t.Fatalf("the link's target was changed: %q", got)
+	}
+	if _, err := Open(Options{Devices: []Backing{b}}); !errors.Is(err, ErrPermission) {
+		t.Fatalf("open through a link: %v", err)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("not root: cannot make a file another user owns")
+	}
+	fb := fileBacking(t)
+	r, err := Format(Options{Devices: []Backing{fb}, Geometry: testGeometry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	if err := os.Chown(fb.Path, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(Options{Devices: []Backing{fb}}); !errors.Is(err, ErrPermission) {
+		t.Fatalf("open a region another user owns: %v", err)
+	}
+	ro, err := Open(Options{Devices: []Backing{fb}, ReadOnly: true})
+	if err != nil {
+		t.Fatalf("read-only open of another user's region: %v", err)
+	}
+	ro.Close()
 }
