@@ -60,3 +60,18 @@ func mustZstd(t testing.TB, raw []byte) []byte {
 	w.Close()
 	return b.Bytes()
 }
+
+// unzstd decompresses a whole zstd stream.
+func unzstd(t testing.TB, data []byte) []byte {
+	t.Helper()
+	d, err := zstd.NewReader(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	raw, err := d.DecodeAll(data, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}

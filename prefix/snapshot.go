@@ -142,13 +142,57 @@ func (s *Store) snapshotOne(out io.Writer, k Key, buf []byte) (int64, error) {
 }
 
 // Restore inserts every entry of a snapshot into s (keys present already
-// are kept) and verifies the file while it reads it. On a bad file it
-// returns ErrBadSnapshot; entries inserted before the damage stay, each one
-// checked against its own CRC.
-func (s *Store) Restore(r io.Reader, progressTo io.Writer) (SnapshotInfo, error) {
+// are kept), all or nothing: a first pass reads and verifies the whole file
+// (every record's CRC, the count and CRC of the trailer, nothing after it)
+// and refuses a snapshot with more entries than the index has blocks; only
+// then does a second pass insert, and if an insert fails, the entries it
+// inserted are deleted again. A bad file is ErrBadSnapshot and changes
+// nothing.
+func (s *Store) Restore(r io.ReadSeeker, progressTo io.Writer) (SnapshotInfo, error) {
 	if err := s.entries("restore"); err != nil {
 		return SnapshotInfo{}, err
 	}
+	total, err := s.readSnapshot(r, "verify", progressTo, nil)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	if total.Entries > s.g.Blocks {
+		return SnapshotInfo{}, fmt.Errorf("prefix: restore: the snapshot holds %d entries, index %q has %d blocks: %w (create a larger index)",
+			total.Entries, s.name, s.g.Blocks, ErrNoSpace)
+	}
+	if _, err := r.Seek(0, io.SeekStart); err != nil {
+		return SnapshotInfo{}, fmt.Errorf("prefix: restore: rewind: %w", err)
+	}
+	var inserted []Key
+	info, err := s.readSnapshot(r, "restore", progressTo, func(k Key, payload []byte, info *SnapshotInfo) error {
+		st, err := s.Set([]Key{k}, [][]byte{payload})
+		if err != nil {
+			return fmt.Errorf("prefix: restore: key %v: %w", k, err)
+		}
+		switch st[0] {
+		case Reserved:
+			info.Restored++
+			inserted = append(inserted, k)
+		case NoSpace:
+			return fmt.Errorf("prefix: restore: key %v: %w", k, ErrNoSpace)
+		}
+		return nil
+	})
+	if err == nil && (info.Entries != total.Entries || info.Bytes != total.Bytes) {
+		err = fmt.Errorf("prefix: restore: %w: the file changed between its passes", ErrBadSnapshot)
+	}
+	if err != nil {
+		if _, derr := s.Delete(inserted); derr != nil {
+			return SnapshotInfo{}, fmt.Errorf("%w (and removing the %d entries it inserted failed: %v)", err, len(inserted), derr)
+		}
+		return SnapshotInfo{}, fmt.Errorf("%w (the %d entries it had inserted were removed)", err, len(inserted))
+	}
+	return info, nil
+}
+
+// readSnapshot reads and verifies a snapshot, calling each (when not nil)
+// with every record once its CRC checked, and returns its counts.
+func (s *Store) readSnapshot(r io.Reader, what string, progressTo io.Writer, each func(Key, []byte, *SnapshotInfo) error) (SnapshotInfo, error) {
 	var info SnapshotInfo
 	zr, err := zstd.NewReader(r)
 	if err != nil {
@@ -156,7 +200,8 @@ func (s *Store) Restore(r io.Reader, progressTo io.Writer) (SnapshotInfo, error)
 	}
 	defer zr.Close()
 	crc := crc32.New(castagnoli)
-	in := io.TeeReader(bufio.NewReaderSize(zr, 1<<20), crc)
+	buffered := bufio.NewReaderSize(zr, 1<<20)
+	in := io.TeeReader(buffered, crc)
 	hdr := make([]byte, snapHeaderLen)
 	if _, err := io.ReadFull(in, hdr); err != nil {
 		return info, fmt.Errorf("prefix: restore: %w: header: %v", ErrBadSnapshot, err)
@@ -170,9 +215,9 @@ func (s *Store) Restore(r io.Reader, progressTo io.Writer) (SnapshotInfo, error)
 	if bb := int64(binary.LittleEndian.Uint64(hdr[12:])); bb > s.g.BlockBytes {
 		return info, fmt.Errorf("prefix: restore: %w: snapshot of %d-byte blocks into an index of %d-byte blocks", ErrTooLarge, bb, s.g.BlockBytes)
 	}
-	prog := &progress{w: progressTo, what: "restore", total: int64(binary.LittleEndian.Uint64(hdr[20:]))}
+	prog := &progress{w: progressTo, what: what, total: int64(binary.LittleEndian.Uint64(hdr[20:]))}
 	for {
-		done, err := s.restoreOne(in, crc, &info)
+		done, err := s.restoreOne(in, crc, &info, each)
 		if err != nil {
 			return info, err
 		}
@@ -181,11 +226,15 @@ func (s *Store) Restore(r io.Reader, progressTo io.Writer) (SnapshotInfo, error)
 		}
 		prog.show(info.Entries, info.Bytes, false)
 	}
+	// Nothing may follow the trailer: not data, not a second zstd frame.
+	if n, err := buffered.Read(make([]byte, 1)); n > 0 || err != io.EOF {
+		return info, fmt.Errorf("prefix: restore: %w: data after the trailer (%v)", ErrBadSnapshot, err)
+	}
 	prog.show(info.Entries, info.Bytes, true)
 	return info, nil
 }
 
-func (s *Store) restoreOne(in io.Reader, crc hash.Hash32, info *SnapshotInfo) (bool, error) {
+func (s *Store) restoreOne(in io.Reader, crc hash.Hash32, info *SnapshotInfo, each func(Key, []byte, *SnapshotInfo) error) (bool, error) {
 	bad := func(f string, a ...any) error {
 		return fmt.Errorf("prefix: restore: record %d: %w: %s", info.Entries, ErrBadSnapshot, fmt.Sprintf(f, a...))
 	}
@@ -232,15 +281,10 @@ func (s *Store) restoreOne(in io.Reader, crc hash.Hash32, info *SnapshotInfo) (b
 	if got := crc32.Checksum(payload, castagnoli); got != want {
 		return false, bad("key %v: payload CRC %#x, recorded %#x", k, got, want)
 	}
-	st, err := s.Set([]Key{k}, [][]byte{payload})
-	if err != nil {
-		return false, fmt.Errorf("prefix: restore: key %v: %w", k, err)
-	}
-	switch st[0] {
-	case Reserved:
-		info.Restored++
-	case NoSpace:
-		return false, fmt.Errorf("prefix: restore: key %v: %w", k, ErrNoSpace)
+	if each != nil {
+		if err := each(k, payload, info); err != nil {
+			return false, err
+		}
 	}
 	info.Entries++
 	info.Bytes += n

@@ -86,3 +86,56 @@ func TestRestoreRefusesDamage(t *testing.T) {
 		t.Errorf("restore into smaller blocks: %v", err)
 	}
 }
+
+// TestRestoreAllOrNothing: a snapshot damaged anywhere (its last record,
+// its trailer), followed by data or a second frame, or holding more entries
+// than the index has blocks, changes nothing in the index. Restore used to
+// insert every record before the damage (61 of them, in one report) and
+// accept what followed the trailer.
+func TestRestoreAllOrNothing(t *testing.T) {
+	_, c := testTier(t, 1)
+	src := testStore(t, c, 64, 512)
+	var keys []Key
+	for i := range 40 {
+		keys = append(keys, keyN(i))
+	}
+	if _, err := src.Set(keys, payloadsFor(keys, 300)); err != nil {
+		t.Fatal(err)
+	}
+	var file bytes.Buffer
+	if _, err := src.Snapshot(&file, nil); err != nil {
+		t.Fatal(err)
+	}
+	good := file.Bytes()
+	raw := unzstd(t, good)
+	flip := func(at int) []byte {
+		b := append([]byte(nil), raw...)
+		b[at] ^= 0x40
+		return mustZstd(t, b)
+	}
+	_, c2 := testTier(t, 1)
+	for name, tc := range map[string]struct {
+		data   []byte
+		blocks int64
+		want   error
+	}{
+		"last record damaged":  {flip(len(raw) - 13 - 10), 64, ErrBadSnapshot},
+		"trailer count wrong":  {flip(len(raw) - 12), 64, ErrBadSnapshot},
+		"truncated at the end": {mustZstd(t, raw[:len(raw)-5]), 64, ErrBadSnapshot},
+		"data after trailer":   {mustZstd(t, append(append([]byte(nil), raw...), 7)), 64, ErrBadSnapshot},
+		"a second frame":       {append(append([]byte(nil), good...), mustZstd(t, []byte("more"))...), 64, ErrBadSnapshot},
+		"more than the blocks": {good, 16, ErrNoSpace},
+	} {
+		dst, err := Create(c2, Config{Name: "r-" + strings.ReplaceAll(name, " ", "-"), Blocks: tc.blocks, BlockBytes: 512, PinsPerClient: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := dst.Restore(bytes.NewReader(tc.data), nil); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", name, err, tc.want)
+		}
+		if n := dst.Stats().Ready; n != 0 {
+			t.Errorf("%s: %d entries left in the index after a refused restore", name, n)
+		}
+		dst.Close()
+	}
+}

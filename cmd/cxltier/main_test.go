@@ -301,6 +301,15 @@ func TestPrefixIndexCommands(t *testing.T) {
 	if code, _, errs = runCLI(t, "prefix", "restore", "--name", "m", "--in", bad, tierA); code != 1 || errs == "" {
 		t.Errorf("damaged snapshot: exit %d, %q", code, errs)
 	}
+	// A failed restore that created its index removes it again (16 failed
+	// restores once filled a tier to 96.5%).
+	code, _, errs = runCLI(t, "prefix", "restore", "--name", "fresh", "--in", bad, "--blocks", "8", "--block-bytes", "64KiB", tierB)
+	if code != 1 || !strings.Contains(errs, "the index it created was removed") {
+		t.Errorf("failed restore into a new index: exit %d, %q", code, errs)
+	}
+	if code, _, errs = runCLI(t, "prefix", "stats", "--name", "fresh", tierB); code != 1 || !strings.Contains(errs, "not found") {
+		t.Errorf("the index a failed restore created is still there: exit %d, %q", code, errs)
+	}
 }
 
 func TestEngramLoadAndVerify(t *testing.T) {

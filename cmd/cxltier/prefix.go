@@ -303,18 +303,30 @@ func prefixRestore(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	s, err := prefix.OpenKey(c, *f.name, cfg.Key)
+	created := false
 	if errors.Is(err, tier.ErrNotFound) && *f.blocks > 0 {
 		s, err = prefix.Create(c, cfg)
+		created = err == nil
 	}
 	if err != nil {
 		return err
 	}
-	defer s.Close()
 	info, err := s.Restore(file, stderr)
+	s.Close()
 	if err != nil {
+		if created { // a failed restore leaves no index it made behind
+			if derr := prefix.Destroy(c, *f.name); derr != nil {
+				return fmt.Errorf("%w (and removing the index it created failed: %v)", err, derr)
+			}
+			return fmt.Errorf("%w; the index it created was removed", err)
+		}
 		return err
 	}
-	fmt.Fprintf(stdout, "restored %d of %d entries (%s) into %q; the others were present\n", info.Restored, info.Entries, tierflags.FormatSize(info.Bytes), s.Name())
+	fmt.Fprintf(stdout, "restored %d of %d entries into %q (%s in the snapshot)", info.Restored, info.Entries, *f.name, tierflags.FormatSize(info.Bytes))
+	if present := info.Entries - info.Restored; present > 0 {
+		fmt.Fprintf(stdout, "; %d were present already", present)
+	}
+	fmt.Fprintln(stdout)
 	return nil
 }
 
