@@ -229,6 +229,11 @@ func TestLockBasics(t *testing.T) {
 	if ls := r.Locks(); len(ls) != 1 || ls[0].Holder != a.Slot() {
 		t.Errorf("locks %+v, want held by slot %d", ls, a.Slot())
 	}
+	// Locks do not nest: a second Lock by the holder is an error at once,
+	// not a wait for itself (it used to spin until the lease was reaped).
+	if err := a.Lock(FirstUserLock); !errors.Is(err, ErrNotOwner) {
+		t.Errorf("lock held by the caller: %v", err)
+	}
 	if err := a.Unlock(FirstUserLock); err != nil {
 		t.Fatal(err)
 	}

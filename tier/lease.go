@@ -90,6 +90,8 @@ type ClientOptions struct {
 	Daemon bool   // the node's daemon (its liveness stands for the node's)
 	// Heartbeat period; 0 means a quarter of the region's lease timeout.
 	Heartbeat time.Duration
+	// LockWait bounds Lock's wait; 0 means LockWait.
+	LockWait time.Duration
 }
 
 // Client is one attached process (or one daemon): it holds a lease slot,
@@ -99,8 +101,9 @@ type Client struct {
 	node  int
 	slot  int
 	gen   uint32
-	token uint64 // lock holder word: gen<<32 | slot+1
-	hint  int64  // next-fit start for chunk searches; used under SystemLock
+	token uint64        // lock holder word: gen<<32 | slot+1
+	hint  int64         // next-fit start for chunk searches; used under SystemLock
+	wait  time.Duration // Lock's bound
 
 	lost    atomic.Bool
 	stop    chan struct{}
@@ -128,7 +131,10 @@ func (r *Region) Attach(opts ClientOptions) (*Client, error) {
 		if !atomic.CompareAndSwapUint32(u32At(line, 0), leaseFree, leaseLive) {
 			continue
 		}
-		c := &Client{r: r, node: opts.Node, slot: s, stop: make(chan struct{})}
+		c := &Client{r: r, node: opts.Node, slot: s, stop: make(chan struct{}), wait: opts.LockWait}
+		if c.wait <= 0 {
+			c.wait = LockWait
+		}
 		c.gen = atomic.AddUint32(u32At(line, 4), 1)
 		c.token = uint64(c.gen)<<32 | uint64(s+1)
 		now := uint64(time.Now().UnixNano())

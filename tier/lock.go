@@ -43,9 +43,9 @@ func (r *Region) checkLockID(id int) error {
 // hear about rather than hang on.
 const LockWait = time.Minute
 
-// Lock acquires global lock id, waiting at most LockWait.
+// Lock acquires global lock id, waiting at most the client's LockWait.
 func (c *Client) Lock(id int) error {
-	ctx, cancel := context.WithTimeout(context.Background(), LockWait)
+	ctx, cancel := context.WithTimeout(context.Background(), c.wait)
 	defer cancel()
 	return c.LockContext(ctx, id)
 }
@@ -125,9 +125,16 @@ func (c *Client) acquireLocal(ctx context.Context, global, local []byte, checkCl
 	holder := u64At(local, 0)
 	for try := 0; ; try++ {
 		c.r.sync.refresh(local)
-		if atomic.LoadUint64(holder) == 0 && atomic.CompareAndSwapUint64(holder, 0, c.token) {
-			c.r.sync.publish(local)
-			return nil
+		switch atomic.LoadUint64(holder) {
+		case 0:
+			if atomic.CompareAndSwapUint64(holder, 0, c.token) {
+				c.r.sync.publish(local)
+				return nil
+			}
+		case c.token:
+			// Locks do not nest: this client holds it (a caller's bug) or
+			// the word was damaged into its token. Waiting would never end.
+			return fmt.Errorf("already held by this client (slot %d): %w", c.slot, ErrNotOwner)
 		}
 		if checkClient {
 			if err := c.Err(); err != nil {
