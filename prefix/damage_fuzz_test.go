@@ -99,6 +99,7 @@ func damage(r *tier.Region, s *Store, muts []byte) {
 // readEverything runs every reader; errors are fine, a wrong payload is not.
 func readEverything(t *testing.T, r *tier.Region, c *tier.Client, s *Store, keys []Key) {
 	r.Verify()
+	r.Audit()
 	r.Snapshot()
 	r.DirList()
 	r.Leases()

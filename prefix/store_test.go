@@ -639,3 +639,16 @@ func TestStaleHandle(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestAuditOfAnIndex: a tier holding a prefix index (its payload run is
+// shared and outside the directory object) audits clean.
+func TestAuditOfAnIndex(t *testing.T) {
+	r, c := testTier(t, 2)
+	s := testStore(t, c, 16, 4096)
+	if _, err := s.Set([]Key{keyN(1)}, [][]byte{payloadFor(keyN(1), 100)}); err != nil {
+		t.Fatal(err)
+	}
+	if f := r.Audit(); len(f) != 0 {
+		t.Fatalf("findings: %q", f)
+	}
+}

@@ -70,6 +70,12 @@ const keepReaped = 64
 
 // NewManager attaches the daemon's own lease on node opts.Node.
 func NewManager(r *Region, opts ManagerOptions) (*Manager, error) {
+	for _, inf := range r.Leases() {
+		if inf.Daemon && inf.Node == opts.Node && inf.State == "live" && time.Since(inf.LastBeat) < r.l.LeaseTimeout {
+			return nil, fmt.Errorf("tier: manager: a daemon for node %d runs already (slot %d, pid %d, %q): %w",
+				opts.Node, inf.Slot, inf.PID, inf.Name, ErrExists)
+		}
+	}
 	self, err := r.Attach(ClientOptions{Node: opts.Node, Name: "cxltierd", Daemon: true})
 	if err != nil {
 		return nil, fmt.Errorf("tier: manager: %w", err)

@@ -38,8 +38,9 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 }
 
 func cmdInspect(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("inspect", stderr, "[-json] PATH|SPEC...  (devices in tier order; a bare path means file:PATH)")
+	fs := newFlags("inspect", stderr, "[-json] [-deep] PATH|SPEC...  (devices in tier order; a bare path means file:PATH)")
 	asJSON := fs.Bool("json", false, "print JSON")
+	deep := fs.Bool("deep", false, "also cross-check the structures (directory, allocator, locks, leases) and exit 1 on a finding")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -57,12 +58,37 @@ func cmdInspect(args []string, stdout, stderr io.Writer) error {
 	}
 	defer r.Close()
 	snap := r.Snapshot()
+	var findings []string
+	if *deep {
+		findings = r.Audit()
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(snap)
+		if !*deep {
+			return enc.Encode(snap)
+		}
+		if findings == nil {
+			findings = []string{}
+		}
+		if err := enc.Encode(struct {
+			tier.Snapshot
+			Findings []string `json:"findings"`
+		}{snap, findings}); err != nil {
+			return err
+		}
+	} else {
+		printSnapshot(stdout, snap)
+		if *deep {
+			fmt.Fprintf(stdout, "deep check: %d finding(s)\n", len(findings))
+			for _, f := range findings {
+				fmt.Fprintf(stdout, "  %s\n", f)
+			}
+		}
 	}
-	printSnapshot(stdout, snap)
+	if len(findings) > 0 {
+		return fmt.Errorf("inspect: %d finding(s) (prefix indexes: cxltier prefix check)", len(findings))
+	}
 	return nil
 }
 

@@ -69,6 +69,9 @@ func TestFormatThenInspect(t *testing.T) {
 	if code, _, errs = runCLI(t, "format", "-force", "-device", "file:"+path, "-size", "16MiB"); code != 0 {
 		t.Errorf("format -force: exit %d, %q", code, errs)
 	}
+	if code, out, errs = runCLI(t, "inspect", "-deep", path); code != 0 || !strings.Contains(out, "deep check: 0 finding(s)") {
+		t.Errorf("inspect -deep of a sound tier: exit %d, %q %q", code, out, errs)
+	}
 }
 
 func TestInspectRefusesDamage(t *testing.T) {

@@ -1,0 +1,94 @@
+package tier
+
+import (
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+// TestAudit: a sound region has no findings; each kind of damage a reader
+// survives silently — an object's chunk marked free, an owner word naming
+// no slot, a bitmap disagreeing with its owner word, two entries of one
+// name, overlapping objects, an orphaned lock, a live lease without
+// heartbeats, two daemons on one node — is reported.
+func TestAudit(t *testing.T) {
+	setup := func(t *testing.T) (*Region, *Client, DirEntry) {
+		r := formatTest(t, testGeometry(), fileBacking(t))
+		c := attachTest(t, r, 0)
+		off, err := c.AllocChunks(2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.ShareChunks(off, 2); err != nil {
+			t.Fatal(err)
+		}
+		e := DirEntry{Name: "obj", Kind: 7, Offset: off, Size: 2 * r.ChunkSize()}
+		if err := c.DirPut(e); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.AllocChunks(1); err != nil { // a private chunk
+			t.Fatal(err)
+		}
+		return r, c, e
+	}
+	r, _, _ := setup(t)
+	if f := r.Audit(); len(f) != 0 {
+		t.Fatalf("a sound region: %q", f)
+	}
+	for _, tc := range []struct {
+		name, want string
+		damage     func(r *Region, c *Client, e DirEntry)
+	}{
+		{"object chunk freed", "not the shared owner", func(r *Region, c *Client, e DirEntry) {
+			i, _ := r.chunkIndex(e.Offset)
+			atomic.StoreUint32(r.ownerWord(i), 0)
+		}},
+		{"owner beyond the slots", "names no lease slot", func(r *Region, c *Client, e DirEntry) {
+			i, _ := r.chunkIndex(e.Offset)
+			atomic.StoreUint32(r.ownerWord(i+2), 5000)
+		}},
+		{"bitmap disagrees", "bitmap says", func(r *Region, c *Client, e DirEntry) {
+			i, _ := r.chunkIndex(e.Offset)
+			atomic.StoreUint32(r.ownerWord(i+5), uint32(c.Slot()+1))
+		}},
+		{"duplicate name", "both name", func(r *Region, c *Client, e DirEntry) {
+			copy(r.dirLine(3), r.dirLine(0))
+		}},
+		{"overlapping objects", "overlap", func(r *Region, c *Client, e DirEntry) {
+			copy(r.dirLine(3), r.dirLine(0))
+			r.dirLine(3)[64] = 'p' // another name ("pbj"), same span
+		}},
+		{"orphaned lock", "no live client", func(r *Region, c *Client, e DirEntry) {
+			_, local := r.lockLines(FirstUserLock, 0)
+			atomic.StoreUint64(u64At(local, 0), 0x0101010101010101)
+		}},
+		{"silent live lease", "has not heartbeated", func(r *Region, c *Client, e DirEntry) {
+			c.abandon() // stops the heartbeat, keeps the lease
+			atomic.StoreUint64(u64At(r.leaseLine(c.Slot()), 24), 1)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, c, e := setup(t)
+			tc.damage(r, c, e)
+			f := r.Audit()
+			if !strings.Contains(strings.Join(f, "\n"), tc.want) {
+				t.Fatalf("findings %q, want one saying %q", f, tc.want)
+			}
+		})
+	}
+}
+
+// TestOneDaemonPerNode: a second manager for a node whose daemon runs is
+// refused; it used to start silently and race the first.
+func TestOneDaemonPerNode(t *testing.T) {
+	r := formatTest(t, testGeometry(), fileBacking(t))
+	m, err := NewManager(r, ManagerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Client().Close()
+	if _, err := NewManager(r, ManagerOptions{}); !errors.Is(err, ErrExists) {
+		t.Fatalf("a second daemon for node 0: %v", err)
+	}
+}
