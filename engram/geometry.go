@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"math"
 	"os"
 	"path/filepath"
@@ -144,6 +145,8 @@ func (g Geometry) Validate() error {
 		return fmt.Errorf("%w: %s", ErrGeometry, fmt.Sprintf(format, a...))
 	}
 	switch {
+	case g.Name == "" || strings.ContainsAny(g.Name, "/ ") || len(g.Name) > 64:
+		return bad("name %q: want a short name without spaces or slashes (tables are stored as engram/NAME/layerN)", g.Name)
 	case len(g.LayerIDs) == 0:
 		return bad("no layer ids")
 	case g.MaxNgram < 2 || g.MaxNgram > 16:

@@ -66,6 +66,12 @@ func CreateTable(c *tier.Client, g Geometry, h *Hasher, layer int, fill func(row
 	if g.RowBytes > stripe {
 		return nil, fmt.Errorf("%w: row of %d bytes exceeds the tier's %d-byte stripe", ErrGeometry, g.RowBytes, stripe)
 	}
+	// Before the fill, which can take minutes: DirPut at the end would
+	// refuse a name that exists only after all of it.
+	name := TableName(g, layer)
+	if _, err := r.DirLookup(name); err == nil {
+		return nil, fmt.Errorf("engram: table %s: %w (it is loaded already)", name, tier.ErrExists)
+	}
 	need := tableBytes(rows, g.RowBytes, stripe)
 	chunk := r.ChunkSize()
 	nChunks := (need + chunk - 1) / chunk
@@ -73,7 +79,7 @@ func CreateTable(c *tier.Client, g Geometry, h *Hasher, layer int, fill func(row
 	if err != nil {
 		return nil, fmt.Errorf("engram: table for layer %d (%d rows × %d B): %w", layer, rows, g.RowBytes, err)
 	}
-	t := newTable(r, TableName(g, layer), layer, rows, g.RowBytes, off, stripe)
+	t := newTable(r, name, layer, rows, g.RowBytes, off, stripe)
 	if err := t.fill(fill, progress); err != nil {
 		c.FreeChunks(off, nChunks)
 		return nil, err

@@ -233,3 +233,25 @@ func TestOpenTableRefusals(t *testing.T) {
 		t.Fatalf("damaged row: %v", err)
 	}
 }
+
+// TestCreateTableRefusesAnExistingNameFirst: a table that exists is
+// refused before the fill (which can take minutes), not after it; a
+// geometry without a name (tables would be engram//layerN) is refused.
+func TestCreateTableRefusesAnExistingNameFirst(t *testing.T) {
+	_, c := testTier(t, 1)
+	g := tinyGeometry()
+	h, _ := NewHasher(g)
+	fill := func(int64, []byte) error { return nil }
+	if _, err := CreateTable(c, g, h, 1, fill, nil); err != nil {
+		t.Fatal(err)
+	}
+	filled := 0
+	_, err := CreateTable(c, g, h, 1, func(int64, []byte) error { filled++; return nil }, nil)
+	if !errors.Is(err, tier.ErrExists) || filled != 0 {
+		t.Fatalf("second load: %v after %d rows filled", err, filled)
+	}
+	g.Name = ""
+	if err := g.Validate(); !errors.Is(err, ErrGeometry) {
+		t.Fatalf("a geometry without a name: %v", err)
+	}
+}

@@ -113,7 +113,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	planners := fs.String("planner", "host,engine", "planners to run: host, engine (comma-separated)")
 	dists := fs.String("ids", "uniform,zipf,phrases", "id sources: uniform, zipf, phrases, trace or trace:PATH (real text; default "+defaultTrace+")")
 	batches := fs.String("batch", "1,32,256", "batch sizes (decode tokens per call)")
-	out := fs.String("out", "", "JSON output (default bench/results/engram-ENGINE.json)")
+	out := fs.String("out", "", "JSON output (default bench/results/local/engram-ENGINE.json)")
 	var fw forwardOpts
 	fs.BoolVar(&fw.on, "forward", false, "also emulate the forward pass and report the stall")
 	fs.IntVar(&fw.layers, "layers", 64, "-forward: layers in the pass")

@@ -124,7 +124,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.iters, "iters", 5, "timed calls per case (after one warm-up)")
 	fs.IntVar(&cfg.eachRows, "each-rows", 2048, "rows for the one-copy-per-row baseline (it is slow)")
 	fs.BoolVar(&cfg.hugepages, "hugepages", false, "ask for transparent huge pages on the regions")
-	fs.StringVar(&cfg.out, "out", "", "JSON output (default bench/results/gather-ENGINE.json)")
+	fs.StringVar(&cfg.out, "out", "", "JSON output (default bench/results/local/gather-ENGINE.json)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}

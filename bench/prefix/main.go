@@ -75,7 +75,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		"KV bytes per token (8B-class: 32 layers × K,V × 8 heads × 128 dims × 2 B)")
 	fs.StringVar(&o.redis, "redis", "redis-server", "redis-server binary for the baseline ('' skips it)")
 	fs.StringVar(&o.engine, "engine", "cpu", "gather engine for the paged cases: cpu, cuda or auto")
-	fs.StringVar(&o.out, "out", "", "JSON output (default bench/results/prefix-ENGINE.json)")
+	fs.StringVar(&o.out, "out", "", "JSON output (default bench/results/local/prefix-ENGINE.json)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}

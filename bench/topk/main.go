@@ -103,7 +103,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.warm, "warm", 10, "steps before measuring (the buffer fills)")
 	fs.Var(&o.maxBytes, "max-bytes", "skip cases whose KV (one layer, whole batch) exceeds this")
 	fs.StringVar(&o.engine, "engine", "cpu", "cpu, cuda or auto")
-	fs.StringVar(&o.out, "out", "", "JSON output (default bench/results/topk-ENGINE.json)")
+	fs.StringVar(&o.out, "out", "", "JSON output (default bench/results/local/topk-ENGINE.json)")
 	fs.Int64Var(&o.entry, "entry-bytes", 656, "bytes per token entry (656: DSA FP8)")
 	fs.IntVar(&o.k, "k", 2048, "top-k")
 	fs.IntVar(&o.slots, "slots", 4096, "buffer slots per request")

@@ -48,6 +48,16 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// The port first: a daemon that cannot serve must not leave a freshly
+	// formatted tier behind.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("admin listen: %w (another cxltierd? choose a port with -listen)", err)
+	}
+	defer ln.Close()
+	if host, _, _ := net.SplitHostPort(cfg.Listen); !isLoopback(host) {
+		logger.Printf("warning: the admin API listens on %s, beyond this host; keep -listen on loopback unless a firewall guards it", cfg.Listen)
+	}
 	r, created, err := openOrFormat(opts)
 	if err != nil {
 		return err
@@ -60,6 +70,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	logger.Printf("%s tier %v: %d device(s), %s data in %d chunks, %s coherence, flush=%s",
 		verb, inf.Devices, len(inf.Devices), sizeText(inf.Size-inf.ControlSize), inf.ChunkCount, inf.Coherence, tier.FlushInstruction())
+	if want := opts.Geometry.DeviceSize; !created && want > 0 && want != inf.Geometry.DeviceSize {
+		logger.Printf("note: the tier exists with %s per device; -size %s applies only when formatting (to resize: stop the daemons, cxltier format -force ... -size %s)",
+			sizeText(inf.Geometry.DeviceSize), sizeText(want), sizeText(want))
+	}
 
 	m, err := tier.NewManager(r, tier.ManagerOptions{
 		Node:         cfg.Node,
@@ -87,10 +101,6 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer px.close()
 
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("admin listen: %w", err)
-	}
 	a := newAdmin(r, m, px, cfg, token, logger)
 	srv := a.server()
 	serveErr := make(chan error, 1)
@@ -133,6 +143,15 @@ func openOrFormat(opts tier.Options) (*tier.Region, bool, error) {
 	}
 	r, err = tier.Format(opts)
 	return r, err == nil, err
+}
+
+// isLoopback reports whether host (of -listen) only reaches this host.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func sizeText(n int64) string {

@@ -2,7 +2,12 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"log"
+	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -53,5 +58,26 @@ func TestPrefixesFollowTheDirectory(t *testing.T) {
 	}
 	if bad, err := s.Check(true); err != nil || len(bad) != 0 {
 		t.Fatalf("the new index: %v, %v", bad, err)
+	}
+}
+
+// TestPortTakenLeavesNoTier: a daemon whose admin port is taken exits with
+// an error and formats nothing; it used to format the tier first and leave
+// the file behind.
+func TestPortTakenLeavesNoTier(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	path := filepath.Join(t.TempDir(), "tier")
+	var logs bytes.Buffer
+	err = run(context.Background(), []string{"-device", "file:" + path, "-size", "32MiB", "-chunk", "256KiB",
+		"-listen", ln.Addr().String(), "-prefix-blocks", "0"}, &logs)
+	if err == nil || !strings.Contains(err.Error(), "admin listen") {
+		t.Fatalf("run with the port taken: %v", err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a tier was left behind: %v", err)
 	}
 }

@@ -72,10 +72,12 @@ func CPUModel() string {
 }
 
 // WriteJSON writes v as indented JSON to path, or, if path is empty, to
-// bench/results/PROGRAM-ENGINE.json, and says where on log.
+// bench/results/local/PROGRAM-ENGINE.json (ignored by git: a run on your
+// machine does not overwrite the committed results; pass -out
+// bench/results/... to replace them), and says where on log.
 func WriteJSON(path, program, engine string, v any, log io.Writer) error {
 	if path == "" {
-		path = filepath.Join("bench", "results", program+"-"+strings.ReplaceAll(engine, ":", "")+".json")
+		path = filepath.Join("bench", "results", "local", program+"-"+strings.ReplaceAll(engine, ":", "")+".json")
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
