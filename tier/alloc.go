@@ -90,14 +90,19 @@ func (r *Region) findFree(n, hint int64) (int64, bool) {
 // structure with ShareChunks. On a striped tier a run of several chunks
 // spans devices; a single chunk never does.
 func (c *Client) AllocChunks(n int64) (Offset, error) {
-	if n <= 0 || n > c.r.l.ChunkCount {
-		return 0, fmt.Errorf("tier: alloc %d chunks of %d: %w", n, c.r.l.ChunkCount, ErrInvalidConfig)
+	switch {
+	case n <= 0:
+		return 0, fmt.Errorf("tier: alloc %d chunks: %w", n, ErrInvalidConfig)
+	case n > c.r.l.ChunkCount:
+		return 0, fmt.Errorf("tier: alloc %d chunks (%d bytes): the tier's whole data area is %d chunks of %d bytes (%d bytes): %w",
+			n, n*c.r.l.ChunkSize, c.r.l.ChunkCount, c.r.l.ChunkSize, c.r.l.ChunkCount*c.r.l.ChunkSize, ErrExhausted)
 	}
 	var first int64
 	err := c.withLock(SystemLock, func() error {
 		i, ok := c.r.findFree(n, c.hint)
 		if !ok {
-			return fmt.Errorf("tier: alloc %d chunks (%d B each, %d free): %w", n, c.r.l.ChunkSize, c.r.freeChunks(), ErrExhausted)
+			return fmt.Errorf("tier: alloc %d chunks (%d bytes): %d of %d chunks are free, not %d in a row: %w",
+				n, n*c.r.l.ChunkSize, c.r.freeChunks(), c.r.l.ChunkCount, n, ErrExhausted)
 		}
 		c.r.setChunks(i, n, true, uint32(c.slot+1))
 		first, c.hint = i, i+n

@@ -179,7 +179,7 @@ type bench struct {
 
 // region maps and fills one region, registers it and runs every row size.
 func (b *bench) region(size int64) ([]Result, Latency, error) {
-	fmt.Fprintf(b.log, "region %s: mapping and touching every page...\n", tierflags.FormatSize(size))
+	fmt.Fprintf(b.log, "region %s: mapping and touching every page...\n", tierflags.HumanSize(size))
 	mem, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE|unix.MAP_NORESERVE)
 	if err != nil {
 		return nil, Latency{}, fmt.Errorf("map %d bytes: %w", size, err)
@@ -219,7 +219,7 @@ func (b *bench) region(size int64) ([]Result, Latency, error) {
 	}
 	var out []Result
 	for _, rb := range b.cfg.rowSizes {
-		fmt.Fprintf(b.log, "  rows of %s...\n", tierflags.FormatSize(rb))
+		fmt.Fprintf(b.log, "  rows of %s...\n", tierflags.HumanSize(rb))
 		res, err := s.rows(rb)
 		if err != nil {
 			return nil, Latency{}, err
@@ -336,19 +336,19 @@ func (s *regionBench) timeGBs(bytes int64, f func() error) (float64, error) {
 }
 
 func printTable(w io.Writer, rep Report) {
-	fmt.Fprintf(w, "engine %s on %s, GOMAXPROCS %d, %s per call\n\n", rep.Engine, rep.CPU, rep.Procs, tierflags.FormatSize(rep.Batch))
+	fmt.Fprintf(w, "engine %s on %s, GOMAXPROCS %d, %s per call\n\n", rep.Engine, rep.CPU, rep.Procs, tierflags.HumanSize(rep.Batch))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "region\trow\trows/call\tfused GB/s\tM rows/s\tsorted GB/s\tper-row copy GB/s\tCPU+bulk GB/s\tbulk GB/s\tfused/per-row\t")
 	for _, r := range rep.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.1f\t%.2f\t%.3f\t%.2f\t%.2f\t%.1f×\t\n", tierflags.FormatSize(r.Region),
-			tierflags.FormatSize(r.RowBytes), r.Rows, r.FusedGBs, r.FusedMRows, r.SortedGBs, r.EachGBs, r.BounceGBs, r.BulkGBs, r.FusedVsEach)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.1f\t%.2f\t%.3f\t%.2f\t%.2f\t%.1f×\t\n", tierflags.HumanSize(r.Region),
+			tierflags.HumanSize(r.RowBytes), r.Rows, r.FusedGBs, r.FusedMRows, r.SortedGBs, r.EachGBs, r.BounceGBs, r.BulkGBs, r.FusedVsEach)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "region\tcall\tfused p50 µs\tper-row p50 µs\tCPU+bulk p50 µs\tfused speed-up\t")
 	for _, l := range rep.Latency {
-		fmt.Fprintf(tw, "%s\t%d×%d B\t%.1f\t%.1f\t%.1f\t%.0f×\t\n", tierflags.FormatSize(l.Region), l.Rows, l.RowBytes,
+		fmt.Fprintf(tw, "%s\t%d×%d B\t%.1f\t%.1f\t%.1f\t%.0f×\t\n", tierflags.HumanSize(l.Region), l.Rows, l.RowBytes,
 			l.FusedUs, l.EachUs, l.BounceUs, l.Speedup)
 	}
 	tw.Flush()

@@ -8,8 +8,11 @@ import (
 	"time"
 
 	"github.com/cxltier/cxltier/cmd/internal/adminapi"
+	"github.com/cxltier/cxltier/engram"
 	"github.com/cxltier/cxltier/internal/tierflags"
+	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
+	"github.com/cxltier/cxltier/topk"
 )
 
 func cmdStatus(args []string, stdout, stderr io.Writer) error {
@@ -109,7 +112,7 @@ func cmdFormat(args []string, stdout, stderr io.Writer) error {
 	}
 	opts.Overwrite = *force
 	start := time.Now()
-	fmt.Fprintf(stderr, "formatting %d device(s) of %s...\n", len(opts.Devices), tierflags.FormatSize(opts.Geometry.DeviceSize))
+	fmt.Fprintf(stderr, "formatting %d device(s) of %s...\n", len(opts.Devices), tierflags.HumanSize(opts.Geometry.DeviceSize))
 	r, err := tier.Format(opts)
 	if err != nil {
 		return err
@@ -117,13 +120,13 @@ func cmdFormat(args []string, stdout, stderr io.Writer) error {
 	defer r.Close()
 	inf := r.Info()
 	fmt.Fprintf(stdout, "formatted %v in %v: %d chunks of %s, %s of data\n", inf.Devices,
-		time.Since(start).Round(time.Millisecond), inf.ChunkCount, tierflags.FormatSize(inf.Geometry.ChunkSize),
-		tierflags.FormatSize(inf.Size-inf.ControlSize))
+		time.Since(start).Round(time.Millisecond), inf.ChunkCount, tierflags.HumanSize(inf.Geometry.ChunkSize),
+		tierflags.HumanSize(inf.Size-inf.ControlSize))
 	return nil
 }
 
 func printSnapshot(w io.Writer, s tier.Snapshot) {
-	fs := tierflags.FormatSize
+	fs := tierflags.HumanSize
 	fmt.Fprintf(w, "tier %s (format v%d), created %s\n", s.UUID, s.FormatVersion, s.Created.Format(time.RFC3339))
 	fmt.Fprintf(w, "devices: %s, %s each, stripe %s; %d node(s); coherence %s (formatted for %s); lease timeout %s\n",
 		strings.Join(s.Devices, ", "), fs(s.DeviceSize), fs(s.Stripe), s.Nodes, s.Coherence, s.FormattedAs, s.LeaseTimeout)
@@ -152,7 +155,7 @@ func printSnapshot(w io.Writer, s tier.Snapshot) {
 	}
 	fmt.Fprintf(w, "directory: %d of %d entries\n", len(s.Directory), s.Geometry.DirEntries)
 	for _, e := range s.Directory {
-		fmt.Fprintf(w, "  %-24q kind %-4d at %v, %s\n", e.Name, e.Kind, e.Offset, fs(e.Size))
+		fmt.Fprintf(w, "  %-24q %-16s at %v, %s\n", e.Name, kindName(e.Kind), e.Offset, fs(e.Size))
 	}
 	for _, t := range s.Torn {
 		fmt.Fprintf(w, "warning: %s\n", t)
@@ -161,6 +164,26 @@ func printSnapshot(w io.Writer, s tier.Snapshot) {
 
 // deviceArgs parses a command's device arguments, in tier order; a bare
 // path means file:PATH.
+// kindName names a directory kind: the packages' own kinds by what they
+// hold, others by their four characters when printable, else the number.
+func kindName(k uint32) string {
+	switch k {
+	case prefix.DirKind:
+		return "prefix index"
+	case engram.DirKind:
+		return "engram table"
+	case topk.StatsKind:
+		return "top-k stats"
+	}
+	b := []byte{byte(k >> 24), byte(k >> 16), byte(k >> 8), byte(k)}
+	for _, c := range b {
+		if c < ' ' || c > '~' {
+			return fmt.Sprintf("kind %d", k)
+		}
+	}
+	return fmt.Sprintf("kind %q", b)
+}
+
 func deviceArgs(args []string) ([]tier.Backing, error) {
 	var devs []tier.Backing
 	for _, a := range args {

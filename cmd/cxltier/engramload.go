@@ -49,7 +49,7 @@ func engramLoad(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer done()
-	fmt.Fprintf(stderr, "loading %s: %d rows × %d B (%s)\n", engram.TableName(g, layer), rows, g.RowBytes, tierflags.FormatSize(rows*g.RowBytes))
+	fmt.Fprintf(stderr, "loading %s: %d rows × %d B (%s)\n", engram.TableName(g, layer), rows, g.RowBytes, tierflags.HumanSize(rows*g.RowBytes))
 	t, err := engram.CreateTable(c, g, h, layer, fill, stderr)
 	if err != nil {
 		return err

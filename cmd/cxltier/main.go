@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
+
+	"github.com/cxltier/cxltier/tier"
 )
 
 const usage = `usage: cxltier COMMAND [flags]
@@ -51,7 +54,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case errors.Is(err, errUsage):
 		return 2
 	}
-	fmt.Fprintf(stderr, "cxltier %s: %v\n", args[0], err)
+	msg := err.Error()
+	if errors.Is(err, tier.ErrExhausted) {
+		msg += "\n  (the tier is too small for this: format a larger one, cxltier format -force -size N ..., or start cxltierd with -size N on a new device)"
+	}
+	// One prefix per message: "cxltier engram: engram: ..." says it twice.
+	fmt.Fprintf(stderr, "cxltier %s: %s\n", args[0], strings.TrimPrefix(msg, args[0]+": "))
 	return 1
 }
 
@@ -68,12 +76,27 @@ func newFlags(name string, stderr io.Writer, synopsis string) *flag.FlagSet {
 	return fs
 }
 
+// parse parses flags wherever they stand among the arguments (a device
+// first and --name after it, as people type), leaving the others, in
+// order, as fs.Args(); after "--" everything is an argument.
 func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return err
+			}
+			return errUsage
 		}
-		return errUsage
+		rest := fs.Args()
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		if len(rest) == 0 {
+			break
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
 	}
-	return nil
+	return fs.Parse(append([]string{"--"}, pos...))
 }

@@ -147,6 +147,9 @@ func (f *indexFlags) key() (string, error) {
 }
 
 func (f *indexFlags) config() (prefix.Config, error) {
+	if f.blocks != nil && (*f.blocks > 0) != (f.blockBytes > 0) {
+		return prefix.Config{}, errors.New("--blocks and --block-bytes go together: how many payload blocks, and the largest payload (e.g. --blocks 4096 --block-bytes 2MiB)")
+	}
 	key, err := f.key()
 	return prefix.Config{Name: *f.name, Blocks: *f.blocks, BlockBytes: int64(f.blockBytes), Entries: *f.entries,
 		PinsPerClient: *f.pins, Key: key}, err
@@ -173,7 +176,7 @@ func prefixCreate(args []string, stdout, stderr io.Writer) error {
 	}
 	defer s.Close()
 	st := s.Stats()
-	fmt.Fprintf(stdout, "created prefix index %q: %d blocks of %s, %d entries\n", st.Name, st.Blocks, tierflags.FormatSize(st.BlockBytes), st.Entries)
+	fmt.Fprintf(stdout, "created prefix index %q: %d blocks of %s, %d entries\n", st.Name, st.Blocks, tierflags.HumanSize(st.BlockBytes), st.Entries)
 	return nil
 }
 
@@ -214,7 +217,7 @@ func prefixStats(args []string, stdout, stderr io.Writer) error {
 			return json.NewEncoder(stdout).Encode(st)
 		}
 		fmt.Fprintf(stdout, "index %q: %d/%d blocks used (%s each), %d ready, %d reserved, %d pins held\n",
-			st.Name, st.UsedBlocks, st.Blocks, tierflags.FormatSize(st.BlockBytes), st.Ready, st.Reserved, st.PinsHeld)
+			st.Name, st.UsedBlocks, st.Blocks, tierflags.HumanSize(st.BlockBytes), st.Ready, st.Reserved, st.PinsHeld)
 		fmt.Fprintf(stdout, "hits %d, misses %d (hit rate %.3f), inserts %d, evictions %d, reclaimed %d, checksum failures %d\n",
 			st.Hits, st.Misses, st.HitRate(), st.Inserts, st.Evictions, st.Reclaimed, st.ChecksumFailures)
 		return nil
@@ -273,7 +276,7 @@ func prefixSnapshot(args []string, stdout, stderr io.Writer) error {
 		if err := os.Rename(tmp, *out); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "wrote %d entries (%s of payload) to %s\n", info.Entries, tierflags.FormatSize(info.Bytes), *out)
+		fmt.Fprintf(stdout, "wrote %d entries (%s of payload) to %s\n", info.Entries, tierflags.HumanSize(info.Bytes), *out)
 		return nil
 	})
 }
@@ -322,7 +325,7 @@ func prefixRestore(args []string, stdout, stderr io.Writer) error {
 		}
 		return err
 	}
-	fmt.Fprintf(stdout, "restored %d of %d entries into %q (%s in the snapshot)", info.Restored, info.Entries, *f.name, tierflags.FormatSize(info.Bytes))
+	fmt.Fprintf(stdout, "restored %d of %d entries into %q (%s in the snapshot)", info.Restored, info.Entries, *f.name, tierflags.HumanSize(info.Bytes))
 	if present := info.Entries - info.Restored; present > 0 {
 		fmt.Fprintf(stdout, "; %d were present already", present)
 	}

@@ -182,6 +182,28 @@ func FormatSize(n int64) string {
 	return strconv.FormatInt(n, 10)
 }
 
+// HumanSize prints a byte count for people: exact in the largest unit
+// that divides it (as FormatSize), else to a tenth of the largest unit it
+// reaches ("2.5GiB", not "2586041KiB"), and bytes as "525B". Unlike
+// FormatSize it does not round-trip as a flag value.
+func HumanSize(n int64) string {
+	if n < 1<<10 {
+		return strconv.FormatInt(n, 10) + "B"
+	}
+	for _, u := range []struct {
+		name string
+		mult int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n >= u.mult {
+			if n%u.mult == 0 {
+				return fmt.Sprintf("%d%s", n/u.mult, u.name)
+			}
+			return fmt.Sprintf("%.1f%s", float64(n)/float64(u.mult), u.name)
+		}
+	}
+	return strconv.FormatInt(n, 10) + "B"
+}
+
 // Dur is a duration flag that also reads from JSON strings ("5s").
 type Dur time.Duration
 

@@ -94,3 +94,17 @@ func TestBadValues(t *testing.T) {
 		t.Error("coherence \"sometimes\" accepted")
 	}
 }
+
+func TestHumanSize(t *testing.T) {
+	for n, want := range map[int64]string{
+		525696:     "513.4KiB",
+		2648105984: "2.5GiB",
+		64 << 20:   "64MiB",
+		1000:       "1000B",
+		0:          "0B",
+	} {
+		if got := HumanSize(n); got != want {
+			t.Errorf("HumanSize(%d) = %s, want %s", n, got, want)
+		}
+	}
+}
