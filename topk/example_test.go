@@ -47,6 +47,7 @@ func Example() {
 	// A new request's slot s holds token s (as SGLang starts it), so 3 hits
 	// in slot 3; 50 takes the least recently used slot; the newest token
 	// (99) has the reserved slot 8; -1 is padding.
+
 	// Output:
 	// [3 0 8 -1] 1 1
 	// [3 0 1 8] 2 1
