@@ -17,8 +17,10 @@ const usage = `usage: cxltier COMMAND [flags]
 
 commands:
   status    ask the running cxltierd for the tier's state
+  top       watch the running cxltierd: tier use, clients, prefix and top-k rates
   inspect   read a region's backing files directly (no daemon needed)
   format    create and format a new tier
+  destroy   remove a tier's backing files (refused while clients are live)
   engram    Engram hashing: rows of token ids, multipliers, presets
   prefix    prefix cache: SGLang page keys, create, stats, check, snapshot, restore
 
@@ -32,7 +34,7 @@ func main() {
 type command func(args []string, stdout, stderr io.Writer) error
 
 func run(args []string, stdout, stderr io.Writer) int {
-	commands := map[string]command{"status": cmdStatus, "inspect": cmdInspect, "format": cmdFormat, "engram": cmdEngram, "prefix": cmdPrefix}
+	commands := map[string]command{"status": cmdStatus, "top": cmdTop, "destroy": cmdDestroy, "inspect": cmdInspect, "format": cmdFormat, "engram": cmdEngram, "prefix": cmdPrefix}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stderr, usage)
 		if len(args) == 0 {

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/cxltier/cxltier/cmd/internal/adminapi"
+	"github.com/cxltier/cxltier/internal/tierflags"
+	"github.com/cxltier/cxltier/tier"
+)
+
+// cmdTop shows the daemon's view live: tier use, clients, prefix indexes
+// with hit rate and lookups per second, the top-k pools' steps per second.
+func cmdTop(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("top", stderr, "[-addr HOST:PORT] [-interval 1s] [-n COUNT]")
+	addr := fs.String("addr", adminapi.DefaultAddr, "cxltierd admin address")
+	every := fs.Duration("interval", time.Second, "refresh period")
+	count := fs.Int("n", 0, "refreshes before exiting (0: until interrupted)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *every < 100*time.Millisecond {
+		return fmt.Errorf("-interval %v: at least 100ms", *every)
+	}
+	var prev *adminapi.Status
+	var prevAt time.Time
+	for i := 0; *count == 0 || i < *count; i++ {
+		if i > 0 {
+			time.Sleep(*every)
+		}
+		st, _, err := adminapi.FetchStatus(*addr, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		if *count != 1 {
+			fmt.Fprint(stdout, "\033[H\033[2J") // home, clear: a terminal view
+		}
+		printTop(stdout, &st, prev, now.Sub(prevAt))
+		prev, prevAt = &st, now
+	}
+	return nil
+}
+
+// printTop renders one screen; rates need the previous status (nil: none).
+func printTop(w io.Writer, st, prev *adminapi.Status, dt time.Duration) {
+	hs := tierflags.HumanSize
+	rate := func(now, before int64) string {
+		if prev == nil || dt <= 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f/s", float64(now-before)/dt.Seconds())
+	}
+	live := 0
+	for _, c := range st.Clients {
+		if c.State == "live" {
+			live++
+		}
+	}
+	fmt.Fprintf(w, "cxltier top — node %d, up %s, %s\n", st.Node, st.Uptime, time.Now().Format(time.TimeOnly))
+	fmt.Fprintf(w, "tier: %s used of %s (%d of %d chunks), %d clients live, %d locks held, %d reaped\n",
+		hs(st.Used), hs(st.Size-st.ControlSize), st.Chunks.Used, st.Chunks.Total, live, len(st.Locks), st.ReapedTotal)
+	fmt.Fprintln(w, "\nprefix index        ready/blocks  hit rate  lookups     inserts     evictions")
+	for _, p := range st.Prefix {
+		var before [3]int64
+		if prev != nil {
+			for _, q := range prev.Prefix {
+				if q.Name == p.Name {
+					before = [3]int64{int64(q.Hits + q.Misses), int64(q.Inserts), int64(q.Evictions)}
+				}
+			}
+		}
+		fmt.Fprintf(w, "%-18s %6d/%-6d %8.1f%%  %-10s  %-10s  %s\n", p.Name, p.Ready, p.Blocks, 100*p.HitRate(),
+			rate(int64(p.Hits+p.Misses), before[0]), rate(int64(p.Inserts), before[1]), rate(int64(p.Evictions), before[2]))
+	}
+	t := st.Topk
+	var steps int64
+	if prev != nil {
+		steps = prev.Topk.Steps
+	}
+	fmt.Fprintf(w, "\ntop-k: %d sequences, %s steps, hit rate %.1f%%, %s fetched\n",
+		t.Sequences, rate(t.Steps, steps), 100*t.HitRate(), hs(t.BytesFetched))
+}
+
+// cmdDestroy removes a tier: its backing files, or for a DAX device its
+// header (the device stays). A tier with live clients is refused unless
+// forced: they would go on writing memory nobody owns.
+func cmdDestroy(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("destroy", stderr, "[-force] PATH|SPEC...")
+	force := fs.Bool("force", false, "destroy even with live clients attached")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return errUsage
+	}
+	devs, err := deviceArgs(fs.Args())
+	if err != nil {
+		return err
+	}
+	r, err := tier.Open(tier.Options{Devices: devs, ReadOnly: true})
+	if err != nil {
+		return err
+	}
+	var live []string
+	for _, c := range r.Leases() {
+		if c.State == "live" && time.Since(c.LastBeat) < r.Info().Geometry.LeaseTimeout {
+			live = append(live, fmt.Sprintf("slot %d pid %d %q", c.Slot, c.PID, c.Name))
+		}
+	}
+	r.Close()
+	if len(live) > 0 && !*force {
+		return fmt.Errorf("%d live client(s) attached (%s): stop them (and cxltierd) first, or -force", len(live), strings.Join(live, ", "))
+	}
+	for _, d := range devs {
+		switch d.Kind {
+		case tier.BackingDax:
+			f, err := os.OpenFile(d.Path, os.O_WRONLY, 0)
+			if err != nil {
+				return err
+			}
+			_, err = f.WriteAt(make([]byte, 4096), 0) // the header: the device no longer holds a tier
+			f.Close()
+			if err != nil {
+				return fmt.Errorf("clear %s: %w", d, err)
+			}
+		case tier.BackingAnon:
+		default:
+			if err := os.Remove(d.Path); err != nil {
+				return err
+			}
+		}
+		fmt.Fprintf(stdout, "destroyed %s\n", d)
+	}
+	return nil
+}

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cxltier/cxltier/cmd/internal/adminapi"
+	"github.com/cxltier/cxltier/prefix"
+	"github.com/cxltier/cxltier/tier"
+	"github.com/cxltier/cxltier/topk"
+)
+
+// TestDestroy: a tier with a live client is refused, a quiet one is
+// removed.
+func TestDestroy(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tier")
+	formatTier(t, path)
+	b, _ := tier.ParseBacking("file:" + path)
+	r, err := tier.Open(tier.Options{Devices: []tier.Backing{b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := r.Attach(tier.ClientOptions{Name: "busy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errs := runCLI(t, "destroy", path); code != 1 || !strings.Contains(errs, `"busy"`) {
+		t.Fatalf("destroy with a live client: exit %d, %q", code, errs)
+	}
+	c.Close()
+	r.Close()
+	if code, out, errs := runCLI(t, "destroy", path); code != 0 || !strings.Contains(out, "destroyed") {
+		t.Fatalf("destroy: exit %d, %q %q", code, out, errs)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("the backing file is still there: %v", err)
+	}
+}
+
+// TestTopRates: a screen shows tier use and per-second rates from two
+// statuses a second apart.
+func TestTopRates(t *testing.T) {
+	a := adminapi.Status{Prefix: []prefix.Stats{{Name: "llama", Blocks: 64, Ready: 10, Hits: 100, Misses: 100}}, Topk: topk.Stats{Steps: 1000}}
+	b := a
+	b.Prefix = []prefix.Stats{{Name: "llama", Blocks: 64, Ready: 12, Hits: 350, Misses: 150, Inserts: 2}}
+	b.Topk.Steps = 1500
+	var out bytes.Buffer
+	printTop(&out, &b, &a, time.Second)
+	for _, want := range []string{"llama", "12/64", "300/s", "500/s", "2/s", "70.0%"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("screen lacks %q:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	printTop(&out, &b, nil, 0)
+	if !strings.Contains(out.String(), "-") {
+		t.Errorf("first screen shows rates without a previous status:\n%s", out.String())
+	}
+}
