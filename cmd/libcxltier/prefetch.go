@@ -244,7 +244,7 @@ func cxl_engram_buffer(h C.uint64_t, layer C.int, ptr *C.uint64_t, size, rowByte
 		}
 		dp, ok := buf.(kernels.DeviceBuffer)
 		if !ok {
-			return fmt.Errorf("engram buffer: %w: the %s engine's cache is host memory owned by Go; read rows with cxl_engram_read", errBadArg, p.eng.Name())
+			return fmt.Errorf("engram buffer: %w: the %s engine's cache is host memory owned by Go; read rows with cxl_engram_read (Python: EngramPrefetcher.read_row)", errBadArg, p.eng.Name())
 		}
 		if ptr == nil || size == nil || rowBytes == nil {
 			return fmt.Errorf("engram buffer: %w: no outputs", errBadArg)

@@ -265,7 +265,7 @@ func cxl_topk_buffer(h C.uint64_t, layer C.int, ptr *C.uint64_t, size, rowBytes,
 		}
 		dp, ok := buf.(kernels.DeviceBuffer)
 		if !ok {
-			return fmt.Errorf("topk buffer: %w: the %s engine's buffer is host memory owned by Go; read slots with cxl_topk_read", errBadArg, p.eng.Name())
+			return fmt.Errorf("topk buffer: %w: the %s engine's buffer is host memory owned by Go; read slots with cxl_topk_read (Python: TopKPool.read_slot)", errBadArg, p.eng.Name())
 		}
 		if ptr == nil || size == nil || rowBytes == nil || rowsPerRequest == nil {
 			return fmt.Errorf("topk buffer: %w: no outputs", errBadArg)
