@@ -92,3 +92,22 @@ func TestOneDaemonPerNode(t *testing.T) {
 		t.Fatalf("a second daemon for node 0: %v", err)
 	}
 }
+
+// TestDaemonRestartAfterKill: a daemon whose process is gone does not
+// block its successor, however fresh its lease (the soak kills and
+// restarts daemons at once).
+func TestDaemonRestartAfterKill(t *testing.T) {
+	r := formatTest(t, testGeometry(), fileBacking(t))
+	m, err := NewManager(r, ManagerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Client().abandon() // as if killed: the lease stays live and fresh
+	line := r.leaseLine(m.Client().Slot())
+	atomic.StoreUint32(u32At(line, 8), 0x7ffffff0) // a pid that does not run
+	m2, err := NewManager(r, ManagerOptions{})
+	if err != nil {
+		t.Fatalf("restart after the daemon died: %v", err)
+	}
+	m2.Client().Close()
+}

@@ -71,7 +71,10 @@ const keepReaped = 64
 // NewManager attaches the daemon's own lease on node opts.Node.
 func NewManager(r *Region, opts ManagerOptions) (*Manager, error) {
 	for _, inf := range r.Leases() {
-		if inf.Daemon && inf.Node == opts.Node && inf.State == "live" && time.Since(inf.LastBeat) < r.l.LeaseTimeout {
+		// A daemon that crashed or was killed leaves a fresh lease behind:
+		// on this host its process is checked, so a restart goes ahead.
+		gone := !opts.SkipPIDCheck && !processAlive(inf.PID, inf.start)
+		if inf.Daemon && inf.Node == opts.Node && inf.State == "live" && !gone && time.Since(inf.LastBeat) < r.l.LeaseTimeout {
 			return nil, fmt.Errorf("tier: manager: a daemon for node %d runs already (slot %d, pid %d, %q): %w",
 				opts.Node, inf.Slot, inf.PID, inf.Name, ErrExists)
 		}
