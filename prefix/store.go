@@ -71,6 +71,7 @@ type Store struct {
 	pinFree []int32 // this client's free pin records
 	pinHW   int32   // records in use or used before: evictors scan this many
 	myPins  []byte  // this client's pin table header
+	slot    int     // this client's lease slot: its pin table
 }
 
 // Create allocates and formats an index in the tier, registers it in the
@@ -316,6 +317,7 @@ func (s *Store) claimPins() error {
 		return fmt.Errorf("%w: client token %#x", ErrBadIndex, s.c.Token())
 	}
 	off := s.g.PinsOff + int64(slot)*s.g.PinStride
+	s.slot = slot
 	s.myPins = s.metaSlice(off, pinHeaderSize)
 	if atomic.LoadUint64(u64At(s.myPins, 0)) == s.c.Token() {
 		return ErrOpen
