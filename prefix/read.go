@@ -109,16 +109,10 @@ func (s *Store) LookupAppend(dst []Hit, keys []Key) ([]Hit, error) {
 	if err := s.entries("lookup"); err != nil {
 		return dst, err
 	}
-	// The batch's pin records are taken under one lock, not one each.
-	var pool pinPool
-	if err := s.takePins(&pool, len(keys)); err != nil {
-		return dst, err
-	}
-	defer s.givePins(pool.free())
 	base := len(dst)
 	now := uint64(time.Now().UnixNano())
 	for n := range keys {
-		h, ok, err := s.lookupOne(&keys[n], now, &pool)
+		h, ok, err := s.lookupOne(&keys[n], now)
 		if err != nil {
 			s.Release(dst[base:])
 			return dst[:base], fmt.Errorf("prefix: %q: lookup key %d (%v): %w", s.name, n, keys[n], err)
@@ -134,38 +128,11 @@ func (s *Store) LookupAppend(dst []Hit, keys []Key) ([]Hit, error) {
 	return dst, nil
 }
 
-// pinPool is a batch's pin records, taken at once; those it did not use
-// go back when it ends.
-type pinPool struct {
-	pins [64]int32
-	n    int     // taken into pins[:n]
-	used int     // pins[:used] are in hits
-	more []int32 // beyond 64
-}
-
-func (p *pinPool) next() (int32, bool) {
-	switch {
-	case p.used < p.n:
-		p.used++
-		return p.pins[p.used-1], true
-	case len(p.more) > 0:
-		j := p.more[len(p.more)-1]
-		p.more = p.more[:len(p.more)-1]
-		return j, true
-	}
-	return -1, false
-}
-
-// put gives back a record next returned and the batch did not keep.
-func (p *pinPool) put(j int32) { p.more = append(p.more, j) }
-
-func (p *pinPool) free() []int32 { return append(p.pins[p.used:p.n:p.n], p.more...) }
-
 // accessEvery bounds how often hits rewrite an entry's access time: the
 // line is shared by every reader, and LRU needs no finer clock.
 const accessEvery = uint64(time.Millisecond)
 
-func (s *Store) lookupOne(k *Key, now uint64, pool *pinPool) (Hit, bool, error) {
+func (s *Store) lookupOne(k *Key, now uint64) (Hit, bool, error) {
 	i, w, ok := s.find(k)
 	if !ok || wordState(w) != stReady {
 		return Hit{}, false, nil
@@ -175,13 +142,13 @@ func (s *Store) lookupOne(k *Key, now uint64, pool *pinPool) (Hit, bool, error) 
 		Len:   int64(atomic.LoadUint32(u32At(e, entLen))),
 		CRC:   atomic.LoadUint32(u32At(e, entCRC)),
 		Block: atomic.LoadUint32(u32At(e, entBlock))}
-	pin, err := s.pin(i, w, pool)
+	pin, err := s.pin(i, w)
 	if err != nil || pin < 0 {
 		return Hit{}, false, err
 	}
 	h.pin = pin
 	if int64(h.Block) >= s.g.Blocks || h.Len > s.g.BlockBytes {
-		s.unpinInto(pin, pool)
+		s.unpin(pin)
 		return Hit{}, false, fmt.Errorf("%w: entry %d names block %d of %d bytes", ErrBadIndex, i, h.Block, h.Len)
 	}
 	h.Offset = s.blockOff[h.Block]
@@ -197,65 +164,19 @@ func pinValue(i uint32, w uint64) uint64 { return uint64(i+1)<<32 | uint64(uint3
 // the entry still is in that state. An evictor marks the entry before it
 // scans pin tables, so either it sees our record or we see its mark. It
 // returns -1 if the entry changed.
-func (s *Store) pin(i uint32, w uint64, pool *pinPool) (int32, error) {
-	j, ok := pool.next()
-	if !ok {
-		var err error
-		if j, err = s.takePin(); err != nil {
-			return -1, err
-		}
+func (s *Store) pin(i uint32, w uint64) (int32, error) {
+	j, err := s.takePin()
+	if err != nil {
+		return -1, err
 	}
 	rec := s.pinRecord(s.slot, int64(j))
 	atomic.StoreUint64(rec, pinValue(i, w))
 	s.publishPin(j)
 	if atomic.LoadUint64(u64At(s.readEntry(i), entWord)) != w {
-		s.unpinInto(j, pool)
+		s.unpin(j)
 		return -1, nil
 	}
 	return j, nil
-}
-
-// unpinInto clears pin record j and keeps it in the batch's pool.
-func (s *Store) unpinInto(j int32, pool *pinPool) {
-	atomic.StoreUint64(s.pinRecord(s.slot, int64(j)), 0)
-	s.publishPin(j)
-	pool.put(j)
-}
-
-// takePins fills pool with up to n free records (the rest of a large
-// batch is taken one by one as needed).
-func (s *Store) takePins(pool *pinPool, n int) error {
-	n = min(n, len(pool.pins))
-	s.pinMu.Lock()
-	defer s.pinMu.Unlock()
-	if s.myPins == nil {
-		return fmt.Errorf("prefix: %q: %w", s.name, tier.ErrClosed)
-	}
-	for pool.n < n {
-		if k := len(s.pinFree); k > 0 {
-			pool.pins[pool.n] = s.pinFree[k-1]
-			s.pinFree = s.pinFree[:k-1]
-		} else if int64(s.pinHW) < s.g.Pins {
-			pool.pins[pool.n] = s.pinHW
-			s.pinHW++
-			atomic.StoreUint32(u32At(s.myPins, 8), uint32(s.pinHW))
-			s.publishMeta(s.g.PinsOff+int64(s.slot)*s.g.PinStride, pinHeaderSize)
-		} else {
-			break // pins run short: lookups take what is left one by one
-		}
-		pool.n++
-	}
-	return nil
-}
-
-// givePins returns unused, cleared records to the free list.
-func (s *Store) givePins(js []int32) {
-	if len(js) == 0 {
-		return
-	}
-	s.pinMu.Lock()
-	s.pinFree = append(s.pinFree, js...)
-	s.pinMu.Unlock()
 }
 
 func (s *Store) takePin() (int32, error) {
@@ -282,7 +203,9 @@ func (s *Store) takePin() (int32, error) {
 func (s *Store) unpin(j int32) {
 	atomic.StoreUint64(s.pinRecord(s.slot, int64(j)), 0)
 	s.publishPin(j)
-	s.givePins([]int32{j})
+	s.pinMu.Lock()
+	s.pinFree = append(s.pinFree, j)
+	s.pinMu.Unlock()
 }
 
 func (s *Store) publishPin(j int32) {
@@ -292,18 +215,9 @@ func (s *Store) publishPin(j int32) {
 	}
 }
 
-// Release unpins hits returned by Lookup, their records back under one
-// lock.
+// Release unpins hits returned by Lookup.
 func (s *Store) Release(hits []Hit) {
-	if len(hits) == 0 {
-		return
-	}
-	var local [64]int32
-	js := local[:0]
 	for _, h := range hits {
-		atomic.StoreUint64(s.pinRecord(s.slot, int64(h.pin)), 0)
-		s.publishPin(h.pin)
-		js = append(js, h.pin)
+		s.unpin(h.pin)
 	}
-	s.givePins(js)
 }
