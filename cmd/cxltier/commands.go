@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -47,15 +48,7 @@ func cmdInspect(args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() == 0 {
-		fs.Usage()
-		return errUsage
-	}
-	devs, err := deviceArgs(fs.Args())
-	if err != nil {
-		return err
-	}
-	r, err := tier.Open(tier.Options{Devices: devs, ReadOnly: true})
+	r, _, err := openArgs(fs)
 	if err != nil {
 		return err
 	}
@@ -164,6 +157,20 @@ func printSnapshot(w io.Writer, s tier.Snapshot) {
 
 // deviceArgs parses a command's device arguments, in tier order; a bare
 // path means file:PATH.
+// openArgs opens, read-only, the tier whose devices are fs's arguments.
+func openArgs(fs *flag.FlagSet) (*tier.Region, []tier.Backing, error) {
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return nil, nil, errUsage
+	}
+	devs, err := deviceArgs(fs.Args())
+	if err != nil {
+		return nil, nil, err
+	}
+	r, err := tier.Open(tier.Options{Devices: devs, ReadOnly: true})
+	return r, devs, err
+}
+
 // kindName names a directory kind: the packages' own kinds by what they
 // hold, others by their four characters when printable, else the number.
 func kindName(k uint32) string {

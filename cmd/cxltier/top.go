@@ -94,15 +94,7 @@ func cmdDestroy(args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() == 0 {
-		fs.Usage()
-		return errUsage
-	}
-	devs, err := deviceArgs(fs.Args())
-	if err != nil {
-		return err
-	}
-	r, err := tier.Open(tier.Options{Devices: devs, ReadOnly: true})
+	r, devs, err := openArgs(fs)
 	if err != nil {
 		return err
 	}
