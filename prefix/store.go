@@ -342,6 +342,13 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// Extent is where the index lives in the tier: its metadata run (header,
+// entries, owners, pins) and its payload blocks (for inspection and for
+// tests that damage them).
+func (s *Store) Extent() (meta tier.Offset, metaBytes int64, payload tier.Offset, payloadBytes int64) {
+	return s.meta, s.g.PinsOff + s.g.Clients*s.g.PinStride, tier.Offset(s.g.PayloadOff), s.g.Blocks * s.g.BlockStride
+}
+
 // Name is the index's namespace.
 func (s *Store) Name() string { return s.name }
 

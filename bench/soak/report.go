@@ -17,6 +17,7 @@ func (s *soak) loop(c *tier.Client, out io.Writer) error {
 	start := time.Now()
 	end := start.Add(s.o.duration)
 	nextReport, nextKill, nextRestart := start.Add(s.o.report), start.Add(s.o.killEvery), start.Add(s.o.restartEvery)
+	nextDamage := start.Add(s.o.damageEvery)
 	last, lastAt := map[string]int64{}, start
 	fmt.Fprintf(out, "%8s  %12s  %12s  %12s  %5s  %8s  %s\n", "elapsed", "prefix ops/s", "topk steps/s", "engram rows/s", "kills", "restarts", "checks")
 	for time.Now().Before(end) {
@@ -27,6 +28,10 @@ func (s *soak) loop(c *tier.Client, out io.Writer) error {
 				return err
 			}
 			nextKill = now.Add(s.o.killEvery)
+		}
+		if s.o.damageEvery > 0 && now.After(nextDamage) {
+			s.damage(c)
+			nextDamage = now.Add(s.o.damageEvery)
 		}
 		if s.o.restartEvery > 0 && now.After(nextRestart) {
 			if err := s.restartDaemon(); err != nil {
@@ -70,7 +75,32 @@ func (s *soak) restartDaemon() error {
 	return s.startDaemon()
 }
 
-// check runs the invariant checks that hold at any moment.
+// damage flips one random byte of the prefix index: its metadata (header,
+// entries, owners, pins) or, as often, its payloads.
+func (s *soak) damage(c *tier.Client) {
+	px, err := prefix.Maintain(c, prefixIndex)
+	if err != nil {
+		return
+	}
+	meta, metaBytes, payload, payloadBytes := px.Extent()
+	px.Close()
+	off := meta + tier.Offset(s.rng.Int64N(metaBytes))
+	if s.rng.IntN(2) == 0 {
+		off = payload + tier.Offset(s.rng.Int64N(payloadBytes))
+	}
+	var b [1]byte
+	r := c.Region()
+	if r.ReadAt(b[:], off) == nil {
+		b[0] ^= byte(1 + s.rng.IntN(255))
+		r.WriteAt(b[:], off)
+		s.mu.Lock()
+		s.damages++
+		s.mu.Unlock()
+	}
+}
+
+// check runs the invariant checks that hold at any moment (under damage:
+// only what damage must not break — dead clients reaped, the tier clean).
 func (s *soak) check(c *tier.Client) []string {
 	var problems []string
 	r := c.Region()
@@ -82,6 +112,9 @@ func (s *soak) check(c *tier.Client) []string {
 		if cl.State != "live" && time.Since(cl.LastBeat) > 5*leaseTimeout+5*time.Second {
 			problems = append(problems, fmt.Sprintf("client slot %d (%s, pid %d) %s since %v", cl.Slot, cl.Name, cl.PID, cl.State, cl.LastBeat))
 		}
+	}
+	if s.o.damageEvery > 0 {
+		return problems
 	}
 	px, err := prefix.Maintain(c, prefixIndex)
 	if err != nil {
@@ -130,5 +163,10 @@ func (s *soak) finalCheck(c *tier.Client, out io.Writer) error {
 	tot, _ := s.totals()
 	fmt.Fprintf(out, "soak OK: %d prefix ops, %d top-k steps, %d Engram rows; %d workers killed, %d daemon restarts; no chunk left to a dead client\n",
 		tot["prefix"], tot["topk"], tot["engram"], s.kills, s.restarts)
+	if s.o.damageEvery > 0 {
+		s.mu.Lock()
+		fmt.Fprintf(out, "under damage: %d bytes of the prefix index flipped, %d errors reported to workers; no panic, no hang, no wrong payload\n", s.damages, s.errs)
+		s.mu.Unlock()
+	}
 	return nil
 }

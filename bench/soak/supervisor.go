@@ -25,12 +25,15 @@ const leaseTimeout = time.Second
 
 // worker is one worker process; ops is its last reported count.
 type worker struct {
-	role string
-	cmd  *exec.Cmd
-	mu   sync.Mutex
-	ops  int64
-	fail string
-	done chan struct{}
+	role     string
+	cmd      *exec.Cmd
+	mu       sync.Mutex
+	ops      int64
+	errs     int64     // errors tolerated under damage
+	errsSeen int64     // of errs, already added to soak.errs
+	seen     time.Time // last report
+	fail     string
+	done     chan struct{}
 }
 
 type soak struct {
@@ -46,6 +49,8 @@ type soak struct {
 	kills    int
 	daemon   *exec.Cmd
 	restarts int
+	damages  int   // bytes flipped
+	errs     int64 // errors workers tolerated under damage
 }
 
 func run(args []string, stdout, stderr io.Writer) error {
@@ -181,12 +186,15 @@ func (s *soak) startWorker(role string) error {
 	cmd := exec.Command(s.self)
 	cmd.Env = append(os.Environ(), envRole+"="+role, envDevice+"="+s.device, envSeed+"="+strconv.FormatUint(s.rng.Uint64(), 10),
 		envGeometry+"="+string(s.geo))
+	if s.o.damageEvery > 0 {
+		cmd.Env = append(cmd.Env, envDamage+"=1")
+	}
 	cmd.Stderr = s.log
 	out, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	w := &worker{role: role, cmd: cmd, done: make(chan struct{})}
+	w := &worker{role: role, cmd: cmd, done: make(chan struct{}), seen: time.Now()}
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
@@ -194,6 +202,9 @@ func (s *soak) startWorker(role string) error {
 			w.mu.Lock()
 			if n, ok := strings.CutPrefix(line, "ops "); ok {
 				w.ops, _ = strconv.ParseInt(n, 10, 64)
+				w.seen = time.Now()
+			} else if n, ok := strings.CutPrefix(line, "errs "); ok {
+				w.errs, _ = strconv.ParseInt(n, 10, 64)
 			} else if strings.HasPrefix(line, "fail ") {
 				w.fail = line
 			}
@@ -260,10 +271,16 @@ func (s *soak) totals() (map[string]int64, string) {
 		select {
 		case <-w.done:
 			if fail == "" {
-				fail = fmt.Sprintf("%s worker exited on its own", w.role)
+				fail = fmt.Sprintf("%s worker exited on its own (a panic?)", w.role)
 			}
 		default:
+			// Workers report every 200 ms; silence this long is a hang.
+			if quiet := time.Since(w.seen); quiet > 30*time.Second && fail == "" {
+				fail = fmt.Sprintf("%s worker (pid %d) silent for %v: hung", w.role, w.cmd.Process.Pid, quiet.Round(time.Second))
+			}
 		}
+		s.errs += w.errs - w.errsSeen
+		w.errsSeen = w.errs
 		w.mu.Unlock()
 	}
 	return t, fail

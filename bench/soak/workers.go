@@ -26,6 +26,7 @@ const (
 	envDevice   = "CXLTIER_SOAK_DEVICE"
 	envSeed     = "CXLTIER_SOAK_SEED"
 	envGeometry = "CXLTIER_SOAK_GEOMETRY"
+	envDamage   = "CXLTIER_SOAK_DAMAGE" // set: tolerate errors (the supervisor damages the index)
 )
 
 // The shared objects the supervisor creates.
@@ -78,34 +79,52 @@ func runWorker(role string, out io.Writer) error {
 	}
 	seed, _ := strconv.ParseUint(os.Getenv(envSeed), 10, 64)
 	rng := rand.New(rand.NewPCG(seed, 11))
+	tolerant := os.Getenv(envDamage) != ""
+	var ops, errs int64
 	var step func() (int, error)
-	switch role {
-	case "prefix":
-		step, err = prefixStep(c, rng)
-	case "topk":
-		step, err = topkStep(c, rng)
-	case "engram":
-		step, err = engramStep(c, rng)
-	default:
-		err = fmt.Errorf("unknown role %q", role)
+	for {
+		switch role {
+		case "prefix":
+			step, err = prefixStep(c, rng)
+		case "topk":
+			step, err = topkStep(c, rng)
+		case "engram":
+			step, err = engramStep(c, rng)
+		default:
+			return fmt.Errorf("unknown role %q", role)
+		}
+		if err == nil || !tolerant {
+			break
+		}
+		// Under damage the index may refuse to open: say so, try again.
+		errs++
+		fmt.Fprintf(out, "ops %d\nerrs %d\n", ops, errs)
+		time.Sleep(100 * time.Millisecond)
 	}
 	if err != nil {
 		return err
 	}
-	var ops int64
 	last := time.Now()
 	for {
 		n, err := step()
-		if err != nil {
+		switch {
+		case err != nil && (!tolerant || errors.Is(err, errWrongPayload)):
 			return err
+		case err != nil:
+			errs++ // damage the index reports; a wrong payload never passes
+			time.Sleep(time.Millisecond)
 		}
 		ops += int64(n)
 		if time.Since(last) > 200*time.Millisecond {
-			fmt.Fprintf(out, "ops %d\n", ops)
+			fmt.Fprintf(out, "ops %d\nerrs %d\n", ops, errs)
 			last = time.Now()
 		}
 	}
 }
+
+// errWrongPayload is a read that returned bytes other than those stored:
+// a failure under damage too.
+var errWrongPayload = errors.New("payload differs from what was stored")
 
 func prefixStep(c *tier.Client, rng *rand.Rand) (func() (int, error), error) {
 	s, err := prefix.Open(c, prefixIndex)
@@ -124,7 +143,7 @@ func prefixStep(c *tier.Client, rng *rand.Rand) (func() (int, error), error) {
 				return 0, fmt.Errorf("get key %d: %w", i, err)
 			}
 			if n == 1 && !bytes.Equal(dst[0], payload(i)) {
-				return 0, fmt.Errorf("get key %d: payload of %d bytes differs from what was stored", i, len(dst[0]))
+				return 0, fmt.Errorf("get key %d: %d bytes: %w", i, len(dst[0]), errWrongPayload)
 			}
 		case op < 8:
 			if _, err := s.Set(k, [][]byte{payload(i)}); err != nil && !errors.Is(err, prefix.ErrLost) {
@@ -198,7 +217,7 @@ func topkStep(c *tier.Client, rng *rand.Rand) (func() (int, error), error) {
 					pos, slot := sel[b*k+i], out[b*k+i]
 					row := p.Row(req, int(slot))
 					if pos >= 0 && !bytes.Equal(mem[row*entry:(row+1)*entry], topkEntry(req, l, int64(pos), entry)) {
-						return 0, fmt.Errorf("request %d layer %d: slot %d does not hold position %d", req, l, slot, pos)
+						return 0, fmt.Errorf("request %d layer %d: slot %d does not hold position %d: %w", req, l, slot, pos, errWrongPayload)
 					}
 				}
 			}
@@ -261,7 +280,7 @@ func engramStep(c *tier.Client, rng *rand.Rand) (func() (int, error), error) {
 			engram.SyntheticRow(engramLayer, row, want)
 			s := int64(pd.Slots[i])
 			if !bytes.Equal(mem[s*g.RowBytes:(s+1)*g.RowBytes], want) {
-				return 0, fmt.Errorf("row %d in slot %d differs from the table", row, s)
+				return 0, fmt.Errorf("row %d in slot %d differs from the table: %w", row, s, errWrongPayload)
 			}
 		}
 		return len(rows), nil
