@@ -179,8 +179,8 @@ func AsBytes[T int32 | uint32 | int64 | uint64 | Addr](s []T) []byte {
 }
 
 // Planner says who decides a call's rows for the packages whose engines
-// can plan them (TopKPlanner, EngramPlanner): the host, or the engine
-// where its inputs are. Each package says what PlanAuto picks there.
+// can plan them (topk and engram, through the launch API): the host, or
+// the engine where its inputs are. Each package says what PlanAuto picks.
 type Planner int
 
 const (
