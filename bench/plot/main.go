@@ -252,4 +252,3 @@ func sortedKeys[K int64 | string, V any](m map[K]V) []K {
 	slices.Sort(keys)
 	return keys
 }
-
