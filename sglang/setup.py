@@ -33,6 +33,11 @@ class BuildWithLibrary(build_py):
         header = out[: -len(".so")] + ".h"
         if os.path.exists(header):
             os.remove(header)
+        # The CLI the README calls (cxltier engram load, prefix create ...),
+        # run by the `cxltier` script pip puts on PATH.
+        cli = os.path.join(os.path.dirname(out), "bin", "cxltier")
+        os.makedirs(os.path.dirname(cli), exist_ok=True)
+        subprocess.check_call([go, "build", "-o", cli, "./cmd/cxltier"], cwd=REPO)
 
 
 setup(cmdclass={"build_py": BuildWithLibrary})

@@ -71,3 +71,18 @@ def test_tenant_key(built, device):
             t.prefix("tenant", key="guess")
         ix = t.prefix("tenant", key="s3cret")
         assert ix.exists([cxltier.string_key("a")]) == 1
+
+
+def test_cli_script_runs_the_go_cli(cli):
+    """The `cxltier` script pip installs runs the Go CLI ($CXLTIER_CLI here)."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, CXLTIER_CLI=cli)
+    out = subprocess.run([sys.executable, "-m", "cxltier._cli", "engram", "presets"], env=env, capture_output=True,
+                         text=True, check=True, cwd=os.path.join(os.path.dirname(__file__), ".."))
+    assert "v4.1-flash" in out.stdout
+    env["CXLTIER_CLI"] = "/nonexistent/cxltier"
+    bad = subprocess.run([sys.executable, "-m", "cxltier._cli", "status"], env=env, capture_output=True, text=True,
+                         cwd=os.path.join(os.path.dirname(__file__), ".."))
+    assert bad.returncode == 127 and "CXLTIER_CLI" in bad.stderr
