@@ -22,6 +22,7 @@ commands:
   format    create and format a new tier
   destroy   remove a tier's backing files (refused while clients are live)
   repair    reap dead clients and release orphaned locks on a tier no daemon serves
+  resize    explains how to move a tier to a new size (it cannot be resized in place)
   engram    Engram hashing: rows of token ids, multipliers, presets
   prefix    prefix cache: SGLang page keys, create, stats, check, snapshot, restore
 
@@ -35,7 +36,7 @@ func main() {
 type command func(args []string, stdout, stderr io.Writer) error
 
 func run(args []string, stdout, stderr io.Writer) int {
-	commands := map[string]command{"status": cmdStatus, "top": cmdTop, "destroy": cmdDestroy, "repair": cmdRepair, "inspect": cmdInspect, "format": cmdFormat, "engram": cmdEngram, "prefix": cmdPrefix}
+	commands := map[string]command{"status": cmdStatus, "top": cmdTop, "destroy": cmdDestroy, "repair": cmdRepair, "resize": cmdResize, "inspect": cmdInspect, "format": cmdFormat, "engram": cmdEngram, "prefix": cmdPrefix}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stderr, usage)
 		if len(args) == 0 {

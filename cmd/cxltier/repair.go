@@ -91,3 +91,21 @@ func printRepairPlan(w io.Writer, findings []string) {
 		fmt.Fprintf(w, "  %s\n", f)
 	}
 }
+
+// cmdResize refuses, and says how: a region's layout (chunk count, the
+// areas sized from it, every structure's offsets) is fixed when it is
+// formatted, and moving live chunks under clients is not something to do
+// in place.
+func cmdResize(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("resize", stderr, "-size N PATH|SPEC...")
+	size := fs.String("size", "", "the size wanted")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	return fmt.Errorf(`a tier's size is fixed when it is formatted, so it cannot be resized in place (wanted -size %s). To move to a new size:
+  1. cxltier prefix snapshot --name NAME --out NAME.zst DEVICE...   (each prefix index)
+  2. stop the daemons and clients; cxltier destroy DEVICE...
+  3. cxltier format -device DEVICE -size %s   (or start cxltierd with -size %s)
+  4. cxltier engram load ... again; cxltier prefix restore --name NAME --in NAME.zst --blocks N --block-bytes SIZE DEVICE...`,
+		*size, *size, *size)
+}

@@ -96,3 +96,11 @@ func TestRepair(t *testing.T) {
 		t.Fatalf("inspect -deep after repair: exit %d, %q", code, out)
 	}
 }
+
+// TestResizeRefusesWithTheWay: resize is a clear refusal that says how.
+func TestResizeRefusesWithTheWay(t *testing.T) {
+	code, _, errs := runCLI(t, "resize", "-size", "8GiB", "shm:x")
+	if code != 1 || !strings.Contains(errs, "cannot be resized in place") || !strings.Contains(errs, "prefix snapshot") {
+		t.Fatalf("resize: exit %d, %q", code, errs)
+	}
+}
