@@ -34,7 +34,7 @@ func startPrefixes(ctx context.Context, c *tier.Client, cfg config, logger *log.
 		if errors.Is(err, tier.ErrNotFound) {
 			s, err = prefix.Create(c, prefix.Config{Name: cfg.PrefixName, Blocks: cfg.PrefixBlocks, BlockBytes: int64(cfg.PrefixBlockBytes)})
 			if err == nil {
-				logger.Printf("created prefix index %q: %d blocks of %d B", cfg.PrefixName, cfg.PrefixBlocks, int64(cfg.PrefixBlockBytes))
+				logger.Printf("created prefix index %q: %d blocks of %s", cfg.PrefixName, cfg.PrefixBlocks, sizeText(int64(cfg.PrefixBlockBytes)))
 			}
 		}
 		switch {
