@@ -231,6 +231,7 @@ func (s *soak) killOne() error {
 	w.mu.Lock()
 	s.mu.Lock()
 	s.dead[w.role] += w.ops
+	s.errs += w.errs - w.errsSeen // the killed worker's errors since the last tally
 	s.kills++
 	s.mu.Unlock()
 	fail := w.fail
