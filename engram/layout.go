@@ -199,21 +199,11 @@ func readOut(b []byte, slots []int32) (engineCounts, error) {
 	}
 	w := unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), countWords)
 	c := engineCounts{hits: int(w[0]), fetched: int(w[1]), spilled: int(w[2]), noRoom: int(w[3])}
-	copy(slots, int32s(b[8*countWords:], len(slots)))
+	copy(slots, kernels.Int32s(b[8*countWords:], len(slots)))
 	if c.noRoom > 0 {
 		return c, fmt.Errorf("%w: %d of %d rows found no way and no spill slot", ErrCacheTooSmall, c.noRoom, len(slots))
 	}
 	return c, nil
-}
-
-// int32s views n little-endian int32s at the start of b (engine buffers
-// are 8-byte aligned and callers' offsets multiples of 8; the machine is
-// little endian, as the kernels assume).
-func int32s(b []byte, n int) []int32 {
-	if n == 0 {
-		return nil
-	}
-	return unsafe.Slice((*int32)(unsafe.Pointer(&b[0])), n)
 }
 
 // checkShapes validates a step's shapes against its buffers and returns

@@ -25,7 +25,7 @@ func (t *twinStepper) plan(s *engineStep) (kernels.Handle, error) {
 	l := s.layout
 	out := outBuf[s.out.Offset : s.out.Offset+outBytes(n)]
 	counts := unsafe.Slice((*uint64)(unsafe.Pointer(&out[0])), countWords)
-	slots := int32s(out[8*countWords:], n)
+	slots := kernels.Int32s(out[8*countWords:], n)
 	clear(counts)
 	var c twinCache
 	if l.sets > 0 {

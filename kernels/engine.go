@@ -178,6 +178,17 @@ func AsBytes[T int32 | uint32 | int64 | uint64 | Addr](s []T) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(s[0])))
 }
 
+// Int32s views the first n little-endian int32s of b, a CPU engine buffer's
+// bytes (8-byte aligned; callers' offsets are multiples of 4), as the
+// kernels' Go twins read them. The view aliases b.
+func Int32s(b []byte, n int) []int32 {
+	if n == 0 {
+		return nil
+	}
+	_ = b[4*n-1] // bounds: n int32s must lie in b
+	return unsafe.Slice((*int32)(unsafe.Pointer(&b[0])), n)
+}
+
 // Planner says who decides a call's rows for the packages whose engines
 // can plan them (topk and engram, through the launch API): the host, or
 // the engine where its inputs are. Each package says what PlanAuto picks.

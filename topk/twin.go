@@ -3,7 +3,6 @@ package topk
 import (
 	"encoding/binary"
 	"slices"
-	"unsafe"
 
 	"github.com/cxltier/cxltier/kernels"
 )
@@ -27,8 +26,8 @@ func (t *twinStepper) plan(s *engineStep) (engineCounts, error) {
 	}
 	state := bufs[0]
 	l, k := s.layout, s.layout.TopK
-	sel := int32s(bufs[1][s.sel.Offset:], len(s.reqs)*k)
-	out := int32s(bufs[2][s.out.Offset:], len(s.reqs)*k)
+	sel := kernels.Int32s(bufs[1][s.sel.Offset:], len(s.reqs)*k)
+	out := kernels.Int32s(bufs[2][s.out.Offset:], len(s.reqs)*k)
 	for i, p := range sel {
 		if n := s.lens[i/k]; p < -1 || p >= n {
 			return engineCounts{}, &badSelection{row: i / k, index: i % k, pos: p, len: n}
@@ -56,16 +55,6 @@ func (t *twinStepper) plan(s *engineStep) (engineCounts, error) {
 	return c, err
 }
 
-// int32s views n little-endian int32s at the start of b (host buffers are
-// 8-byte aligned Go allocations and the offsets callers pass are multiples
-// of 4; the machine is little endian, as the kernels assume).
-func int32s(b []byte, n int) []int32 {
-	if n == 0 {
-		return nil
-	}
-	return unsafe.Slice((*int32)(unsafe.Pointer(&b[0])), n)
-}
-
 // regionView is one request's tables for one layer in host memory.
 type regionView struct {
 	tokens, loaded, lru []int32
@@ -74,7 +63,7 @@ type regionView struct {
 
 func newRegionView(l engineLayout, b []byte) regionView {
 	s := l.Slots
-	all := int32s(b, 3*s+2)
+	all := kernels.Int32s(b, 3*s+2)
 	return regionView{tokens: all[:s+1], loaded: all[s+1 : 2*s+2], lru: all[2*s+2:], extents: b[l.extentsOffset():]}
 }
 

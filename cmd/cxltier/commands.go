@@ -48,7 +48,7 @@ func cmdInspect(args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	r, _, err := openArgs(fs)
+	r, _, err := openArgs(fs, true)
 	if err != nil {
 		return err
 	}
@@ -157,8 +157,8 @@ func printSnapshot(w io.Writer, s tier.Snapshot) {
 
 // deviceArgs parses a command's device arguments, in tier order; a bare
 // path means file:PATH.
-// openArgs opens, read-only, the tier whose devices are fs's arguments.
-func openArgs(fs *flag.FlagSet) (*tier.Region, []tier.Backing, error) {
+// openArgs opens the tier whose devices are fs's arguments.
+func openArgs(fs *flag.FlagSet, readOnly bool) (*tier.Region, []tier.Backing, error) {
 	if fs.NArg() == 0 {
 		fs.Usage()
 		return nil, nil, errUsage
@@ -167,7 +167,7 @@ func openArgs(fs *flag.FlagSet) (*tier.Region, []tier.Backing, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	r, err := tier.Open(tier.Options{Devices: devs, ReadOnly: true})
+	r, err := tier.Open(tier.Options{Devices: devs, ReadOnly: readOnly})
 	return r, devs, err
 }
 

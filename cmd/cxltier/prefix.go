@@ -87,15 +87,7 @@ func prefixKeys(args []string, stdout, stderr io.Writer) error {
 // tierArgs opens the tier named by a command's remaining arguments and
 // attaches a client to it.
 func tierArgs(fs *flag.FlagSet) (*tier.Client, func(), error) {
-	if fs.NArg() == 0 {
-		fs.Usage()
-		return nil, nil, errUsage
-	}
-	devs, err := deviceArgs(fs.Args())
-	if err != nil {
-		return nil, nil, err
-	}
-	r, err := tier.Open(tier.Options{Devices: devs})
+	r, _, err := openArgs(fs, false)
 	if err != nil {
 		return nil, nil, err
 	}

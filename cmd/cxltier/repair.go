@@ -22,28 +22,15 @@ func cmdRepair(args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *dry {
-		r, _, err := openArgs(fs)
-		if err != nil {
-			return err
-		}
-		defer r.Close()
-		printRepairPlan(stdout, r.Audit())
-		return nil
-	}
-	if fs.NArg() == 0 {
-		fs.Usage()
-		return errUsage
-	}
-	devs, err := deviceArgs(fs.Args())
-	if err != nil {
-		return err
-	}
-	r, err := tier.Open(tier.Options{Devices: devs})
+	r, _, err := openArgs(fs, *dry)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
+	if *dry {
+		printRepairPlan(stdout, r.Audit())
+		return nil
+	}
 	m, err := tier.NewManager(r, tier.ManagerOptions{Node: *node})
 	if errors.Is(err, tier.ErrExists) {
 		return fmt.Errorf("%w\n  (a running daemon repairs as it goes; POST /v1/reap to its admin API forces a pass)", err)

@@ -94,7 +94,7 @@ func cmdDestroy(args []string, stdout, stderr io.Writer) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	r, devs, err := openArgs(fs)
+	r, devs, err := openArgs(fs, true)
 	if err != nil {
 		return err
 	}

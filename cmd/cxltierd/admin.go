@@ -142,8 +142,9 @@ func (a *admin) routes() map[string]route {
 func (a *admin) handle(ctx *fasthttp.RequestCtx) {
 	path := string(ctx.Path())
 	rt, ok := a.routes()[path]
+	authed := a.hasToken(ctx)
 	switch {
-	case path != "/healthz" && !a.limits.allow(ctx.RemoteIP().String(), a.hasToken(ctx), time.Now()):
+	case path != "/healthz" && !a.limits.allow(ctx.RemoteIP().String(), authed, time.Now()):
 		ctx.Response.Header.Set("Retry-After", "1")
 		writeError(ctx, fasthttp.StatusTooManyRequests, "more than %v admin requests per second from %s", a.cfg.AdminRate, ctx.RemoteIP())
 	case !ok:
@@ -151,7 +152,7 @@ func (a *admin) handle(ctx *fasthttp.RequestCtx) {
 	case string(ctx.Method()) != rt.method && !(rt.method == fasthttp.MethodGet && ctx.IsHead()):
 		ctx.Response.Header.Set("Allow", rt.method)
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, "%s %s: use %s", ctx.Method(), ctx.Path(), rt.method)
-	case rt.mutates && !a.authorized(ctx):
+	case rt.mutates && !a.authorized(ctx, authed):
 	default:
 		rt.fn(ctx)
 	}
@@ -168,12 +169,12 @@ func (a *admin) hasToken(ctx *fasthttp.RequestCtx) bool {
 
 // authorized checks the bearer token in constant time. Without a configured
 // token every mutation is refused: an open admin port must not be writable.
-func (a *admin) authorized(ctx *fasthttp.RequestCtx) bool {
+func (a *admin) authorized(ctx *fasthttp.RequestCtx, authed bool) bool {
 	if len(a.token) == 0 {
 		writeError(ctx, fasthttp.StatusForbidden, "mutating endpoints are disabled: start cxltierd with -token-file or %s", tokenEnv)
 		return false
 	}
-	if !a.hasToken(ctx) {
+	if !authed {
 		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="cxltierd"`)
 		writeError(ctx, fasthttp.StatusUnauthorized, "missing or wrong bearer token")
 		return false
