@@ -52,4 +52,6 @@ run "pin: a pinned entry's payload is never replaced" pass pin.pml --
 run "pin: seeded bug (reader checks before pinning)" fail pin.pml -DBUG_CHECK_FIRST --
 run "pin: seeded bug (evictor scans before marking)" fail pin.pml -DBUG_SCAN_FIRST --
 run "pin: seeded bug (pin left in the reader's cache)" fail pin.pml -DBUG_PIN_NOT_FLUSHED --
+run "pin: seeded bug (high-water mark raised after the check)" fail pin.pml -DBUG_MARK_LATE --
+run "pin: seeded bug (high-water mark left in the reader's cache)" fail pin.pml -DBUG_MARK_NOT_FLUSHED --
 echo "models OK"

@@ -12,6 +12,12 @@
  * payload. Either the evictor sees the pin or the reader sees the mark
  * (a Dekker handshake through memory).
  *
+ * The reader claims its record with no lock, so evictors do not know which
+ * records are in use: they scan the records below the holder's high-water
+ * mark, which the reader raises (and makes visible) before it writes a
+ * record beyond it. Here the reader's record is its first, so the mark
+ * starts at 0 and the evictor reads no record while it sees 0.
+ *
  * Memory is modelled as in lock.pml: per-host caches, flush (clwb),
  * invalidate (clflush), spontaneous write-back and drop. Each step runs in
  * program order: the code's full barriers (atomic stores are XCHG on x86)
@@ -21,11 +27,13 @@
  * the entry named. Seeded bugs that must be caught: -DBUG_CHECK_FIRST (the
  * reader checks the entry before publishing its pin), -DBUG_SCAN_FIRST (the
  * evictor scans pins before marking the entry), -DBUG_PIN_NOT_FLUSHED (the
- * pin stays in the reader's cache).
+ * pin stays in the reader's cache), -DBUG_MARK_LATE (the reader raises the
+ * high-water mark after its check), -DBUG_MARK_NOT_FLUSHED (the raised mark
+ * stays in the reader's cache).
  */
 
 #define HOSTS 2
-#define LINES 3         /* 0: entry word, 1: the reader's pin record, 2: payload */
+#define LINES 4         /* 0: entry word, 1: the reader's pin record, 2: payload, 3: its high-water mark */
 #define READY 1
 #define EVICTING 2
 #define DROPPED 3
@@ -65,6 +73,13 @@ end:	do
 	od
 }
 
+inline raise_mark() {
+	store(1, 3, 1);
+#ifndef BUG_MARK_NOT_FLUSHED
+	flush(1, 3);
+#endif
+}
+
 inline publish_pin() {
 	store(1, 1, 1);
 #ifndef BUG_PIN_NOT_FLUSHED
@@ -77,7 +92,12 @@ proctype Reader() {
 #ifdef BUG_CHECK_FIRST
 	invalidate(1, 0); load(1, 0, e);
 	publish_pin();
+#elif defined(BUG_MARK_LATE)
+	publish_pin();
+	invalidate(1, 0); load(1, 0, e);
+	raise_mark();
 #else
+	raise_mark();
 	publish_pin();
 	invalidate(1, 0); load(1, 0, e);
 #endif
@@ -91,14 +111,22 @@ proctype Reader() {
 	store(1, 1, 0); flush(1, 1)  /* release */
 }
 
+inline scan_pins() {
+	invalidate(0, 3); load(0, 3, hw);
+	if
+	:: hw > 0 -> invalidate(0, 1); load(0, 1, p)
+	:: else -> p = 0  /* the record is beyond the mark: not scanned */
+	fi
+}
+
 proctype Evictor() {
-	byte p;
+	byte p, hw;
 #ifdef BUG_SCAN_FIRST
-	invalidate(0, 1); load(0, 1, p);
+	scan_pins();
 	store(0, 0, EVICTING); flush(0, 0);
 #else
 	store(0, 0, EVICTING); flush(0, 0);
-	invalidate(0, 1); load(0, 1, p);
+	scan_pins();
 #endif
 	if
 	:: p != 0 -> store(0, 0, READY); flush(0, 0)  /* pinned: put it back */
@@ -109,5 +137,5 @@ proctype Evictor() {
 }
 
 init {
-	atomic { mem[0] = READY; mem[1] = 0; mem[2] = 1; run Reader(); run Evictor() }
+	atomic { mem[0] = READY; mem[1] = 0; mem[2] = 1; mem[3] = 0; run Reader(); run Evictor() }
 }

@@ -12,7 +12,7 @@ const DirKind = 0x50465831 // "PFX1"
 
 const (
 	indexMagic   = 0x3130584650544c43 // "CLTPFX01"
-	indexVersion = 2                  // 2: tenant key digest
+	indexVersion = 3                  // 2: tenant key digest; 3: per-client counters in the pin tables
 	lineSize     = 64
 	headerBytes  = 4096
 
@@ -86,7 +86,7 @@ const (
 	entLen      = 40 // u32 payload bytes
 	entBlock    = 44 // u32 block index
 	entCRC      = 48 // u32 CRC-32C of the payload
-	entAccess   = 56 // u64 ns of the last hit
+	entAccess   = 56 // u64: the link time (even), or ns of the first hit since (odd)
 	entOwner    = 64 // u64 lease token of the reserving client
 	entCreated  = 72 // u64 ns
 	entPrev     = 80 // u32 entry index+1 toward the LRU head (0: none)
@@ -127,6 +127,7 @@ type geometry struct {
 	PinsOff       int64
 	PinStride     int64
 	KeyDigest     [keyDigestLen]byte // zero: the index has no key
+	Version       uint32             // layout version of the header read (encode writes indexVersion)
 }
 
 // headerCRC covers the immutable fields: lines 0–1 up to the CRC word and
@@ -187,7 +188,7 @@ func decodeGeometry(b []byte, metaBytes int64) (geometry, error) {
 	switch v {
 	case 1: // before tenant keys: no digest, and the CRC covers lines 0–1 only
 		want = crc32.Checksum(b[:hdrImmutable], castagnoli)
-	case indexVersion:
+	case 2, indexVersion: // 3 adds per-client counters to the pin tables' headers
 	default:
 		return g, fmt.Errorf("%w: version %d, this build reads 1 to %d", ErrBadIndex, v, indexVersion)
 	}
@@ -200,9 +201,9 @@ func decodeGeometry(b []byte, metaBytes int64) (geometry, error) {
 		LockID: int(le.Uint32(b[hdrLockID:])), BlockBytes: int64(le.Uint64(b[hdrBlockBytes:])),
 		BlockStride: int64(le.Uint64(b[hdrBlockStride:])), PayloadOff: int64(le.Uint64(b[hdrPayloadOff:])),
 		PayloadChunks: int64(le.Uint64(b[hdrPayloadChunks:])), MetaChunks: int64(le.Uint64(b[hdrMetaChunks:])),
-		Created: time.Unix(0, int64(le.Uint64(b[hdrCreated:]))),
+		Created: time.Unix(0, int64(le.Uint64(b[hdrCreated:]))), Version: v,
 	}
-	if v == indexVersion {
+	if v >= 2 {
 		copy(g.KeyDigest[:], b[hdrKeyDigest:])
 	}
 	if err := g.check(); err != nil {

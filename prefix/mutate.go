@@ -406,7 +406,9 @@ func (s *Store) linkHead(i uint32, now uint64) {
 	head := atomic.LoadUint32(s.hdrU32(hdrLRUHead))
 	atomic.StoreUint32(u32At(e, entPrev), 0)
 	atomic.StoreUint32(u32At(e, entNext), head)
-	atomic.StoreUint64(u64At(e, entLinkedAt), now)
+	at := now &^ 1 // even: the first hit after this makes entAccess odd and greater (touch)
+	atomic.StoreUint64(u64At(e, entLinkedAt), at)
+	atomic.StoreUint64(u64At(e, entAccess), at)
 	if h, ok := s.linkedEntry(head); ok {
 		atomic.StoreUint32(u32At(s.entry(h), entPrev), i+1)
 	} else if head == 0 {

@@ -110,9 +110,8 @@ func (s *Store) LookupAppend(dst []Hit, keys []Key) ([]Hit, error) {
 		return dst, err
 	}
 	base := len(dst)
-	now := uint64(time.Now().UnixNano())
 	for n := range keys {
-		h, ok, err := s.lookupOne(&keys[n], now)
+		h, ok, err := s.lookupOne(&keys[n])
 		if err != nil {
 			s.Release(dst[base:])
 			return dst[:base], fmt.Errorf("prefix: %q: lookup key %d (%v): %w", s.name, n, keys[n], err)
@@ -128,11 +127,7 @@ func (s *Store) LookupAppend(dst []Hit, keys []Key) ([]Hit, error) {
 	return dst, nil
 }
 
-// accessEvery bounds how often hits rewrite an entry's access time: the
-// line is shared by every reader, and LRU needs no finer clock.
-const accessEvery = uint64(time.Millisecond)
-
-func (s *Store) lookupOne(k *Key, now uint64) (Hit, bool, error) {
+func (s *Store) lookupOne(k *Key) (Hit, bool, error) {
 	i, w, ok := s.find(k)
 	if !ok || wordState(w) != stReady {
 		return Hit{}, false, nil
@@ -152,66 +147,25 @@ func (s *Store) lookupOne(k *Key, now uint64) (Hit, bool, error) {
 		return Hit{}, false, fmt.Errorf("%w: entry %d names block %d of %d bytes", ErrBadIndex, i, h.Block, h.Len)
 	}
 	h.Offset = s.blockOff[h.Block]
-	if acc := u64At(e, entAccess); now > atomic.LoadUint64(acc)+accessEvery {
-		atomic.StoreUint64(acc, now)
-	}
+	s.touch(e)
 	return h, true, nil
 }
 
-func pinValue(i uint32, w uint64) uint64 { return uint64(i+1)<<32 | uint64(uint32(wordGen(w))) }
-
-// pin records that this client reads entry i in state w, then checks that
-// the entry still is in that state. An evictor marks the entry before it
-// scans pin tables, so either it sees our record or we see its mark. It
-// returns -1 if the entry changed.
-func (s *Store) pin(i uint32, w uint64) (int32, error) {
-	j, err := s.takePin()
-	if err != nil {
-		return -1, err
-	}
-	rec := s.pinRecord(s.slot, int64(j))
-	atomic.StoreUint64(rec, pinValue(i, w))
-	s.publishPin(j)
-	if atomic.LoadUint64(u64At(s.readEntry(i), entWord)) != w {
-		s.unpin(j)
-		return -1, nil
-	}
-	return j, nil
-}
-
-func (s *Store) takePin() (int32, error) {
-	s.pinMu.Lock()
-	defer s.pinMu.Unlock()
-	if s.myPins == nil {
-		return -1, fmt.Errorf("prefix: %q: %w", s.name, tier.ErrClosed)
-	}
-	if n := len(s.pinFree); n > 0 {
-		j := s.pinFree[n-1]
-		s.pinFree = s.pinFree[:n-1]
-		return j, nil
-	}
-	if int64(s.pinHW) >= s.g.Pins {
-		return -1, fmt.Errorf("%w: %d pins held", ErrPinsFull, s.g.Pins)
-	}
-	j := s.pinHW
-	s.pinHW++
-	atomic.StoreUint32(u32At(s.myPins, 8), uint32(s.pinHW))
-	s.publishMeta(s.g.PinsOff+int64(s.slot)*s.g.PinStride, pinHeaderSize)
-	return j, nil
-}
-
-func (s *Store) unpin(j int32) {
-	atomic.StoreUint64(s.pinRecord(s.slot, int64(j)), 0)
-	s.publishPin(j)
-	s.pinMu.Lock()
-	s.pinFree = append(s.pinFree, j)
-	s.pinMu.Unlock()
-}
-
-func (s *Store) publishPin(j int32) {
+// touch marks a hit entry as used since it was last linked at the LRU
+// head, which is all eviction's second chance asks. Linking leaves
+// entAccess even; the first hit after makes it odd and greater, so a hit
+// reads only the line it already holds, writes it once per link period
+// (the line every reader shares stays clean), and reads no clock after.
+// On a non-coherent tier lookups write nothing: a reader's dirty copy of
+// the line, written back later, would overwrite the state word with what
+// it saw, so there eviction order is insertion order.
+func (s *Store) touch(e []byte) {
 	if s.shared {
-		off := s.g.PinsOff + int64(s.slot)*s.g.PinStride + pinHeaderSize + int64(j)*pinRecordSize
-		s.publishMeta(off, pinRecordSize)
+		return
+	}
+	acc := u64At(e, entAccess)
+	if a := atomic.LoadUint64(acc); a&1 == 0 {
+		atomic.StoreUint64(acc, max(uint64(time.Now().UnixNano()), a+1)|1)
 	}
 }
 

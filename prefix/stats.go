@@ -40,12 +40,12 @@ func (st Stats) HitRate() float64 {
 // Stats reads the index's counts.
 func (s *Store) Stats() Stats {
 	s.refreshMeta(0, 256)
-	ctr := func(i int) uint64 { return atomic.LoadUint64(u64At(s.hdr, hdrCounters+8*i)) }
+	c := s.counters()
 	u32 := func(off int) int64 { return int64(atomic.LoadUint32(s.hdrU32(off))) }
 	st := Stats{Name: s.name, Entries: s.g.Entries, Blocks: s.g.Blocks, BlockBytes: s.g.BlockBytes,
 		Ready: u32(hdrReady), Reserved: u32(hdrReserved), UsedBlocks: u32(hdrUsedBlocks), Tombstones: u32(hdrTombstones),
-		Hits: ctr(ctrHits), Misses: ctr(ctrMisses), Inserts: ctr(ctrInserts), Evictions: ctr(ctrEvictions),
-		ChecksumFailures: ctr(ctrChecksumFailures), Reclaimed: ctr(ctrReclaimed), BytesIn: ctr(ctrBytesIn), BytesOut: ctr(ctrBytesOut)}
+		Hits: c[ctrHits], Misses: c[ctrMisses], Inserts: c[ctrInserts], Evictions: c[ctrEvictions],
+		ChecksumFailures: c[ctrChecksumFailures], Reclaimed: c[ctrReclaimed], BytesIn: c[ctrBytesIn], BytesOut: c[ctrBytesOut]}
 	for slot := 0; int64(slot) < s.g.Clients; slot++ {
 		h := s.metaSlice(s.g.PinsOff+int64(slot)*s.g.PinStride, pinHeaderSize)
 		tok := atomic.LoadUint64(u64At(h, 0))

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -67,11 +66,13 @@ type Store struct {
 	// holder rebuilds the list before it lets go (locked).
 	lruDamaged bool
 
-	pinMu   sync.Mutex
-	pinFree []int32 // this client's free pin records
-	pinHW   int32   // records in use or used before: evictors scan this many
-	myPins  []byte  // this client's pin table header
-	slot    int     // this client's lease slot: its pin table
+	// perClient: the index keeps its hot counters per client (version 3).
+	perClient bool
+
+	myPins     []byte       // this client's pin-table header
+	slot       int          // this client's lease slot: its pin table
+	pinHint    atomic.Int32 // where a claim starts looking for a free record
+	pinsClosed atomic.Bool  // Close gave the pin table up
 }
 
 // Create allocates and formats an index in the tier, registers it in the
@@ -258,7 +259,7 @@ func open(c *tier.Client, name, key string, maint bool) (*Store, error) {
 		}
 	}
 	s := &Store{c: c, r: r, name: name, g: g, meta: de.Offset, hdr: hdr,
-		shared: r.Info().Coherence == tier.Shared, maint: maint}
+		shared: r.Info().Coherence == tier.Shared, maint: maint, perClient: g.Version >= 3}
 	if r.NumDevices() == 1 {
 		s.one = r.Device(0)
 	}
@@ -309,39 +310,6 @@ func (s *Store) Valid() error {
 	return err
 }
 
-// claimPins takes this client's pin table: clear the records a previous
-// holder of the lease slot left, then write our token so evictors scan it.
-func (s *Store) claimPins() error {
-	slot := s.r.TokenSlot(s.c.Token())
-	if slot < 0 || int64(slot) >= s.g.Clients {
-		return fmt.Errorf("%w: client token %#x", ErrBadIndex, s.c.Token())
-	}
-	off := s.g.PinsOff + int64(slot)*s.g.PinStride
-	s.slot = slot
-	s.myPins = s.metaSlice(off, pinHeaderSize)
-	if atomic.LoadUint64(u64At(s.myPins, 0)) == s.c.Token() {
-		return ErrOpen
-	}
-	atomic.StoreUint64(u64At(s.myPins, 0), 0)
-	for j := int64(0); j < s.g.Pins; j++ {
-		atomic.StoreUint64(s.pinRecord(slot, j), 0)
-	}
-	atomic.StoreUint32(u32At(s.myPins, 8), 0)
-	atomic.StoreUint64(u64At(s.myPins, 0), s.c.Token())
-	s.publishMeta(off, pinHeaderSize)
-	s.pinFree = make([]int32, 0, s.g.Pins)
-	return nil
-}
-
-// Close gives up this client's pin table. Pins still held are dropped.
-func (s *Store) Close() error {
-	if s.myPins != nil {
-		atomic.StoreUint64(u64At(s.myPins, 0), 0)
-		s.myPins = nil
-	}
-	return nil
-}
-
 // Extent is where the index lives in the tier: its metadata run (header,
 // entries, owners, pins) and its payload blocks (for inspection and for
 // tests that damage them).
@@ -378,19 +346,8 @@ func (s *Store) owner(b uint32) *uint32 {
 	return u32At(s.metaSlice(off&^(lineSize-1), lineSize), int(off%lineSize))
 }
 
-func (s *Store) pinRecord(slot int, j int64) *uint64 {
-	off := s.g.PinsOff + int64(slot)*s.g.PinStride + pinHeaderSize + j*pinRecordSize
-	return u64At(s.metaSlice(off&^(lineSize-1), lineSize), int(off%lineSize))
-}
-
 func (s *Store) hdrU32(off int) *uint32 { return u32At(s.hdr, off) }
 func (s *Store) hdrU64(off int) *uint64 { return u64At(s.hdr, off) }
-
-func (s *Store) count(ctr int, n uint64) {
-	if n != 0 {
-		atomic.AddUint64(u64At(s.hdr, hdrCounters+8*ctr), n)
-	}
-}
 
 // publishMeta writes back metadata lines on a non-coherent tier.
 func (s *Store) publishMeta(off, n int64) {

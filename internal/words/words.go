@@ -6,6 +6,10 @@
 //     use (a Region keeps it until Close, after which its users stop);
 //   - offsets are multiples of the word size (checked here, with bounds), so
 //     each atomic is one aligned instruction on one cache line.
+//
+// Both accessors are small enough for the compiler to inline (a lookup
+// calls them several times per key), which is why the check panics with a
+// value and formats only when the panic is printed.
 package words
 
 import (
@@ -15,16 +19,31 @@ import (
 
 // U32At is the uint32 at byte off of b.
 func U32At(b []byte, off int64) *uint32 {
-	if off%4 != 0 || off < 0 || off+4 > int64(len(b)) {
-		panic(fmt.Sprintf("words: u32 at %d outside or misaligned in %d bytes", off, len(b)))
+	if off < 0 || off&3 != 0 || off > int64(len(b))-4 {
+		panic(outsideError{4, off, len(b)})
 	}
-	return (*uint32)(unsafe.Pointer(&b[off]))
+	// In bounds and aligned, checked above.
+	return (*uint32)(unsafe.Add(unsafe.Pointer(unsafe.SliceData(b)), off))
 }
 
 // U64At is the uint64 at byte off of b.
 func U64At(b []byte, off int64) *uint64 {
-	if off%8 != 0 || off < 0 || off+8 > int64(len(b)) {
-		panic(fmt.Sprintf("words: u64 at %d outside or misaligned in %d bytes", off, len(b)))
+	if off < 0 || off&7 != 0 || off > int64(len(b))-8 {
+		panic(outsideError{8, off, len(b)})
 	}
-	return (*uint64)(unsafe.Pointer(&b[off]))
+	// In bounds and aligned, checked above.
+	return (*uint64)(unsafe.Add(unsafe.Pointer(unsafe.SliceData(b)), off))
+}
+
+// outsideError is the panic of a word outside its slice or misaligned: a
+// caller's layout bug, since callers check offsets read from shared memory
+// before they use them.
+type outsideError struct {
+	size int
+	off  int64
+	n    int
+}
+
+func (e outsideError) Error() string {
+	return fmt.Sprintf("words: %d-byte word at %d outside or misaligned in %d bytes", e.size, e.off, e.n)
 }
