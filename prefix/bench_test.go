@@ -63,3 +63,48 @@ func BenchmarkInsert(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkLookupRandom draws keys at random from a larger index (8192
+// ready entries, a 2 MiB table: beyond the core's own caches), as
+// bench/prefix does; touchAhead is for this case.
+func BenchmarkLookupRandom(b *testing.B) {
+	const n = 8192
+	tierFor := func(tb testing.TB) *Store {
+		_, c := testTier(tb, 1)
+		s := testStore(tb, c, n, 64)
+		keys := benchKeys(n)
+		ps := make([][]byte, 256)
+		for j := range ps {
+			ps[j] = make([]byte, 64)
+		}
+		for i := 0; i < n; i += 256 {
+			if _, err := s.Set(keys[i:i+256], ps); err != nil {
+				tb.Fatal(err)
+			}
+		}
+		return s
+	}
+	for _, batch := range []int{1, 32} {
+		b.Run(map[int]string{1: "batch1", 32: "batch32"}[batch], func(b *testing.B) {
+			s := tierFor(b)
+			keys := benchKeys(n)
+			draws := make([]Key, 1<<16)
+			rng := uint64(1)
+			for i := range draws {
+				rng = rng*6364136223846793005 + 1442695040888963407
+				draws[i] = keys[(rng>>33)%n]
+			}
+			var hits []Hit
+			for i := 0; b.Loop(); i++ {
+				at := (i * batch) % (len(draws) - batch)
+				var err error
+				hits, err = s.LookupAppend(hits[:0], draws[at:at+batch])
+				if err != nil || len(hits) != batch {
+					b.Fatalf("lookup: %d hits, %v", len(hits), err)
+				}
+				s.Release(hits)
+			}
+			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "keys/s")
+		})
+	}
+}

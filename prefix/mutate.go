@@ -159,7 +159,7 @@ func (s *Store) reserveOne(res *Reservation, left int, now uint64) error {
 	s.hdrAdd(hdrReserved, 1)
 	s.publishEntry(i)
 	s.publishOwner(b)
-	res.Status, res.entry, res.Block, res.Offset = Reserved, i, b, s.blockOff[b]
+	res.Status, res.entry, res.Block, res.Offset = Reserved, i, b, s.blockAt(b)
 	return nil
 }
 

@@ -3,6 +3,7 @@ package prefix
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -82,6 +83,24 @@ func (s *Store) find(k *Key) (uint32, uint64, bool) {
 	return 0, 0, false
 }
 
+// touchAhead is how many keys' home entries a batch reads ahead: their
+// loads are independent, so the core overlaps the misses a key-by-key
+// probe would wait for one after another.
+const touchAhead = 16
+
+// touchHomes reads the state word of each key's home entry, to have the
+// lines in the core's cache when the probes come.
+func (s *Store) touchHomes(keys []Key) uint64 {
+	if len(keys) < 2 {
+		return 0
+	}
+	var sum uint64
+	for n := range keys {
+		sum += atomic.LoadUint64(u64At(s.entry(s.home(&keys[n])), entWord))
+	}
+	return sum
+}
+
 // Exists returns how many leading keys have ready entries (HiCache's
 // batch_exists). It takes no lock and pins nothing.
 func (s *Store) Exists(keys []Key) int {
@@ -110,16 +129,22 @@ func (s *Store) LookupAppend(dst []Hit, keys []Key) ([]Hit, error) {
 		return dst, err
 	}
 	base := len(dst)
+	dst = slices.Grow(dst, len(keys))
 	for n := range keys {
-		h, ok, err := s.lookupOne(&keys[n])
+		if n%touchAhead == 0 {
+			s.touchHomes(keys[n:min(n+touchAhead, len(keys))])
+		}
+		// Filled in place: a Hit is ten words, worth not copying twice.
+		dst = dst[:len(dst)+1]
+		ok, err := s.lookupOne(&dst[len(dst)-1], &keys[n])
 		if err != nil {
-			s.Release(dst[base:])
+			s.Release(dst[base : len(dst)-1])
 			return dst[:base], fmt.Errorf("prefix: %q: lookup key %d (%v): %w", s.name, n, keys[n], err)
 		}
 		if !ok {
+			dst = dst[:len(dst)-1]
 			break
 		}
-		dst = append(dst, h)
 	}
 	hits := len(dst) - base
 	s.count(ctrHits, uint64(hits))
@@ -127,28 +152,29 @@ func (s *Store) LookupAppend(dst []Hit, keys []Key) ([]Hit, error) {
 	return dst, nil
 }
 
-func (s *Store) lookupOne(k *Key) (Hit, bool, error) {
+// lookupOne finds k and, if it is ready, pins it and fills h.
+func (s *Store) lookupOne(h *Hit, k *Key) (bool, error) {
 	i, w, ok := s.find(k)
 	if !ok || wordState(w) != stReady {
-		return Hit{}, false, nil
+		return false, nil
 	}
 	e := s.entry(i)
-	h := Hit{Key: *k, entry: i, word: w,
-		Len:   int64(atomic.LoadUint32(u32At(e, entLen))),
-		CRC:   atomic.LoadUint32(u32At(e, entCRC)),
-		Block: atomic.LoadUint32(u32At(e, entBlock))}
+	h.Key, h.entry, h.word = *k, i, w
+	h.Len = int64(atomic.LoadUint32(u32At(e, entLen)))
+	h.CRC = atomic.LoadUint32(u32At(e, entCRC))
+	h.Block = atomic.LoadUint32(u32At(e, entBlock))
 	pin, err := s.pin(i, w)
 	if err != nil || pin < 0 {
-		return Hit{}, false, err
+		return false, err
 	}
 	h.pin = pin
 	if int64(h.Block) >= s.g.Blocks || h.Len > s.g.BlockBytes {
 		s.unpin(pin)
-		return Hit{}, false, fmt.Errorf("%w: entry %d names block %d of %d bytes", ErrBadIndex, i, h.Block, h.Len)
+		return false, fmt.Errorf("%w: entry %d names block %d of %d bytes", ErrBadIndex, i, h.Block, h.Len)
 	}
-	h.Offset = s.blockOff[h.Block]
+	h.Offset = s.blockAt(h.Block)
 	s.touch(e)
-	return h, true, nil
+	return true, nil
 }
 
 // touch marks a hit entry as used since it was last linked at the LRU

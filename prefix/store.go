@@ -58,7 +58,7 @@ type Store struct {
 	hdr    []byte
 	maint  bool // opened by Maintain: counters and upkeep only, no entries
 
-	blockOff []tier.Offset // tier offset of every payload block
+	blockOff []tier.Offset // tier offset of every payload block (use blockAt)
 	// freed lists blocks this client freed while it holds the index lock,
 	// for its next allocations; only valid (and only used) under the lock.
 	freed []uint32
@@ -335,6 +335,16 @@ func (s *Store) metaSlice(off, n int64) []byte {
 		panic(fmt.Sprintf("prefix: metadata %#x+%d: %v (layout checked at open)", abs, n, err))
 	}
 	return b
+}
+
+// blockAt is the tier offset of payload block b (b < Blocks). On one device
+// blocks are packed end to end, so it is reckoned, saving a lookup its
+// load of a table that grows with the index.
+func (s *Store) blockAt(b uint32) tier.Offset {
+	if s.one != nil {
+		return tier.Offset(s.g.PayloadOff + int64(b)*s.g.BlockStride)
+	}
+	return s.blockOff[b]
 }
 
 func (s *Store) entry(i uint32) []byte {

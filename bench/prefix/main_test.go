@@ -45,8 +45,8 @@ func TestSmallRun(t *testing.T) {
 	if err := json.Unmarshal(raw, &rep); err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Ops) != 2*2*2 {
-		t.Errorf("%d ops cases, want 8", len(rep.Ops))
+	if len(rep.Ops) != 3*2*2 {
+		t.Errorf("%d ops cases, want 12", len(rep.Ops))
 	}
 	for _, o := range rep.Ops {
 		if o.KeysPerSec <= 0 || o.Scaling <= 0 {

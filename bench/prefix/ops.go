@@ -19,7 +19,7 @@ import (
 // OpsResult is one ops/s case: every process runs op in a loop on one
 // goroutine for the same window.
 type OpsResult struct {
-	Op         string  `json:"op"` // lookup (pinned, then released) or insert (with eviction)
+	Op         string  `json:"op"` // lookup (pinned, then released), exists (the bare probe) or insert (with eviction)
 	Batch      int     `json:"batch"`
 	Procs      int     `json:"procs"`
 	KeysPerSec float64 `json:"keys_per_s"`
@@ -76,7 +76,7 @@ func opsCases(o options, log io.Writer) ([]OpsResult, error) {
 	}
 	var out []OpsResult
 	run := 0
-	for _, op := range []string{"lookup", "insert"} {
+	for _, op := range []string{"lookup", "exists", "insert"} {
 		for _, batch := range o.batches {
 			var one float64
 			for _, procs := range o.procs {
@@ -224,22 +224,44 @@ func runWorker(spec string, stdin io.Reader, stdout io.Writer) error {
 	return nil
 }
 
-// stepFor returns one call of j's op on batch keys.
+// stepFor returns one call of j's op on batch keys. Lookups read windows
+// of a sequence of stored keys drawn at random once, before the clock
+// starts (the probe is measured, not a generator), and reuse their hits
+// slice, as a server does.
 func stepFor(s *prefix.Store, j job) (func() error, error) {
 	rng := rand.New(rand.NewPCG(uint64(j.Worker), 7))
 	keys := make([]prefix.Key, j.Batch)
+	draws := make([]prefix.Key, 1<<16+j.Batch)
+	for i := range draws {
+		draws[i] = benchKey(0, rng.Uint64N(opsBlocks))
+	}
+	at := 0
+	window := func() []prefix.Key {
+		if at += j.Batch; at > 1<<16 {
+			at = 0
+		}
+		return draws[at : at+j.Batch]
+	}
 	switch j.Op {
 	case "lookup":
+		var hits []prefix.Hit
 		return func() error {
-			for i := range keys {
-				keys[i] = benchKey(0, rng.Uint64N(opsBlocks))
-			}
-			hits, err := s.Lookup(keys)
+			keys := window()
+			var err error
+			hits, err = s.LookupAppend(hits[:0], keys)
 			if err == nil && len(hits) != len(keys) {
 				err = fmt.Errorf("lookup: %d of %d hits", len(hits), len(keys))
 			}
 			s.Release(hits)
 			return err
+		}, nil
+	case "exists":
+		return func() error {
+			keys := window()
+			if n := s.Exists(keys); n != len(keys) {
+				return fmt.Errorf("exists: %d of %d", n, len(keys))
+			}
+			return nil
 		}, nil
 	case "insert":
 		payload := make([]byte, opsBlockSize)
