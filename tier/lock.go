@@ -45,9 +45,7 @@ const LockWait = time.Minute
 
 // Lock acquires global lock id, waiting at most the client's LockWait.
 func (c *Client) Lock(id int) error {
-	ctx, cancel := context.WithTimeout(context.Background(), c.wait)
-	defer cancel()
-	return c.LockContext(ctx, id)
+	return c.lock(id, &lazyDeadline{wait: c.wait})
 }
 
 // LockContext acquires global lock id, waiting until ctx ends: for the
@@ -56,6 +54,40 @@ func (c *Client) Lock(id int) error {
 // released by the waiter, so a dead holder never blocks it. A wait that
 // ends without the lock is ErrLockTimeout, naming the holder.
 func (c *Client) LockContext(ctx context.Context, id int) error {
+	return c.lock(id, ctx)
+}
+
+// waitLimit is what a lock wait consults now and then: a caller's context,
+// or Lock's lazyDeadline.
+type waitLimit interface {
+	Err() error
+	Deadline() (time.Time, bool)
+}
+
+// lazyDeadline ends a wait a given time after its first consultation. A
+// lock wait consults it only once it has spun a while, so an uncontended
+// Lock (the common case: prefix mutations take one per batch) makes no
+// timer and reads no clock; the wait it bounds is longer by the spin.
+type lazyDeadline struct {
+	wait time.Duration
+	end  time.Time
+}
+
+func (d *lazyDeadline) Deadline() (time.Time, bool) {
+	if d.end.IsZero() {
+		d.end = time.Now().Add(d.wait)
+	}
+	return d.end, true
+}
+
+func (d *lazyDeadline) Err() error {
+	if end, _ := d.Deadline(); !time.Now().Before(end) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+func (c *Client) lock(id int, ctx waitLimit) error {
 	if err := c.r.live("lock"); err != nil {
 		return err
 	}
@@ -103,10 +135,8 @@ func (r *Region) describeHolder(local []byte) string {
 // global stage the request stays posted (withdrawing it would race the
 // manager's grant); the caller must leave it to a reaper.
 func (c *Client) lockWithin(id int, limit time.Duration) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
-	defer cancel()
 	global, local := c.r.lockLines(id, c.node)
-	if c.acquireLocal(ctx, global, local, false) != nil {
+	if c.acquireLocal(&lazyDeadline{wait: limit}, global, local, false) != nil {
 		return false
 	}
 	if c.r.l.Nodes == 1 {
@@ -121,7 +151,7 @@ func (c *Client) lockWithin(id int, limit time.Duration) bool {
 // that names no live lease is released on its behalf (releaseOrphan). It
 // gives up when ctx ends and, if checkClient, when this client's lease is
 // lost or closed.
-func (c *Client) acquireLocal(ctx context.Context, global, local []byte, checkClient bool) error {
+func (c *Client) acquireLocal(ctx waitLimit, global, local []byte, checkClient bool) error {
 	holder := u64At(local, 0)
 	for try := 0; ; try++ {
 		c.r.sync.refresh(local)
