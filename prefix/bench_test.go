@@ -2,6 +2,7 @@ package prefix
 
 import (
 	"encoding/binary"
+	"strconv"
 	"testing"
 )
 
@@ -106,5 +107,21 @@ func BenchmarkLookupRandom(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "keys/s")
 		})
+	}
+}
+
+// BenchmarkPartKeys is the keys of HiCache's batch_exists: 30k pages'
+// hex digests, two parts each.
+func BenchmarkPartKeys(b *testing.B) {
+	pages := make([]string, 30000)
+	for i := range pages {
+		pages[i] = StringKey(strconv.Itoa(i)).String()
+	}
+	masks := []Key{PartMask("k"), PartMask("v")}
+	dst := make([]Key, 2*len(pages))
+	for b.Loop() {
+		if err := PartKeys(dst, pages, masks); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

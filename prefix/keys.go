@@ -88,14 +88,47 @@ func PartMask(tag string) Key { return sha256.Sum256([]byte("cxltier/hicache/v1\
 // masks meet only where two SHA-256 digests differ by exactly the XOR of
 // the masks, so a batch of keys costs a hex decode each, not a hash.
 func PartKey(page string, mask Key) Key {
+	k := pageKey(page)
+	xorKey(&k, &mask)
+	return k
+}
+
+// PartKeys is PartKey for every part of every page, page-major: dst[i*m+j]
+// is the key of pages[i] under masks[j] (m = len(masks)). It decodes each
+// page once: HiCache asks for tens of thousands of keys per batch.
+func PartKeys(dst []Key, pages []string, masks []Key) error {
+	if len(dst) != len(pages)*len(masks) {
+		return fmt.Errorf("prefix: part keys: %w: %d keys for %d pages × %d parts", ErrBadConfig, len(dst), len(pages), len(masks))
+	}
+	inParallel(len(pages), func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			k := pageKey(pages[i])
+			for j := range masks {
+				dst[i*len(masks)+j] = k
+				xorKey(&dst[i*len(masks)+j], &masks[j])
+			}
+		}
+	})
+	return nil
+}
+
+// pageKey is a page string's key: its hex digest decoded, or the hash of
+// any other string.
+func pageKey(page string) Key {
 	var k Key
 	if len(page) != 2*len(k) {
-		k = StringKey(page)
-	} else if _, err := hex.Decode(k[:], []byte(page)); err != nil {
-		k = StringKey(page)
+		return StringKey(page)
 	}
-	for i := range k {
-		k[i] ^= mask[i]
+	var text [2 * len(k)]byte // on the stack: no allocation per key
+	copy(text[:], page)
+	if _, err := hex.Decode(k[:], text[:]); err != nil {
+		return StringKey(page)
 	}
 	return k
+}
+
+func xorKey(k, mask *Key) {
+	for w := 0; w < len(k); w += 8 {
+		binary.LittleEndian.PutUint64(k[w:], binary.LittleEndian.Uint64(k[w:])^binary.LittleEndian.Uint64(mask[w:]))
+	}
 }

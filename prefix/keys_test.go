@@ -1,6 +1,7 @@
 package prefix
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"os"
@@ -106,4 +107,24 @@ func TestPartKey(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzPageKey: a page string is its 64 hex digits decoded (either case),
+// and anything else is hashed.
+func FuzzPageKey(f *testing.F) {
+	f.Add(strings.Repeat("0123456789abcdefABCDEF", 3)[:64])
+	f.Add(strings.Repeat("g", 64))
+	f.Add("short")
+	f.Add(strings.Repeat("f", 63) + "\x80")
+	f.Add(strings.Repeat("9", 63) + ":")
+	f.Add(strings.Repeat("A", 63) + "@")
+	f.Fuzz(func(t *testing.T, page string) {
+		want := StringKey(page)
+		if raw, err := hex.DecodeString(page); err == nil && len(raw) == 32 {
+			want = Key(raw)
+		}
+		if got := pageKey(page); got != want {
+			t.Fatalf("pageKey(%q) = %v, want %v", page, got, want)
+		}
+	})
 }

@@ -102,12 +102,27 @@ func (s *Store) touchHomes(keys []Key) uint64 {
 }
 
 // Exists returns how many leading keys have ready entries (HiCache's
-// batch_exists). It takes no lock and pins nothing.
+// batch_exists). It takes no lock and pins nothing; a large batch is probed
+// by several goroutines.
 func (s *Store) Exists(keys []Key) int {
 	if s.maint || s.current() != nil {
 		return 0
 	}
+	return leadingInParallel(len(keys), func(lo, hi int, stop func() bool) int {
+		return s.leadingReady(keys[lo:hi], stop)
+	})
+}
+
+// leadingReady is how many leading keys have ready entries, or fewer once
+// stop says so (checked every touchAhead keys).
+func (s *Store) leadingReady(keys []Key, stop func() bool) int {
 	for n := range keys {
+		if n%touchAhead == 0 {
+			if stop() {
+				return n
+			}
+			s.touchHomes(keys[n:min(n+touchAhead, len(keys))])
+		}
 		if _, w, ok := s.find(&keys[n]); !ok || wordState(w) != stReady {
 			return n
 		}

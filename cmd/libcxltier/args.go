@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"unsafe"
 
 	"github.com/cxltier/cxltier/prefix"
@@ -135,6 +136,35 @@ func piecesAt(ptrs, sizes unsafe.Pointer, n, per int64) ([][][]byte, error) {
 
 // stringsAt views n strings laid back to back at text, string i ending at
 // byte ends[i] (so starting at ends[i-1], or 0).
+// joinedAt views n strings joined by NUL bytes in textLen bytes at text.
+func joinedAt(text unsafe.Pointer, textLen, n int64) ([]string, error) {
+	if n < 0 || n > maxKeys || textLen < 0 || textLen > maxBuffer || (textLen > 0 && text == nil) {
+		return nil, fmt.Errorf("%w: %d strings in %d bytes", errBadArg, n, textLen)
+	}
+	if n == 0 {
+		if textLen != 0 {
+			return nil, fmt.Errorf("%w: no strings but %d bytes", errBadArg, textLen)
+		}
+		return nil, nil
+	}
+	all := ""
+	if textLen > 0 {
+		all = unsafe.String((*byte)(text), int(textLen))
+	}
+	out := make([]string, 0, n)
+	for len(out) < int(n)-1 {
+		i := strings.IndexByte(all, 0)
+		if i < 0 {
+			return nil, fmt.Errorf("%w: %d NUL-joined strings, want %d", errBadArg, len(out)+1, n)
+		}
+		out, all = append(out, all[:i]), all[i+1:]
+	}
+	if strings.IndexByte(all, 0) >= 0 {
+		return nil, fmt.Errorf("%w: more than %d NUL-joined strings (a string holds a NUL)", errBadArg, n)
+	}
+	return append(out, all), nil
+}
+
 func stringsAt(text, ends unsafe.Pointer, n int64) ([]string, error) {
 	if n < 0 || n > maxKeys || (n > 0 && ends == nil) {
 		return nil, fmt.Errorf("%w: %d strings", errBadArg, n)

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/binary"
 	"errors"
+	"strings"
 	"testing"
 	"unsafe"
 )
@@ -175,4 +176,67 @@ func TestPiecesAndStrings(t *testing.T) {
 			}
 		}
 	}
+}
+
+func TestJoinedStrings(t *testing.T) {
+	for _, tc := range []struct {
+		text string
+		n    int64
+		want []string // nil: refused
+	}{
+		{"ab\x00\x00cde", 3, []string{"ab", "", "cde"}},
+		{"abc", 1, []string{"abc"}},
+		{"\x00", 2, []string{"", ""}},
+		{"", 0, []string{}},
+		{"ab\x00cd", 3, nil}, // too few strings
+		{"ab\x00cd", 1, nil}, // a string holds a NUL
+		{"x", 0, nil},        // bytes but no strings
+		{"ab", -1, nil},
+	} {
+		var p unsafe.Pointer
+		if len(tc.text) > 0 {
+			p = unsafe.Pointer(unsafe.StringData(tc.text))
+		}
+		got, err := joinedAt(p, int64(len(tc.text)), tc.n)
+		if tc.want == nil {
+			if !errors.Is(err, errBadArg) {
+				t.Errorf("%q as %d strings: %q %v, want errBadArg", tc.text, tc.n, got, err)
+			}
+			continue
+		}
+		if err != nil || len(got) != len(tc.want) {
+			t.Fatalf("%q as %d strings: %q %v", tc.text, tc.n, got, err)
+		}
+		for i := range got {
+			if got[i] != tc.want[i] {
+				t.Errorf("%q: string %d = %q, want %q", tc.text, i, got[i], tc.want[i])
+			}
+		}
+	}
+	if _, err := joinedAt(nil, 5, 1); !errors.Is(err, errBadArg) {
+		t.Errorf("5 bytes at nil: %v", err)
+	}
+}
+
+// FuzzJoinedStrings: a NUL-joined text from the wire splits into exactly
+// the strings asked for, which rejoin to the text, or is refused.
+func FuzzJoinedStrings(f *testing.F) {
+	f.Add([]byte("ab\x00cd"), int64(2))
+	f.Add([]byte("\x00\x00"), int64(3))
+	f.Fuzz(func(t *testing.T, text []byte, n int64) {
+		var p unsafe.Pointer
+		if len(text) > 0 {
+			p = unsafe.Pointer(&text[0])
+		}
+		got, err := joinedAt(p, int64(len(text)), n)
+		if err != nil {
+			return
+		}
+		if int64(len(got)) != n {
+			t.Fatalf("%d strings, asked for %d", len(got), n)
+		}
+		if joined := strings.Join(got, "\x00"); joined != string(text) {
+			t.Fatalf("rejoined %q, text %q", joined, text)
+		}
+	})
 }

@@ -3,6 +3,7 @@ get and delete on a shared index."""
 
 import ctypes
 import hashlib
+import threading
 from itertools import accumulate
 
 from . import _native
@@ -37,6 +38,19 @@ def _keys(keys):
     return (ctypes.c_uint8 * len(raw)).from_buffer_copy(raw) if raw else None, len(keys)
 
 
+class KeyScratch(threading.local):
+    """Key memory reused across calls, one array per thread, for callers
+    that use a batch's keys and drop them before the next batch."""
+
+    def __init__(self):
+        self._array = None
+
+    def array(self, n):
+        if self._array is None or len(self._array) < n * KEY_BYTES:
+            self._array = (ctypes.c_uint8 * max(n * KEY_BYTES, 1))()
+        return self._array
+
+
 class KeyBlock:
     """n keys back to back in one ctypes array, the form the library takes:
     what part_keys makes in one call, and what PrefixIndex's *_block calls
@@ -58,23 +72,28 @@ def part_mask(tag):
     return hashlib.sha256(b"cxltier/hicache/v1\x00" + tag.encode()).digest()
 
 
-def part_keys(pages, masks):
-    """The keys of every part of every page, page-major (prefix.PartKey in
+def part_keys(pages, masks, scratch=None):
+    """The keys of every part of every page, page-major (prefix.PartKeys in
     Go, one call for the batch): each page string (SGLang's hex digest; any
-    other string is hashed) XOR each mask."""
+    other string is hashed) XOR each mask. The pages go to Go joined by NUL
+    bytes, which costs one join; a page holding a NUL makes Go refuse that
+    form, and the pages go again with an array of their ends.
+
+    scratch, a KeyScratch, lends the keys' memory: a fresh array of 30k
+    pages' keys costs more in page faults than computing them. The block
+    is valid until the scratch's next use."""
     n, m = len(pages), len(masks)
-    out = (ctypes.c_uint8 * max(n * m * KEY_BYTES, 1))()
+    out = scratch.array(n * m) if scratch is not None else (ctypes.c_uint8 * max(n * m * KEY_BYTES, 1))()
     if n and m:
-        text = "".join(pages).encode()
-        if len(text) == sum(map(len, pages)):
-            ends = (ctypes.c_int64 * n)(*accumulate(map(len, pages)))
-        else:  # some page string is not ASCII: byte lengths differ
-            encoded = [p.encode() for p in pages]
-            text = b"".join(encoded)
-            ends = (ctypes.c_int64 * n)(*accumulate(map(len, encoded)))
         raw = b"".join(masks)
         mask_arr = (ctypes.c_uint8 * len(raw)).from_buffer_copy(raw)
-        _native.call("cxl_prefix_part_keys", text, ends, n, mask_arr, m, out)
+        joined = "\0".join(pages).encode()
+        try:
+            _native.call("cxl_prefix_part_keys_joined", joined, len(joined), n, mask_arr, m, out)
+        except _native.InvalidError:
+            encoded = [p.encode() for p in pages]
+            ends = (ctypes.c_int64 * n)(*accumulate(map(len, encoded)))
+            _native.call("cxl_prefix_part_keys", b"".join(encoded), ends, n, mask_arr, m, out)
     return KeyBlock(out, n * m)
 
 

@@ -24,10 +24,17 @@ def adapter(device, mla=True, tp_rank=0):
 def test_part_keys_are_digest_xor_mask(built):
     digest = hashlib.sha256(b"page").hexdigest()
     masks = [part_mask("m/kv/LTD/k"), part_mask("m/kv/LTD/v")]
-    block = part_keys([digest, "not a digest", "ünïcode"], masks)
-    assert len(block) == 6
-    for i, page in enumerate([bytes.fromhex(digest), hashlib.sha256(b"not a digest").digest(),
-                              hashlib.sha256("ünïcode".encode()).digest()]):
+    for pages in ([digest, "not a digest", "ünïcode"], [digest, "a\0nul", "ünïcode"]):
+        check_part_keys(pages, masks)
+
+
+def check_part_keys(pages, masks):
+    """Every key is the page's digest (or hash) XOR the part's mask; a page
+    with a NUL takes the library's other form of the call."""
+    block = part_keys(pages, masks)
+    assert len(block) == 2 * len(pages)
+    digests = [bytes.fromhex(p) if len(p) == 64 else hashlib.sha256(p.encode()).digest() for p in pages]
+    for i, page in enumerate(digests):
         for j, m in enumerate(masks):
             want = bytes(a ^ b for a, b in zip(page, m))
             assert bytes.fromhex(block.hex(i * 2 + j)) == want

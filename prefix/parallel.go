@@ -1,0 +1,72 @@
+package prefix
+
+import (
+	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
+)
+
+// parallelGrain is the least work, in keys, worth a goroutine of its own.
+// HiCache's batch_exists asks for tens of thousands of keys at once, on the
+// scheduler's time, and every probe waits on memory: on a machine with
+// cores to spare such a batch is split into runs probed side by side.
+const parallelGrain = 4096
+
+// runs splits n items into runs of at least parallelGrain, one per
+// available core at most, and returns the run length and count (1 run:
+// do it inline).
+func runs(n int) (per, count int) {
+	if n <= parallelGrain {
+		return n, 1
+	}
+	count = max(1, min(runtime.GOMAXPROCS(0), n/parallelGrain))
+	per = (n + count - 1) / count
+	return per, (n + per - 1) / per
+}
+
+// inParallel calls fn on the runs of [0, n), concurrently when there are
+// several, and returns when all are done.
+func inParallel(n int, fn func(lo, hi int)) {
+	per, count := runs(n)
+	if count == 1 {
+		fn(0, n)
+		return
+	}
+	var wg sync.WaitGroup
+	for r := 1; r < count; r++ {
+		wg.Go(func() { fn(r*per, min((r+1)*per, n)) })
+	}
+	fn(0, min(per, n))
+	wg.Wait()
+}
+
+// leadingInParallel is how many leading items of [0, n) pass, where
+// leading(lo, hi, stop) counts the leading items of [lo, hi) that pass,
+// giving up when stop() says an earlier run already failed (its count
+// then no longer matters).
+func leadingInParallel(n int, leading func(lo, hi int, stop func() bool) int) int {
+	per, count := runs(n)
+	if count == 1 {
+		return leading(0, n, func() bool { return false })
+	}
+	counts := make([]int, count)
+	var firstFail atomic.Int64
+	firstFail.Store(math.MaxInt64)
+	inParallel(n, func(lo, hi int) {
+		c := leading(lo, hi, func() bool { return firstFail.Load() < int64(lo) })
+		counts[lo/per] = c
+		if c < hi-lo {
+			for f := firstFail.Load(); int64(lo+c) < f && !firstFail.CompareAndSwap(f, int64(lo+c)); f = firstFail.Load() {
+			}
+		}
+	})
+	total := 0
+	for r, c := range counts {
+		total += c
+		if c < min(per, n-r*per) {
+			break
+		}
+	}
+	return total
+}
