@@ -123,7 +123,7 @@ func (s *Store) snapshotOne(out io.Writer, k Key, buf []byte) (int64, error) {
 	}
 	defer s.Release(hits)
 	h := hits[0]
-	if err := s.readHit(h, [][]byte{buf[:h.Len]}); err != nil {
+	if err := s.readHit(h, [][]byte{buf[:h.Len]}, true); err != nil {
 		s.count(ctrChecksumFailures, 1)
 		return -1, nil // a damaged entry is left out, not carried into the file
 	}

@@ -73,6 +73,7 @@ type Store struct {
 	slot       int          // this client's lease slot: its pin table
 	pinHint    atomic.Int32 // where a claim starts looking for a free record
 	pinsClosed atomic.Bool  // Close gave the pin table up
+	skipVerify atomic.Bool  // VerifyReads(false)
 }
 
 // Create allocates and formats an index in the tier, registers it in the

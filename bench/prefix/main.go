@@ -31,8 +31,9 @@ type Report struct {
 	CPU       string      `json:"cpu"`
 	Cores     int         `json:"cores"`
 	Engine    string      `json:"engine"`
-	Ops       []OpsResult `json:"ops"`
-	RoundTrip []RTResult  `json:"round_trip"`
+	Ops       []OpsResult  `json:"ops"`
+	Moves     []MoveResult `json:"moves"`
+	RoundTrip []RTResult   `json:"round_trip"`
 	Redis     string      `json:"redis"` // version used, or why the baseline is missing
 }
 
@@ -57,6 +58,9 @@ type options struct {
 	duration      time.Duration
 	rounds        int
 	bytesPerToken int64
+	moveBlocks    int
+	moveBytes     int64
+	moveRounds    int
 	redis         string
 	engine        string
 	out           string
@@ -73,6 +77,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.rounds, "rounds", 50, "round trips per block case")
 	fs.Int64Var(&o.bytesPerToken, "bytes-per-token", 128<<10,
 		"KV bytes per token (8B-class: 32 layers × K,V × 8 heads × 128 dims × 2 B)")
+	fs.IntVar(&o.moveBlocks, "move-blocks", 64, "blocks per batch in the block-move cases (0 skips them)")
+	fs.Int64Var(&o.moveBytes, "move-bytes", 2<<20, "bytes per block in the block-move cases")
+	fs.IntVar(&o.moveRounds, "move-rounds", 5, "rounds of the block-move cases")
 	fs.StringVar(&o.redis, "redis", "redis-server", "redis-server binary for the baseline ('' skips it)")
 	fs.StringVar(&o.engine, "engine", "cpu", "gather engine for the paged cases: cpu, cuda or auto")
 	fs.StringVar(&o.out, "out", "", "JSON output (default bench/results/local/prefix-ENGINE.json)")
@@ -95,6 +102,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if o.duration <= 0 || o.rounds < 1 || o.bytesPerToken < 64 || o.bytesPerToken%64 != 0 {
 		return o, fmt.Errorf("-duration and -rounds must be positive, -bytes-per-token a multiple of 64")
 	}
+	if o.moveBlocks < 0 || o.moveBlocks > 1<<16 || o.moveBytes < 1 || o.moveBytes > 1<<30 || o.moveRounds < 1 {
+		return o, fmt.Errorf("-move-blocks must be in [0, 65536], -move-bytes in [1, 1GiB], -move-rounds positive")
+	}
 	return o, nil
 }
 
@@ -110,6 +120,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	defer eng.Close()
 	rep := Report{Run: report.NewRun(eng), CPU: report.CPUModel(), Cores: runtime.NumCPU(), Engine: eng.Name()}
 	if rep.Ops, err = opsCases(o, stderr); err != nil {
+		return err
+	}
+	if rep.Moves, err = moveCases(o, stderr); err != nil {
 		return err
 	}
 	if rep.RoundTrip, rep.Redis, err = roundTripCases(o, eng, stderr); err != nil {

@@ -14,6 +14,17 @@ func printTable(w io.Writer, rep Report) {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.3g\t%.3g\t%.2f×\t\n", r.Op, r.Batch, r.Procs, r.KeysPerSec, r.PerProcess, r.Scaling)
 	}
 	tw.Flush()
+	if len(rep.Moves) > 0 {
+		m := rep.Moves[0]
+		fmt.Fprintf(w, "\nblock moves: %d × %d KiB per batch, %d rounds, against a copy of the same bytes (%.2f ms median)\n",
+			m.Blocks, m.BlockBytes>>10, m.Rounds, m.CopyMs)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "op\tmin ms\tmedian ms\tmax ms\tGB/s\tvs copy\t")
+		for _, m := range rep.Moves {
+			fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f×\t\n", m.Op, m.MinMs, m.MedianMs, m.MaxMs, m.GBps, m.VsCopy)
+		}
+		tw.Flush()
+	}
 	fmt.Fprintf(w, "\nblock round trips (redis: %s)\n", rep.Redis)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "path\ttokens\tblock\tput p50 µs\tput p99 µs\tget p50 µs\tget p99 µs\tround trip µs\tGB/s\tvs redis\t")
