@@ -206,6 +206,31 @@ func TestChecksumMismatchDropsEntry(t *testing.T) {
 	mustCheck(t, s)
 }
 
+// TestVerifyReadsOff: with verification off a damaged payload reaches the
+// reader as it is and stays; turned back on, the next read catches it.
+func TestVerifyReadsOff(t *testing.T) {
+	r, c := testTier(t, 1)
+	s := testStore(t, c, 4, 512)
+	k := []Key{keyN(1)}
+	s.Set(k, payloadsFor(k, 512))
+	hits, _ := s.Lookup(k)
+	s.Release(hits)
+	bad := payloadFor(k[0], 512)
+	bad[77] ^= 0xff
+	if err := r.WriteAt(bad[77:78], hits[0].Offset+77); err != nil {
+		t.Fatal(err)
+	}
+	s.VerifyReads(false)
+	dst := [][]byte{make([]byte, 512)}
+	if n, err := s.Get(k, dst); n != 1 || err != nil || !bytes.Equal(dst[0], bad) {
+		t.Fatalf("unverified get: %d, %v, damaged bytes returned: %v", n, err, bytes.Equal(dst[0], bad))
+	}
+	s.VerifyReads(true)
+	if n, err := s.Get(k, dst); n != 0 || !errors.Is(err, ErrChecksum) {
+		t.Fatalf("verified get after: %d, %v; want ErrChecksum", n, err)
+	}
+}
+
 func TestDeadClientsReservationReclaimed(t *testing.T) {
 	r, c := testTier(t, 1)
 	s := testStore(t, c, 4, 64)

@@ -123,6 +123,19 @@ func cxl_prefix_exists(h C.uint64_t, keys *C.uint8_t, n C.int64_t, leading *C.in
 	return report(err, errbuf, errlen)
 }
 
+// cxl_prefix_verify_reads sets whether gets through this handle check each
+// payload against its checksum (on: nonzero, the default).
+//
+//export cxl_prefix_verify_reads
+func cxl_prefix_verify_reads(h C.uint64_t, on C.int, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_verify_reads", errbuf, errlen, &code)
+	s, err := indexOf(uint64(h))
+	if err == nil {
+		s.VerifyReads(on != 0)
+	}
+	return report(err, errbuf, errlen)
+}
+
 // buffersArg views n caller buffers: ptrs[i] with sizes[i] bytes.
 func buffersArg(ptrs *unsafe.Pointer, sizes *C.int64_t, n C.int64_t) ([][]byte, error) {
 	return buffersAt(unsafe.Pointer(ptrs), unsafe.Pointer(sizes), int64(n))

@@ -11,7 +11,9 @@ extra_config keys: devices (default $CXLTIER_DEVICES or shm:cxltier),
 index (default: the model name), key (the index's tenant key, default
 $CXLTIER_PREFIX_KEY; prefer the environment, the config is logged), and,
 to create the index when it is missing, blocks and block_bytes (≥ the
-bytes of one page's K or V). "interface_v1": 1 makes SGLang move pages
+bytes of one page's K or V), and verify (default 1: every page read is
+checked against its checksum; 0 reads at plain-copy speed and trusts the
+tier). "interface_v1": 1 makes SGLang move pages
 zero-copy (batch_get_v1 / batch_set_v1); without it SGLang copies each page
 through a flat tensor (batch_get / batch_set). Both store the same bytes
 under the same keys, so a page written one way is read the other.
@@ -60,6 +62,7 @@ def _config(storage_config):
         "blocks": int(extra.get("blocks", 0)),
         "key": extra.get("key") or os.environ.get("CXLTIER_PREFIX_KEY") or None,
         "block_bytes": int(extra.get("block_bytes", 0)),
+        "verify": bool(int(extra.get("verify", 1))),
     }
 
 
@@ -124,6 +127,7 @@ class HiCacheAdapter:
         self.tier = Tier(cfg["devices"], name=f"sglang-{os.getpid()}")
         try:
             self.index = self.tier.prefix(cfg["index"], cfg["blocks"], cfg["block_bytes"], cfg["key"])
+            self.index.verify_reads(cfg["verify"])
             if mem_pool_host is not None:
                 self.register_mem_pool_host(mem_pool_host)
         except BaseException:

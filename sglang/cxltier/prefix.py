@@ -159,6 +159,12 @@ class PrefixIndex(_native.Child):
             raise _native.ClosedError(-6, f"prefix index {self.name!r}: closed")
         return self._h
 
+    def verify_reads(self, on=True):
+        """Whether get and getv check each payload against its checksum (on
+        by default). Off, a get is a plain copy (memory speed) and damage in
+        the tier reaches the caller unnoticed."""
+        _native.call("cxl_prefix_verify_reads", self.handle, 1 if on else 0)
+
     def exists(self, keys):
         """How many leading keys have entries (HiCache batch_exists)."""
         arr, n = _keys(keys)

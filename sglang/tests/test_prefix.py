@@ -109,3 +109,19 @@ def test_roundtrip_between_two_processes(built, device):
     r = subprocess.run([sys.executable, "-c", READER, device], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["16", "16", "True"]
+
+
+def test_verify_reads_can_be_turned_off(built, device):
+    """The switch reaches the library and gets work both ways (what it
+    changes, a damaged payload let through, is tested in Go)."""
+    import cxltier
+
+    with cxltier.Tier(device) as t:
+        idx = t.prefix("v", blocks=4, block_bytes=64)
+        key = "ab" * 32
+        assert idx.set([key], [b"x" * 64]) == ["stored"]
+        buf = bytearray(64)
+        idx.verify_reads(False)
+        assert idx.get([key], [buf])[0] == 1 and bytes(buf) == b"x" * 64
+        idx.verify_reads(True)
+        assert idx.get([key], [buf])[0] == 1
