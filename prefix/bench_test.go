@@ -2,6 +2,7 @@ package prefix
 
 import (
 	"encoding/binary"
+	"fmt"
 	"strconv"
 	"testing"
 )
@@ -50,17 +51,32 @@ func BenchmarkLookup(b *testing.B) {
 	}
 }
 
-// BenchmarkInsert is reserve, write and publish of a fresh 512-byte entry
-// per key into a full index, so each insert also evicts one entry.
+// BenchmarkInsert is reserve, write and publish of fresh 512-byte entries
+// into a full index, so each insert also evicts one entry, one key or 32
+// per call, on one shard and on eight.
 func BenchmarkInsert(b *testing.B) {
-	_, c := testTier(b, 1)
-	s := testStore(b, c, 4096, 512)
-	payload := [][]byte{make([]byte, 512)}
-	var k [1]Key
-	for i := 0; b.Loop(); i++ {
-		binary.LittleEndian.PutUint64(k[0][:], uint64(i)+1)
-		if st, err := s.Set(k[:], payload); err != nil || st[0] != Reserved {
-			b.Fatalf("set %d: %v %v", i, st, err)
+	for _, shards := range []int{1, 8} {
+		for _, batch := range []int{1, 32} {
+			b.Run(fmt.Sprintf("shards%d/batch%d", shards, batch), func(b *testing.B) {
+				_, c := testTier(b, 1)
+				s := testStoreShards(b, c, 4096, 512, shards)
+				payloads := make([][]byte, batch)
+				for i := range payloads {
+					payloads[i] = make([]byte, 512)
+				}
+				keys := make([]Key, batch)
+				next := uint64(1)
+				for b.Loop() {
+					for i := range keys {
+						binary.LittleEndian.PutUint64(keys[i][:], next)
+						next++
+					}
+					if st, err := s.Set(keys, payloads); err != nil || st[0] != Reserved {
+						b.Fatalf("set: %v %v", st, err)
+					}
+				}
+				b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "keys/s")
+			})
 		}
 	}
 }

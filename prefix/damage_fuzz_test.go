@@ -45,7 +45,7 @@ func FuzzDamage(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		s, err := Create(c, Config{Name: "d", Blocks: 16, BlockBytes: 512, PinsPerClient: 8})
+		s, err := Create(c, Config{Name: "d", Blocks: 16, BlockBytes: 512, PinsPerClient: 8, Shards: 2})
 		if err != nil {
 			t.Fatal(err)
 		}

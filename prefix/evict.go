@@ -12,21 +12,22 @@ import (
 // stamp an access time, so they never take the lock). It returns how many
 // it freed. Reserve asks for the rest of its batch at once, so the pin scan
 // (every live client's pin table) is paid once per batch, not per key.
-func (s *Store) evictLocked(need int) int {
+func (s *Store) evictLocked(sh *shard, need int) int {
 	want := need
 	freed := 0
-	budget := 2*int64(atomic.LoadUint32(s.hdrU32(hdrReady))) + int64(want)
+	budget := 2*sh.count(slReady) + int64(want)
+	cands, pinned := sh.cands, sh.pinned
 	for freed < need && budget > 0 {
-		cands := map[uint64]uint32{}
+		clear(cands)
 		for len(cands) < want-freed && budget > 0 {
 			budget--
-			tail := atomic.LoadUint32(s.hdrU32(hdrLRUTail))
+			tail := atomic.LoadUint32(sh.u32(slLRUTail))
 			if tail == 0 {
 				break
 			}
-			i, ok := s.linkedEntry(tail)
-			if !ok || s.lruDamaged { // rebuild the list from the entries, then go on
-				s.repairLocked()
+			i, ok := s.linkedEntry(sh, tail)
+			if !ok || sh.lruDamaged { // rebuild the list from the entries, then go on
+				s.repairLocked(sh)
 				continue
 			}
 			e := s.entry(i)
@@ -47,7 +48,7 @@ func (s *Store) evictLocked(need int) int {
 		if len(cands) == 0 {
 			break
 		}
-		pinned := s.scanPins(cands)
+		s.scanPins(cands, pinned)
 		for v, i := range cands {
 			if pinned[v] {
 				p := u64At(s.entry(i), entWord)
@@ -65,11 +66,12 @@ func (s *Store) evictLocked(need int) int {
 	return freed
 }
 
-// scanPins returns which of cands (pin values) a live client has pinned.
-func (s *Store) scanPins(cands map[uint64]uint32) map[uint64]bool {
-	pinned := map[uint64]bool{}
+// scanPins sets pinned to which of cands (pin values) a live client has
+// pinned.
+func (s *Store) scanPins(cands map[uint64]uint32, pinned map[uint64]bool) {
+	clear(pinned)
 	if len(cands) == 0 {
-		return pinned
+		return
 	}
 	for slot := 0; int64(slot) < s.g.Clients; slot++ {
 		off := s.g.PinsOff + int64(slot)*s.g.PinStride
@@ -88,7 +90,6 @@ func (s *Store) scanPins(cands map[uint64]uint32) map[uint64]bool {
 			}
 		}
 	}
-	return pinned
 }
 
 // Reclaim drops reservations whose clients died before publishing, and
@@ -96,16 +97,16 @@ func (s *Store) scanPins(cands map[uint64]uint32) map[uint64]bool {
 // it when they find no space.
 func (s *Store) Reclaim() (int, error) {
 	n := 0
-	err := s.locked(func() { n = s.reclaimLocked() })
+	err := s.eachShard(func(sh *shard) { n += s.reclaimLocked(sh) })
 	return n, err
 }
 
-func (s *Store) reclaimLocked() int {
-	if atomic.LoadUint32(s.hdrU32(hdrReserved)) == 0 {
+func (s *Store) reclaimLocked(sh *shard) int {
+	if sh.count(slReserved) == 0 {
 		return 0
 	}
 	n := 0
-	for i := uint32(0); int64(i) < s.g.Entries; i++ {
+	for i := sh.entry0; int64(i-sh.entry0) < sh.entries(); i++ {
 		e := s.readEntry(i)
 		if wordState(atomic.LoadUint64(u64At(e, entWord))) != stReserved {
 			continue
@@ -119,16 +120,17 @@ func (s *Store) reclaimLocked() int {
 	return n
 }
 
-// repairLocked rebuilds everything derived from the entries after a lock
-// holder died mid-mutation: half-evicted entries return to ready, block
-// ownership follows the entries (a block two entries claim keeps the first;
-// the other entry is dropped), the LRU list is relinked by access time, and
-// the counts are recomputed.
-func (s *Store) repairLocked() {
-	claim := make([]uint32, s.g.Blocks)
+// repairLocked rebuilds everything of shard sh derived from its entries
+// after a lock holder died mid-mutation: half-evicted entries return to
+// ready, block ownership follows the entries (a block two entries claim
+// keeps the first; the other entry is dropped, as is one naming a block of
+// another shard), the LRU list is relinked by access time, and the counts
+// are recomputed.
+func (s *Store) repairLocked(sh *shard) {
+	claim := make([]uint32, sh.blocks)
 	var ready []uint32
 	var nReserved, nTomb int32
-	for i := uint32(0); int64(i) < s.g.Entries; i++ {
+	for i := sh.entry0; int64(i-sh.entry0) < sh.entries(); i++ {
 		e := s.readEntry(i)
 		p := u64At(e, entWord)
 		w := atomic.LoadUint64(p)
@@ -146,12 +148,12 @@ func (s *Store) repairLocked() {
 			continue
 		}
 		b := atomic.LoadUint32(u32At(e, entBlock))
-		if int64(b) >= s.g.Blocks || claim[b] != 0 || int64(atomic.LoadUint32(u32At(e, entLen))) > s.g.BlockBytes {
+		if !sh.holdsBlock(b) || claim[b-sh.block0] != 0 || int64(atomic.LoadUint32(u32At(e, entLen))) > s.g.BlockBytes {
 			atomic.StoreUint64(p, mkWord(wordGen(w)+1, stDeleted))
 			nTomb++
 			continue
 		}
-		claim[b] = i + 1
+		claim[b-sh.block0] = i + 1
 		if st == stReady {
 			ready = append(ready, i)
 		} else {
@@ -165,7 +167,7 @@ func (s *Store) repairLocked() {
 		if claim[b] != 0 {
 			used++
 		}
-		atomic.StoreUint32(s.owner(uint32(b)), claim[b])
+		atomic.StoreUint32(s.owner(sh.block0+uint32(b)), claim[b])
 	}
 	slices.SortFunc(ready, func(a, b uint32) int {
 		ta, tb := atomic.LoadUint64(u64At(s.entry(a), entAccess)), atomic.LoadUint64(u64At(s.entry(b), entAccess))
@@ -177,16 +179,16 @@ func (s *Store) repairLocked() {
 		}
 		return 0
 	})
-	atomic.StoreUint32(s.hdrU32(hdrLRUHead), 0)
-	atomic.StoreUint32(s.hdrU32(hdrLRUTail), 0)
-	s.lruDamaged = false
+	atomic.StoreUint32(sh.u32(slLRUHead), 0)
+	atomic.StoreUint32(sh.u32(slLRUTail), 0)
+	sh.lruDamaged = false
 	for _, i := range ready {
 		s.linkHead(i, atomic.LoadUint64(u64At(s.entry(i), entAccess)))
 	}
-	atomic.StoreUint32(s.hdrU32(hdrReady), uint32(len(ready)))
-	atomic.StoreUint32(s.hdrU32(hdrReserved), uint32(nReserved))
-	atomic.StoreUint32(s.hdrU32(hdrTombstones), uint32(nTomb))
-	atomic.StoreUint32(s.hdrU32(hdrUsedBlocks), uint32(used))
+	atomic.StoreUint32(sh.u32(slReady), uint32(len(ready)))
+	atomic.StoreUint32(sh.u32(slReserved), uint32(nReserved))
+	atomic.StoreUint32(sh.u32(slTombstones), uint32(nTomb))
+	atomic.StoreUint32(sh.u32(slUsedBlocks), uint32(used))
 	s.publishMeta(0, s.g.PinsOff)
 }
 
@@ -201,21 +203,24 @@ func (s *Store) publishOwner(b uint32) {
 // crosses the entries [h, q); counting those intervals over the ring tells
 // which tombstones no live key needs. Nothing moves, so lock-free readers
 // and the pins (which name entries by index) stay valid.
-func (s *Store) sweepTombstones() {
-	n := s.g.Entries
+func (s *Store) sweepTombstones(sh *shard) {
+	n := sh.entries()
 	cover := make([]int32, n+1)
 	for q := int64(0); q < n; q++ {
-		e := s.entry(uint32(q))
+		e := s.entry(sh.entry0 + uint32(q))
 		switch wordState(atomic.LoadUint64(u64At(e, entWord))) {
 		case stEmpty, stDeleted:
 			continue
 		}
-		k := s.keyOf(uint32(q))
-		h := int64(s.home(&k))
+		k := s.keyOf(sh.entry0 + uint32(q))
+		h := int64(s.home(&k) - sh.entry0)
+		if h < 0 || h >= n { // a key of another shard: damage Check reports; it needs no path here
+			continue
+		}
 		if h <= q {
 			cover[h]++
 			cover[q]--
-		} else { // the path wraps around the end of the table
+		} else { // the path wraps around the end of the shard
 			cover[h]++
 			cover[n]--
 			cover[0]++
@@ -228,11 +233,12 @@ func (s *Store) sweepTombstones() {
 		if run != 0 {
 			continue
 		}
-		ptr := u64At(s.entry(uint32(p)), entWord)
+		i := sh.entry0 + uint32(p)
+		ptr := u64At(s.entry(i), entWord)
 		if w := atomic.LoadUint64(ptr); wordState(w) == stDeleted {
 			atomic.StoreUint64(ptr, mkWord(wordGen(w)+1, stEmpty))
-			s.hdrAdd(hdrTombstones, -1)
-			s.publishEntry(uint32(p))
+			sh.add(slTombstones, -1)
+			s.publishEntry(i)
 		}
 	}
 }

@@ -18,7 +18,13 @@ func testTier(t testing.TB, devices int) (*tier.Region, *tier.Client) {
 
 func testStore(t testing.TB, c *tier.Client, blocks, blockBytes int64) *Store {
 	t.Helper()
-	s, err := Create(c, Config{Name: "m", Blocks: blocks, BlockBytes: blockBytes, PinsPerClient: 256})
+	return testStoreShards(t, c, blocks, blockBytes, 0)
+}
+
+// testStoreShards is testStore with shards shards (0: the default).
+func testStoreShards(t testing.TB, c *tier.Client, blocks, blockBytes int64, shards int) *Store {
+	t.Helper()
+	s, err := Create(c, Config{Name: "m", Blocks: blocks, BlockBytes: blockBytes, PinsPerClient: 256, Shards: shards})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ const DirKind = 0x50465831 // "PFX1"
 
 const (
 	indexMagic   = 0x3130584650544c43 // "CLTPFX01"
-	indexVersion = 3                  // 2: tenant key digest; 3: per-client counters in the pin tables
+	indexVersion = 3                  // 2: tenant key digest; 3: per-client counters in the pin tables, shards
 	lineSize     = 64
 	headerBytes  = 4096
 
@@ -22,6 +22,7 @@ const (
 
 	maxEntries = 1 << 30
 	maxBlocks  = 1 << 30
+	maxShards  = 32
 )
 
 // Header field offsets. Line 0–1: geometry, written once and covered by the
@@ -45,17 +46,12 @@ const (
 	hdrOwnersOff     = 88
 	hdrPinsOff       = 96
 	hdrPinStride     = 104
+	hdrShards        = 112 // version 3; zero before (one shard)
 	hdrCRC           = 124
 	hdrImmutable     = 124
 
-	hdrDirty      = 128
-	hdrLRUHead    = 136
-	hdrLRUTail    = 140
-	hdrUsedBlocks = 144
-	hdrReady      = 148
-	hdrReserved   = 152
-	hdrBlockHint  = 156
-	hdrTombstones = 160
+	hdrState  = 128 // shard 0's state line
+	hdrShard1 = 320 // the state lines of shards 1, 2, … (version 3)
 
 	hdrCounters = 192 // eight u64 counters, in counter order
 
@@ -63,6 +59,20 @@ const (
 	// covered by the CRC at hdrCRC with lines 0–1.
 	hdrKeyDigest = 256
 	keyDigestLen = 32
+)
+
+// Fields of a shard's state line, changed only under the shard's lock.
+// Shard 0's line is header line 2, where an index of one shard (every
+// index before version 3) keeps its state.
+const (
+	slDirty      = 0  // u64 token of a holder mid-mutation (0: clean)
+	slLRUHead    = 8  // u32 entry index+1 of the most recently used
+	slLRUTail    = 12 // u32 entry index+1 of the least recently used
+	slUsedBlocks = 16
+	slReady      = 20
+	slReserved   = 24
+	slBlockHint  = 28 // u32 where the next block scan starts, within the shard
+	slTombstones = 32
 )
 
 // Counters in the header, in their order there.
@@ -126,6 +136,7 @@ type geometry struct {
 	OwnersOff     int64
 	PinsOff       int64
 	PinStride     int64
+	Shards        int64              // a power of two; entries and blocks are split evenly among them
 	KeyDigest     [keyDigestLen]byte // zero: the index has no key
 	Version       uint32             // layout version of the header read (encode writes indexVersion)
 }
@@ -166,6 +177,7 @@ func (g *geometry) encode(b []byte) {
 	le.PutUint64(b[hdrOwnersOff:], uint64(g.OwnersOff))
 	le.PutUint64(b[hdrPinsOff:], uint64(g.PinsOff))
 	le.PutUint64(b[hdrPinStride:], uint64(g.PinStride))
+	le.PutUint32(b[hdrShards:], uint32(g.Shards))
 	copy(b[hdrKeyDigest:], g.KeyDigest[:])
 	le.PutUint32(b[hdrCRC:], headerCRC(b))
 }
@@ -201,7 +213,10 @@ func decodeGeometry(b []byte, metaBytes int64) (geometry, error) {
 		LockID: int(le.Uint32(b[hdrLockID:])), BlockBytes: int64(le.Uint64(b[hdrBlockBytes:])),
 		BlockStride: int64(le.Uint64(b[hdrBlockStride:])), PayloadOff: int64(le.Uint64(b[hdrPayloadOff:])),
 		PayloadChunks: int64(le.Uint64(b[hdrPayloadChunks:])), MetaChunks: int64(le.Uint64(b[hdrMetaChunks:])),
-		Created: time.Unix(0, int64(le.Uint64(b[hdrCreated:]))), Version: v,
+		Created: time.Unix(0, int64(le.Uint64(b[hdrCreated:]))), Version: v, Shards: 1,
+	}
+	if v >= 3 {
+		g.Shards = int64(le.Uint32(b[hdrShards:]))
 	}
 	if v >= 2 {
 		copy(g.KeyDigest[:], b[hdrKeyDigest:])
@@ -242,6 +257,9 @@ func (g *geometry) check() error {
 		return fmt.Errorf("%w: block stride %d for %d-byte blocks", ErrBadConfig, g.BlockStride, g.BlockBytes)
 	case g.LockID < 0:
 		return fmt.Errorf("%w: lock %d", ErrBadConfig, g.LockID)
+	case g.Shards < 1 || g.Shards > maxShards || g.Shards&(g.Shards-1) != 0 || g.Shards > g.Blocks || g.Entries/g.Shards < 2:
+		return fmt.Errorf("%w: %d shards (want a power of two in [1, %d], at most the %d blocks, two entries each)",
+			ErrBadConfig, g.Shards, maxShards, g.Blocks)
 	}
 	return nil
 }

@@ -164,7 +164,7 @@ func TestMultiProcessStressWithKills(t *testing.T) {
 	mwg.Add(1)
 	go func() { defer mwg.Done(); m.Run(ctx) }()
 	defer func() { cancel(); mwg.Wait() }()
-	s, err := Create(m.Client(), Config{Name: "stress", Blocks: stressBlocks, BlockBytes: stressBlock, PinsPerClient: 64})
+	s, err := Create(m.Client(), Config{Name: "stress", Blocks: stressBlocks, BlockBytes: stressBlock, PinsPerClient: 64, Shards: 4})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package prefix
 
 import (
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -34,42 +35,51 @@ type Reservation struct {
 	word  uint64
 }
 
-// locked runs fn under the index lock. A dirty flag left set means the last
-// holder died mid-mutation: repair the index from its entries first.
-func (s *Store) locked(fn func()) error {
-	if err := s.c.Lock(s.g.LockID); err != nil {
+// locked runs fn under shard sh's lock: its process mutex, then its tier
+// lock. A dirty flag left set means the last holder died mid-mutation:
+// repair the shard from its entries first.
+func (s *Store) locked(sh *shard, fn func()) error {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if err := s.c.Lock(sh.lock); err != nil {
 		return fmt.Errorf("prefix: %q: %w", s.name, err)
 	}
 	if err := s.current(); err != nil {
-		s.c.Unlock(s.g.LockID)
+		s.c.Unlock(sh.lock)
 		return err
 	}
-	s.refreshMeta(hdrDirty&^(lineSize-1), lineSize)
-	dirty := s.hdrU64(hdrDirty)
+	s.refreshMeta(sh.stateOff, lineSize)
+	dirty := u64At(sh.state, slDirty)
 	if atomic.LoadUint64(dirty) != 0 {
-		s.repairLocked()
+		s.repairLocked(sh)
 	}
 	atomic.StoreUint64(dirty, s.c.Token())
-	s.publishMeta(hdrDirty&^(lineSize-1), lineSize)
-	s.freed = s.freed[:0]
+	s.publishMeta(sh.stateOff, lineSize)
+	sh.freed = sh.freed[:0]
 	fn()
-	if s.lruDamaged {
-		s.repairLocked()
+	if sh.lruDamaged {
+		s.repairLocked(sh)
 	}
-	if 4*int64(atomic.LoadUint32(s.hdrU32(hdrTombstones))) > s.g.Entries {
-		s.sweepTombstones()
+	if 4*sh.count(slTombstones) > sh.entries() {
+		s.sweepTombstones(sh)
 	}
 	atomic.StoreUint64(dirty, 0)
-	s.publishMeta(hdrDirty&^(lineSize-1), lineSize)
-	if err := s.c.Unlock(s.g.LockID); err != nil {
+	s.publishMeta(sh.stateOff, lineSize)
+	if err := s.c.Unlock(sh.lock); err != nil {
 		return fmt.Errorf("prefix: %q: %w", s.name, err)
 	}
 	return nil
 }
 
-func (s *Store) hdrAdd(off int, d int32) {
-	p := s.hdrU32(off)
-	atomic.StoreUint32(p, uint32(int32(atomic.LoadUint32(p))+d))
+// eachShard runs fn under each shard's lock in turn.
+func (s *Store) eachShard(fn func(sh *shard)) error {
+	for k := range s.shards {
+		sh := &s.shards[k]
+		if err := s.locked(sh, func() { fn(sh) }); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Reserve reserves a block for each key's payload of sizes[i] bytes,
@@ -88,18 +98,21 @@ func (s *Store) Reserve(keys []Key, sizes []int64) ([]Reservation, error) {
 		}
 	}
 	out := make([]Reservation, len(keys))
+	for n := range keys {
+		out[n] = Reservation{Key: keys[n], Len: sizes[n], Status: NoSpace}
+	}
 	var ferr error
-	err := s.locked(func() {
-		now := uint64(time.Now().UnixNano())
-		for n := range keys {
-			out[n] = Reservation{Key: keys[n], Len: sizes[n]}
-			if ferr = s.reserveOne(&out[n], len(keys)-n, now); ferr != nil {
-				for m := n; m < len(keys); m++ {
-					out[m] = Reservation{Key: keys[m], Len: sizes[m], Status: NoSpace}
+	err := s.byShard(len(keys), func(n int) *shard { return s.shardOfKey(&keys[n]) }, func(sh *shard, idx []int) error {
+		return s.locked(sh, func() {
+			now := uint64(time.Now().UnixNano())
+			for m, n := range idx {
+				if err := s.reserveOne(sh, &out[n], len(idx)-m, now); err != nil {
+					out[n].Status = NoSpace
+					ferr = errors.Join(ferr, err)
+					return
 				}
-				return
 			}
-		}
+		})
 	})
 	if err == nil {
 		err = ferr
@@ -107,7 +120,7 @@ func (s *Store) Reserve(keys []Key, sizes []int64) ([]Reservation, error) {
 	return out, err
 }
 
-func (s *Store) reserveOne(res *Reservation, left int, now uint64) error {
+func (s *Store) reserveOne(sh *shard, res *Reservation, left int, now uint64) error {
 	i, found, err := s.probeInsert(&res.Key)
 	if err != nil {
 		return err
@@ -116,19 +129,19 @@ func (s *Store) reserveOne(res *Reservation, left int, now uint64) error {
 		res.Status = Exists
 		return nil
 	}
-	b, ok := s.allocBlock()
+	b, ok := s.allocBlock(sh)
 	if !ok {
-		s.evictLocked(left)
-		if b, ok = s.allocBlock(); !ok {
-			s.reclaimLocked()
-			b, ok = s.allocBlock()
+		s.evictLocked(sh, left)
+		if b, ok = s.allocBlock(sh); !ok {
+			s.reclaimLocked(sh)
+			b, ok = s.allocBlock(sh)
 		}
 		if ok {
 			// Eviction dropped entries and may have turned tombstones on
 			// k's probe path back into empty entries; the slot found before
 			// could now sit behind an empty one, out of reach. Probe again.
 			if i, _, err = s.probeInsert(&res.Key); err != nil {
-				s.freeBlock(b)
+				s.freeBlock(sh, b)
 				return err
 			}
 		}
@@ -140,7 +153,7 @@ func (s *Store) reserveOne(res *Reservation, left int, now uint64) error {
 	e := s.entry(i)
 	w := atomic.LoadUint64(u64At(e, entWord))
 	if wordState(w) == stDeleted {
-		s.hdrAdd(hdrTombstones, -1)
+		sh.add(slTombstones, -1)
 	}
 	res.word = mkWord(wordGen(w)+1, stReserved)
 	atomic.StoreUint64(u64At(e, entWord), res.word)
@@ -156,7 +169,7 @@ func (s *Store) reserveOne(res *Reservation, left int, now uint64) error {
 	atomic.StoreUint32(u32At(e, entPrev), 0)
 	atomic.StoreUint32(u32At(e, entNext), 0)
 	atomic.StoreUint32(s.owner(b), i+1)
-	s.hdrAdd(hdrReserved, 1)
+	sh.add(slReserved, 1)
 	s.publishEntry(i)
 	s.publishOwner(b)
 	res.Status, res.entry, res.Block, res.Offset = Reserved, i, b, s.blockAt(b)
@@ -165,9 +178,9 @@ func (s *Store) reserveOne(res *Reservation, left int, now uint64) error {
 
 // probeInsert finds k's entry, or the first free entry on its probe path.
 func (s *Store) probeInsert(k *Key) (uint32, bool, error) {
-	mask := uint32(s.g.Entries - 1)
+	sh := s.shardOfKey(k)
 	i, free := s.home(k), int64(-1)
-	for n := int64(0); n < s.g.Entries; n++ {
+	for n := int64(0); n <= int64(sh.mask); n++ {
 		e := s.readEntry(i)
 		switch wordState(atomic.LoadUint64(u64At(e, entWord))) {
 		case stEmpty:
@@ -184,33 +197,33 @@ func (s *Store) probeInsert(k *Key) (uint32, bool, error) {
 				return i, true, nil
 			}
 		}
-		i = (i + 1) & mask
+		i = sh.next(i)
 	}
 	if free >= 0 {
 		return uint32(free), false, nil
 	}
-	return 0, false, fmt.Errorf("%w: %d entries", ErrIndexFull, s.g.Entries)
+	return 0, false, fmt.Errorf("%w: %d entries in shard %d", ErrIndexFull, sh.entries(), sh.k)
 }
 
-// allocBlock takes a free block, scanning from the shared hint.
-func (s *Store) allocBlock() (uint32, bool) {
-	if int64(atomic.LoadUint32(s.hdrU32(hdrUsedBlocks))) >= s.g.Blocks {
+// allocBlock takes a free block of the shard, scanning from its hint.
+func (s *Store) allocBlock(sh *shard) (uint32, bool) {
+	if sh.count(slUsedBlocks) >= int64(sh.blocks) {
 		return 0, false
 	}
-	for len(s.freed) > 0 {
-		b := s.freed[len(s.freed)-1]
-		s.freed = s.freed[:len(s.freed)-1]
+	for len(sh.freed) > 0 {
+		b := sh.freed[len(sh.freed)-1]
+		sh.freed = sh.freed[:len(sh.freed)-1]
 		if atomic.LoadUint32(s.owner(b)) == 0 {
-			s.hdrAdd(hdrUsedBlocks, 1)
+			sh.add(slUsedBlocks, 1)
 			return b, true
 		}
 	}
-	hint := int64(atomic.LoadUint32(s.hdrU32(hdrBlockHint)))
-	for n := int64(0); n < s.g.Blocks; n++ {
-		b := uint32((hint + n) % s.g.Blocks)
+	hint := sh.count(slBlockHint)
+	for n := int64(0); n < int64(sh.blocks); n++ {
+		b := sh.block0 + uint32((hint+n)%int64(sh.blocks))
 		if atomic.LoadUint32(s.owner(b)) == 0 {
-			atomic.StoreUint32(s.hdrU32(hdrBlockHint), uint32((int64(b)+1)%s.g.Blocks))
-			s.hdrAdd(hdrUsedBlocks, 1)
+			atomic.StoreUint32(sh.u32(slBlockHint), uint32((int64(b-sh.block0)+1)%int64(sh.blocks)))
+			sh.add(slUsedBlocks, 1)
 			return b, true
 		}
 	}
@@ -218,8 +231,8 @@ func (s *Store) allocBlock() (uint32, bool) {
 }
 
 // freeBlock gives back a block allocBlock took that no entry owns yet.
-func (s *Store) freeBlock(b uint32) {
-	s.hdrAdd(hdrUsedBlocks, -1)
+func (s *Store) freeBlock(sh *shard, b uint32) {
+	sh.add(slUsedBlocks, -1)
 }
 
 // Publish makes reserved entries visible: call it after their payloads are
@@ -232,28 +245,30 @@ func (s *Store) Publish(res []Reservation, crcs []uint32) error {
 	}
 	var lost error
 	var bytes, n uint64
-	err := s.locked(func() {
-		now := uint64(time.Now().UnixNano())
-		for k := range res {
-			r := &res[k]
-			if r.Status != Reserved {
-				continue
+	err := s.byShard(len(res), func(k int) *shard { return s.shardOfKey(&res[k].Key) }, func(sh *shard, idx []int) error {
+		return s.locked(sh, func() {
+			now := uint64(time.Now().UnixNano())
+			for _, k := range idx {
+				r := &res[k]
+				if r.Status != Reserved {
+					continue
+				}
+				e := s.entry(r.entry)
+				if !sh.holds(r.entry) || atomic.LoadUint64(u64At(e, entWord)) != r.word || atomic.LoadUint64(u64At(e, entOwner)) != s.c.Token() {
+					lost = fmt.Errorf("prefix: %q: publish %v: %w", s.name, r.Key, ErrLost)
+					continue
+				}
+				atomic.StoreUint32(u32At(e, entCRC), crcs[k])
+				atomic.StoreUint64(u64At(e, entAccess), now)
+				s.linkHead(r.entry, now)
+				atomic.StoreUint64(u64At(e, entWord), mkWord(wordGen(r.word), stReady))
+				s.publishEntry(r.entry)
+				sh.add(slReserved, -1)
+				sh.add(slReady, 1)
+				bytes += uint64(r.Len)
+				n++
 			}
-			e := s.entry(r.entry)
-			if atomic.LoadUint64(u64At(e, entWord)) != r.word || atomic.LoadUint64(u64At(e, entOwner)) != s.c.Token() {
-				lost = fmt.Errorf("prefix: %q: publish %v: %w", s.name, r.Key, ErrLost)
-				continue
-			}
-			atomic.StoreUint32(u32At(e, entCRC), crcs[k])
-			atomic.StoreUint64(u64At(e, entAccess), now)
-			s.linkHead(r.entry, now)
-			atomic.StoreUint64(u64At(e, entWord), mkWord(wordGen(r.word), stReady))
-			s.publishEntry(r.entry)
-			s.hdrAdd(hdrReserved, -1)
-			s.hdrAdd(hdrReady, 1)
-			bytes += uint64(r.Len)
-			n++
-		}
+		})
 	})
 	s.count(ctrInserts, n)
 	s.count(ctrBytesIn, bytes)
@@ -265,17 +280,19 @@ func (s *Store) Publish(res []Reservation, crcs []uint32) error {
 
 // Abort gives back reservations that will not be published.
 func (s *Store) Abort(res []Reservation) error {
-	return s.locked(func() {
-		for k := range res {
-			r := &res[k]
-			if r.Status != Reserved {
-				continue
+	return s.byShard(len(res), func(k int) *shard { return s.shardOfKey(&res[k].Key) }, func(sh *shard, idx []int) error {
+		return s.locked(sh, func() {
+			for _, k := range idx {
+				r := &res[k]
+				if r.Status != Reserved || !sh.holds(r.entry) {
+					continue
+				}
+				e := s.entry(r.entry)
+				if atomic.LoadUint64(u64At(e, entWord)) == r.word && atomic.LoadUint64(u64At(e, entOwner)) == s.c.Token() {
+					s.dropLocked(r.entry)
+				}
 			}
-			e := s.entry(r.entry)
-			if atomic.LoadUint64(u64At(e, entWord)) == r.word && atomic.LoadUint64(u64At(e, entOwner)) == s.c.Token() {
-				s.dropLocked(r.entry)
-			}
-		}
+		})
 	})
 }
 
@@ -287,27 +304,30 @@ func (s *Store) Delete(keys []Key) (int, error) {
 	}
 	deleted := 0
 	var ferr error
-	err := s.locked(func() {
-		cands := map[uint64]uint32{}
-		for n := range keys {
-			i, w, ok := s.find(&keys[n])
-			if !ok || wordState(w) != stReady {
-				continue
+	err := s.byShard(len(keys), func(n int) *shard { return s.shardOfKey(&keys[n]) }, func(sh *shard, idx []int) error {
+		return s.locked(sh, func() {
+			cands, pinned := sh.cands, sh.pinned
+			clear(cands)
+			for _, n := range idx {
+				i, w, ok := s.find(&keys[n])
+				if !ok || wordState(w) != stReady {
+					continue
+				}
+				if atomic.CompareAndSwapUint64(u64At(s.entry(i), entWord), w, mkWord(wordGen(w), stEvicting)) {
+					cands[pinValue(i, w)] = i
+				}
 			}
-			if atomic.CompareAndSwapUint64(u64At(s.entry(i), entWord), w, mkWord(wordGen(w), stEvicting)) {
-				cands[pinValue(i, w)] = i
+			s.scanPins(cands, pinned)
+			for v, i := range cands {
+				if pinned[v] {
+					s.unmarkEvicting(i)
+					ferr = fmt.Errorf("prefix: %q: delete %v: %w", s.name, Key(s.keyOf(i)), ErrPinned)
+					continue
+				}
+				s.dropLocked(i)
+				deleted++
 			}
-		}
-		pinned := s.scanPins(cands)
-		for v, i := range cands {
-			if pinned[v] {
-				s.unmarkEvicting(i)
-				ferr = fmt.Errorf("prefix: %q: delete %v: %w", s.name, Key(s.keyOf(i)), ErrPinned)
-				continue
-			}
-			s.dropLocked(i)
-			deleted++
-		}
+		})
 	})
 	if err == nil {
 		err = ferr
@@ -334,101 +354,103 @@ func (s *Store) unmarkEvicting(i uint32) {
 }
 
 // dropLocked frees entry i (reserved, ready or evicting) and its block, and
-// leaves a tombstone that probes walk past.
+// leaves a tombstone that probes walk past. The caller holds i's shard.
 func (s *Store) dropLocked(i uint32) {
+	sh := s.shardOfEntry(i)
 	e := s.entry(i)
 	w := atomic.LoadUint64(u64At(e, entWord))
 	switch wordState(w) {
 	case stReady, stEvicting:
 		s.unlink(i)
-		s.hdrAdd(hdrReady, -1)
+		sh.add(slReady, -1)
 	case stReserved:
-		s.hdrAdd(hdrReserved, -1)
+		sh.add(slReserved, -1)
 	default:
 		return
 	}
-	if b := atomic.LoadUint32(u32At(e, entBlock)); int64(b) < s.g.Blocks && atomic.LoadUint32(s.owner(b)) == i+1 {
+	if b := atomic.LoadUint32(u32At(e, entBlock)); sh.holdsBlock(b) && atomic.LoadUint32(s.owner(b)) == i+1 {
 		atomic.StoreUint32(s.owner(b), 0)
-		s.hdrAdd(hdrUsedBlocks, -1)
+		sh.add(slUsedBlocks, -1)
 		s.publishOwner(b)
 		// The next allocations take the blocks just freed: an insert
 		// that evicted finds its block at once instead of scanning a
 		// full owner table (and pulling its lines from other cores).
-		if len(s.freed) < cap(s.freed) {
-			s.freed = append(s.freed, b)
+		if len(sh.freed) < cap(sh.freed) {
+			sh.freed = append(sh.freed, b)
 		}
 	}
 	atomic.StoreUint64(u64At(e, entWord), mkWord(wordGen(w)+1, stDeleted))
-	s.hdrAdd(hdrTombstones, 1)
+	sh.add(slTombstones, 1)
 	s.publishEntry(i)
-	s.clearTombstones(i)
+	s.clearTombstones(sh, i)
 }
 
 // clearTombstones turns the run of tombstones ending at i back into empty
 // entries when the entry after i is empty: no probe can need to walk past
 // them any more.
-func (s *Store) clearTombstones(i uint32) {
-	mask := uint32(s.g.Entries - 1)
-	if wordState(atomic.LoadUint64(u64At(s.entry((i+1)&mask), entWord))) != stEmpty {
+func (s *Store) clearTombstones(sh *shard, i uint32) {
+	if wordState(atomic.LoadUint64(u64At(s.entry(sh.next(i)), entWord))) != stEmpty {
 		return
 	}
-	for n := int64(0); n < s.g.Entries; n++ {
+	for n := int64(0); n < sh.entries(); n++ {
 		p := u64At(s.entry(i), entWord)
 		w := atomic.LoadUint64(p)
 		if wordState(w) != stDeleted {
 			return
 		}
 		atomic.StoreUint64(p, mkWord(wordGen(w)+1, stEmpty))
-		s.hdrAdd(hdrTombstones, -1)
+		sh.add(slTombstones, -1)
 		s.publishEntry(i)
-		i = (i - 1) & mask
+		i = sh.entry0 + (i-sh.entry0-1)&sh.mask
 	}
 }
 
-// linkHead puts entry i at the most recent end of the LRU list.
-// linkedEntry resolves an LRU link word (entry index + 1, 0 for none). A
-// word beyond the table is damage, not a reason to fault: it marks the
-// list for rebuilding from the entries (repairLocked, before the lock
-// holder lets go) and reads as no link.
-func (s *Store) linkedEntry(v uint32) (uint32, bool) {
+// linkedEntry resolves an LRU link word of shard sh (entry index + 1, 0
+// for none). A word naming no entry of the shard is damage, not a reason
+// to fault: it marks the list for rebuilding from the entries
+// (repairLocked, before the lock holder lets go) and reads as no link.
+func (s *Store) linkedEntry(sh *shard, v uint32) (uint32, bool) {
 	if v == 0 {
 		return 0, false
 	}
-	if int64(v) > s.g.Entries {
-		s.lruDamaged = true
+	if !sh.holds(v - 1) {
+		sh.lruDamaged = true
 		return 0, false
 	}
 	return v - 1, true
 }
 
+// linkHead puts entry i at the most recent end of its shard's LRU list.
 func (s *Store) linkHead(i uint32, now uint64) {
+	sh := s.shardOfEntry(i)
 	e := s.entry(i)
-	head := atomic.LoadUint32(s.hdrU32(hdrLRUHead))
+	head := atomic.LoadUint32(sh.u32(slLRUHead))
 	atomic.StoreUint32(u32At(e, entPrev), 0)
 	atomic.StoreUint32(u32At(e, entNext), head)
 	at := now &^ 1 // even: the first hit after this makes entAccess odd and greater (touch)
 	atomic.StoreUint64(u64At(e, entLinkedAt), at)
 	atomic.StoreUint64(u64At(e, entAccess), at)
-	if h, ok := s.linkedEntry(head); ok {
+	if h, ok := s.linkedEntry(sh, head); ok {
 		atomic.StoreUint32(u32At(s.entry(h), entPrev), i+1)
 	} else if head == 0 {
-		atomic.StoreUint32(s.hdrU32(hdrLRUTail), i+1)
+		atomic.StoreUint32(sh.u32(slLRUTail), i+1)
 	}
-	atomic.StoreUint32(s.hdrU32(hdrLRUHead), i+1)
+	atomic.StoreUint32(sh.u32(slLRUHead), i+1)
 }
 
 func (s *Store) unlink(i uint32) {
+	sh := s.shardOfEntry(i)
 	e := s.entry(i)
 	prev, next := atomic.LoadUint32(u32At(e, entPrev)), atomic.LoadUint32(u32At(e, entNext))
-	if p, ok := s.linkedEntry(prev); ok {
+	if p, ok := s.linkedEntry(sh, prev); ok {
 		atomic.StoreUint32(u32At(s.entry(p), entNext), next)
-	} else if atomic.LoadUint32(s.hdrU32(hdrLRUHead)) == i+1 {
-		atomic.StoreUint32(s.hdrU32(hdrLRUHead), next)
+	} else if atomic.LoadUint32(sh.u32(slLRUHead)) == i+1 {
+		atomic.StoreUint32(sh.u32(slLRUHead), next)
 	}
-	if n, ok := s.linkedEntry(next); ok {
+	if n, ok := s.linkedEntry(sh, next); ok {
 		atomic.StoreUint32(u32At(s.entry(n), entPrev), prev)
-	} else if atomic.LoadUint32(s.hdrU32(hdrLRUTail)) == i+1 {
-		atomic.StoreUint32(s.hdrU32(hdrLRUTail), prev)
+	} else if atomic.LoadUint32(sh.u32(slLRUTail)) == i+1 {
+		atomic.StoreUint32(sh.u32(slLRUTail), prev)
 	}
 	atomic.StoreUint32(u32At(e, entPrev), 0)
 	atomic.StoreUint32(u32At(e, entNext), 0)

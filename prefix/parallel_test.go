@@ -45,7 +45,7 @@ func TestExistsLargeBatch(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
 	_, c := testTier(t, 1)
 	const n = 3 * parallelGrain
-	s := testStore(t, c, n, 8)
+	s := testStore(t, c, 2*n, 8) // sharded: room for n keys in every shard
 	keys := benchKeys(n + 1)
 	ps := make([][]byte, n)
 	for i := range ps {

@@ -42,26 +42,36 @@ func keyEqual(e []byte, k *Key) bool {
 	return true
 }
 
-// home is k's first probe slot. Page keys are SHA-256 digests, but callers
-// may pass keys of their own with little entropy in any one word, so all
-// four words are folded and mixed: keys that differ anywhere spread out.
-func (s *Store) home(k *Key) uint32 {
+// keyHash mixes a key into the word that picks its shard (top bits) and
+// its home in the shard (low bits). Page keys are SHA-256 digests, but
+// callers may pass keys of their own with little entropy in any one word,
+// so all four words are folded and mixed: keys that differ anywhere spread
+// out.
+func keyHash(k *Key) uint64 {
 	le := binary.LittleEndian
 	x := le.Uint64(k[0:]) ^ le.Uint64(k[8:])*0x9e3779b97f4a7c15 ^
 		le.Uint64(k[16:])*0xc2b2ae3d27d4eb4f ^ le.Uint64(k[24:])*0x165667b19e3779f9
 	x ^= x >> 31
 	x *= 0xbf58476d1ce4e5b9
 	x ^= x >> 29
-	return uint32(x & uint64(s.g.Entries-1))
+	return x
+}
+
+// home is k's first probe slot, in its shard.
+func (s *Store) home(k *Key) uint32 {
+	x := keyHash(k)
+	sh := &s.shards[x>>s.shardShift]
+	return sh.entry0 + uint32(x)&sh.mask
 }
 
 // find probes for k without the lock. It returns the entry holding k (in
 // any live state) and the state word read before the key compare, which a
 // caller re-checks after it reads more fields.
 func (s *Store) find(k *Key) (uint32, uint64, bool) {
-	mask := uint32(s.g.Entries - 1)
-	i := s.home(k)
-	for n := int64(0); n < s.g.Entries; {
+	x := keyHash(k)
+	sh := &s.shards[x>>s.shardShift]
+	i := sh.entry0 + uint32(x)&sh.mask
+	for n := int64(0); n <= int64(sh.mask); {
 		e := s.readEntry(i)
 		w := atomic.LoadUint64(u64At(e, entWord))
 		switch wordState(w) {
@@ -77,7 +87,7 @@ func (s *Store) find(k *Key) (uint32, uint64, bool) {
 				return i, w, true
 			}
 		}
-		i = (i + 1) & mask
+		i = sh.next(i)
 		n++
 	}
 	return 0, 0, false

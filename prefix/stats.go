@@ -18,6 +18,7 @@ type Stats struct {
 	Reserved         int64  `json:"reserved"`
 	UsedBlocks       int64  `json:"used_blocks"`
 	Tombstones       int64  `json:"tombstones"`
+	Shards           int64  `json:"shards"`
 	PinsHeld         int64  `json:"pins_held"` // by live clients
 	Hits             uint64 `json:"hits"`
 	Misses           uint64 `json:"misses"`
@@ -41,11 +42,17 @@ func (st Stats) HitRate() float64 {
 func (s *Store) Stats() Stats {
 	s.refreshMeta(0, 256)
 	c := s.counters()
-	u32 := func(off int) int64 { return int64(atomic.LoadUint32(s.hdrU32(off))) }
-	st := Stats{Name: s.name, Entries: s.g.Entries, Blocks: s.g.Blocks, BlockBytes: s.g.BlockBytes,
-		Ready: u32(hdrReady), Reserved: u32(hdrReserved), UsedBlocks: u32(hdrUsedBlocks), Tombstones: u32(hdrTombstones),
+	st := Stats{Name: s.name, Entries: s.g.Entries, Blocks: s.g.Blocks, BlockBytes: s.g.BlockBytes, Shards: s.g.Shards,
 		Hits: c[ctrHits], Misses: c[ctrMisses], Inserts: c[ctrInserts], Evictions: c[ctrEvictions],
 		ChecksumFailures: c[ctrChecksumFailures], Reclaimed: c[ctrReclaimed], BytesIn: c[ctrBytesIn], BytesOut: c[ctrBytesOut]}
+	for k := range s.shards {
+		sh := &s.shards[k]
+		s.refreshMeta(sh.stateOff, lineSize)
+		st.Ready += sh.count(slReady)
+		st.Reserved += sh.count(slReserved)
+		st.UsedBlocks += sh.count(slUsedBlocks)
+		st.Tombstones += sh.count(slTombstones)
+	}
 	for slot := 0; int64(slot) < s.g.Clients; slot++ {
 		h := s.metaSlice(s.g.PinsOff+int64(slot)*s.g.PinStride, pinHeaderSize)
 		tok := atomic.LoadUint64(u64At(h, 0))
@@ -61,29 +68,29 @@ func (s *Store) Stats() Stats {
 	return st
 }
 
-// Check verifies the index's invariants under its lock and returns every
-// violation it finds: no key twice, every live entry owning its block and
-// every owned block owned by a live entry, the LRU list holding exactly the
-// ready entries with consistent links, the counts matching, and (if
-// payloads) every ready payload matching its checksum.
+// Check verifies the index's invariants, shard by shard under each one's
+// lock, and returns every violation it finds: no key twice, every live
+// entry reachable from its home and owning a block of its shard, every
+// owned block owned by a live entry, the LRU list holding exactly the
+// shard's ready entries with consistent links, the counts matching, and
+// (if payloads) every ready payload matching its checksum.
 func (s *Store) Check(payloads bool) ([]string, error) {
-	var bad []string
-	err := s.locked(func() { bad = s.checkLocked(payloads) })
-	return bad, err
-}
-
-func (s *Store) checkLocked(payloads bool) []string {
 	var bad []string
 	report := func(f string, a ...any) {
 		if len(bad) < 100 {
 			bad = append(bad, fmt.Sprintf(f, a...))
 		}
 	}
+	err := s.eachShard(func(sh *shard) { s.checkLocked(sh, payloads, report) })
+	return bad, err
+}
+
+func (s *Store) checkLocked(sh *shard, payloads bool, report func(string, ...any)) {
 	keys := map[Key]uint32{}
 	owned := map[uint32]uint32{}
 	var ready, reserved, tomb int64
 	var scratch []byte
-	for i := uint32(0); int64(i) < s.g.Entries; i++ {
+	for i := sh.entry0; int64(i-sh.entry0) < sh.entries(); i++ {
 		e := s.entry(i)
 		w := atomic.LoadUint64(u64At(e, entWord))
 		switch wordState(w) {
@@ -109,8 +116,8 @@ func (s *Store) checkLocked(payloads bool) []string {
 			report("entry %d (%v): out of reach of a probe from its home", i, k)
 		}
 		b := atomic.LoadUint32(u32At(e, entBlock))
-		if int64(b) >= s.g.Blocks || atomic.LoadUint32(s.owner(b)) != i+1 {
-			report("entry %d: block %d not owned by it", i, b)
+		if !sh.holdsBlock(b) || atomic.LoadUint32(s.owner(b)) != i+1 {
+			report("entry %d: block %d not owned by it (shard %d holds blocks %d to %d)", i, b, sh.k, sh.block0, sh.block0+sh.blocks-1)
 			continue
 		}
 		owned[b] = i
@@ -128,39 +135,38 @@ func (s *Store) checkLocked(payloads bool) []string {
 			}
 		}
 	}
-	for b := uint32(0); int64(b) < s.g.Blocks; b++ {
+	for b := sh.block0; b-sh.block0 < sh.blocks; b++ {
 		if o := atomic.LoadUint32(s.owner(b)); o != 0 {
 			if i, ok := owned[b]; !ok || i+1 != o {
 				report("block %d owned by entry %d, which does not hold it", b, int64(o)-1)
 			}
 		}
 	}
-	s.checkLRU(ready, report)
+	s.checkLRU(sh, ready, report)
 	for _, c := range []struct {
 		name string
 		off  int
 		want int64
-	}{{"ready", hdrReady, ready}, {"reserved", hdrReserved, reserved},
-		{"tombstones", hdrTombstones, tomb}, {"used blocks", hdrUsedBlocks, int64(len(owned))}} {
-		if got := int64(atomic.LoadUint32(s.hdrU32(c.off))); got != c.want {
-			report("header counts %d %s, entries say %d", got, c.name, c.want)
+	}{{"ready", slReady, ready}, {"reserved", slReserved, reserved},
+		{"tombstones", slTombstones, tomb}, {"used blocks", slUsedBlocks, int64(len(owned))}} {
+		if got := sh.count(c.off); got != c.want {
+			report("shard %d counts %d %s, entries say %d", sh.k, got, c.name, c.want)
 		}
 	}
-	return bad
 }
 
 // checkLRU walks the list from the head: every ready entry once, links
 // consistent both ways, tail where the walk ends.
-func (s *Store) checkLRU(ready int64, report func(string, ...any)) {
+func (s *Store) checkLRU(sh *shard, ready int64, report func(string, ...any)) {
 	var n int64
 	prev := uint32(0)
-	for cur := atomic.LoadUint32(s.hdrU32(hdrLRUHead)); cur != 0; {
-		if n > s.g.Entries {
-			report("LRU list has a cycle")
+	for cur := atomic.LoadUint32(sh.u32(slLRUHead)); cur != 0; {
+		if n > sh.entries() {
+			report("shard %d: LRU list has a cycle", sh.k)
 			return
 		}
-		if int64(cur) > s.g.Entries {
-			report("LRU link %d names no entry (the table has %d)", int64(cur)-1, s.g.Entries)
+		if !sh.holds(cur - 1) {
+			report("shard %d: LRU link %d names no entry of the shard (it holds %d to %d)", sh.k, int64(cur)-1, sh.entry0, int64(sh.entry0)+sh.entries()-1)
 			return
 		}
 		e := s.entry(cur - 1)
@@ -173,7 +179,7 @@ func (s *Store) checkLRU(ready int64, report func(string, ...any)) {
 		prev, cur = cur, atomic.LoadUint32(u32At(e, entNext))
 		n++
 	}
-	if t := atomic.LoadUint32(s.hdrU32(hdrLRUTail)); t != prev {
+	if t := atomic.LoadUint32(sh.u32(slLRUTail)); t != prev {
 		report("LRU tail %d, walk ended at %d", int64(t)-1, int64(prev)-1)
 	}
 	if n != ready {
@@ -190,16 +196,24 @@ func Destroy(c *tier.Client, name string) error {
 		return err
 	}
 	s.Close()
-	// Under the index lock, clear the magic: every other handle's next
-	// locked call or lookup then reports ErrStale instead of working on
-	// memory the index no longer owns.
-	if err := c.Lock(s.g.LockID); err != nil {
-		return fmt.Errorf("prefix: destroy %q: %w", name, err)
+	// Under every shard's lock (taken in order; a mutation holds one),
+	// clear the magic: every other handle's next locked call or lookup then
+	// reports ErrStale instead of working on memory the index no longer
+	// owns.
+	for k := range s.shards {
+		if err := c.Lock(s.shards[k].lock); err != nil {
+			for j := range k {
+				c.Unlock(s.shards[j].lock)
+			}
+			return fmt.Errorf("prefix: destroy %q: %w", name, err)
+		}
 	}
 	atomic.StoreUint64(u64At(s.hdr, hdrMagic), 0)
 	s.publishMeta(0, lineSize)
-	if err := c.Unlock(s.g.LockID); err != nil {
-		return fmt.Errorf("prefix: destroy %q: %w", name, err)
+	for k := range s.shards {
+		if err := c.Unlock(s.shards[k].lock); err != nil {
+			return fmt.Errorf("prefix: destroy %q: %w", name, err)
+		}
 	}
 	if err := c.DirDelete(DirName(name)); err != nil {
 		return fmt.Errorf("prefix: destroy %q: %w", name, err)

@@ -24,14 +24,29 @@ type Config struct {
 	// once; 0 means four per block, at least 256 and at most 16384. Pin
 	// tables take 8 bytes per pin per client slot of the tier.
 	PinsPerClient int64
-	// LockID is the tier lock guarding mutations; 0 derives one from Name
-	// among the locks above tier.FirstUserLock.
+	// LockID is the tier lock guarding the first shard's mutations (the
+	// next shards take the locks after it); 0 derives one from Name among
+	// the locks above tier.FirstUserLock.
 	LockID int
+	// Shards splits the entries, blocks and LRU order into that many parts,
+	// each with its own lock, so that inserts from several processes do not
+	// wait on one another: a power of two up to 32 (and the tier's user
+	// locks). 0 picks one shard per 512 blocks, at most 8; eviction then
+	// frees the least recently used entry of the key's shard.
+	Shards int
 	// Key, when set, is the tenant's secret: only clients that open the
 	// index with it (OpenKey) can read, write or delete its entries. The
 	// index keeps a digest, not the key.
 	Key string
 }
+
+// Default sharding: one shard per blocksPerShard blocks, at most
+// defaultShards. Eviction is least recently used within a shard, which on
+// a few hundred blocks or more is as good as one list.
+const (
+	defaultShards  = 8
+	blocksPerShard = 512
+)
 
 // keyDigest is what an index stores of its key (zero for no key).
 func keyDigest(name, key string) [keyDigestLen]byte {
@@ -59,12 +74,9 @@ type Store struct {
 	maint  bool // opened by Maintain: counters and upkeep only, no entries
 
 	blockOff []tier.Offset // tier offset of every payload block (use blockAt)
-	// freed lists blocks this client freed while it holds the index lock,
-	// for its next allocations; only valid (and only used) under the lock.
-	freed []uint32
-	// lruDamaged: a link word of the LRU list named no entry; the lock
-	// holder rebuilds the list before it lets go (locked).
-	lruDamaged bool
+
+	shards     []shard
+	shardShift uint // a key hash's top bits pick its shard
 
 	// perClient: the index keeps its hot counters per client (version 3).
 	perClient bool
@@ -133,7 +145,7 @@ func configGeometry(r *tier.Region, cfg Config) (geometry, error) {
 		return geometry{}, fmt.Errorf("prefix: %w: empty index name", ErrBadConfig)
 	}
 	g := geometry{Blocks: cfg.Blocks, BlockBytes: cfg.BlockBytes, Entries: cfg.Entries,
-		Pins: cfg.PinsPerClient, Clients: int64(r.MaxClients()), LockID: cfg.LockID}
+		Pins: cfg.PinsPerClient, Clients: int64(r.MaxClients()), LockID: cfg.LockID, Shards: int64(cfg.Shards)}
 	if g.Entries == 0 {
 		g.Entries = 2
 		for g.Entries < 2*g.Blocks && g.Entries < maxEntries {
@@ -145,6 +157,12 @@ func configGeometry(r *tier.Region, cfg Config) (geometry, error) {
 	}
 	g.BlockStride = alignUp(max(g.BlockBytes, 1), lineSize)
 	locks := r.Info().Geometry.LockSlots
+	if g.Shards == 0 {
+		g.Shards = 1
+		for g.Shards < defaultShards && g.Blocks >= 2*g.Shards*blocksPerShard && g.Shards*2 <= int64(locks-tier.FirstUserLock) {
+			g.Shards *= 2
+		}
+	}
 	if g.LockID == 0 {
 		if locks <= tier.FirstUserLock {
 			return g, fmt.Errorf("prefix: %w: the tier has no user locks (%d slots)", ErrBadConfig, locks)
@@ -155,6 +173,9 @@ func configGeometry(r *tier.Region, cfg Config) (geometry, error) {
 	}
 	if g.LockID < tier.FirstUserLock || g.LockID >= locks {
 		return g, fmt.Errorf("prefix: %w: lock %d not in [%d,%d)", ErrBadConfig, g.LockID, tier.FirstUserLock, locks)
+	}
+	if g.Shards > int64(locks-tier.FirstUserLock) {
+		return g, fmt.Errorf("prefix: %w: %d shards need as many locks, the tier has %d user locks", ErrBadConfig, g.Shards, locks-tier.FirstUserLock)
 	}
 	if stripe := r.Info().Geometry.Stripe; r.NumDevices() > 1 && g.BlockStride > stripe {
 		return g, fmt.Errorf("prefix: %w: %d-byte blocks exceed the %d-byte stripe of a %d-device tier",
@@ -265,7 +286,9 @@ func open(c *tier.Client, name, key string, maint bool) (*Store, error) {
 		s.one = r.Device(0)
 	}
 	s.blockOff = blockOffsets(r, tier.Offset(g.PayloadOff), g.Blocks, g.BlockStride)
-	s.freed = make([]uint32, 0, 1024)
+	if err := s.initShards(); err != nil {
+		return nil, fmt.Errorf("prefix: open %q: %w", name, err)
+	}
 	if last := s.blockOff[len(s.blockOff)-1]; int64(last)+g.BlockStride > g.PayloadOff+g.PayloadChunks*r.ChunkSize() {
 		return nil, fmt.Errorf("prefix: open %q: %w: payload run too short for %d blocks", name, ErrBadIndex, g.Blocks)
 	}

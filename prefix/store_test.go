@@ -303,8 +303,9 @@ func TestRepairAfterDeathMidMutation(t *testing.T) {
 	storeOwner(s, s.entry(j), 0)
 	k, _, _ := s.find(&keys[9])
 	storeU32(s.entry(k), entNext, 0)
-	storeU32(s.hdr, hdrReady, 99)
-	storeU64(s.hdr, hdrDirty, 12345)
+	sh := s.shardOfEntry(i)
+	storeU32(sh.state, slReady, 99)
+	storeU64(sh.state, slDirty, 12345)
 	mustCheck(t, s) // Check takes the lock, which repairs first
 	if n := s.Exists(keys); n != len(keys) {
 		t.Fatalf("after repair %d of %d keys present", n, len(keys))
@@ -364,10 +365,19 @@ func TestBadInput(t *testing.T) {
 }
 
 // TestRandomOpsAgainstModel runs random operations from two clients of one
-// process and compares every answer with a map.
+// process and compares every answer with a map, on one shard and on four.
 func TestRandomOpsAgainstModel(t *testing.T) {
+	for _, shards := range []int{1, 4} {
+		t.Run(fmt.Sprintf("shards%d", shards), func(t *testing.T) { randomOpsAgainstModel(t, shards) })
+	}
+}
+
+func randomOpsAgainstModel(t *testing.T, shards int) {
 	r, c := testTier(t, 2)
-	s := testStore(t, c, 32, 1024)
+	s := testStoreShards(t, c, 32, 1024, shards)
+	if got := s.Stats().Shards; got != int64(shards) {
+		t.Fatalf("%d shards, asked for %d", got, shards)
+	}
 	c2, _ := r.Attach(tier.ClientOptions{Name: "two"})
 	defer c2.Close()
 	s2, err := Open(c2, "m")
@@ -406,7 +416,8 @@ func TestRandomOpsAgainstModel(t *testing.T) {
 func TestInsertAfterEvictionStaysReachable(t *testing.T) {
 	_, c := testTier(t, 1)
 	for seed := range uint64(50) {
-		s, err := Create(c, Config{Name: fmt.Sprintf("reach%d", seed), Blocks: 4, BlockBytes: 64, PinsPerClient: 8})
+		shards := 1 << (seed % 3) // 1, 2 or 4 shards of 4 blocks each
+		s, err := Create(c, Config{Name: fmt.Sprintf("reach%d", seed), Blocks: 4 * int64(shards), BlockBytes: 64, PinsPerClient: 8, Shards: int(shards)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -585,8 +596,8 @@ func TestDamagedLRULinks(t *testing.T) {
 		name  string
 		where func(s *Store) ([]byte, int)
 	}{
-		{"head", func(s *Store) ([]byte, int) { return s.hdr, hdrLRUHead }},
-		{"tail", func(s *Store) ([]byte, int) { return s.hdr, hdrLRUTail }},
+		{"head", func(s *Store) ([]byte, int) { return s.shards[0].state, slLRUHead }},
+		{"tail", func(s *Store) ([]byte, int) { return s.shards[0].state, slLRUTail }},
 		{"prev", func(s *Store) ([]byte, int) { return s.entry(s.mustFind(t, keyN(3))), entPrev }},
 		{"next", func(s *Store) ([]byte, int) { return s.entry(s.mustFind(t, keyN(3))), entNext }},
 	} {

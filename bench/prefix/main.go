@@ -27,14 +27,14 @@ import (
 
 // Report is the JSON written to -out.
 type Report struct {
-	Run       report.Run  `json:"run"`
-	CPU       string      `json:"cpu"`
-	Cores     int         `json:"cores"`
-	Engine    string      `json:"engine"`
+	Run       report.Run   `json:"run"`
+	CPU       string       `json:"cpu"`
+	Cores     int          `json:"cores"`
+	Engine    string       `json:"engine"`
 	Ops       []OpsResult  `json:"ops"`
 	Moves     []MoveResult `json:"moves"`
 	RoundTrip []RTResult   `json:"round_trip"`
-	Redis     string      `json:"redis"` // version used, or why the baseline is missing
+	Redis     string       `json:"redis"` // version used, or why the baseline is missing
 }
 
 func main() {
@@ -54,6 +54,7 @@ func main() {
 type options struct {
 	procs         []int
 	batches       []int
+	shards        []int
 	tokens        []int
 	duration      time.Duration
 	rounds        int
@@ -71,6 +72,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.SetOutput(stderr)
 	procs := fs.String("procs", "1,2,4", "process counts for the ops/s cases")
 	batches := fs.String("batch", "1,32", "keys per call for the ops/s cases")
+	shards := fs.String("shards", "1,8", "shard counts for the insert cases (lookups use the last)")
 	tokens := fs.String("tokens", "16,64", "tokens per block for the round-trip cases")
 	o := options{}
 	fs.DurationVar(&o.duration, "duration", time.Second, "measuring time of each ops/s case")
@@ -94,6 +96,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, err
 	}
 	if o.batches, err = report.Ints("-batch", *batches, 4096); err != nil {
+		return o, err
+	}
+	if o.shards, err = report.Ints("-shards", *shards, 32); err != nil {
 		return o, err
 	}
 	if o.tokens, err = report.Ints("-tokens", *tokens, 1024); err != nil {

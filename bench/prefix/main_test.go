@@ -33,7 +33,8 @@ func TestSmallRun(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "r.json")
 	var stdout, stderr bytes.Buffer
 	err := run([]string{"-procs", "1,2", "-batch", "1,4", "-duration", "50ms", "-rounds", "3", "-tokens", "1,2",
-		"-bytes-per-token", "4096", "-redis", redis, "-out", out}, &stdout, &stderr)
+		"-bytes-per-token", "4096",
+		"-move-blocks", "4", "-move-bytes", "300000", "-move-rounds", "2", "-redis", redis, "-out", out}, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr.String())
 	}
@@ -45,12 +46,20 @@ func TestSmallRun(t *testing.T) {
 	if err := json.Unmarshal(raw, &rep); err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Ops) != 3*2*2 {
-		t.Errorf("%d ops cases, want 12", len(rep.Ops))
+	if len(rep.Ops) != (1+3)*2*2 { // inserts on 1 and 8 shards, lookups and probes on 8
+		t.Errorf("%d ops cases, want 16", len(rep.Ops))
 	}
 	for _, o := range rep.Ops {
 		if o.KeysPerSec <= 0 || o.Scaling <= 0 {
 			t.Errorf("ops case not measured: %+v", o)
+		}
+	}
+	if len(rep.Moves) != 3 {
+		t.Errorf("%d block-move cases, want put, get and get-unverified", len(rep.Moves))
+	}
+	for _, m := range rep.Moves {
+		if m.MedianMs <= 0 || m.CopyMs <= 0 || m.VsCopy <= 0 || m.Blocks != 4 {
+			t.Errorf("block move not measured: %+v", m)
 		}
 	}
 	paths := map[string]int{}

@@ -20,6 +20,7 @@ import (
 // goroutine for the same window.
 type OpsResult struct {
 	Op         string  `json:"op"` // lookup (pinned, then released), exists (the bare probe) or insert (with eviction)
+	Shards     int     `json:"shards"`
 	Batch      int     `json:"batch"`
 	Procs      int     `json:"procs"`
 	KeysPerSec float64 `json:"keys_per_s"`
@@ -37,6 +38,7 @@ const (
 // job is what a worker process is told through its environment.
 type job struct {
 	Device string `json:"device"`
+	Index  string `json:"index"`
 	Op     string `json:"op"`
 	Batch  int    `json:"batch"`
 	Worker int    `json:"worker"`
@@ -57,49 +59,62 @@ func benchKey(family, i uint64) prefix.Key {
 	return k
 }
 
-// opsCases measures lookups on a full index, then inserts into it, for each
-// process count and batch size.
+// opsCases measures lookups and bare probes on a full index, then inserts
+// into it, for each process count and batch size; inserts once per shard
+// count in -shards (one shard is the single-lock baseline), lookups on the
+// last. Each index has twice the blocks of its keys, so that no shard
+// evicts a lookup key.
 func opsCases(o options, log io.Writer) ([]OpsResult, error) {
 	dev := fmt.Sprintf("shm:cxltier-bench-prefix-%d", os.Getpid())
-	r, c, err := formatShm(dev, 64<<20)
+	r, c, err := formatShm(dev, 128<<20)
 	if err != nil {
 		return nil, err
 	}
 	defer removeShm(r, c, dev)
-	s, err := prefix.Create(c, prefix.Config{Name: opsIndex, Blocks: opsBlocks, BlockBytes: opsBlockSize})
-	if err != nil {
-		return nil, err
-	}
-	defer s.Close()
-	if err := fillLookupKeys(s); err != nil {
-		return nil, err
-	}
 	var out []OpsResult
 	run := 0
-	for _, op := range []string{"lookup", "exists", "insert"} {
-		for _, batch := range o.batches {
-			var one float64
-			for _, procs := range o.procs {
-				fmt.Fprintf(log, "%s, batch %d, %d process(es)...\n", op, batch, procs)
-				run++
-				keys, err := runWorkers(job{Device: dev, Op: op, Batch: batch, Run: run}, procs, o.duration)
-				if err != nil {
-					return nil, err
+	for n, shards := range o.shards {
+		name := fmt.Sprintf("%s-%d", opsIndex, shards)
+		s, err := prefix.Create(c, prefix.Config{Name: name, Blocks: 2 * opsBlocks, BlockBytes: opsBlockSize, Shards: shards})
+		if err != nil {
+			return nil, err
+		}
+		if err := fillLookupKeys(s); err != nil {
+			return nil, err
+		}
+		ops := []string{"insert"}
+		if n == len(o.shards)-1 {
+			ops = []string{"lookup", "exists", "insert"}
+		}
+		for _, op := range ops {
+			for _, batch := range o.batches {
+				var one float64
+				for _, procs := range o.procs {
+					fmt.Fprintf(log, "%s, %d shard(s), batch %d, %d process(es)...\n", op, shards, batch, procs)
+					run++
+					keys, err := runWorkers(job{Device: dev, Index: name, Op: op, Batch: batch, Run: run}, procs, o.duration)
+					if err != nil {
+						return nil, err
+					}
+					res := OpsResult{Op: op, Shards: shards, Batch: batch, Procs: procs, KeysPerSec: keys / o.duration.Seconds()}
+					res.PerProcess = res.KeysPerSec / float64(procs)
+					if procs == 1 {
+						one = res.KeysPerSec
+					}
+					if one > 0 {
+						res.Scaling = res.KeysPerSec / one
+					}
+					out = append(out, res)
 				}
-				res := OpsResult{Op: op, Batch: batch, Procs: procs, KeysPerSec: keys / o.duration.Seconds()}
-				res.PerProcess = res.KeysPerSec / float64(procs)
-				if procs == 1 {
-					one = res.KeysPerSec
-				}
-				if one > 0 {
-					res.Scaling = res.KeysPerSec / one
-				}
-				out = append(out, res)
 			}
 		}
-	}
-	if bad, err := s.Check(true); err != nil || len(bad) > 0 {
-		return nil, fmt.Errorf("index after the ops cases: %v %v", bad, err)
+		if bad, err := s.Check(true); err != nil || len(bad) > 0 {
+			return nil, fmt.Errorf("index after the ops cases: %v %v", bad, err)
+		}
+		s.Close()
+		if err := prefix.Destroy(c, name); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
@@ -196,7 +211,7 @@ func runWorker(spec string, stdin io.Reader, stdout io.Writer) error {
 		return err
 	}
 	defer c.Close()
-	s, err := prefix.Open(c, opsIndex)
+	s, err := prefix.Open(c, j.Index)
 	if err != nil {
 		return err
 	}
