@@ -236,11 +236,17 @@ func TestPrefixIndexCommands(t *testing.T) {
 	formatTier(t, tierA)
 	formatTier(t, tierB)
 	code, out, errs := runCLI(t, "prefix", "create", "--name", "m", "--blocks", "8", "--block-bytes", "64KiB", tierA)
-	if code != 0 || !strings.Contains(out, `created prefix index "m": 8 blocks of 64KiB`) {
+	if code != 0 || !strings.Contains(out, `created prefix index "m": 8 blocks of 64KiB, 16 entries, 1 shard(s)`) {
 		t.Fatalf("create: exit %d, %q %q", code, out, errs)
 	}
 	if code, _, errs := runCLI(t, "prefix", "create", "--name", "m", "--blocks", "8", "--block-bytes", "64KiB", tierA); code != 1 || !strings.Contains(errs, "exist") {
 		t.Errorf("second create: exit %d, %q", code, errs)
+	}
+	if code, out, errs := runCLI(t, "prefix", "create", "--name", "sh", "--blocks", "8", "--block-bytes", "4KiB", "--shards", "4", tierA); code != 0 || !strings.Contains(out, "4 shard(s)") {
+		t.Errorf("create with 4 shards: exit %d, %q %q", code, out, errs)
+	}
+	if code, _, errs := runCLI(t, "prefix", "create", "--name", "sh3", "--blocks", "8", "--block-bytes", "4KiB", "--shards", "3", tierA); code != 1 || !strings.Contains(errs, "power of two") {
+		t.Errorf("create with 3 shards: exit %d, %q", code, errs)
 	}
 
 	// Fill it from this process through the library, as a server would.

@@ -103,6 +103,7 @@ func tierArgs(fs *flag.FlagSet) (*tier.Client, func(), error) {
 type indexFlags struct {
 	name, keyFile         *string
 	blocks, entries, pins *int64
+	shards                *int
 	blockBytes            tierflags.Size
 }
 
@@ -114,6 +115,7 @@ func addIndexFlags(fs *flag.FlagSet, sizing bool) *indexFlags {
 		fs.Var(&f.blockBytes, "block-bytes", "largest payload per entry (e.g. 2MiB)")
 		f.entries = fs.Int64("entries", 0, "table size, a power of two (default: ≥ 2 × blocks)")
 		f.pins = fs.Int64("pins", 0, "pins per client (default 16384)")
+		f.shards = fs.Int("shards", 0, "parts with a lock each, a power of two ≤ 32, so inserts from several processes run side by side (default: one per 512 blocks, at most 8)")
 	}
 	return f
 }
@@ -144,7 +146,7 @@ func (f *indexFlags) config() (prefix.Config, error) {
 	}
 	key, err := f.key()
 	return prefix.Config{Name: *f.name, Blocks: *f.blocks, BlockBytes: int64(f.blockBytes), Entries: *f.entries,
-		PinsPerClient: *f.pins, Key: key}, err
+		PinsPerClient: *f.pins, Shards: *f.shards, Key: key}, err
 }
 
 func prefixCreate(args []string, stdout, stderr io.Writer) error {
@@ -168,7 +170,7 @@ func prefixCreate(args []string, stdout, stderr io.Writer) error {
 	}
 	defer s.Close()
 	st := s.Stats()
-	fmt.Fprintf(stdout, "created prefix index %q: %d blocks of %s, %d entries\n", st.Name, st.Blocks, tierflags.HumanSize(st.BlockBytes), st.Entries)
+	fmt.Fprintf(stdout, "created prefix index %q: %d blocks of %s, %d entries, %d shard(s)\n", st.Name, st.Blocks, tierflags.HumanSize(st.BlockBytes), st.Entries, st.Shards)
 	return nil
 }
 
@@ -208,8 +210,8 @@ func prefixStats(args []string, stdout, stderr io.Writer) error {
 		if *asJSON {
 			return json.NewEncoder(stdout).Encode(st)
 		}
-		fmt.Fprintf(stdout, "index %q: %d/%d blocks used (%s each), %d ready, %d reserved, %d pins held\n",
-			st.Name, st.UsedBlocks, st.Blocks, tierflags.HumanSize(st.BlockBytes), st.Ready, st.Reserved, st.PinsHeld)
+		fmt.Fprintf(stdout, "index %q: %d/%d blocks used (%s each, %d shard(s)), %d ready, %d reserved, %d pins held\n",
+			st.Name, st.UsedBlocks, st.Blocks, tierflags.HumanSize(st.BlockBytes), st.Shards, st.Ready, st.Reserved, st.PinsHeld)
 		fmt.Fprintf(stdout, "hits %d, misses %d (hit rate %.3f), inserts %d, evictions %d, reclaimed %d, checksum failures %d\n",
 			st.Hits, st.Misses, st.HitRate(), st.Inserts, st.Evictions, st.Reclaimed, st.ChecksumFailures)
 		return nil
