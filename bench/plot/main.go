@@ -194,10 +194,11 @@ func prefixPlot(raw []byte) (*plot.Plot, error) {
 	var r struct {
 		Engine string `json:"engine"`
 		Ops    []struct {
-			Op    string  `json:"op"`
-			Batch int     `json:"batch"`
-			Procs int     `json:"procs"`
-			Keys  float64 `json:"keys_per_s"`
+			Op     string  `json:"op"`
+			Shards int     `json:"shards"`
+			Batch  int     `json:"batch"`
+			Procs  int     `json:"procs"`
+			Keys   float64 `json:"keys_per_s"`
 		} `json:"ops"`
 	}
 	if err := json.Unmarshal(raw, &r); err != nil {
@@ -207,6 +208,9 @@ func prefixPlot(raw []byte) (*plot.Plot, error) {
 	series := map[string]plotter.XYs{}
 	for _, x := range r.Ops {
 		name := fmt.Sprintf("%s, batch %d", x.Op, x.Batch)
+		if x.Op == "insert" && x.Shards > 0 {
+			name = fmt.Sprintf("insert, %d shard(s), batch %d", x.Shards, x.Batch)
+		}
 		series[name] = append(series[name], plotter.XY{X: float64(x.Procs), Y: x.Keys / 1e6})
 	}
 	return p, lines(p, flatten(series)...)

@@ -1,9 +1,18 @@
-// Command prefix benchmarks the prefix cache: lookup and insert operations
-// per second with 1, 2 and 4 processes sharing one index, and the round trip
-// of one KV block of an 8B-class model (16 and 64 tokens) through the tier —
-// from host memory, and from a paged KV pool through the engine's block
-// gather/scatter — beside the same blocks through Redis on loopback, the
-// network-store baseline (Debian's redis-server, started here).
+// Command prefix benchmarks the prefix cache, each figure beside its
+// baseline in the same run:
+//
+//   - keys per second of pinned lookups (then released), bare probes
+//     (exists) and inserts (with eviction) with 1, 2 and 4 processes sharing
+//     one index, each case run -runs times (median, min, max); inserts on
+//     one shard (one lock: the baseline) and on eight;
+//   - a batch of block moves (64 × 2 MiB) put, got with and without
+//     checksum verification, against a plain copy of the same bytes between
+//     the same fresh buffers;
+//   - the round trip of one KV block of an 8B-class model (16 and 64
+//     tokens) through the tier — from host memory, and from a paged KV pool
+//     through the engine's block gather/scatter — beside the same blocks
+//     through Redis on loopback, the network-store baseline (Debian's
+//     redis-server, started here).
 //
 //	go run ./bench/prefix
 //	go run ./bench/prefix -procs 1,2 -rounds 20 -redis ''
@@ -57,6 +66,7 @@ type options struct {
 	shards        []int
 	tokens        []int
 	duration      time.Duration
+	runs          int
 	rounds        int
 	bytesPerToken int64
 	moveBlocks    int
@@ -76,6 +86,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	tokens := fs.String("tokens", "16,64", "tokens per block for the round-trip cases")
 	o := options{}
 	fs.DurationVar(&o.duration, "duration", time.Second, "measuring time of each ops/s case")
+	fs.IntVar(&o.runs, "runs", 3, "runs of each ops/s case (the table shows the median, min and max)")
 	fs.IntVar(&o.rounds, "rounds", 50, "round trips per block case")
 	fs.Int64Var(&o.bytesPerToken, "bytes-per-token", 128<<10,
 		"KV bytes per token (8B-class: 32 layers × K,V × 8 heads × 128 dims × 2 B)")
@@ -104,8 +115,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if o.tokens, err = report.Ints("-tokens", *tokens, 1024); err != nil {
 		return o, err
 	}
-	if o.duration <= 0 || o.rounds < 1 || o.bytesPerToken < 64 || o.bytesPerToken%64 != 0 {
-		return o, fmt.Errorf("-duration and -rounds must be positive, -bytes-per-token a multiple of 64")
+	if o.duration <= 0 || o.rounds < 1 || o.runs < 1 || o.bytesPerToken < 64 || o.bytesPerToken%64 != 0 {
+		return o, fmt.Errorf("-duration, -runs and -rounds must be positive, -bytes-per-token a multiple of 64")
 	}
 	if o.moveBlocks < 0 || o.moveBlocks > 1<<16 || o.moveBytes < 1 || o.moveBytes > 1<<30 || o.moveRounds < 1 {
 		return o, fmt.Errorf("-move-blocks must be in [0, 65536], -move-bytes in [1, 1GiB], -move-rounds positive")

@@ -32,7 +32,7 @@ func TestSmallRun(t *testing.T) {
 	}
 	out := filepath.Join(t.TempDir(), "r.json")
 	var stdout, stderr bytes.Buffer
-	err := run([]string{"-procs", "1,2", "-batch", "1,4", "-duration", "50ms", "-rounds", "3", "-tokens", "1,2",
+	err := run([]string{"-procs", "1,2", "-batch", "1,4", "-duration", "50ms", "-runs", "2", "-rounds", "3", "-tokens", "1,2",
 		"-bytes-per-token", "4096",
 		"-move-blocks", "4", "-move-bytes", "300000", "-move-rounds", "2", "-redis", redis, "-out", out}, &stdout, &stderr)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,7 +24,10 @@ type OpsResult struct {
 	Shards     int     `json:"shards"`
 	Batch      int     `json:"batch"`
 	Procs      int     `json:"procs"`
-	KeysPerSec float64 `json:"keys_per_s"`
+	Runs       int     `json:"runs"`
+	KeysPerSec float64 `json:"keys_per_s"` // median of the runs
+	MinKeys    float64 `json:"min_keys_per_s"`
+	MaxKeys    float64 `json:"max_keys_per_s"`
 	PerProcess float64 `json:"keys_per_s_per_process"`
 	Scaling    float64 `json:"scaling_vs_1_proc"` // KeysPerSec / KeysPerSec of 1 process, same op and batch
 }
@@ -90,13 +94,19 @@ func opsCases(o options, log io.Writer) ([]OpsResult, error) {
 			for _, batch := range o.batches {
 				var one float64
 				for _, procs := range o.procs {
-					fmt.Fprintf(log, "%s, %d shard(s), batch %d, %d process(es)...\n", op, shards, batch, procs)
-					run++
-					keys, err := runWorkers(job{Device: dev, Index: name, Op: op, Batch: batch, Run: run}, procs, o.duration)
-					if err != nil {
-						return nil, err
+					fmt.Fprintf(log, "%s, %d shard(s), batch %d, %d process(es), %d run(s)...\n", op, shards, batch, procs, o.runs)
+					var rates []float64
+					for range o.runs {
+						run++
+						keys, err := runWorkers(job{Device: dev, Index: name, Op: op, Batch: batch, Run: run}, procs, o.duration)
+						if err != nil {
+							return nil, err
+						}
+						rates = append(rates, keys/o.duration.Seconds())
 					}
-					res := OpsResult{Op: op, Shards: shards, Batch: batch, Procs: procs, KeysPerSec: keys / o.duration.Seconds()}
+					slices.Sort(rates)
+					res := OpsResult{Op: op, Shards: shards, Batch: batch, Procs: procs, Runs: len(rates),
+						KeysPerSec: rates[len(rates)/2], MinKeys: rates[0], MaxKeys: rates[len(rates)-1]}
 					res.PerProcess = res.KeysPerSec / float64(procs)
 					if procs == 1 {
 						one = res.KeysPerSec

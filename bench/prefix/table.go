@@ -9,9 +9,10 @@ import (
 func printTable(w io.Writer, rep Report) {
 	fmt.Fprintf(w, "prefix cache on %s, %d cores, engine %s\n\n", rep.CPU, rep.Cores, rep.Engine)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "op\tshards\tbatch\tprocs\tkeys/s\tper process\tscaling\t")
+	fmt.Fprintln(tw, "op\tshards\tbatch\tprocs\tkeys/s (median)\tmin\tmax\tper process\tscaling\t")
 	for _, r := range rep.Ops {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.3g\t%.3g\t%.2f×\t\n", r.Op, r.Shards, r.Batch, r.Procs, r.KeysPerSec, r.PerProcess, r.Scaling)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.3g\t%.3g\t%.3g\t%.3g\t%.2f×\t\n", r.Op, r.Shards, r.Batch, r.Procs,
+			r.KeysPerSec, r.MinKeys, r.MaxKeys, r.PerProcess, r.Scaling)
 	}
 	tw.Flush()
 	if len(rep.Moves) > 0 {
