@@ -5,17 +5,19 @@
 //     (exists) and inserts (with eviction) with 1, 2 and 4 processes sharing
 //     one index, each case run -runs times (median, min, max); inserts on
 //     one shard (one lock: the baseline) and on eight;
+//
 //   - a batch of block moves (64 × 2 MiB) put, got with and without
 //     checksum verification, against a plain copy of the same bytes between
 //     the same fresh buffers;
+//
 //   - the round trip of one KV block of an 8B-class model (16 and 64
 //     tokens) through the tier — from host memory, and from a paged KV pool
 //     through the engine's block gather/scatter — beside the same blocks
 //     through Redis on loopback, the network-store baseline (Debian's
 //     redis-server, started here).
 //
-//	go run ./bench/prefix
-//	go run ./bench/prefix -procs 1,2 -rounds 20 -redis ''
+//     go run ./bench/prefix
+//     go run ./bench/prefix -procs 1,2 -rounds 20 -redis ”
 //
 // The tier is POSIX shared memory (/dev/shm) so that the worker processes,
 // this program re-executed, map the same region. Each worker is one
