@@ -16,8 +16,10 @@
 //     through Redis on loopback, the network-store baseline (Debian's
 //     redis-server, started here).
 //
-//     go run ./bench/prefix
-//     go run ./bench/prefix -procs 1,2 -rounds 20 -redis ”
+// Run it with
+//
+//	go run ./bench/prefix
+//	go run ./bench/prefix -procs 1,2 -rounds 20 -redis ''
 //
 // The tier is POSIX shared memory (/dev/shm) so that the worker processes,
 // this program re-executed, map the same region. Each worker is one
