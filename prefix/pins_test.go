@@ -173,3 +173,30 @@ func TestCountersPerClient(t *testing.T) {
 		t.Errorf("version 2: %d hits in stats, want 1 (the header's only)", st.Hits)
 	}
 }
+
+// TestLookupAllocatesNothing: a server's lookup, reusing its hits slice,
+// and the release after it allocate nothing, hit or miss, one key or many.
+func TestLookupAllocatesNothing(t *testing.T) {
+	_, c := testTier(t, 1)
+	s := testStore(t, c, 64, 64)
+	keys := make([]Key, 40)
+	for i := range keys {
+		keys[i] = keyN(i)
+	}
+	if _, err := s.Set(keys[:32], payloadsFor(keys[:32], 64)); err != nil {
+		t.Fatal(err)
+	}
+	hits := make([]Hit, 0, len(keys))
+	for _, batch := range [][]Key{keys[:1], keys[:32], keys} {
+		allocs := testing.AllocsPerRun(100, func() {
+			var err error
+			if hits, err = s.LookupAppend(hits[:0], batch); err != nil || len(hits) != min(len(batch), 32) {
+				t.Fatalf("lookup: %d hits, %v", len(hits), err)
+			}
+			s.Release(hits)
+		})
+		if allocs != 0 {
+			t.Errorf("lookup of %d keys: %.1f allocations per call", len(batch), allocs)
+		}
+	}
+}
