@@ -3,8 +3,11 @@ package prefix
 import (
 	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"testing"
+
+	"github.com/cxltier/cxltier/tier"
 )
 
 func benchKeys(n int) []Key {
@@ -16,39 +19,71 @@ func benchKeys(n int) []Key {
 	return keys
 }
 
+// filledStore is an index holding n keys (benchKeys) of size-byte
+// payloads, with twice as many blocks, so that no shard evicts any.
+func filledStore(tb testing.TB, c *tier.Client, n int, size int64) (*Store, []Key) {
+	tb.Helper()
+	s := testStore(tb, c, 2*int64(n), size)
+	keys := benchKeys(n)
+	ps := make([][]byte, 1024)
+	for i := range ps {
+		ps[i] = make([]byte, size)
+	}
+	for i := 0; i < n; i += len(ps) {
+		m := min(len(ps), n-i)
+		if st, err := s.Set(keys[i:i+m], ps[:m]); err != nil || st[m-1] != Reserved {
+			tb.Fatalf("fill: %v", err)
+		}
+	}
+	return s, keys
+}
+
 // BenchmarkLookup is one pinned lookup and its release per op, on a full
 // index (the lock-free read path), reusing the hits slice as a server
 // does (LookupAppend).
 func BenchmarkLookup(b *testing.B) {
 	for _, batch := range []int{1, 32} {
-		b.Run(map[int]string{1: "batch1", 32: "batch32"}[batch], func(b *testing.B) {
+		b.Run(fmt.Sprintf("batch%d", batch), func(b *testing.B) {
 			_, c := testTier(b, 1)
-			s := testStore(b, c, 4096, 512)
-			keys := benchKeys(4096)
-			payload := make([]byte, 512)
-			for i := 0; i < len(keys); i += 256 {
-				ps := make([][]byte, 256)
-				for j := range ps {
-					ps[j] = payload
-				}
-				if _, err := s.Set(keys[i:i+256], ps); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.ResetTimer()
-			var hits []Hit
-			for i := 0; b.Loop(); i++ {
-				at := (i * batch) % (len(keys) - batch)
-				var err error
-				hits, err = s.LookupAppend(hits[:0], keys[at:at+batch])
-				if err != nil || len(hits) != batch {
-					b.Fatalf("lookup: %d hits, %v", len(hits), err)
-				}
-				s.Release(hits)
-			}
-			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "keys/s")
+			s, keys := filledStore(b, c, 4096, 512)
+			benchLookups(b, s, keys, batch)
 		})
 	}
+}
+
+// BenchmarkLookupRandom draws keys at random from a larger index (8192
+// ready entries, a 4 MiB table: beyond the core's own caches), as
+// bench/prefix does; touchAhead is for this case.
+func BenchmarkLookupRandom(b *testing.B) {
+	const n = 8192
+	for _, batch := range []int{1, 32} {
+		b.Run(fmt.Sprintf("batch%d", batch), func(b *testing.B) {
+			_, c := testTier(b, 1)
+			s, keys := filledStore(b, c, n, 64)
+			draws := make([]Key, 1<<16)
+			rng := rand.New(rand.NewPCG(1, 1))
+			for i := range draws {
+				draws[i] = keys[rng.IntN(n)]
+			}
+			benchLookups(b, s, draws, batch)
+		})
+	}
+}
+
+// benchLookups looks up windows of keys, batch at a time, and releases
+// them, reporting keys per second.
+func benchLookups(b *testing.B, s *Store, keys []Key, batch int) {
+	var hits []Hit
+	for i := 0; b.Loop(); i++ {
+		at := (i * batch) % (len(keys) - batch)
+		var err error
+		hits, err = s.LookupAppend(hits[:0], keys[at:at+batch])
+		if err != nil || len(hits) != batch {
+			b.Fatalf("lookup: %d hits, %v", len(hits), err)
+		}
+		s.Release(hits)
+	}
+	b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "keys/s")
 }
 
 // BenchmarkInsert is reserve, write and publish of fresh 512-byte entries
@@ -78,51 +113,6 @@ func BenchmarkInsert(b *testing.B) {
 				b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "keys/s")
 			})
 		}
-	}
-}
-
-// BenchmarkLookupRandom draws keys at random from a larger index (8192
-// ready entries, a 2 MiB table: beyond the core's own caches), as
-// bench/prefix does; touchAhead is for this case.
-func BenchmarkLookupRandom(b *testing.B) {
-	const n = 8192
-	tierFor := func(tb testing.TB) *Store {
-		_, c := testTier(tb, 1)
-		s := testStore(tb, c, n, 64)
-		keys := benchKeys(n)
-		ps := make([][]byte, 256)
-		for j := range ps {
-			ps[j] = make([]byte, 64)
-		}
-		for i := 0; i < n; i += 256 {
-			if _, err := s.Set(keys[i:i+256], ps); err != nil {
-				tb.Fatal(err)
-			}
-		}
-		return s
-	}
-	for _, batch := range []int{1, 32} {
-		b.Run(map[int]string{1: "batch1", 32: "batch32"}[batch], func(b *testing.B) {
-			s := tierFor(b)
-			keys := benchKeys(n)
-			draws := make([]Key, 1<<16)
-			rng := uint64(1)
-			for i := range draws {
-				rng = rng*6364136223846793005 + 1442695040888963407
-				draws[i] = keys[(rng>>33)%n]
-			}
-			var hits []Hit
-			for i := 0; b.Loop(); i++ {
-				at := (i * batch) % (len(draws) - batch)
-				var err error
-				hits, err = s.LookupAppend(hits[:0], draws[at:at+batch])
-				if err != nil || len(hits) != batch {
-					b.Fatalf("lookup: %d hits, %v", len(hits), err)
-				}
-				s.Release(hits)
-			}
-			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "keys/s")
-		})
 	}
 }
 

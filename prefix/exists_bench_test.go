@@ -12,20 +12,7 @@ import (
 func BenchmarkExistsLarge(b *testing.B) {
 	_, c := tiertest.Format(b, 1, 128<<20, 1<<20)
 	const n = 60000
-	s, err := Create(c, Config{Name: "m", Blocks: n + 1024, BlockBytes: 64})
-	if err != nil {
-		b.Fatal(err)
-	}
-	keys := benchKeys(n)
-	ps := make([][]byte, 1000)
-	for j := range ps {
-		ps[j] = make([]byte, 64)
-	}
-	for i := 0; i < n; i += 1000 {
-		if _, err := s.Set(keys[i:i+1000], ps); err != nil {
-			b.Fatal(err)
-		}
-	}
+	s, keys := filledStore(b, c, n, 64)
 	for b.Loop() {
 		if got := s.Exists(keys); got != n {
 			b.Fatal(got)
