@@ -231,7 +231,7 @@ func TestLockBasics(t *testing.T) {
 	}
 	// Locks do not nest: a second Lock by the holder is an error at once,
 	// not a wait for itself (it used to spin until the lease was reaped).
-	if err := a.Lock(FirstUserLock); !errors.Is(err, ErrNotOwner) {
+	if err := a.Lock(FirstUserLock); !errors.Is(err, ErrLockHeld) {
 		t.Errorf("lock held by the caller: %v", err)
 	}
 	if err := a.Unlock(FirstUserLock); err != nil {

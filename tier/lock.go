@@ -164,7 +164,7 @@ func (c *Client) acquireLocal(ctx waitLimit, global, local []byte, checkClient b
 		case c.token:
 			// Locks do not nest: this client holds it (a caller's bug) or
 			// the word was damaged into its token. Waiting would never end.
-			return fmt.Errorf("already held by this client (slot %d): %w", c.slot, ErrNotOwner)
+			return fmt.Errorf("client slot %d: %w", c.slot, ErrLockHeld)
 		}
 		if checkClient {
 			if err := c.Err(); err != nil {
