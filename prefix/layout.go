@@ -17,7 +17,7 @@ const (
 	headerBytes  = 4096
 
 	entryBytes    = 2 * lineSize
-	pinHeaderSize = lineSize
+	pinHeaderSize = lineSize // the line evictors read: token and high-water mark
 	pinRecordSize = 8
 
 	maxEntries = 1 << 30
@@ -149,19 +149,33 @@ func headerCRC(b []byte) uint32 {
 
 func alignUp(v, a int64) int64 { return (v + a - 1) / a * a }
 
+// pinHeader is the bytes before a pin table's records: one line, and from
+// version 3 a second for the holder's counters, which it writes on every
+// call while evictors read the first.
+func (g *geometry) pinHeader() int64 {
+	if g.Version != 0 && g.Version < 3 {
+		return pinHeaderSize
+	}
+	return 2 * lineSize
+}
+
 // place lays out the metadata run for the counts in g and returns its size.
 func (g *geometry) place() int64 {
 	g.EntriesOff = headerBytes
 	g.OwnersOff = alignUp(g.EntriesOff+g.Entries*entryBytes, lineSize)
 	g.PinsOff = alignUp(g.OwnersOff+4*g.Blocks, lineSize)
-	g.PinStride = alignUp(pinHeaderSize+g.Pins*pinRecordSize, lineSize)
+	g.PinStride = alignUp(g.pinHeader()+g.Pins*pinRecordSize, lineSize)
 	return g.PinsOff + g.Clients*g.PinStride
 }
 
 func (g *geometry) encode(b []byte) {
 	le := binary.LittleEndian
+	v := g.Version
+	if v == 0 {
+		v = indexVersion
+	}
 	le.PutUint64(b[hdrMagic:], indexMagic)
-	le.PutUint32(b[hdrVersion:], indexVersion)
+	le.PutUint32(b[hdrVersion:], v)
 	le.PutUint32(b[hdrEntries:], uint32(g.Entries))
 	le.PutUint32(b[hdrBlocks:], uint32(g.Blocks))
 	le.PutUint32(b[hdrPins:], uint32(g.Pins))
@@ -177,9 +191,14 @@ func (g *geometry) encode(b []byte) {
 	le.PutUint64(b[hdrOwnersOff:], uint64(g.OwnersOff))
 	le.PutUint64(b[hdrPinsOff:], uint64(g.PinsOff))
 	le.PutUint64(b[hdrPinStride:], uint64(g.PinStride))
-	le.PutUint32(b[hdrShards:], uint32(g.Shards))
+	if v >= 3 {
+		le.PutUint32(b[hdrShards:], uint32(g.Shards))
+	}
 	copy(b[hdrKeyDigest:], g.KeyDigest[:])
 	le.PutUint32(b[hdrCRC:], headerCRC(b))
+	if v == 1 {
+		le.PutUint32(b[hdrCRC:], crc32.Checksum(b[:hdrImmutable], castagnoli))
+	}
 }
 
 // decodeGeometry reads and checks an index header: magic, version, CRC,

@@ -8,9 +8,9 @@ import (
 )
 
 // Pin tables. Every client lease slot has one in the metadata run: a
-// one-line header (the holder's lease token, the high-water mark of records
-// used, and from version 3 the holder's counters) and Pins records of one
-// word each. Only the slot's holder writes its table, so claiming a record
+// header line (the holder's lease token and the high-water mark of records
+// used), from version 3 a line of the holder's counters, and Pins records
+// of one word each. Only the slot's holder writes its table, so claiming a record
 // needs no lock: the goroutines of the holding process take a record by a
 // compare-and-swap of its word from zero to the pin, and give it back by
 // storing zero. Evictors scan records below the high-water mark, which a
@@ -18,17 +18,8 @@ import (
 const (
 	pinHdrToken     = 0  // u64 lease token of the holder (0: none)
 	pinHdrHighWater = 8  // u32 records in use or used before: evictors scan this many
-	pinHdrCounters  = 16 // u64 counters of version 3, in slotCounters order
+	pinCounters     = lineSize // version 3: the holder's counters, in counter order
 )
-
-// slotCounters are the counters a version-3 index keeps per client, in the
-// holder's pin-table header: they change on every lookup and insert, and one
-// writer per line keeps processes from taking the line from each other. The
-// rest change rarely and stay in the index header.
-var slotCounters = [numCounters]int{
-	ctrHits: 0, ctrMisses: 1, ctrInserts: 2, ctrBytesIn: 3, ctrBytesOut: 4,
-	ctrEvictions: -1, ctrChecksumFailures: -1, ctrReclaimed: -1,
-}
 
 // claimPins takes this client's pin table: clear the records a previous
 // holder of the lease slot left, then write our token so evictors scan it.
@@ -41,6 +32,9 @@ func (s *Store) claimPins() error {
 	off := s.g.PinsOff + int64(slot)*s.g.PinStride
 	s.slot = slot
 	s.myPins = s.metaSlice(off, pinHeaderSize)
+	if s.perClient {
+		s.myCounters = s.metaSlice(off+pinCounters, lineSize)
+	}
 	if atomic.LoadUint64(u64At(s.myPins, pinHdrToken)) == s.c.Token() {
 		return ErrOpen
 	}
@@ -139,7 +133,7 @@ func (s *Store) unpin(j int32) {
 }
 
 func (s *Store) pinRecord(slot int, j int64) *uint64 {
-	off := s.g.PinsOff + int64(slot)*s.g.PinStride + pinHeaderSize + j*pinRecordSize
+	off := s.g.PinsOff + int64(slot)*s.g.PinStride + s.g.pinHeader() + j*pinRecordSize
 	if s.one != nil {
 		return u64At(s.one, int(int64(s.meta)+off))
 	}
@@ -148,20 +142,21 @@ func (s *Store) pinRecord(slot int, j int64) *uint64 {
 
 func (s *Store) publishPin(j int32) {
 	if s.shared {
-		off := s.g.PinsOff + int64(s.slot)*s.g.PinStride + pinHeaderSize + int64(j)*pinRecordSize
+		off := s.g.PinsOff + int64(s.slot)*s.g.PinStride + s.g.pinHeader() + int64(j)*pinRecordSize
 		s.publishMeta(off, pinRecordSize)
 	}
 }
 
-// count adds n to counter ctr: in this client's pin-table header when the
-// index keeps that counter per client, else in the index header.
+// count adds n to counter ctr: on a version-3 index in this client's own
+// counter line (one writer a line: processes never take it from each
+// other), before that in the index header.
 func (s *Store) count(ctr int, n uint64) {
 	if n == 0 {
 		return
 	}
-	if k := slotCounters[ctr]; s.perClient && k >= 0 {
-		atomic.AddUint64(u64At(s.myPins, pinHdrCounters+8*k), n)
-		s.publishMeta(s.g.PinsOff+int64(s.slot)*s.g.PinStride, pinHeaderSize)
+	if s.perClient {
+		atomic.AddUint64(u64At(s.myCounters, 8*ctr), n)
+		s.publishMeta(s.g.PinsOff+int64(s.slot)*s.g.PinStride+pinCounters, lineSize)
 		return
 	}
 	atomic.AddUint64(u64At(s.hdr, hdrCounters+8*ctr), n)
@@ -178,13 +173,11 @@ func (s *Store) counters() [numCounters]uint64 {
 		return out
 	}
 	for slot := int64(0); slot < s.g.Clients; slot++ {
-		off := s.g.PinsOff + slot*s.g.PinStride
-		s.refreshMeta(off, pinHeaderSize)
-		h := s.metaSlice(off, pinHeaderSize)
-		for c, k := range slotCounters {
-			if k >= 0 {
-				out[c] += atomic.LoadUint64(u64At(h, pinHdrCounters+8*k))
-			}
+		off := s.g.PinsOff + slot*s.g.PinStride + pinCounters
+		s.refreshMeta(off, lineSize)
+		h := s.metaSlice(off, lineSize)
+		for c := range out {
+			out[c] += atomic.LoadUint64(u64At(h, 8*c))
 		}
 	}
 	return out

@@ -82,6 +82,7 @@ type Store struct {
 	perClient bool
 
 	myPins     []byte       // this client's pin-table header
+	myCounters []byte       // this client's counter line (version 3)
 	slot       int          // this client's lease slot: its pin table
 	pinHint    atomic.Int32 // where a claim starts looking for a free record
 	pinsClosed atomic.Bool  // Close gave the pin table up
@@ -90,12 +91,21 @@ type Store struct {
 
 // Create allocates and formats an index in the tier, registers it in the
 // root directory, and opens it for c.
-func Create(c *tier.Client, cfg Config) (*Store, error) {
+func Create(c *tier.Client, cfg Config) (*Store, error) { return create(c, cfg, indexVersion) }
+
+// create is Create writing the layout of a given version (tests make the
+// older ones, which this build still reads): before version 3 an index is
+// one shard and keeps its counters in its header.
+func create(c *tier.Client, cfg Config, version uint32) (*Store, error) {
 	r := c.Region()
+	if version < 3 {
+		cfg.Shards = 1
+	}
 	g, err := configGeometry(r, cfg)
 	if err != nil {
 		return nil, err
 	}
+	g.Version = version
 	// Checked first so that a taken name is reported as such rather than as
 	// a lack of space for a second copy; DirPut below still settles a race.
 	if _, err := r.DirLookup(DirName(cfg.Name)); err == nil {

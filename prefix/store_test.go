@@ -512,16 +512,20 @@ func TestTenantKeys(t *testing.T) {
 // without a key; an unknown version is refused.
 func TestReadsVersion1Indexes(t *testing.T) {
 	r, c := testTier(t, 1)
-	s := testStore(t, c, 4, 256)
+	s, err := create(c, Config{Name: "m", Blocks: 4, BlockBytes: 256, PinsPerClient: 256}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := s.Set([]Key{keyN(1)}, [][]byte{[]byte("old")}); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
 	de, _ := r.DirLookup(DirName("m"))
 	hdr, _ := r.Slice(de.Offset, headerBytes)
-	binary.LittleEndian.PutUint32(hdr[hdrVersion:], 1)
-	binary.LittleEndian.PutUint32(hdr[hdrCRC:], crc32.Checksum(hdr[:hdrImmutable], castagnoli))
-	s, err := Open(c, "m")
+	if v := binary.LittleEndian.Uint32(hdr[hdrVersion:]); v != 1 || binary.LittleEndian.Uint32(hdr[hdrCRC:]) != crc32.Checksum(hdr[:hdrImmutable], castagnoli) {
+		t.Fatalf("not a version 1 header: version %d", v)
+	}
+	s, err = Open(c, "m")
 	if err != nil {
 		t.Fatalf("version 1 index: %v", err)
 	}
