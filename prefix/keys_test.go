@@ -5,8 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/cxltier/cxltier/internal/tiertest"
 )
 
 func TestPageKeysMatchSGLang(t *testing.T) {
@@ -127,4 +131,55 @@ func FuzzPageKey(f *testing.F) {
 			t.Fatalf("pageKey(%q) = %v, want %v", page, got, want)
 		}
 	})
+}
+
+// TestExistsPages: leading pages with every part ready, counted from the
+// page strings and masks, agree with Exists over PartKeys, wherever the
+// first missing part falls, in batches split into runs or not.
+func TestExistsPages(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
+	_, c := tiertest.Format(t, 1, 64<<20, 1<<20)
+	const n = 3 * parallelGrain
+	s, err := Create(c, Config{Name: "pages", Blocks: 2 * n, BlockBytes: 8, PinsPerClient: 64, Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	pages := make([]string, n)
+	for i := range pages {
+		pages[i] = StringKey(strconv.Itoa(i)).String()
+	}
+	pages[7] = "not a digest" // hashed, not decoded: still a page
+	masks := []Key{PartMask("k"), PartMask("v")}
+	keys := make([]Key, 2*n)
+	if err := PartKeys(keys, pages, masks); err != nil {
+		t.Fatal(err)
+	}
+	payloads := make([][]byte, len(keys))
+	for i := range payloads {
+		payloads[i] = make([]byte, 8)
+	}
+	if st, err := s.Set(keys, payloads); err != nil || st[len(st)-1] != Reserved {
+		t.Fatalf("set: %v", err)
+	}
+	if got := s.ExistsPages(pages, masks); got != n {
+		t.Fatalf("all stored: %d pages, want %d", got, n)
+	}
+	for _, miss := range []int{0, 7, 100, parallelGrain, n - 1} {
+		for part := range masks {
+			k := keys[2*miss+part]
+			if _, err := s.Delete([]Key{k}); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := s.ExistsPages(pages, masks), s.Exists(keys)/2; got != miss || want != miss {
+				t.Errorf("part %d of page %d missing: ExistsPages %d, Exists %d", part, miss, got, want)
+			}
+			if _, err := s.Set([]Key{k}, payloads[:1]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if got := s.ExistsPages(pages, nil); got != 0 {
+		t.Errorf("no masks: %d pages", got)
+	}
 }

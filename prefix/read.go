@@ -123,6 +123,50 @@ func (s *Store) Exists(keys []Key) int {
 	})
 }
 
+// ExistsPages is Exists over the parts of pages (HiCache's batch_exists on
+// part keys): how many leading pages have every part — pages[i] under each
+// of masks, as PartKey makes them — ready. It derives each key as it
+// probes instead of building the batch's keys first, and stops at the
+// first page with a part missing.
+func (s *Store) ExistsPages(pages []string, masks []Key) int {
+	if s.maint || len(masks) == 0 || s.current() != nil {
+		return 0
+	}
+	return leadingInParallel(len(pages), func(lo, hi int, stop func() bool) int {
+		return s.leadingPages(pages[lo:hi], masks, stop)
+	})
+}
+
+// leadingPages is ExistsPages over one run of pages: the keys of a few
+// pages at a time are made, their homes read ahead, then probed.
+func (s *Store) leadingPages(pages []string, masks []Key, stop func() bool) int {
+	m := len(masks)
+	group := max(1, touchAhead/m)
+	keys := make([]Key, group*m)
+	for p0 := 0; p0 < len(pages); p0 += group {
+		if stop() {
+			return p0
+		}
+		n := min(group, len(pages)-p0)
+		for i := range n {
+			k := pageKey(pages[p0+i])
+			for j := range masks {
+				keys[i*m+j] = k
+				xorKey(&keys[i*m+j], &masks[j])
+			}
+		}
+		s.touchHomes(keys[:n*m])
+		for i := range n {
+			for j := range m {
+				if _, w, ok := s.find(&keys[i*m+j]); !ok || wordState(w) != stReady {
+					return p0 + i
+				}
+			}
+		}
+	}
+	return len(pages)
+}
+
 // leadingReady is how many leading keys have ready entries, or fewer once
 // stop says so (checked every touchAhead keys).
 func (s *Store) leadingReady(keys []Key, stop func() bool) int {

@@ -24,6 +24,7 @@
 //	cxl_prefix_getv(index, keys, n, per, ptrs, sizes, &n_served) each payload into its per pieces, exactly filled
 //	cxl_prefix_part_keys(text, ends, n, masks, n_masks, out)    n pages' strings × n_masks parts → keys, page-major
 //	cxl_prefix_part_keys_joined(text, text_len, n, masks, n_masks, out)   the same, the n strings joined by NUL bytes
+//	cxl_prefix_exists_pages(index, text, text_len, n, masks, n_masks, &leading)   leading pages with every part stored
 //	cxl_prefix_verify_reads(index, on)                   gets check payload checksums (on by default)
 //	cxl_prefix_delete(index, keys, n, &n_deleted)
 //	cxl_prefix_stats(index, json, json_cap)

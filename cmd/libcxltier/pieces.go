@@ -93,6 +93,36 @@ func cxl_prefix_part_keys_joined(text *C.char, textLen C.int64_t, n C.int64_t, m
 	return report(err, errbuf, errlen)
 }
 
+// cxl_prefix_exists_pages is how many leading pages (n strings joined by
+// NUL bytes, as for cxl_prefix_part_keys_joined) have every part (each of
+// n_masks masks) stored: HiCache's batch_exists in one call that derives
+// each key as it probes and stops at the first page missing a part.
+//
+//export cxl_prefix_exists_pages
+func cxl_prefix_exists_pages(h C.uint64_t, text *C.char, textLen C.int64_t, n C.int64_t, masks *C.uint8_t, nMasks C.int64_t, leading *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_exists_pages", errbuf, errlen, &code)
+	err := func() error {
+		s, err := indexOf(uint64(h))
+		if err != nil {
+			return err
+		}
+		pages, err := joinedAt(unsafe.Pointer(text), int64(textLen), int64(n))
+		if err != nil {
+			return err
+		}
+		ms, err := keysAt(unsafe.Pointer(masks), int64(nMasks))
+		if err != nil {
+			return err
+		}
+		if leading == nil || len(ms) == 0 {
+			return fmt.Errorf("prefix exists pages: %w: %d masks, leading %p", errBadArg, len(ms), leading)
+		}
+		*leading = C.int64_t(s.ExistsPages(pages, ms))
+		return nil
+	}()
+	return report(err, errbuf, errlen)
+}
+
 // partKeys writes the part keys of pages under the caller's masks to out.
 func partKeys(pages []string, masks *C.uint8_t, nMasks C.int64_t, out *C.uint8_t) error {
 	ms, err := keysAt(unsafe.Pointer(masks), int64(nMasks))

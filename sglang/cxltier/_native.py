@@ -75,6 +75,7 @@ _PROTOTYPES = {
     "cxl_prefix_getv": [_u64, _bytes, _i64, _i64, _p(ctypes.c_void_p), _p(_i64), _p(_i64)] + _err,
     "cxl_prefix_part_keys": [ctypes.c_char_p, _p(_i64), _i64, _bytes, _i64, _bytes] + _err,
     "cxl_prefix_verify_reads": [_u64, ctypes.c_int] + _err,
+    "cxl_prefix_exists_pages": [_u64, ctypes.c_char_p, _i64, _i64, _bytes, _i64, _p(_i64)] + _err,
     "cxl_prefix_part_keys_joined": [ctypes.c_char_p, _i64, _i64, _bytes, _i64, _bytes] + _err,
     "cxl_prefix_delete": [_u64, _bytes, _i64, _p(_i64)] + _err,
     "cxl_prefix_stats": [_u64, ctypes.c_char_p, _int] + _err,

@@ -34,7 +34,7 @@ import logging
 import os
 
 from ._native import CxlTierError
-from .prefix import KEY_BYTES, KeyBlock, KeyScratch, part_keys, part_mask
+from .prefix import KEY_BYTES, KeyBlock, part_keys, part_mask
 from .tier import Tier
 
 logger = logging.getLogger(__name__)
@@ -121,7 +121,6 @@ class HiCacheAdapter:
         self._parts = ("k",) if self.is_mla else ("k", "v")
         self._object_mask = part_mask(f"{self.key_suffix}/object")
         self._kv_masks = None
-        self._exists_keys = KeyScratch()  # batch_exists's keys, reused: thousands per call
         self._pool_masks = {}
         self.registered_pools = {}
         self.tier = Tier(cfg["devices"], name=f"sglang-{os.getpid()}")
@@ -191,7 +190,7 @@ class HiCacheAdapter:
         if not keys:
             return 0
         self._pool()
-        return self.index.exists_block(part_keys(keys, self._kv_masks, self._exists_keys)) // len(self._parts)
+        return self.index.exists_pages(keys, self._kv_masks)
 
     def _pages_stored(self, statuses, pages):
         per = len(statuses) // pages

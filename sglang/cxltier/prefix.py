@@ -3,7 +3,6 @@ get and delete on a shared index."""
 
 import ctypes
 import hashlib
-import threading
 from itertools import accumulate
 
 from . import _native
@@ -38,19 +37,6 @@ def _keys(keys):
     return (ctypes.c_uint8 * len(raw)).from_buffer_copy(raw) if raw else None, len(keys)
 
 
-class KeyScratch(threading.local):
-    """Key memory reused across calls, one array per thread, for callers
-    that use a batch's keys and drop them before the next batch."""
-
-    def __init__(self):
-        self._array = None
-
-    def array(self, n):
-        if self._array is None or len(self._array) < n * KEY_BYTES:
-            self._array = (ctypes.c_uint8 * max(n * KEY_BYTES, 1))()
-        return self._array
-
-
 class KeyBlock:
     """n keys back to back in one ctypes array, the form the library takes:
     what part_keys makes in one call, and what PrefixIndex's *_block calls
@@ -72,18 +58,14 @@ def part_mask(tag):
     return hashlib.sha256(b"cxltier/hicache/v1\x00" + tag.encode()).digest()
 
 
-def part_keys(pages, masks, scratch=None):
+def part_keys(pages, masks):
     """The keys of every part of every page, page-major (prefix.PartKeys in
     Go, one call for the batch): each page string (SGLang's hex digest; any
     other string is hashed) XOR each mask. The pages go to Go joined by NUL
     bytes, which costs one join; a page holding a NUL makes Go refuse that
-    form, and the pages go again with an array of their ends.
-
-    scratch, a KeyScratch, lends the keys' memory: a fresh array of 30k
-    pages' keys costs more in page faults than computing them. The block
-    is valid until the scratch's next use."""
+    form, and the pages go again with an array of their ends."""
     n, m = len(pages), len(masks)
-    out = scratch.array(n * m) if scratch is not None else (ctypes.c_uint8 * max(n * m * KEY_BYTES, 1))()
+    out = (ctypes.c_uint8 * max(n * m * KEY_BYTES, 1))()
     if n and m:
         raw = b"".join(masks)
         mask_arr = (ctypes.c_uint8 * len(raw)).from_buffer_copy(raw)
@@ -202,6 +184,24 @@ class PrefixIndex(_native.Child):
 
     # Calls on a KeyBlock, with buffers as parallel lists of addresses and
     # sizes: the HiCache backend's path, with nothing built per key.
+
+    def exists_pages(self, pages, masks):
+        """How many leading pages (SGLang page strings) have every part (one
+        key per mask, as part_keys makes them) stored: one call, keys made
+        as they are probed, stopping at the first page missing a part."""
+        if not pages or not masks:
+            return 0
+        joined = "\0".join(pages).encode()
+        raw = b"".join(masks)
+        out = ctypes.c_int64()
+        try:
+            _native.call("cxl_prefix_exists_pages", self.handle, joined, len(joined), len(pages),
+                         (ctypes.c_uint8 * len(raw)).from_buffer_copy(raw), len(masks), ctypes.byref(out))
+        except _native.InvalidError:
+            if not any("\0" in p for p in pages):
+                raise
+            return self.exists_block(part_keys(pages, masks)) // len(masks)  # a page holds a NUL
+        return out.value
 
     def exists_block(self, block):
         """How many leading keys of block have entries."""

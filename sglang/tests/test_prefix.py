@@ -125,3 +125,24 @@ def test_verify_reads_can_be_turned_off(built, device):
         assert idx.get([key], [buf])[0] == 1 and bytes(buf) == b"x" * 64
         idx.verify_reads(True)
         assert idx.get([key], [buf])[0] == 1
+
+
+def test_exists_pages_counts_pages_with_every_part(built, device):
+    """exists_pages agrees with probing part_keys, stops at the first page
+    missing a part, and takes pages holding a NUL by the other route."""
+    import hashlib
+
+    import cxltier
+    from cxltier.prefix import part_keys, part_mask
+
+    masks = [part_mask("m/kv/LTD/k"), part_mask("m/kv/LTD/v")]
+    pages = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(6)] + ["odd\0page"]
+    with cxltier.Tier(device) as t:
+        idx = t.prefix("pages", blocks=64, block_bytes=64)
+        keys = part_keys(pages, masks)
+        hexes = [keys.hex(i) for i in range(len(keys))]
+        assert idx.set(hexes[:8] + hexes[9:], [b"x"] * 13) == ["stored"] * 13  # page 4 lacks its K part
+        assert idx.exists_pages(pages, masks) == 4
+        assert idx.exists_pages(pages[:4] + pages[5:], masks) == 6  # every page complete, the NUL one too
+        assert idx.exists_pages(pages, []) == 0
+        assert idx.exists_block(part_keys(pages[:4], masks)) == 8
