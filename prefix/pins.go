@@ -16,8 +16,8 @@ import (
 // storing zero. Evictors scan records below the high-water mark, which a
 // claim raises before it writes the record beyond it.
 const (
-	pinHdrToken     = 0  // u64 lease token of the holder (0: none)
-	pinHdrHighWater = 8  // u32 records in use or used before: evictors scan this many
+	pinHdrToken     = 0        // u64 lease token of the holder (0: none)
+	pinHdrHighWater = 8        // u32 records in use or used before: evictors scan this many
 	pinCounters     = lineSize // version 3: the holder's counters, in counter order
 )
 
