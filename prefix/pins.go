@@ -10,11 +10,11 @@ import (
 // Pin tables. Every client lease slot has one in the metadata run: a
 // header line (the holder's lease token and the high-water mark of records
 // used), from version 3 a line of the holder's counters, and Pins records
-// of one word each. Only the slot's holder writes its table, so claiming a record
-// needs no lock: the goroutines of the holding process take a record by a
-// compare-and-swap of its word from zero to the pin, and give it back by
-// storing zero. Evictors scan records below the high-water mark, which a
-// claim raises before it writes the record beyond it.
+// of one word each. Only the slot's holder writes its table, so claiming a
+// record needs no lock: the goroutines of the holding process take a
+// record by a compare-and-swap of its word from zero to the pin, and give
+// it back by storing zero. Evictors scan records below the high-water
+// mark, which a claim raises before it writes the record beyond it.
 const (
 	pinHdrToken     = 0        // u64 lease token of the holder (0: none)
 	pinHdrHighWater = 8        // u32 records in use or used before: evictors scan this many
