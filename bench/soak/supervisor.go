@@ -163,7 +163,7 @@ func (s *soak) setup() (*tier.Client, func(), error) {
 		return nil, nil, err
 	}
 	done := func() { c.Close(); r.Close() }
-	px, err := prefix.Create(c, prefix.Config{Name: prefixIndex, Blocks: prefixBlocks, BlockBytes: prefixBlock})
+	px, err := prefix.Create(c, prefix.Config{Name: prefixIndex, Blocks: prefixBlocks, BlockBytes: prefixBlock, Shards: prefixShards})
 	if err != nil {
 		done()
 		return nil, nil, err

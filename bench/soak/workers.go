@@ -34,6 +34,7 @@ const (
 	prefixIndex  = "soak"
 	prefixBlocks = 512
 	prefixBlock  = 8 << 10
+	prefixShards = 4 // the index is split, so kills and damage meet every shard's repair
 	prefixKeys   = 3000
 	engramLayer  = 1
 )
