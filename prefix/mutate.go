@@ -102,9 +102,9 @@ func (s *Store) Reserve(keys []Key, sizes []int64) ([]Reservation, error) {
 		out[n] = Reservation{Key: keys[n], Len: sizes[n], Status: NoSpace}
 	}
 	var ferr error
+	now := uint64(time.Now().UnixNano()) // once a call: the clock is slow on some machines
 	err := s.byShard(len(keys), func(n int) *shard { return s.shardOfKey(&keys[n]) }, func(sh *shard, idx []int) error {
 		return s.locked(sh, func() {
-			now := uint64(time.Now().UnixNano())
 			for m, n := range idx {
 				if err := s.reserveOne(sh, &out[n], len(idx)-m, now); err != nil {
 					out[n].Status = NoSpace
@@ -253,9 +253,9 @@ func (s *Store) Publish(res []Reservation, crcs []uint32) error {
 	}
 	var lost error
 	var bytes, n uint64
+	now := uint64(time.Now().UnixNano())
 	err := s.byShard(len(res), func(k int) *shard { return s.shardOfKey(&res[k].Key) }, func(sh *shard, idx []int) error {
 		return s.locked(sh, func() {
-			now := uint64(time.Now().UnixNano())
 			for _, k := range idx {
 				r := &res[k]
 				if r.Status != Reserved {

@@ -46,7 +46,7 @@ func TestSmallRun(t *testing.T) {
 	if err := json.Unmarshal(raw, &rep); err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Ops) != (1+3)*2*2 { // inserts on 1 and 8 shards, lookups and probes on 8
+	if len(rep.Ops) != (2+2)*2*2 { // lookups and probes, inserts on 1 and 8 shards
 		t.Errorf("%d ops cases, want 16", len(rep.Ops))
 	}
 	for _, o := range rep.Ops {

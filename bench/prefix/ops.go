@@ -64,10 +64,11 @@ func benchKey(family, i uint64) prefix.Key {
 }
 
 // opsCases measures lookups and bare probes on a full index, then inserts
-// into it, for each process count and batch size; inserts once per shard
-// count in -shards (one shard is the single-lock baseline), lookups on the
-// last. Each index has twice the blocks of its keys, so that no shard
-// evicts a lookup key.
+// for each shard count in -shards (one shard is the single-lock baseline),
+// each on a fresh index (lookups leave their entries marked used, which
+// the first evictions after them pay for), for each process count and
+// batch size. Each index has twice the blocks of the keys it is filled
+// with, so that no shard evicts a lookup key.
 func opsCases(o options, log io.Writer) ([]OpsResult, error) {
 	dev := fmt.Sprintf("shm:cxltier-bench-prefix-%d", os.Getpid())
 	r, c, err := formatShm(dev, 128<<20)
@@ -77,19 +78,16 @@ func opsCases(o options, log io.Writer) ([]OpsResult, error) {
 	defer removeShm(r, c, dev)
 	var out []OpsResult
 	run := 0
-	for n, shards := range o.shards {
-		name := fmt.Sprintf("%s-%d", opsIndex, shards)
+	cases := func(name string, shards int, ops []string) error {
 		s, err := prefix.Create(c, prefix.Config{Name: name, Blocks: 2 * opsBlocks, BlockBytes: opsBlockSize, Shards: shards})
 		if err != nil {
-			return nil, err
+			return err
 		}
+		defer s.Close()
 		if err := fillLookupKeys(s); err != nil {
-			return nil, err
+			return err
 		}
-		ops := []string{"insert"}
-		if n == len(o.shards)-1 {
-			ops = []string{"lookup", "exists", "insert"}
-		}
+		shards = int(s.Stats().Shards)
 		for _, op := range ops {
 			for _, batch := range o.batches {
 				var one float64
@@ -100,7 +98,7 @@ func opsCases(o options, log io.Writer) ([]OpsResult, error) {
 						run++
 						keys, err := runWorkers(job{Device: dev, Index: name, Op: op, Batch: batch, Run: run}, procs, o.duration)
 						if err != nil {
-							return nil, err
+							return err
 						}
 						rates = append(rates, keys/o.duration.Seconds())
 					}
@@ -119,10 +117,16 @@ func opsCases(o options, log io.Writer) ([]OpsResult, error) {
 			}
 		}
 		if bad, err := s.Check(true); err != nil || len(bad) > 0 {
-			return nil, fmt.Errorf("index after the ops cases: %v %v", bad, err)
+			return fmt.Errorf("index %q after its cases: %v %v", name, bad, err)
 		}
 		s.Close()
-		if err := prefix.Destroy(c, name); err != nil {
+		return prefix.Destroy(c, name)
+	}
+	if err := cases(opsIndex+"-lookup", 0, []string{"lookup", "exists"}); err != nil {
+		return nil, err
+	}
+	for _, shards := range o.shards {
+		if err := cases(fmt.Sprintf("%s-insert-%d", opsIndex, shards), shards, []string{"insert"}); err != nil {
 			return nil, err
 		}
 	}
