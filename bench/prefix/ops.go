@@ -90,21 +90,26 @@ func opsCases(o options, log io.Writer) ([]OpsResult, error) {
 		shards = int(s.Stats().Shards)
 		for _, op := range ops {
 			for _, batch := range o.batches {
-				var one float64
-				for _, procs := range o.procs {
-					fmt.Fprintf(log, "%s, %d shard(s), batch %d, %d process(es), %d run(s)...\n", op, shards, batch, procs, o.runs)
-					var rates []float64
-					for range o.runs {
+				// Runs go round the process counts in turn, so that a slow
+				// spell of a shared machine falls on all of them alike.
+				rates := make([][]float64, len(o.procs))
+				for range o.runs {
+					for p, procs := range o.procs {
+						fmt.Fprintf(log, "%s, %d shard(s), batch %d, %d process(es)...\n", op, shards, batch, procs)
 						run++
 						keys, err := runWorkers(job{Device: dev, Index: name, Op: op, Batch: batch, Run: run}, procs, o.duration)
 						if err != nil {
 							return err
 						}
-						rates = append(rates, keys/o.duration.Seconds())
+						rates[p] = append(rates[p], keys/o.duration.Seconds())
 					}
-					slices.Sort(rates)
-					res := OpsResult{Op: op, Shards: shards, Batch: batch, Procs: procs, Runs: len(rates),
-						KeysPerSec: rates[len(rates)/2], MinKeys: rates[0], MaxKeys: rates[len(rates)-1]}
+				}
+				var one float64
+				for p, procs := range o.procs {
+					r := rates[p]
+					slices.Sort(r)
+					res := OpsResult{Op: op, Shards: shards, Batch: batch, Procs: procs, Runs: len(r),
+						KeysPerSec: r[len(r)/2], MinKeys: r[0], MaxKeys: r[len(r)-1]}
 					res.PerProcess = res.KeysPerSec / float64(procs)
 					if procs == 1 {
 						one = res.KeysPerSec
