@@ -104,6 +104,9 @@ func (s *Store) Reserve(keys []Key, sizes []int64) ([]Reservation, error) {
 	var ferr error
 	now := uint64(time.Now().UnixNano()) // once a call: the clock is slow on some machines
 	err := s.byShard(len(keys), func(n int) *shard { return s.shardOfKey(&keys[n]) }, func(sh *shard, idx []int) error {
+		for _, n := range idx { // the probes' first misses before the lock, not while holding it
+			s.touchHomes(keys[n : n+1])
+		}
 		return s.locked(sh, func() {
 			for m, n := range idx {
 				if err := s.reserveOne(sh, &out[n], len(idx)-m, now); err != nil {

@@ -101,9 +101,6 @@ const touchAhead = 16
 // touchHomes reads the state word of each key's home entry, to have the
 // lines in the core's cache when the probes come.
 func (s *Store) touchHomes(keys []Key) uint64 {
-	if len(keys) < 2 {
-		return 0
-	}
 	var sum uint64
 	for n := range keys {
 		sum += atomic.LoadUint64(u64At(s.entry(s.home(&keys[n])), entWord))
@@ -200,7 +197,7 @@ func (s *Store) LookupAppend(dst []Hit, keys []Key) ([]Hit, error) {
 	base := len(dst)
 	dst = slices.Grow(dst, len(keys))
 	for n := range keys {
-		if n%touchAhead == 0 {
+		if n%touchAhead == 0 && len(keys) > 1 {
 			s.touchHomes(keys[n:min(n+touchAhead, len(keys))])
 		}
 		// Filled in place: a Hit is ten words, worth not copying twice.
