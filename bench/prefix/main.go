@@ -86,7 +86,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.SetOutput(stderr)
 	procs := fs.String("procs", "1,2,4", "process counts for the ops/s cases")
 	batches := fs.String("batch", "1,32", "keys per call for the ops/s cases")
-	shards := fs.String("shards", "1,8", "shard counts for the insert cases (lookups use the default)")
+	shards := fs.String("shards", "1,8", "shard counts for the insert cases (lookups use one)")
 	tokens := fs.String("tokens", "16,64", "tokens per block for the round-trip cases")
 	o := options{}
 	fs.DurationVar(&o.duration, "duration", time.Second, "measuring time of each ops/s case")

@@ -67,8 +67,10 @@ func benchKey(family, i uint64) prefix.Key {
 // for each shard count in -shards (one shard is the single-lock baseline),
 // each on a fresh index (lookups leave their entries marked used, which
 // the first evictions after them pay for), for each process count and
-// batch size. Each index has twice the blocks of the keys it is filled
-// with, so that no shard evicts a lookup key.
+// batch size. The lookup index is one shard of exactly the keys' blocks (a
+// 2 MiB table, as the figures before shards were taken on); the insert
+// indexes have twice the blocks of the keys they are filled with, so that
+// no shard evicts one before the inserts start.
 func opsCases(o options, log io.Writer) ([]OpsResult, error) {
 	dev := fmt.Sprintf("shm:cxltier-bench-prefix-%d", os.Getpid())
 	r, c, err := formatShm(dev, 128<<20)
@@ -78,8 +80,8 @@ func opsCases(o options, log io.Writer) ([]OpsResult, error) {
 	defer removeShm(r, c, dev)
 	var out []OpsResult
 	run := 0
-	cases := func(name string, shards int, ops []string) error {
-		s, err := prefix.Create(c, prefix.Config{Name: name, Blocks: 2 * opsBlocks, BlockBytes: opsBlockSize, Shards: shards})
+	cases := func(name string, blocks int64, shards int, ops []string) error {
+		s, err := prefix.Create(c, prefix.Config{Name: name, Blocks: blocks, BlockBytes: opsBlockSize, Shards: shards})
 		if err != nil {
 			return err
 		}
@@ -127,11 +129,11 @@ func opsCases(o options, log io.Writer) ([]OpsResult, error) {
 		s.Close()
 		return prefix.Destroy(c, name)
 	}
-	if err := cases(opsIndex+"-lookup", 0, []string{"lookup", "exists"}); err != nil {
+	if err := cases(opsIndex+"-lookup", opsBlocks, 1, []string{"lookup", "exists"}); err != nil {
 		return nil, err
 	}
 	for _, shards := range o.shards {
-		if err := cases(fmt.Sprintf("%s-insert-%d", opsIndex, shards), shards, []string{"insert"}); err != nil {
+		if err := cases(fmt.Sprintf("%s-insert-%d", opsIndex, shards), 2*opsBlocks, shards, []string{"insert"}); err != nil {
 			return nil, err
 		}
 	}
