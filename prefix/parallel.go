@@ -44,11 +44,11 @@ func inParallel(n int, fn func(lo, hi int)) {
 // leadingInParallel is how many leading items of [0, n) pass, where
 // leading(lo, hi, stop) counts the leading items of [lo, hi) that pass,
 // giving up when stop() says an earlier run already failed (its count
-// then no longer matters).
+// then no longer matters). A batch done in one run gets a nil stop.
 func leadingInParallel(n int, leading func(lo, hi int, stop func() bool) int) int {
 	per, count := runs(n)
 	if count == 1 {
-		return leading(0, n, func() bool { return false })
+		return leading(0, n, nil)
 	}
 	counts := make([]int, count)
 	var firstFail atomic.Int64

@@ -25,7 +25,7 @@ func TestLeadingInParallel(t *testing.T) {
 			t.Run(fmt.Sprintf("n%d/fails%v", n, fails), func(t *testing.T) {
 				got := leadingInParallel(n, func(lo, hi int, stop func() bool) int {
 					for i := lo; i < hi; i++ {
-						if failed[i] || (i%64 == 0 && stop()) {
+						if failed[i] || (i%64 == 0 && stop != nil && stop()) {
 							return i - lo
 						}
 					}

@@ -197,3 +197,19 @@ func TestLookupAllocatesNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestExistsAllocatesNothing: the bare probe of a batch done in one run
+// allocates nothing (HiCache asks it for every request).
+func TestExistsAllocatesNothing(t *testing.T) {
+	_, c := testTier(t, 1)
+	s := testStore(t, c, 64, 64)
+	keys := []Key{keyN(1), keyN(2)}
+	if _, err := s.Set(keys, payloadsFor(keys, 64)); err != nil {
+		t.Fatal(err)
+	}
+	for _, batch := range [][]Key{keys[:1], keys} {
+		if allocs := testing.AllocsPerRun(100, func() { s.Exists(batch) }); allocs != 0 {
+			t.Errorf("exists of %d keys: %.1f allocations per call", len(batch), allocs)
+		}
+	}
+}

@@ -115,6 +115,9 @@ func (s *Store) Exists(keys []Key) int {
 	if s.maint || s.current() != nil {
 		return 0
 	}
+	if len(keys) <= parallelGrain { // one run: no closure to allocate
+		return s.leadingReady(keys, nil)
+	}
 	return leadingInParallel(len(keys), func(lo, hi int, stop func() bool) int {
 		return s.leadingReady(keys[lo:hi], stop)
 	})
@@ -141,7 +144,7 @@ func (s *Store) leadingPages(pages []string, masks []Key, stop func() bool) int 
 	group := max(1, touchAhead/m)
 	keys := make([]Key, group*m)
 	for p0 := 0; p0 < len(pages); p0 += group {
-		if stop() {
+		if stop != nil && stop() {
 			return p0
 		}
 		n := min(group, len(pages)-p0)
@@ -165,11 +168,11 @@ func (s *Store) leadingPages(pages []string, masks []Key, stop func() bool) int 
 }
 
 // leadingReady is how many leading keys have ready entries, or fewer once
-// stop says so (checked every touchAhead keys).
+// stop (if not nil) says so, which it asks every touchAhead keys.
 func (s *Store) leadingReady(keys []Key, stop func() bool) int {
 	for n := range keys {
-		if n%touchAhead == 0 {
-			if stop() {
+		if n%touchAhead == 0 && len(keys) > 1 {
+			if stop != nil && stop() {
 				return n
 			}
 			s.touchHomes(keys[n:min(n+touchAhead, len(keys))])
