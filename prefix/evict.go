@@ -75,14 +75,21 @@ func (s *Store) scanPins(cands map[uint64]uint32, pinned map[uint64]bool) {
 	}
 	for slot := 0; int64(slot) < s.g.Clients; slot++ {
 		off := s.g.PinsOff + int64(slot)*s.g.PinStride
-		s.refreshMeta(off, s.g.PinStride)
+		s.refreshMeta(off, pinHeaderSize)
 		h := s.metaSlice(off, pinHeaderSize)
-		tok := atomic.LoadUint64(u64At(h, 0))
+		// A table whose mark is zero holds no pin: skipped before the
+		// lease lookup, as most slots are (free, or clients that insert).
+		hw := int64(atomic.LoadUint32(u32At(h, pinHdrHighWater)))
+		if hw == 0 {
+			continue
+		}
+		tok := atomic.LoadUint64(u64At(h, pinHdrToken))
 		if tok == 0 || !s.r.LeaseLive(tok) {
 			continue
 		}
-		hw := int64(atomic.LoadUint32(u32At(h, 8)))
-		for j := int64(0); j < min(hw, s.g.Pins); j++ {
+		hw = min(hw, s.g.Pins)
+		s.refreshMeta(off+s.g.pinHeader(), hw*pinRecordSize) // the records in use, not the whole table
+		for j := int64(0); j < hw; j++ {
 			if v := atomic.LoadUint64(s.pinRecord(slot, j)); v != 0 {
 				if _, ok := cands[v]; ok {
 					pinned[v] = true

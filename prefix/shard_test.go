@@ -1,9 +1,12 @@
 package prefix
 
 import (
+	"bytes"
 	"fmt"
 	"sync"
 	"testing"
+
+	"github.com/cxltier/cxltier/tier"
 )
 
 // TestConcurrentInserts: goroutines of one process insert, delete and
@@ -101,4 +104,61 @@ func TestShards(t *testing.T) {
 			c.Unlock(s.shards[k].lock)
 		}
 	}
+}
+
+// TestNonCoherentTier: on a tier mapped as non-coherent (every metadata
+// access flushed or invalidated: one host here, so the lines are right
+// either way, but every publish and refresh path runs) a sharded index
+// inserts, evicts, looks up with pins held, deletes, counts and checks.
+func TestNonCoherentTier(t *testing.T) {
+	r, _ := testTier(t, 2)
+	var devs []tier.Backing
+	for _, d := range r.Info().Devices {
+		b, err := tier.ParseBacking(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		devs = append(devs, b)
+	}
+	nc, err := tier.Open(tier.Options{Devices: devs, Coherence: tier.Shared})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() }) // after the index's own cleanup: a handle must not outlive its mapping
+	c, err := nc.Attach(tier.ClientOptions{Name: "non-coherent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s := testStoreShards(t, c, 32, 256, 2)
+	keys := make([]Key, 100)
+	for i := range keys {
+		keys[i] = keyN(i)
+	}
+	var held []Hit
+	for i := 0; i < len(keys); i += 4 {
+		if _, err := s.Set(keys[i:i+4], payloadsFor(keys[i:i+4], 256)); err != nil {
+			t.Fatal(err)
+		}
+		if i == 40 {
+			if held, err = s.Lookup(keys[40:44]); err != nil || len(held) != 4 {
+				t.Fatalf("lookup: %d, %v", len(held), err)
+			}
+		}
+	}
+	dst := make([][]byte, 4)
+	for i := range dst {
+		dst[i] = make([]byte, 256)
+	}
+	if n, err := s.Get(keys[40:44], dst); err != nil || n != 4 || !bytes.Equal(dst[3], payloadFor(keys[43], 256)) {
+		t.Fatalf("pinned keys after evictions: %d, %v", n, err)
+	}
+	s.Release(held)
+	if _, err := s.Delete(keys[96:]); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.Inserts != 100 || st.Evictions == 0 || st.PinsHeld != 0 {
+		t.Errorf("stats %+v", st)
+	}
+	mustCheck(t, s)
 }
