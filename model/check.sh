@@ -54,4 +54,5 @@ run "pin: seeded bug (evictor scans before marking)" fail pin.pml -DBUG_SCAN_FIR
 run "pin: seeded bug (pin left in the reader's cache)" fail pin.pml -DBUG_PIN_NOT_FLUSHED --
 run "pin: seeded bug (high-water mark raised after the check)" fail pin.pml -DBUG_MARK_LATE --
 run "pin: seeded bug (high-water mark left in the reader's cache)" fail pin.pml -DBUG_MARK_NOT_FLUSHED --
+run "pin: seeded bug (reader writes the entry's line)" fail pin.pml -DBUG_READER_STAMPS --
 echo "models OK"

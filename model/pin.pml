@@ -29,7 +29,13 @@
  * evictor scans pins before marking the entry), -DBUG_PIN_NOT_FLUSHED (the
  * pin stays in the reader's cache), -DBUG_MARK_LATE (the reader raises the
  * high-water mark after its check), -DBUG_MARK_NOT_FLUSHED (the raised mark
- * stays in the reader's cache).
+ * stays in the reader's cache), -DBUG_READER_STAMPS (the reader writes the
+ * entry's line, as a hit's access stamp would: its dirty copy, written back
+ * after the evictor dropped the entry, makes it ready again over another
+ * payload; which is why lookups on a non-coherent tier write nothing).
+ *
+ * Also checked, by Monitor: an entry never reads ready while its block
+ * holds another payload.
  */
 
 #define HOSTS 2
@@ -105,7 +111,10 @@ proctype Reader() {
 	:: e == READY ->
 		/* pinned: the payload is the one the entry named (version 1) */
 		invalidate(1, 2); load(1, 2, d);
-		assert(d == 1)
+		assert(d == 1);
+#ifdef BUG_READER_STAMPS
+		store(1, 0, READY)  /* the access stamp: line 0 dirty with the word read */
+#endif
 	:: else -> skip  /* evicting or gone: a miss */
 	fi;
 	store(1, 1, 0); flush(1, 1)  /* release */
@@ -134,6 +143,10 @@ proctype Evictor() {
 		store(0, 0, DROPPED); flush(0, 0);
 		store(0, 2, 2); flush(0, 2)               /* the block gets another payload */
 	fi
+}
+
+active proctype Monitor() {
+end:	atomic { mem[0] == READY && mem[2] == 2 -> assert(false) }
 }
 
 init {
