@@ -61,7 +61,8 @@ func DirName(name string) string { return "prefix/" + name }
 
 // Store is one client's handle on an index. Its methods are safe for
 // concurrent use by the goroutines of one process; each process (tier
-// client) opens an index once.
+// client) opens an index once. A Store works on the Region's mapping
+// directly: Close it, and stop using it, before the Region is closed.
 type Store struct {
 	c      *tier.Client
 	r      *tier.Region
