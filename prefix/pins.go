@@ -50,6 +50,10 @@ func (s *Store) claimPins() error {
 
 // Close gives up this client's pin table. Pins still held are dropped.
 func (s *Store) Close() error {
+	if s.r.Closed() {
+		s.pinsClosed.Store(true)
+		return fmt.Errorf("prefix: %q: close: %w", s.name, tier.ErrClosed)
+	}
 	if s.pinsClosed.CompareAndSwap(false, true) {
 		atomic.StoreUint64(u64At(s.myPins, pinHdrToken), 0)
 		s.publishMeta(s.g.PinsOff+int64(s.slot)*s.g.PinStride, pinHeaderSize)

@@ -266,6 +266,9 @@ func (s *Store) touch(e []byte) {
 
 // Release unpins hits returned by Lookup.
 func (s *Store) Release(hits []Hit) {
+	if s.r.Closed() { // the pin tables went with the mapping
+		return
+	}
 	for _, h := range hits {
 		s.unpin(h.pin)
 	}

@@ -2,6 +2,7 @@ package prefix
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -161,4 +162,45 @@ func TestNonCoherentTier(t *testing.T) {
 		t.Errorf("stats %+v", st)
 	}
 	mustCheck(t, s)
+}
+
+// TestStoreAfterRegionClose: a handle used after its Region closed (a
+// deferred Close in the wrong order) returns ErrClosed instead of
+// faulting on the unmapped memory.
+func TestStoreAfterRegionClose(t *testing.T) {
+	r, c := testTier(t, 1)
+	s := testStoreShards(t, c, 16, 64, 2)
+	keys := []Key{keyN(1)}
+	if _, err := s.Set(keys, payloadsFor(keys, 64)); err != nil {
+		t.Fatal(err)
+	}
+	hits, err := s.Lookup(keys)
+	if err != nil || len(hits) != 1 {
+		t.Fatalf("lookup: %v", err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s.Release(hits)
+	if _, err := s.Lookup(keys); !errors.Is(err, tier.ErrClosed) {
+		t.Errorf("lookup: %v", err)
+	}
+	if n := s.Exists(keys); n != 0 {
+		t.Errorf("exists: %d", n)
+	}
+	if _, err := s.Set(keys, payloadsFor(keys, 64)); !errors.Is(err, tier.ErrClosed) {
+		t.Errorf("set: %v", err)
+	}
+	if _, err := s.Get(keys, [][]byte{make([]byte, 64)}); !errors.Is(err, tier.ErrClosed) {
+		t.Errorf("get: %v", err)
+	}
+	if _, err := s.Check(false); !errors.Is(err, tier.ErrClosed) {
+		t.Errorf("check: %v", err)
+	}
+	if st := s.Stats(); st.Ready != 0 || st.Blocks != 16 {
+		t.Errorf("stats: %+v", st)
+	}
+	if err := s.Close(); !errors.Is(err, tier.ErrClosed) {
+		t.Errorf("close: %v", err)
+	}
 }

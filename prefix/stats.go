@@ -40,6 +40,9 @@ func (st Stats) HitRate() float64 {
 
 // Stats reads the index's counts.
 func (s *Store) Stats() Stats {
+	if s.r.Closed() {
+		return Stats{Name: s.name, Entries: s.g.Entries, Blocks: s.g.Blocks, BlockBytes: s.g.BlockBytes, Shards: s.g.Shards}
+	}
 	s.refreshMeta(0, 256)
 	c := s.counters()
 	st := Stats{Name: s.name, Entries: s.g.Entries, Blocks: s.g.Blocks, BlockBytes: s.g.BlockBytes, Shards: s.g.Shards,

@@ -62,7 +62,9 @@ func DirName(name string) string { return "prefix/" + name }
 // Store is one client's handle on an index. Its methods are safe for
 // concurrent use by the goroutines of one process; each process (tier
 // client) opens an index once. A Store works on the Region's mapping
-// directly: Close it, and stop using it, before the Region is closed.
+// directly: Close it before the Region. Calls after the Region closed
+// return tier.ErrClosed (or nothing), but one racing with the Region's
+// Close may fault.
 type Store struct {
 	c      *tier.Client
 	r      *tier.Region
@@ -322,6 +324,9 @@ func (s *Store) entries(op string) error {
 // the index lock) and its memory perhaps reused by another index, whose
 // structures this handle's geometry does not describe.
 func (s *Store) current() error {
+	if s.r.Closed() {
+		return fmt.Errorf("prefix: %q: %w", s.name, tier.ErrClosed)
+	}
 	s.refreshMeta(0, lineSize)
 	s.refreshMeta(hdrCreated&^(lineSize-1), lineSize)
 	if atomic.LoadUint64(u64At(s.hdr, hdrMagic)) != indexMagic ||

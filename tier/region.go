@@ -244,6 +244,11 @@ func (r *Region) untrack(c *Client) {
 	delete(r.clients, c)
 }
 
+// Closed reports whether Close has run: objects that keep slices of the
+// mapping check it before they touch them (a check, not a guard: a Close
+// racing with their use still unmaps under them).
+func (r *Region) Closed() bool { return r.closed.Load() }
+
 // live reports ErrClosed once Close has run.
 func (r *Region) live(op string) error {
 	if r.closed.Load() {
