@@ -223,6 +223,9 @@ func (pd *Pending) Wait() (time.Duration, error) {
 // starts fetching the rows that are not cached.
 func (p *Prefetcher) Prefetch(layer int, histories, seqs [][]int64) (*Pending, error) {
 	start := time.Now()
+	if p.r.Closed() { // the tables went with the mapping: a copy would fault
+		return nil, fmt.Errorf("engram: prefetch: %w", tier.ErrClosed)
+	}
 	lc, ok := p.layers[layer]
 	if !ok {
 		return nil, fmt.Errorf("%w: no table for layer %d", ErrInput, layer)

@@ -255,3 +255,38 @@ func TestCreateTableRefusesAnExistingNameFirst(t *testing.T) {
 		t.Fatalf("a geometry without a name: %v", err)
 	}
 }
+
+// TestPrefetchAfterRegionClose: a prefetcher asked for rows after its
+// Region closed (a deferred Close in the wrong order) reports ErrClosed
+// instead of faulting on the unmapped tables.
+func TestPrefetchAfterRegionClose(t *testing.T) {
+	r, c := testTier(t, 1)
+	g := tinyGeometry()
+	h, err := NewHasher(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tables []*Table
+	for _, l := range g.LayerIDs {
+		tb, err := CreateTable(c, g, h, l, func(i int64, b []byte) error { SyntheticRow(l, i, b); return nil }, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tables = append(tables, tb)
+	}
+	eng := kernels.NewCPU(0)
+	defer eng.Close()
+	p, err := NewPrefetcher(eng, r, h, tables, PrefetchOptions{Slots: 512, Cache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Prefetch(g.LayerIDs[0], nil, [][]int64{{1, 2, 3, 4, 5}}); !errors.Is(err, tier.ErrClosed) {
+		t.Errorf("prefetch after the region closed: %v", err)
+	}
+	if err := p.Close(); err != nil {
+		t.Errorf("close: %v", err)
+	}
+}

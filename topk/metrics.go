@@ -70,6 +70,9 @@ func statsRecord(c *tier.Client) ([]byte, tier.Offset, error) {
 
 // unpublishStats takes the pool's record out of the sums; p.mu is held.
 func (p *Pool) unpublishStats() {
+	if p.r.Closed() { // the record went with the mapping
+		p.rec = nil
+	}
 	if p.rec != nil {
 		atomic.StoreUint64(words.U64At(p.rec, recToken), 0)
 		p.r.Publish(p.recOff, recordBytes)
@@ -109,7 +112,7 @@ func createStatsTable(c *tier.Client) (tier.DirEntry, error) {
 
 // publishStats writes the pool's sums into its record; p.mu is held.
 func (p *Pool) publishStats() {
-	if p.rec == nil {
+	if p.rec == nil || p.r.Closed() {
 		return
 	}
 	st := p.stats

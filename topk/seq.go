@@ -33,9 +33,10 @@ func (p *Pool) checkReq(req int) error {
 	return nil
 }
 
-// lookup returns request req's sequence; p.mu is held.
+// lookup returns request req's sequence; p.mu is held. A pool whose
+// Region closed under it is closed too: its extents went with the mapping.
 func (p *Pool) lookup(req int) (*seq, error) {
-	if p.closed {
+	if p.closed || p.r.Closed() {
 		return nil, ErrClosed
 	}
 	if err := p.checkReq(req); err != nil {
@@ -61,7 +62,7 @@ func (p *Pool) Register(req int, spec Sequence) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
+	if p.closed || p.r.Closed() {
 		return ErrClosed
 	}
 	if err := p.checkReq(req); err != nil {
