@@ -100,16 +100,22 @@ func PartKeys(dst []Key, pages []string, masks []Key) error {
 	if len(dst) != len(pages)*len(masks) {
 		return fmt.Errorf("prefix: part keys: %w: %d keys for %d pages × %d parts", ErrBadConfig, len(dst), len(pages), len(masks))
 	}
+	m := len(masks)
 	inParallel(len(pages), func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			k := pageKey(pages[i])
-			for j := range masks {
-				dst[i*len(masks)+j] = k
-				xorKey(&dst[i*len(masks)+j], &masks[j])
-			}
+			pageParts(dst[i*m:(i+1)*m], pages[i], masks)
 		}
 	})
 	return nil
+}
+
+// pageParts writes the key of page under each of masks to dst.
+func pageParts(dst []Key, page string, masks []Key) {
+	k := pageKey(page)
+	for j := range masks {
+		dst[j] = k
+		xorKey(&dst[j], &masks[j])
+	}
 }
 
 // pageKey is a page string's key: its hex digest decoded, or the hash of

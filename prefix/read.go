@@ -149,11 +149,7 @@ func (s *Store) leadingPages(pages []string, masks []Key, stop func() bool) int 
 		}
 		n := min(group, len(pages)-p0)
 		for i := range n {
-			k := pageKey(pages[p0+i])
-			for j := range masks {
-				keys[i*m+j] = k
-				xorKey(&keys[i*m+j], &masks[j])
-			}
+			pageParts(keys[i*m:(i+1)*m], pages[p0+i], masks)
 		}
 		s.touchHomes(keys[:n*m])
 		for i := range n {

@@ -186,16 +186,26 @@ func TestAllPinnedMeansNoSpace(t *testing.T) {
 	mustCheck(t, s)
 }
 
-func TestChecksumMismatchDropsEntry(t *testing.T) {
+// storeDamaged stores key 1's 512-byte payload in a fresh index, then flips
+// byte 77 of it in the tier; it returns the index, the key and the bytes
+// the tier now holds.
+func storeDamaged(t *testing.T) (*Store, []Key, []byte) {
 	r, c := testTier(t, 1)
 	s := testStore(t, c, 4, 512)
 	k := []Key{keyN(1)}
 	s.Set(k, payloadsFor(k, 512))
 	hits, _ := s.Lookup(k)
 	s.Release(hits)
-	if err := r.WriteAt([]byte{0xFF ^ payloadFor(k[0], 512)[77]}, hits[0].Offset+77); err != nil {
+	bad := payloadFor(k[0], 512)
+	bad[77] ^= 0xff
+	if err := r.WriteAt(bad[77:78], hits[0].Offset+77); err != nil {
 		t.Fatal(err)
 	}
+	return s, k, bad
+}
+
+func TestChecksumMismatchDropsEntry(t *testing.T) {
+	s, k, _ := storeDamaged(t)
 	n, err := s.Get(k, [][]byte{make([]byte, 512)})
 	if n != 0 || !errors.Is(err, ErrChecksum) {
 		t.Fatalf("Get of a corrupt payload = %d, %v; want ErrChecksum", n, err)
@@ -209,17 +219,7 @@ func TestChecksumMismatchDropsEntry(t *testing.T) {
 // TestVerifyReadsOff: with verification off a damaged payload reaches the
 // reader as it is and stays; turned back on, the next read catches it.
 func TestVerifyReadsOff(t *testing.T) {
-	r, c := testTier(t, 1)
-	s := testStore(t, c, 4, 512)
-	k := []Key{keyN(1)}
-	s.Set(k, payloadsFor(k, 512))
-	hits, _ := s.Lookup(k)
-	s.Release(hits)
-	bad := payloadFor(k[0], 512)
-	bad[77] ^= 0xff
-	if err := r.WriteAt(bad[77:78], hits[0].Offset+77); err != nil {
-		t.Fatal(err)
-	}
+	s, k, bad := storeDamaged(t)
 	s.VerifyReads(false)
 	dst := [][]byte{make([]byte, 512)}
 	if n, err := s.Get(k, dst); n != 1 || err != nil || !bytes.Equal(dst[0], bad) {
