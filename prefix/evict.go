@@ -196,6 +196,7 @@ func (s *Store) repairLocked(sh *shard) {
 	atomic.StoreUint32(sh.u32(slReserved), uint32(nReserved))
 	atomic.StoreUint32(sh.u32(slTombstones), uint32(nTomb))
 	atomic.StoreUint32(sh.u32(slUsedBlocks), uint32(used))
+	atomic.StoreUint32(sh.u32(slStrays), 0)
 	s.publishMeta(0, s.g.PinsOff)
 }
 

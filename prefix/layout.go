@@ -73,7 +73,15 @@ const (
 	slReserved   = 24
 	slBlockHint  = 28 // u32 where the next block scan starts, within the shard
 	slTombstones = 32
+	slStrays     = 36 // u32 how many slStray words name a block (see pushStray)
+	slStray      = 40 // strayWords × u32: blocks freed far from the scan hint
 )
+
+// strayWords is the room for strays in a state line (its bytes 40–63, zero
+// and unread in indexes written before the list existed, which needs no
+// new version: the list is a hint every reader checks against the owner
+// table).
+const strayWords = 6
 
 // Counters in the header, in their order there.
 const (

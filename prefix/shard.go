@@ -108,8 +108,11 @@ func (s *Store) shardOfKey(k *Key) *shard { return &s.shards[keyHash(k)>>s.shard
 
 // byShard groups the indices 0..n-1 by the shard shardOf names for each,
 // keeping their order within a shard, and calls fn once per shard that
-// has any, in shard order (so a caller never waits on one shard's lock
-// while holding another's).
+// has any. fn takes and lets go of its shard's lock, so a caller never
+// holds two and the order is free: each batch starts its round at a shard
+// of its own (a golden-ratio step from the last). Batches that all went
+// from shard 0 up would follow each other round in a convoy, each waiting
+// at every shard for the one just ahead of it.
 func (s *Store) byShard(n int, shardOf func(int) *shard, fn func(sh *shard, idx []int) error) error {
 	order := make([]int, n)
 	if len(s.shards) == 1 {
@@ -132,7 +135,9 @@ func (s *Store) byShard(n int, shardOf func(int) *shard, fn func(sh *shard, idx 
 		order[count[ks[i]]] = i
 		count[ks[i]]++
 	}
-	for k := range s.shards {
+	first := int(s.shardTurn.Add(0x9e3779b9) >> (32 - bits.TrailingZeros(uint(len(s.shards)))))
+	for j := range s.shards {
+		k := (first + j) & (len(s.shards) - 1)
 		if idx := order[start[k]:start[k+1]]; len(idx) > 0 {
 			if err := fn(&s.shards[k], idx); err != nil {
 				return err

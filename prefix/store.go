@@ -79,7 +79,8 @@ type Store struct {
 	blockOff []tier.Offset // tier offset of every payload block (use blockAt)
 
 	shards     []shard
-	shardShift uint // a key hash's top bits pick its shard
+	shardShift uint          // a key hash's top bits pick its shard
+	shardTurn  atomic.Uint32 // where the next batch starts its round of the shards (byShard)
 
 	// perClient: the index keeps its hot counters per client (version 3).
 	perClient bool

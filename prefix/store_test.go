@@ -13,52 +13,72 @@ import (
 	"github.com/cxltier/cxltier/tier"
 )
 
+// TestSetGetRoundTrip covers both ways a Set writes: small payloads under
+// the shard's lock (inline) and large ones between two holds.
 func TestSetGetRoundTrip(t *testing.T) {
-	for _, devices := range []int{1, 3} {
-		t.Run(fmt.Sprintf("%ddev", devices), func(t *testing.T) {
-			_, c := testTier(t, devices)
-			s := testStore(t, c, 64, 40000)
-			keys := make([]Key, 20)
-			payloads := make([][]byte, len(keys))
-			for i := range keys {
-				keys[i] = keyN(i)
-				payloads[i] = payloadFor(keys[i], 1000+i*1500)
-			}
-			st, err := s.Set(keys, payloads)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for i, x := range st {
-				if x != Reserved {
-					t.Fatalf("key %d: %v", i, x)
-				}
-			}
-			if n := s.Exists(keys); n != len(keys) {
-				t.Fatalf("Exists = %d, want %d", n, len(keys))
-			}
-			dst := make([][]byte, len(keys))
-			for i := range dst {
-				dst[i] = make([]byte, 40000)
-			}
-			n, err := s.Get(keys, dst)
-			if err != nil || n != len(keys) {
-				t.Fatalf("Get = %d, %v", n, err)
-			}
-			for i := range keys {
-				if !bytes.Equal(dst[i], payloads[i]) {
-					t.Fatalf("key %d: payload differs", i)
-				}
-			}
-			st, err = s.Set(keys[:3], payloads[:3])
-			if err != nil || st[0] != Exists || st[2] != Exists {
-				t.Fatalf("second Set = %v, %v; want Exists", st, err)
-			}
-			mustCheck(t, s)
-			stats := s.Stats()
-			if stats.Ready != 20 || stats.Inserts != 20 || stats.Hits != 20 || stats.PinsHeld != 0 {
-				t.Fatalf("stats %+v", stats)
-			}
-		})
+	for _, tc := range []struct {
+		name   string
+		size   func(i int) int
+		inline bool
+	}{
+		{"inline", func(i int) int { return 100 + i*150 }, true},
+		{"two holds", func(i int) int { return 1000 + i*1500 }, false},
+	} {
+		for _, devices := range []int{1, 3} {
+			t.Run(fmt.Sprintf("%s/%ddev", tc.name, devices), func(t *testing.T) {
+				testSetGetRoundTrip(t, devices, tc.size, tc.inline)
+			})
+		}
+	}
+}
+
+func testSetGetRoundTrip(t *testing.T, devices int, size func(int) int, inline bool) {
+	_, c := testTier(t, devices)
+	s := testStore(t, c, 64, 40000)
+	keys := make([]Key, 20)
+	payloads := make([][]byte, len(keys))
+	total := 0
+	for i := range keys {
+		keys[i] = keyN(i)
+		payloads[i] = payloadFor(keys[i], size(i))
+		total += size(i)
+	}
+	if (total <= inlineSetBytes) != inline {
+		t.Fatalf("%d bytes in all: the case no longer tests the path it names", total)
+	}
+	st, err := s.Set(keys, payloads)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, x := range st {
+		if x != Reserved {
+			t.Fatalf("key %d: %v", i, x)
+		}
+	}
+	if n := s.Exists(keys); n != len(keys) {
+		t.Fatalf("Exists = %d, want %d", n, len(keys))
+	}
+	dst := make([][]byte, len(keys))
+	for i := range dst {
+		dst[i] = make([]byte, 40000)
+	}
+	n, err := s.Get(keys, dst)
+	if err != nil || n != len(keys) {
+		t.Fatalf("Get = %d, %v", n, err)
+	}
+	for i := range keys {
+		if !bytes.Equal(dst[i], payloads[i]) {
+			t.Fatalf("key %d: payload differs", i)
+		}
+	}
+	st, err = s.Set(keys[:3], payloads[:3])
+	if err != nil || st[0] != Exists || st[2] != Exists {
+		t.Fatalf("second Set = %v, %v; want Exists", st, err)
+	}
+	mustCheck(t, s)
+	stats := s.Stats()
+	if stats.Ready != 20 || stats.Inserts != 20 || stats.Hits != 20 || stats.PinsHeld != 0 || stats.BytesIn != uint64(total) {
+		t.Fatalf("stats %+v", stats)
 	}
 }
 

@@ -45,7 +45,7 @@ const LockWait = time.Minute
 
 // Lock acquires global lock id, waiting at most the client's LockWait.
 func (c *Client) Lock(id int) error {
-	return c.lock(id, &lazyDeadline{wait: c.wait})
+	return c.lock(id, waitLimit{wait: c.wait})
 }
 
 // LockContext acquires global lock id, waiting until ctx ends: for the
@@ -54,40 +54,43 @@ func (c *Client) Lock(id int) error {
 // released by the waiter, so a dead holder never blocks it. A wait that
 // ends without the lock is ErrLockTimeout, naming the holder.
 func (c *Client) LockContext(ctx context.Context, id int) error {
-	return c.lock(id, ctx)
+	return c.lock(id, waitLimit{ctx: ctx})
 }
 
 // waitLimit is what a lock wait consults now and then: a caller's context,
-// or Lock's lazyDeadline.
-type waitLimit interface {
-	Err() error
-	Deadline() (time.Time, bool)
-}
-
-// lazyDeadline ends a wait a given time after its first consultation. A
+// or else a wait that ends a given time after its first consultation. A
 // lock wait consults it only once it has spun a while, so an uncontended
 // Lock (the common case: prefix mutations take one per batch) makes no
-// timer and reads no clock; the wait it bounds is longer by the spin.
-type lazyDeadline struct {
+// timer and reads no clock; the wait it bounds is longer by the spin. It
+// is a concrete type passed by pointer, not an interface, so that it stays
+// on the stack: a lock per mutation must not allocate.
+type waitLimit struct {
+	ctx  context.Context // nil: wait, from the first consultation
 	wait time.Duration
 	end  time.Time
 }
 
-func (d *lazyDeadline) Deadline() (time.Time, bool) {
-	if d.end.IsZero() {
-		d.end = time.Now().Add(d.wait)
+func (w *waitLimit) Deadline() (time.Time, bool) {
+	if w.ctx != nil {
+		return w.ctx.Deadline()
 	}
-	return d.end, true
+	if w.end.IsZero() {
+		w.end = time.Now().Add(w.wait)
+	}
+	return w.end, true
 }
 
-func (d *lazyDeadline) Err() error {
-	if end, _ := d.Deadline(); !time.Now().Before(end) {
+func (w *waitLimit) Err() error {
+	if w.ctx != nil {
+		return w.ctx.Err()
+	}
+	if end, _ := w.Deadline(); !time.Now().Before(end) {
 		return context.DeadlineExceeded
 	}
 	return nil
 }
 
-func (c *Client) lock(id int, ctx waitLimit) error {
+func (c *Client) lock(id int, lim waitLimit) error {
 	if err := c.r.live("lock"); err != nil {
 		return err
 	}
@@ -95,8 +98,8 @@ func (c *Client) lock(id int, ctx waitLimit) error {
 		return err
 	}
 	global, local := c.r.lockLines(id, c.node)
-	if err := c.acquireLocal(ctx, global, local, true); err != nil {
-		if ctx.Err() != nil {
+	if err := c.acquireLocal(&lim, global, local, true); err != nil {
+		if lim.Err() != nil {
 			return fmt.Errorf("tier: lock %d: %s: %w", id, c.r.describeHolder(local), ErrLockTimeout)
 		}
 		return fmt.Errorf("tier: lock %d: %w", id, err)
@@ -106,7 +109,7 @@ func (c *Client) lock(id int, ctx waitLimit) error {
 	}
 	c.r.postRequest(global)
 	limit := time.Duration(0)
-	if d, ok := ctx.Deadline(); ok {
+	if d, ok := lim.Deadline(); ok {
 		limit = max(time.Until(d), time.Millisecond)
 	}
 	if !c.r.awaitGrantFor(global, limit) {
@@ -136,7 +139,7 @@ func (r *Region) describeHolder(local []byte) string {
 // manager's grant); the caller must leave it to a reaper.
 func (c *Client) lockWithin(id int, limit time.Duration) bool {
 	global, local := c.r.lockLines(id, c.node)
-	if c.acquireLocal(&lazyDeadline{wait: limit}, global, local, false) != nil {
+	if c.acquireLocal(&waitLimit{wait: limit}, global, local, false) != nil {
 		return false
 	}
 	if c.r.l.Nodes == 1 {
@@ -151,7 +154,7 @@ func (c *Client) lockWithin(id int, limit time.Duration) bool {
 // that names no live lease is released on its behalf (releaseOrphan). It
 // gives up when ctx ends and, if checkClient, when this client's lease is
 // lost or closed.
-func (c *Client) acquireLocal(ctx waitLimit, global, local []byte, checkClient bool) error {
+func (c *Client) acquireLocal(lim *waitLimit, global, local []byte, checkClient bool) error {
 	holder := u64At(local, 0)
 	for try := 0; ; try++ {
 		c.r.sync.refresh(local)
@@ -172,7 +175,7 @@ func (c *Client) acquireLocal(ctx waitLimit, global, local []byte, checkClient b
 			}
 		}
 		if try%64 == 63 {
-			if err := ctx.Err(); err != nil {
+			if err := lim.Err(); err != nil {
 				return err
 			}
 			c.r.releaseOrphan(global, local, c.token)

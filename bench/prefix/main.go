@@ -32,6 +32,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/cxltier/cxltier/bench/internal/report"
@@ -68,6 +69,7 @@ type options struct {
 	procs         []int
 	batches       []int
 	shards        []int
+	ops           map[string]bool
 	tokens        []int
 	duration      time.Duration
 	runs          int
@@ -87,6 +89,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	procs := fs.String("procs", "1,2,4", "process counts for the ops/s cases")
 	batches := fs.String("batch", "1,32", "keys per call for the ops/s cases")
 	shards := fs.String("shards", "1,8", "shard counts for the insert cases (lookups use one)")
+	ops := fs.String("ops", "lookup,exists,insert", "ops/s cases to run: lookup (pinned), exists (bare probe), insert ('' skips them all)")
 	tokens := fs.String("tokens", "16,64", "tokens per block for the round-trip cases")
 	o := options{}
 	fs.DurationVar(&o.duration, "duration", time.Second, "measuring time of each ops/s case")
@@ -114,6 +117,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, err
 	}
 	if o.shards, err = report.Ints("-shards", *shards, 32); err != nil {
+		return o, err
+	}
+	if o.ops, err = parseOps(*ops); err != nil {
 		return o, err
 	}
 	if o.tokens, err = report.Ints("-tokens", *tokens, 1024); err != nil {
@@ -150,4 +156,19 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	printTable(stdout, rep)
 	return report.WriteJSON(o.out, "prefix", rep.Engine, rep, stderr)
+}
+
+// parseOps reads -ops: a comma-separated subset of the ops/s cases.
+func parseOps(list string) (map[string]bool, error) {
+	ops := map[string]bool{}
+	for _, op := range strings.Split(list, ",") {
+		switch op = strings.TrimSpace(op); op {
+		case "":
+		case "lookup", "exists", "insert":
+			ops[op] = true
+		default:
+			return nil, fmt.Errorf("-ops: unknown op %q (want lookup, exists or insert)", op)
+		}
+	}
+	return ops, nil
 }

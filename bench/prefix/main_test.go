@@ -80,10 +80,32 @@ func TestSmallRun(t *testing.T) {
 	}
 }
 
+// TestOpsSubset: -ops runs only the cases it names.
+func TestOpsSubset(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "r.json")
+	var stderr bytes.Buffer
+	err := run([]string{"-ops", "exists", "-procs", "1", "-batch", "2", "-duration", "20ms", "-runs", "1", "-rounds", "1",
+		"-tokens", "1", "-bytes-per-token", "4096", "-move-blocks", "0", "-redis", "", "-out", out}, &bytes.Buffer{}, &stderr)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep Report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Ops) != 1 || rep.Ops[0].Op != "exists" {
+		t.Errorf("-ops exists ran %+v", rep.Ops)
+	}
+}
+
 func TestBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-procs", "0"}, {"-procs", "a"}, {"-batch", ""}, {"-tokens", "2000"},
-		{"-rounds", "0"}, {"-bytes-per-token", "100"}, {"extra"},
+		{"-rounds", "0"}, {"-bytes-per-token", "100"}, {"extra"}, {"-ops", "lookup,scan"},
 	} {
 		if err := run(args, &bytes.Buffer{}, &bytes.Buffer{}); err == nil {
 			t.Errorf("%v accepted", args)

@@ -129,10 +129,21 @@ func opsCases(o options, log io.Writer) ([]OpsResult, error) {
 		s.Close()
 		return prefix.Destroy(c, name)
 	}
-	if err := cases(opsIndex+"-lookup", opsBlocks, 1, []string{"lookup", "exists"}); err != nil {
-		return nil, err
+	var reads []string
+	for _, op := range []string{"lookup", "exists"} {
+		if o.ops[op] {
+			reads = append(reads, op)
+		}
+	}
+	if len(reads) > 0 {
+		if err := cases(opsIndex+"-lookup", opsBlocks, 1, reads); err != nil {
+			return nil, err
+		}
 	}
 	for _, shards := range o.shards {
+		if !o.ops["insert"] {
+			break
+		}
 		if err := cases(fmt.Sprintf("%s-insert-%d", opsIndex, shards), 2*opsBlocks, shards, []string{"insert"}); err != nil {
 			return nil, err
 		}
