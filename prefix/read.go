@@ -195,13 +195,17 @@ func (s *Store) LookupAppend(dst []Hit, keys []Key) ([]Hit, error) {
 	}
 	base := len(dst)
 	dst = slices.Grow(dst, len(keys))
+	// The pin hint is read once and stored once a batch: stored per pin it
+	// cost a locked exchange (Go's atomic store) per key.
+	hint := s.pinHint.Load()
+	defer func() { s.pinHint.Store(hint) }()
 	for n := range keys {
 		if n%touchAhead == 0 && len(keys) > 1 {
 			s.touchHomes(keys[n:min(n+touchAhead, len(keys))])
 		}
 		// Filled in place: a Hit is ten words, worth not copying twice.
 		dst = dst[:len(dst)+1]
-		ok, err := s.lookupOne(&dst[len(dst)-1], &keys[n])
+		ok, err := s.lookupOne(&dst[len(dst)-1], &keys[n], &hint)
 		if err != nil {
 			s.Release(dst[base : len(dst)-1])
 			return dst[:base], fmt.Errorf("prefix: %q: lookup key %d (%v): %w", s.name, n, keys[n], err)
@@ -217,8 +221,9 @@ func (s *Store) LookupAppend(dst []Hit, keys []Key) ([]Hit, error) {
 	return dst, nil
 }
 
-// lookupOne finds k and, if it is ready, pins it and fills h.
-func (s *Store) lookupOne(h *Hit, k *Key) (bool, error) {
+// lookupOne finds k and, if it is ready, pins it (claims start at *hint)
+// and fills h.
+func (s *Store) lookupOne(h *Hit, k *Key, hint *int32) (bool, error) {
 	i, w, ok := s.find(k)
 	if !ok || wordState(w) != stReady {
 		return false, nil
@@ -228,7 +233,7 @@ func (s *Store) lookupOne(h *Hit, k *Key) (bool, error) {
 	h.Len = int64(atomic.LoadUint32(u32At(e, entLen)))
 	h.CRC = atomic.LoadUint32(u32At(e, entCRC))
 	h.Block = atomic.LoadUint32(u32At(e, entBlock))
-	pin, err := s.pin(i, w)
+	pin, err := s.pin(i, w, hint)
 	if err != nil || pin < 0 {
 		return false, err
 	}
@@ -265,7 +270,15 @@ func (s *Store) Release(hits []Hit) {
 	if s.r.Closed() { // the pin tables went with the mapping
 		return
 	}
+	if len(hits) == 0 {
+		return
+	}
+	low := hits[0].pin
 	for _, h := range hits {
-		s.unpin(h.pin)
+		s.dropPin(h.pin)
+		low = min(low, h.pin)
+	}
+	if low < s.pinHint.Load() {
+		s.pinHint.Store(low) // once a batch, as in LookupAppend
 	}
 }
