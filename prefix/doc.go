@@ -22,7 +22,10 @@
 // Concurrency. Mutations (reserve, publish, abort, delete, evict, reclaim)
 // run under their shard's lock (a process mutex, then the tier lock) and
 // mark the shard dirty while they work, so a holder that dies
-// mid-mutation leaves a flag the next holder repairs from. Lookups never
+// mid-mutation leaves a flag the next holder repairs from. A Set of small
+// payloads writes them under the same hold that reserves and publishes
+// them; a writer killed mid-copy leaves a reservation for the reaper, as
+// one killed between two holds does. Lookups never
 // take a lock (lessons.md: batch lookups must not contend with eviction):
 // they probe with a seqlock-style read of the entry's state word and pin
 // by claiming a record of their own client's pin table with a

@@ -306,9 +306,8 @@ func (s *Store) noteFreed(sh *shard, b uint32) {
 }
 
 // popStray takes the last block named in the shard's stray list (see
-// noteFreed). The words
-// are a hint that may be stale or damaged: the caller checks the block is
-// the shard's and free.
+// noteFreed). The words are a hint that may be stale or damaged: the
+// caller checks the block is the shard's and free.
 func (s *Store) popStray(sh *shard) (uint32, bool) {
 	n := min(atomic.LoadUint32(sh.u32(slStrays)), strayWords)
 	if n == 0 {
