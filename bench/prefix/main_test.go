@@ -38,14 +38,7 @@ func TestSmallRun(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr.String())
 	}
-	raw, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep Report
-	if err := json.Unmarshal(raw, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := readReport(t, out)
 	if len(rep.Ops) != (2+2)*2*2 { // lookups and probes, inserts on 1 and 8 shards
 		t.Errorf("%d ops cases, want 16", len(rep.Ops))
 	}
@@ -89,14 +82,7 @@ func TestOpsSubset(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr.String())
 	}
-	raw, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep Report
-	if err := json.Unmarshal(raw, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := readReport(t, out)
 	if len(rep.Ops) != 1 || rep.Ops[0].Op != "exists" {
 		t.Errorf("-ops exists ran %+v", rep.Ops)
 	}
@@ -111,4 +97,17 @@ func TestBadFlags(t *testing.T) {
 			t.Errorf("%v accepted", args)
 		}
 	}
+}
+
+func readReport(t *testing.T, path string) Report {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep Report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep
 }
