@@ -1,6 +1,7 @@
 package prefix
 
 import (
+	"strconv"
 	"testing"
 
 	"github.com/cxltier/cxltier/internal/tiertest"
@@ -18,4 +19,46 @@ func BenchmarkExistsLarge(b *testing.B) {
 			b.Fatal(got)
 		}
 	}
+}
+
+// BenchmarkExistsPages is batch_exists as the library call makes it: 30k
+// pages' hex digests, two parts each, keys derived as they are probed, in
+// the index of BenchmarkExistsLarge; PartKeys then Exists beside it.
+func BenchmarkExistsPages(b *testing.B) {
+	_, c := tiertest.Format(b, 1, 128<<20, 1<<20)
+	const pages = 30000
+	s := testStore(b, c, 4*pages, 64)
+	masks := []Key{PartMask("k"), PartMask("v")}
+	hexes := make([]string, pages)
+	keys := make([]Key, 2*pages)
+	for i := range hexes {
+		hexes[i] = StringKey(strconv.Itoa(i)).String()
+	}
+	if err := PartKeys(keys, hexes, masks); err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; i < len(keys); i += 1024 {
+		batch := keys[i:min(i+1024, len(keys))]
+		if st, err := s.Set(batch, make([][]byte, len(batch))); err != nil || st[len(batch)-1] != Reserved {
+			b.Fatalf("fill: %v", err)
+		}
+	}
+	b.Run("one-call", func(b *testing.B) {
+		for b.Loop() {
+			if got := s.ExistsPages(hexes, masks); got != pages {
+				b.Fatal(got)
+			}
+		}
+	})
+	b.Run("keys-then-probe", func(b *testing.B) {
+		dst := make([]Key, 2*pages)
+		for b.Loop() {
+			if err := PartKeys(dst, hexes, masks); err != nil {
+				b.Fatal(err)
+			}
+			if got := s.Exists(dst); got != 2*pages {
+				b.Fatal(got)
+			}
+		}
+	})
 }
