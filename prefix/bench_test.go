@@ -131,3 +131,24 @@ func BenchmarkPartKeys(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPins is a batch's pins without its probes: 32 claims of this
+// client's pin records, then their release.
+func BenchmarkPins(b *testing.B) {
+	_, c := testTier(b, 1)
+	s, _ := filledStore(b, c, 64, 64)
+	var pins [32]int32
+	for b.Loop() {
+		hint := int32(0)
+		for n := range pins {
+			var err error
+			if pins[n], err = s.claimPin(uint64(n+1)<<32|1, &hint); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for _, j := range pins {
+			s.dropPin(j)
+		}
+	}
+	b.ReportMetric(float64(b.N*len(pins))/b.Elapsed().Seconds(), "pins/s")
+}
