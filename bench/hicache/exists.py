@@ -71,15 +71,21 @@ def host_pool():
     return host, f"sglang {sglang.__version__} MHATokenToKVPoolHost"
 
 
-def timed(fn, repeat):
-    """min, median and max milliseconds of repeat calls, and the last result."""
-    times, result = [], None
+def timed(fns, repeat):
+    """min, median and max milliseconds of repeat calls of each of fns, and
+    each one's last result. The calls go round the functions in turn, so
+    that a slow spell of a shared machine falls on all of them alike."""
+    times, results = [[] for _ in fns], [None] * len(fns)
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        result = fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
-    return {"min_ms": times[0], "p50_ms": times[len(times) // 2], "max_ms": times[-1]}, result
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            results[i] = fn()
+            times[i].append((time.perf_counter() - t0) * 1e3)
+    out = []
+    for t in times:
+        t.sort()
+        out.append({"min_ms": t[0], "p50_ms": t[len(t) // 2], "max_ms": t[-1]})
+    return out, results
 
 
 def old_part_keys(pages, masks):
@@ -128,15 +134,16 @@ def main():
                 st = backend.index.set(hexes[i:i + 8192], [b"\0" * 64] * len(hexes[i:i + 8192]))
                 if "no_space" in st:
                     raise SystemExit("the bench index is too small")
-            rows = []
-            for label, fn in [
+            cases = [
                 ("batch_exists", lambda: backend.batch_exists(pages)),
                 ("keys + probe", lambda: backend.index.exists_block(part_keys(pages, backend._kv_masks)) // 2),
                 ("part keys", lambda: len(part_keys(pages, backend._kv_masks))),
                 ("probe only", lambda: backend.index.exists_block(keys) // 2),
                 ("old path", lambda: backend.index.exists_block(old_part_keys(pages, backend._kv_masks)) // 2),
-            ]:
-                t, got = timed(fn, a.repeat)
+            ]
+            stats, results = timed([fn for _, fn in cases], a.repeat)
+            rows = []
+            for (label, _), t, got in zip(cases, stats, results):
                 want = a.pages if label != "part keys" else 2 * a.pages
                 if got != want:
                     raise SystemExit(f"{label}: {got}, want {want}")
@@ -145,7 +152,7 @@ def main():
         finally:
             os.remove(f"/dev/shm/{name}")
     base = next(r for r in rows if r["row"] == "old path")["p50_ms"]
-    print(f"HiCache batch_exists of {a.pages} pages (2 parts each), {a.repeat} calls per row; pool: {pool_note}")
+    print(f"HiCache batch_exists of {a.pages} pages (2 parts each), {a.repeat} calls per row, rows in turn; pool: {pool_note}")
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}\n")
     print(f"{'row':>14} {'min ms':>8} {'p50 ms':>8} {'max ms':>8} {'vs old p50':>10}")
     for r in rows:
