@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"time"
@@ -81,6 +82,7 @@ type options struct {
 	redis         string
 	engine        string
 	out           string
+	profile       string
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -103,6 +105,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.redis, "redis", "redis-server", "redis-server binary for the baseline ('' skips it)")
 	fs.StringVar(&o.engine, "engine", "cpu", "gather engine for the paged cases: cpu, cuda or auto")
 	fs.StringVar(&o.out, "out", "", "JSON output (default bench/results/local/prefix-ENGINE.json)")
+	fs.StringVar(&o.profile, "cpuprofile", "", "directory for each ops/s worker's CPU profile of its window (scripts/pgo.sh)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -118,6 +121,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.shards, err = report.Ints("-shards", *shards, 32); err != nil {
 		return o, err
+	}
+	if o.profile != "" {
+		if o.profile, err = filepath.Abs(o.profile); err != nil { // the workers open it
+			return o, err
+		}
+		if err := os.MkdirAll(o.profile, 0o755); err != nil {
+			return o, fmt.Errorf("-cpuprofile: %w", err)
+		}
 	}
 	if o.ops, err = parseOps(*ops); err != nil {
 		return o, err

@@ -73,18 +73,28 @@ func TestSmallRun(t *testing.T) {
 	}
 }
 
-// TestOpsSubset: -ops runs only the cases it names.
+// TestOpsSubset: -ops runs only the cases it names, and -cpuprofile
+// leaves each worker's profile.
 func TestOpsSubset(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "r.json")
 	var stderr bytes.Buffer
+	profiles := t.TempDir()
 	err := run([]string{"-ops", "exists", "-procs", "1", "-batch", "2", "-duration", "20ms", "-runs", "1", "-rounds", "1",
-		"-tokens", "1", "-bytes-per-token", "4096", "-move-blocks", "0", "-redis", "", "-out", out}, &bytes.Buffer{}, &stderr)
+		"-tokens", "1", "-bytes-per-token", "4096", "-move-blocks", "0", "-redis", "", "-out", out,
+		"-cpuprofile", profiles}, &bytes.Buffer{}, &stderr)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr.String())
 	}
 	rep := readReport(t, out)
 	if len(rep.Ops) != 1 || rep.Ops[0].Op != "exists" {
 		t.Errorf("-ops exists ran %+v", rep.Ops)
+	}
+	got, _ := filepath.Glob(filepath.Join(profiles, "exists-*.pprof"))
+	if len(got) != 1 {
+		t.Fatalf("-cpuprofile wrote %v, want one worker's profile", got)
+	}
+	if fi, err := os.Stat(got[0]); err != nil || fi.Size() == 0 {
+		t.Errorf("worker profile %s: %v, %v", got[0], fi, err)
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -47,6 +49,9 @@ type job struct {
 	Batch  int    `json:"batch"`
 	Worker int    `json:"worker"`
 	Run    int    `json:"run"` // distinct per case, so inserts never meet keys of an earlier case
+	// Profile, if set, is a directory for the worker's CPU profile of its
+	// measuring window (scripts/pgo.sh merges them into the build's profile).
+	Profile string `json:"profile,omitempty"`
 }
 
 // benchKey is key i of a family: lookups read family 0, worker w of case
@@ -99,7 +104,7 @@ func opsCases(o options, log io.Writer) ([]OpsResult, error) {
 					for p, procs := range o.procs {
 						fmt.Fprintf(log, "%s, %d shard(s), batch %d, %d process(es)...\n", op, shards, batch, procs)
 						run++
-						keys, err := runWorkers(job{Device: dev, Index: name, Op: op, Batch: batch, Run: run}, procs, o.duration)
+						keys, err := runWorkers(job{Device: dev, Index: name, Op: op, Batch: batch, Run: run, Profile: o.profile}, procs, o.duration)
 						if err != nil {
 							return err
 						}
@@ -258,6 +263,10 @@ func runWorker(spec string, stdin io.Reader, stdout io.Writer) error {
 	if _, serr := fmt.Sscanf(line, "go %d", &ns); serr != nil {
 		return fmt.Errorf("waiting for go: %q %v", line, err)
 	}
+	stop, err := startProfile(j)
+	if err != nil {
+		return err
+	}
 	var keys int64
 	for end := time.Now().Add(time.Duration(ns)); time.Now().Before(end); {
 		for range 16 {
@@ -267,8 +276,35 @@ func runWorker(spec string, stdin io.Reader, stdout io.Writer) error {
 		}
 		keys += int64(16 * j.Batch)
 	}
+	if err := stop(); err != nil {
+		return err
+	}
 	fmt.Fprintf(stdout, "done %d\n", keys)
 	return nil
+}
+
+// startProfile starts the CPU profile of j's worker when j asks for one
+// and returns what ends it.
+func startProfile(j job) (stop func() error, err error) {
+	if j.Profile == "" {
+		return func() error { return nil }, nil
+	}
+	path := filepath.Join(j.Profile, fmt.Sprintf("%s-batch%d-run%d-worker%d.pprof", j.Op, j.Batch, j.Run, j.Worker))
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpu profile %s: %w", path, err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("cpu profile %s: %w", path, err)
+		}
+		return nil
+	}, nil
 }
 
 // stepFor returns one call of j's op on batch keys. Lookups read windows
