@@ -139,15 +139,14 @@ func BenchmarkPins(b *testing.B) {
 	s, _ := filledStore(b, c, 64, 64)
 	var pins [32]int32
 	for b.Loop() {
-		hint := int32(0)
 		for n := range pins {
 			var err error
-			if pins[n], err = s.claimPin(uint64(n+1)<<32|1, &hint); err != nil {
+			if pins[n], err = s.claimPin(uint64(n+1)<<32 | 1); err != nil {
 				b.Fatal(err)
 			}
 		}
 		for _, j := range pins {
-			s.dropPin(j)
+			s.unpin(j)
 		}
 	}
 	b.ReportMetric(float64(b.N*len(pins))/b.Elapsed().Seconds(), "pins/s")

@@ -50,10 +50,7 @@ func FuzzDamage(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer s.Close()
-		keys := make([]Key, 12)
-		for i := range keys {
-			keys[i] = keyN(i)
-		}
+		keys := keysN(12)
 		if _, err := s.Set(keys, payloadsFor(keys, 300)); err != nil {
 			t.Fatal(err)
 		}

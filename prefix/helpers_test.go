@@ -44,6 +44,15 @@ func payloadFor(k Key, n int) []byte {
 
 func keyN(n int) Key { return StringKey(fmt.Sprintf("key-%d", n)) }
 
+// keysN is keyN(0), …, keyN(n-1).
+func keysN(n int) []Key {
+	keys := make([]Key, n)
+	for i := range keys {
+		keys[i] = keyN(i)
+	}
+	return keys
+}
+
 func mustCheck(t testing.TB, s *Store) {
 	t.Helper()
 	bad, err := s.Check(true)

@@ -212,8 +212,8 @@ func (s *Store) reserveOne(sh *shard, res *Reservation, left int, now uint64) er
 
 // probeInsert finds k's entry, or the first free entry on its probe path.
 func (s *Store) probeInsert(k *Key) (uint32, bool, error) {
-	sh := s.shardOfKey(k)
-	i, free := s.home(k), int64(-1)
+	sh, i := s.homeOf(k)
+	free := int64(-1)
 	for n := int64(0); n <= int64(sh.mask); n++ {
 		e := s.readEntry(i)
 		switch wordState(atomic.LoadUint64(u64At(e, entWord))) {
@@ -367,8 +367,7 @@ func (s *Store) publishOne(sh *shard, r *Reservation, crc uint32, now uint64) (b
 		return false, fmt.Errorf("prefix: %q: publish %v: %w", s.name, r.Key, ErrLost)
 	}
 	atomic.StoreUint32(u32At(e, entCRC), crc)
-	atomic.StoreUint64(u64At(e, entAccess), now)
-	s.linkHead(r.entry, now)
+	s.linkHead(r.entry, now) // stamps the access word too
 	atomic.StoreUint64(u64At(e, entWord), mkWord(wordGen(r.word), stReady))
 	s.publishEntry(r.entry)
 	sh.add(slReserved, -1)

@@ -70,38 +70,36 @@ func pinValue(i uint32, w uint64) uint64 { return uint64(i+1)<<32 | uint64(uint3
 // scans pin tables, so either it sees our record or we see its mark (both
 // sides use sequentially consistent atomics; model/pin.pml checks the
 // handshake on non-coherent memory). It returns -1 if the entry changed.
-func (s *Store) pin(i uint32, w uint64, hint *int32) (int32, error) {
-	j, err := s.claimPin(pinValue(i, w), hint)
+func (s *Store) pin(i uint32, w uint64) (int32, error) {
+	j, err := s.claimPin(pinValue(i, w))
 	if err != nil {
 		return -1, err
 	}
 	s.publishPin(j)
 	if atomic.LoadUint64(u64At(s.readEntry(i), entWord)) != w {
-		s.dropPin(j)
-		*hint = min(*hint, j)
+		s.unpin(j)
 		return -1, nil
 	}
 	return j, nil
 }
 
 // claimPin writes v into a free record of this client's table and returns
-// its index. It looks from *hint (records at and after it were free
-// lately; the caller's copy of the Store's hint, which it moves past the
-// record), then wraps, then raises the high-water mark; ErrPinsFull when
+// its index. It looks from the hint (records at and after it were free
+// lately), then wraps, then raises the high-water mark; ErrPinsFull when
 // every record is held.
-func (s *Store) claimPin(v uint64, hint *int32) (int32, error) {
+func (s *Store) claimPin(v uint64) (int32, error) {
 	if s.pinsClosed.Load() {
 		return -1, fmt.Errorf("prefix: %q: %w", s.name, tier.ErrClosed)
 	}
 	hw := s.pinHighWater()
-	start := min(max(*hint, 0), hw)
+	start := min(s.pinHint.Load(), hw)
 	for k := int32(0); k < hw; k++ {
 		j := start + k
 		if j >= hw {
 			j -= hw
 		}
 		if rec := s.pinRecord(s.slot, int64(j)); atomic.LoadUint64(rec) == 0 && atomic.CompareAndSwapUint64(rec, 0, v) {
-			*hint = j + 1
+			s.pinHint.Store(j + 1)
 			return j, nil
 		}
 	}
@@ -118,7 +116,7 @@ func (s *Store) claimPin(v uint64, hint *int32) (int32, error) {
 		}
 		s.publishMeta(s.g.PinsOff+int64(s.slot)*s.g.PinStride, pinHeaderSize)
 		if atomic.CompareAndSwapUint64(s.pinRecord(s.slot, int64(hw)), 0, v) {
-			*hint = int32(hw) + 1
+			s.pinHint.Store(int32(hw) + 1)
 			return int32(hw), nil
 		}
 	}
@@ -131,16 +129,11 @@ func (s *Store) pinHighWater() int32 {
 }
 
 func (s *Store) unpin(j int32) {
-	s.dropPin(j)
+	atomic.StoreUint64(s.pinRecord(s.slot, int64(j)), 0)
+	s.publishPin(j)
 	if j < s.pinHint.Load() {
 		s.pinHint.Store(j) // a hint: a racing claim may move it, and claims scan on
 	}
-}
-
-// dropPin clears record j; the caller sees to the hint.
-func (s *Store) dropPin(j int32) {
-	atomic.StoreUint64(s.pinRecord(s.slot, int64(j)), 0)
-	s.publishPin(j)
 }
 
 func (s *Store) pinRecord(slot int, j int64) *uint64 {

@@ -18,10 +18,7 @@ import (
 func TestConcurrentPins(t *testing.T) {
 	_, c := testTier(t, 1)
 	s := testStore(t, c, 64, 256)
-	keys := make([]Key, 256)
-	for i := range keys {
-		keys[i] = keyN(i)
-	}
+	keys := keysN(256)
 	if _, err := s.Set(keys[:64], payloadsFor(keys[:64], 256)); err != nil {
 		t.Fatal(err)
 	}
@@ -78,10 +75,7 @@ func TestPinTableFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	keys := make([]Key, 9)
-	for i := range keys {
-		keys[i] = keyN(i)
-	}
+	keys := keysN(9)
 	if _, err := s.Set(keys, payloadsFor(keys, 64)); err != nil {
 		t.Fatal(err)
 	}
@@ -176,10 +170,7 @@ func TestCountersPerClient(t *testing.T) {
 func TestLookupAllocatesNothing(t *testing.T) {
 	_, c := testTier(t, 1)
 	s := testStore(t, c, 64, 64)
-	keys := make([]Key, 40)
-	for i := range keys {
-		keys[i] = keyN(i)
-	}
+	keys := keysN(40)
 	if _, err := s.Set(keys[:32], payloadsFor(keys[:32], 64)); err != nil {
 		t.Fatal(err)
 	}

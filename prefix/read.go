@@ -57,20 +57,26 @@ func keyHash(k *Key) uint64 {
 	return x
 }
 
+// homeOf is k's shard and first probe slot in it, from one hash. It stays
+// within the compiler's inlining budget (find and probeInsert call it per
+// key): mind its cost when changing it.
+func (s *Store) homeOf(k *Key) (sh *shard, i uint32) {
+	x := keyHash(k)
+	sh = &s.shards[x>>s.shardShift]
+	return sh, sh.entry0 + uint32(x)&sh.mask
+}
+
 // home is k's first probe slot, in its shard.
 func (s *Store) home(k *Key) uint32 {
-	x := keyHash(k)
-	sh := &s.shards[x>>s.shardShift]
-	return sh.entry0 + uint32(x)&sh.mask
+	_, i := s.homeOf(k)
+	return i
 }
 
 // find probes for k without the lock. It returns the entry holding k (in
 // any live state) and the state word read before the key compare, which a
 // caller re-checks after it reads more fields.
 func (s *Store) find(k *Key) (uint32, uint64, bool) {
-	x := keyHash(k)
-	sh := &s.shards[x>>s.shardShift]
-	i := sh.entry0 + uint32(x)&sh.mask
+	sh, i := s.homeOf(k)
 	for n := int64(0); n <= int64(sh.mask); {
 		e := s.readEntry(i)
 		w := atomic.LoadUint64(u64At(e, entWord))
@@ -100,12 +106,10 @@ const touchAhead = 16
 
 // touchHomes reads the state word of each key's home entry, to have the
 // lines in the core's cache when the probes come.
-func (s *Store) touchHomes(keys []Key) uint64 {
-	var sum uint64
+func (s *Store) touchHomes(keys []Key) {
 	for n := range keys {
-		sum += atomic.LoadUint64(u64At(s.entry(s.home(&keys[n])), entWord))
+		atomic.LoadUint64(u64At(s.entry(s.home(&keys[n])), entWord))
 	}
-	return sum
 }
 
 // Exists returns how many leading keys have ready entries (HiCache's
@@ -195,17 +199,13 @@ func (s *Store) LookupAppend(dst []Hit, keys []Key) ([]Hit, error) {
 	}
 	base := len(dst)
 	dst = slices.Grow(dst, len(keys))
-	// The pin hint is read once and stored once a batch: stored per pin it
-	// cost a locked exchange (Go's atomic store) per key.
-	hint := s.pinHint.Load()
-	defer func() { s.pinHint.Store(hint) }()
 	for n := range keys {
 		if n%touchAhead == 0 && len(keys) > 1 {
 			s.touchHomes(keys[n:min(n+touchAhead, len(keys))])
 		}
 		// Filled in place: a Hit is ten words, worth not copying twice.
 		dst = dst[:len(dst)+1]
-		ok, err := s.lookupOne(&dst[len(dst)-1], &keys[n], &hint)
+		ok, err := s.lookupOne(&dst[len(dst)-1], &keys[n])
 		if err != nil {
 			s.Release(dst[base : len(dst)-1])
 			return dst[:base], fmt.Errorf("prefix: %q: lookup key %d (%v): %w", s.name, n, keys[n], err)
@@ -221,9 +221,8 @@ func (s *Store) LookupAppend(dst []Hit, keys []Key) ([]Hit, error) {
 	return dst, nil
 }
 
-// lookupOne finds k and, if it is ready, pins it (claims start at *hint)
-// and fills h.
-func (s *Store) lookupOne(h *Hit, k *Key, hint *int32) (bool, error) {
+// lookupOne finds k and, if it is ready, pins it and fills h.
+func (s *Store) lookupOne(h *Hit, k *Key) (bool, error) {
 	i, w, ok := s.find(k)
 	if !ok || wordState(w) != stReady {
 		return false, nil
@@ -233,7 +232,7 @@ func (s *Store) lookupOne(h *Hit, k *Key, hint *int32) (bool, error) {
 	h.Len = int64(atomic.LoadUint32(u32At(e, entLen)))
 	h.CRC = atomic.LoadUint32(u32At(e, entCRC))
 	h.Block = atomic.LoadUint32(u32At(e, entBlock))
-	pin, err := s.pin(i, w, hint)
+	pin, err := s.pin(i, w)
 	if err != nil || pin < 0 {
 		return false, err
 	}
@@ -270,15 +269,7 @@ func (s *Store) Release(hits []Hit) {
 	if s.r.Closed() { // the pin tables went with the mapping
 		return
 	}
-	if len(hits) == 0 {
-		return
-	}
-	low := hits[0].pin
 	for _, h := range hits {
-		s.dropPin(h.pin)
-		low = min(low, h.pin)
-	}
-	if low < s.pinHint.Load() {
-		s.pinHint.Store(low) // once a batch, as in LookupAppend
+		s.unpin(h.pin)
 	}
 }

@@ -132,10 +132,7 @@ func TestNonCoherentTier(t *testing.T) {
 	}
 	t.Cleanup(func() { c.Close() })
 	s := testStoreShards(t, c, 32, 256, 2)
-	keys := make([]Key, 100)
-	for i := range keys {
-		keys[i] = keyN(i)
-	}
+	keys := keysN(100)
 	var held []Hit
 	for i := 0; i < len(keys); i += 4 {
 		if _, err := s.Set(keys[i:i+4], payloadsFor(keys[i:i+4], 256)); err != nil {
