@@ -121,16 +121,10 @@ func pageParts(dst []Key, page string, masks []Key) {
 // pageKey is a page string's key: its hex digest decoded, or the hash of
 // any other string.
 func pageKey(page string) Key {
-	var k Key
-	if len(page) != 2*len(k) {
-		return StringKey(page)
+	if k, ok := decodeHexKey(page); ok {
+		return k
 	}
-	var text [2 * len(k)]byte // on the stack: no allocation per key
-	copy(text[:], page)
-	if _, err := hex.Decode(k[:], text[:]); err != nil {
-		return StringKey(page)
-	}
-	return k
+	return StringKey(page)
 }
 
 func xorKey(k, mask *Key) {

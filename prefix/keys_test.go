@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -181,5 +182,23 @@ func TestExistsPages(t *testing.T) {
 	}
 	if got := s.ExistsPages(pages, nil); got != 0 {
 		t.Errorf("no masks: %d pages", got)
+	}
+}
+
+// TestDecodeHexKeyEveryByte: every byte value at every position of a
+// digest decodes, or fails, as encoding/hex has it.
+func TestDecodeHexKeyEveryByte(t *testing.T) {
+	base := []byte(strings.Repeat("0123456789abcdefABCDEF", 3)[:64])
+	for pos := range base {
+		for b := range 256 {
+			page := slices.Clone(base)
+			page[pos] = byte(b)
+			var want Key
+			_, err := hex.Decode(want[:], page)
+			got, ok := decodeHexKey(string(page))
+			if ok != (err == nil) || (ok && got != want) {
+				t.Fatalf("byte %#x at %d: got %v %v, encoding/hex %v %v", b, pos, got, ok, want, err)
+			}
+		}
 	}
 }
