@@ -3,9 +3,13 @@ package main
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"unsafe"
+
+	"github.com/cxltier/cxltier/prefix"
 )
 
 func TestArgumentChecks(t *testing.T) {
@@ -185,6 +189,8 @@ func TestJoinedStrings(t *testing.T) {
 		want []string // nil: refused
 	}{
 		{"ab\x00\x00cde", 3, []string{"ab", "", "cde"}},
+		{"ab\x00cd\x00ef", 3, []string{"ab", "cd", "ef"}}, // of one length
+		{"\x00abcd", 2, []string{"", "abcd"}},             // a length that divides, but not of one length
 		{"abc", 1, []string{"abc"}},
 		{"\x00", 2, []string{"", ""}},
 		{"", 0, []string{}},
@@ -197,7 +203,7 @@ func TestJoinedStrings(t *testing.T) {
 		if len(tc.text) > 0 {
 			p = unsafe.Pointer(unsafe.StringData(tc.text))
 		}
-		got, err := joinedAt(p, int64(len(tc.text)), tc.n)
+		got, err := joinedAt(nil, p, int64(len(tc.text)), tc.n)
 		if tc.want == nil {
 			if !errors.Is(err, errBadArg) {
 				t.Errorf("%q as %d strings: %q %v, want errBadArg", tc.text, tc.n, got, err)
@@ -213,7 +219,7 @@ func TestJoinedStrings(t *testing.T) {
 			}
 		}
 	}
-	if _, err := joinedAt(nil, 5, 1); !errors.Is(err, errBadArg) {
+	if _, err := joinedAt(nil, nil, 5, 1); !errors.Is(err, errBadArg) {
 		t.Errorf("5 bytes at nil: %v", err)
 	}
 }
@@ -223,12 +229,13 @@ func TestJoinedStrings(t *testing.T) {
 func FuzzJoinedStrings(f *testing.F) {
 	f.Add([]byte("ab\x00cd"), int64(2))
 	f.Add([]byte("\x00\x00"), int64(3))
+	f.Add([]byte("ab\x00cd\x00ef"), int64(3))
 	f.Fuzz(func(t *testing.T, text []byte, n int64) {
 		var p unsafe.Pointer
 		if len(text) > 0 {
 			p = unsafe.Pointer(&text[0])
 		}
-		got, err := joinedAt(p, int64(len(text)), n)
+		got, err := joinedAt(nil, p, int64(len(text)), n)
 		if err != nil {
 			return
 		}
@@ -239,4 +246,32 @@ func FuzzJoinedStrings(f *testing.F) {
 			t.Fatalf("rejoined %q, text %q", joined, text)
 		}
 	})
+}
+
+// BenchmarkJoined is the split of a HiCache batch's page strings (30k
+// digests, NUL-joined) as the joined calls make it, of one length or not.
+func BenchmarkJoined(b *testing.B) {
+	for _, even := range []bool{true, false} {
+		b.Run(fmt.Sprintf("even=%v", even), func(b *testing.B) {
+			pages := make([]string, 30000)
+			for i := range pages {
+				pages[i] = prefix.StringKey(strconv.Itoa(i)).String()
+			}
+			if !even {
+				pages[0] += "x"
+			}
+			text := strings.Join(pages, "\x00")
+			for b.Loop() {
+				err := withJoined(unsafe.Pointer(unsafe.StringData(text)), int64(len(text)), int64(len(pages)), func(got []string) error {
+					if len(got) != len(pages) || got[1] != pages[1] {
+						return fmt.Errorf("split %d strings", len(got))
+					}
+					return nil
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -5,6 +5,7 @@ import "C"
 
 import (
 	"fmt"
+	"sync"
 	"unsafe"
 
 	"github.com/cxltier/cxltier/prefix"
@@ -83,13 +84,9 @@ func cxl_prefix_part_keys(text *C.char, ends *C.int64_t, n C.int64_t, masks *C.u
 //export cxl_prefix_part_keys_joined
 func cxl_prefix_part_keys_joined(text *C.char, textLen C.int64_t, n C.int64_t, masks *C.uint8_t, nMasks C.int64_t, out *C.uint8_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_prefix_part_keys_joined", errbuf, errlen, &code)
-	err := func() error {
-		pages, err := joinedAt(unsafe.Pointer(text), int64(textLen), int64(n))
-		if err != nil {
-			return err
-		}
+	err := withJoined(unsafe.Pointer(text), int64(textLen), int64(n), func(pages []string) error {
 		return partKeys(pages, masks, nMasks, out)
-	}()
+	})
 	return report(err, errbuf, errlen)
 }
 
@@ -106,10 +103,6 @@ func cxl_prefix_exists_pages(h C.uint64_t, text *C.char, textLen C.int64_t, n C.
 		if err != nil {
 			return err
 		}
-		pages, err := joinedAt(unsafe.Pointer(text), int64(textLen), int64(n))
-		if err != nil {
-			return err
-		}
 		ms, err := keysAt(unsafe.Pointer(masks), int64(nMasks))
 		if err != nil {
 			return err
@@ -117,10 +110,34 @@ func cxl_prefix_exists_pages(h C.uint64_t, text *C.char, textLen C.int64_t, n C.
 		if leading == nil || len(ms) == 0 {
 			return fmt.Errorf("prefix exists pages: %w: %d masks, leading %p", errBadArg, len(ms), leading)
 		}
-		*leading = C.int64_t(s.ExistsPages(pages, ms))
-		return nil
+		return withJoined(unsafe.Pointer(text), int64(textLen), int64(n), func(pages []string) error {
+			*leading = C.int64_t(s.ExistsPages(pages, ms))
+			return nil
+		})
 	}()
 	return report(err, errbuf, errlen)
+}
+
+// pageLists keeps the page-string slices of the joined calls between
+// calls (a pool, as the exported calls have nowhere else to keep it): a
+// fresh slice of 30k string headers per HiCache batch was most of the cost
+// of splitting the text.
+var pageLists = sync.Pool{New: func() any { return new([]string) }}
+
+// withJoined calls fn with the n NUL-joined strings at text, in a slice
+// from pageLists, cleared afterwards: its strings point into the caller's
+// memory, which is gone once the call returns, and the garbage collector
+// must not meet them later.
+func withJoined(text unsafe.Pointer, textLen, n int64, fn func(pages []string) error) error {
+	list := pageLists.Get().(*[]string)
+	defer pageLists.Put(list)
+	pages, err := joinedAt((*list)[:0], text, textLen, n)
+	if err == nil {
+		err = fn(pages)
+	}
+	clear(pages)
+	*list = pages[:0]
+	return err
 }
 
 // partKeys writes the part keys of pages under the caller's masks to out.
