@@ -32,6 +32,10 @@ func (s *Store) claimPins() error {
 	off := s.g.PinsOff + int64(slot)*s.g.PinStride
 	s.slot = slot
 	s.myPins = s.metaSlice(off, pinHeaderSize)
+	if s.one != nil {
+		start := int64(s.meta) + off + s.g.pinHeader()
+		s.myRecs = s.one[start : start+s.g.Pins*pinRecordSize : start+s.g.Pins*pinRecordSize]
+	}
 	if s.perClient {
 		s.myCounters = s.metaSlice(off+pinCounters, lineSize)
 	}
@@ -98,7 +102,7 @@ func (s *Store) claimPin(v uint64) (int32, error) {
 		if j >= hw {
 			j -= hw
 		}
-		if rec := s.pinRecord(s.slot, int64(j)); atomic.LoadUint64(rec) == 0 && atomic.CompareAndSwapUint64(rec, 0, v) {
+		if rec := s.myPin(j); atomic.LoadUint64(rec) == 0 && atomic.CompareAndSwapUint64(rec, 0, v) {
 			s.pinHint.Store(j + 1)
 			return j, nil
 		}
@@ -115,7 +119,7 @@ func (s *Store) claimPin(v uint64) (int32, error) {
 			continue
 		}
 		s.publishMeta(s.g.PinsOff+int64(s.slot)*s.g.PinStride, pinHeaderSize)
-		if atomic.CompareAndSwapUint64(s.pinRecord(s.slot, int64(hw)), 0, v) {
+		if atomic.CompareAndSwapUint64(s.myPin(int32(hw)), 0, v) {
 			s.pinHint.Store(int32(hw) + 1)
 			return int32(hw), nil
 		}
@@ -129,7 +133,7 @@ func (s *Store) pinHighWater() int32 {
 }
 
 func (s *Store) unpin(j int32) {
-	atomic.StoreUint64(s.pinRecord(s.slot, int64(j)), 0)
+	atomic.StoreUint64(s.myPin(j), 0)
 	s.publishPin(j)
 	if j < s.pinHint.Load() {
 		s.pinHint.Store(j) // a hint: a racing claim may move it, and claims scan on
@@ -142,6 +146,14 @@ func (s *Store) pinRecord(slot int, j int64) *uint64 {
 		return u64At(s.one, int(int64(s.meta)+off))
 	}
 	return u64At(s.metaSlice(off&^(lineSize-1), lineSize), int(off%lineSize))
+}
+
+// myPin is record j of this client's table (j < Pins).
+func (s *Store) myPin(j int32) *uint64 {
+	if s.myRecs != nil {
+		return u64At(s.myRecs, int(j)*pinRecordSize)
+	}
+	return s.pinRecord(s.slot, int64(j))
 }
 
 func (s *Store) publishPin(j int32) {

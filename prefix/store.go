@@ -72,6 +72,7 @@ type Store struct {
 	g      geometry
 	meta   tier.Offset // start of the metadata run
 	one    []byte      // device 0 when the tier has one device: offsets are direct
+	ents   []byte      // the entry table, when one is set: entry needs no call
 	shared bool        // non-coherent tier: publish and refresh metadata lines
 	hdr    []byte
 	maint  bool // opened by Maintain: counters and upkeep only, no entries
@@ -87,6 +88,7 @@ type Store struct {
 
 	myPins     []byte       // this client's pin-table header
 	myCounters []byte       // this client's counter line (version 3)
+	myRecs     []byte       // this client's pin records, when one is set
 	slot       int          // this client's lease slot: its pin table
 	pinHint    atomic.Int32 // where a claim starts looking for a free record
 	pinsClosed atomic.Bool  // Close gave the pin table up
@@ -298,6 +300,11 @@ func open(c *tier.Client, name, key string, maint bool) (*Store, error) {
 		shared: r.Info().Coherence == tier.Shared, maint: maint, perClient: g.Version >= 3}
 	if r.NumDevices() == 1 {
 		s.one = r.Device(0)
+		start, end := int64(s.meta)+g.EntriesOff, int64(s.meta)+g.EntriesOff+g.Entries*entryBytes
+		if start < 0 || end > int64(len(s.one)) {
+			return nil, fmt.Errorf("prefix: open %q: %w: entry table %#x-%#x outside the tier", name, ErrBadIndex, start, end)
+		}
+		s.ents = s.one[start:end:end]
 	}
 	s.blockOff = blockOffsets(r, tier.Offset(g.PayloadOff), g.Blocks, g.BlockStride)
 	if err := s.initShards(); err != nil {
@@ -388,7 +395,13 @@ func (s *Store) blockAt(b uint32) tier.Offset {
 	return s.blockOff[b]
 }
 
+// entry is entry i (i < Entries: callers take indexes from the shards,
+// which bound them).
 func (s *Store) entry(i uint32) []byte {
+	if s.ents != nil {
+		off := int(i) * entryBytes
+		return s.ents[off : off+entryBytes : off+entryBytes]
+	}
 	return s.metaSlice(s.g.EntriesOff+int64(i)*entryBytes, entryBytes)
 }
 
