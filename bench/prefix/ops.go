@@ -104,11 +104,11 @@ func opsCases(o options, log io.Writer) ([]OpsResult, error) {
 					for p, procs := range o.procs {
 						fmt.Fprintf(log, "%s, %d shard(s), batch %d, %d process(es)...\n", op, shards, batch, procs)
 						run++
-						keys, err := runWorkers(job{Device: dev, Index: name, Op: op, Batch: batch, Run: run, Profile: o.profile}, procs, o.duration)
+						rate, err := runWorkers(job{Device: dev, Index: name, Op: op, Batch: batch, Run: run, Profile: o.profile}, procs, o.duration)
 						if err != nil {
 							return err
 						}
-						rates[p] = append(rates[p], keys/o.duration.Seconds())
+						rates[p] = append(rates[p], rate)
 					}
 				}
 				var one float64
@@ -178,7 +178,7 @@ func fillLookupKeys(s *prefix.Store) error {
 
 // runWorkers starts procs workers, lets them all go at once when every one
 // has mapped the tier, and returns the keys they handled in d.
-func runWorkers(j job, procs int, d time.Duration) (float64, error) {
+func runWorkers(j job, procs int, d time.Duration) (keysPerSec float64, err error) {
 	self, err := os.Executable()
 	if err != nil {
 		return 0, err
@@ -218,17 +218,18 @@ func runWorkers(j job, procs int, d time.Duration) (float64, error) {
 	var total float64
 	for i, w := range ws {
 		line, err := w.out.ReadString('\n')
-		var n int64
-		if _, serr := fmt.Sscanf(line, "done %d", &n); serr != nil {
+		var n, ns int64
+		if _, serr := fmt.Sscanf(line, "done %d %d", &n, &ns); serr != nil || ns <= 0 {
 			return 0, fmt.Errorf("worker %d: %q %v", i, line, err)
 		}
-		total += float64(n)
+		total += float64(n) / (float64(ns) / 1e9)
 	}
 	return total, nil
 }
 
 // runWorker is the worker process: map the tier, say ready, wait for go,
-// run the op until the window closes, report the keys handled.
+// run the op until the window closes, report the keys handled and the
+// time they took.
 func runWorker(spec string, stdin io.Reader, stdout io.Writer) error {
 	var j job
 	if err := json.Unmarshal([]byte(spec), &j); err != nil {
@@ -267,19 +268,25 @@ func runWorker(spec string, stdin io.Reader, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// The clock is read every callsPerClock calls (a read costs as much as
+	// a lookup in a VM), and the rate is of the time the calls really took.
+	const callsPerClock = 64
 	var keys int64
-	for end := time.Now().Add(time.Duration(ns)); time.Now().Before(end); {
-		for range 16 {
+	start := time.Now()
+	end := start.Add(time.Duration(ns))
+	for now := start; now.Before(end); now = time.Now() {
+		for range callsPerClock {
 			if err := step(); err != nil {
 				return err
 			}
 		}
-		keys += int64(16 * j.Batch)
+		keys += int64(callsPerClock * j.Batch)
 	}
+	took := time.Since(start)
 	if err := stop(); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "done %d\n", keys)
+	fmt.Fprintf(stdout, "done %d %d\n", keys, took.Nanoseconds())
 	return nil
 }
 
