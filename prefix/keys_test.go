@@ -185,6 +185,39 @@ func TestExistsPages(t *testing.T) {
 	}
 }
 
+// TestExistsPagesManyParts: pages of more parts than touchAhead (a group
+// of one page, longer than a read-ahead run) are counted part by part too.
+func TestExistsPagesManyParts(t *testing.T) {
+	_, c := tiertest.Format(t, 1, 16<<20, 1<<20)
+	s, err := Create(c, Config{Name: "parts", Blocks: 512, BlockBytes: 8, PinsPerClient: 64, Shards: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	masks := make([]Key, touchAhead+3)
+	for i := range masks {
+		masks[i] = PartMask(strconv.Itoa(i))
+	}
+	pages := []string{StringKey("a").String(), StringKey("b").String(), StringKey("c").String()}
+	keys := make([]Key, len(pages)*len(masks))
+	if err := PartKeys(keys, pages, masks); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.Set(keys, make([][]byte, len(keys))); err != nil || st[len(st)-1] != Reserved {
+		t.Fatalf("set: %v %v", st, err)
+	}
+	if got := s.ExistsPages(pages, masks); got != len(pages) {
+		t.Fatalf("all stored: %d pages, want %d", got, len(pages))
+	}
+	// The last part of page 1, past touchAhead keys into its group.
+	if _, err := s.Delete([]Key{keys[2*len(masks)-1]}); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.ExistsPages(pages, masks); got != 1 {
+		t.Fatalf("page 1's last part missing: %d pages, want 1", got)
+	}
+}
+
 // TestDecodeHexKeyEveryByte: every byte value at every position of a
 // digest decodes, or fails, as encoding/hex has it.
 func TestDecodeHexKeyEveryByte(t *testing.T) {
