@@ -130,6 +130,11 @@ func (s *Store) byKeyShard(keys []Key, fn func(sh *shard, idx []int) error) erro
 		for _, n := range idx {
 			s.touchHomes(keys[n : n+1])
 		}
+		// Then wait for the lines (the prefetches overlap the misses): a
+		// probe under the lock should find its home in the cache.
+		for _, n := range idx {
+			atomic.LoadUint64(u64At(s.entry(s.home(&keys[n])), entWord))
+		}
 		return fn(sh, idx)
 	})
 }
