@@ -16,3 +16,9 @@ loop:
 	JMP loop
 done:
 	RET
+
+// func Line(p *byte)
+TEXT ·Line(SB), NOSPLIT, $0-8
+	MOVQ p+0(FP), AX
+	PREFETCHT0 (AX)
+	RET

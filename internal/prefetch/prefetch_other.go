@@ -1,5 +1,7 @@
-//go:build !amd64
+//go:build !amd64 && !arm64
 
 package prefetch
 
 func Lines(p *byte, n uintptr) {}
+
+func Line(p *byte) {}
