@@ -112,7 +112,10 @@ func (s *Store) shardOfKey(k *Key) *shard { return &s.shards[keyHash(k)>>s.shard
 // holds two and the order is free: each batch starts its round at a shard
 // of its own (a golden-ratio step from the last). Batches that all went
 // from shard 0 up would follow each other round in a convoy, each waiting
-// at every shard for the one just ahead of it.
+// at every shard for the one just ahead of it. A shard whose lock another
+// client holds when the round reaches it is left to the end of the round,
+// when it has most likely been let go, rather than waited on while other
+// shards are free.
 func (s *Store) byShard(n int, shardOf func(int) *shard, fn func(sh *shard, idx []int) error) error {
 	order := make([]int, n)
 	if len(s.shards) == 1 {
@@ -136,12 +139,25 @@ func (s *Store) byShard(n int, shardOf func(int) *shard, fn func(sh *shard, idx 
 		count[ks[i]]++
 	}
 	first := int(s.shardTurn.Add(0x9e3779b9) >> (32 - bits.TrailingZeros(uint(len(s.shards)))))
+	var busy [maxShards]int
+	nbusy := 0
 	for j := range s.shards {
 		k := (first + j) & (len(s.shards) - 1)
-		if idx := order[start[k]:start[k+1]]; len(idx) > 0 {
-			if err := fn(&s.shards[k], idx); err != nil {
-				return err
-			}
+		idx := order[start[k]:start[k+1]]
+		if len(idx) == 0 {
+			continue
+		}
+		if s.c.LockBusy(s.shards[k].lock) {
+			busy[nbusy], nbusy = k, nbusy+1 // another process is in it: come back last
+			continue
+		}
+		if err := fn(&s.shards[k], idx); err != nil {
+			return err
+		}
+	}
+	for _, k := range busy[:nbusy] {
+		if err := fn(&s.shards[k], order[start[k]:start[k+1]]); err != nil {
+			return err
 		}
 	}
 	return nil

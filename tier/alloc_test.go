@@ -220,8 +220,14 @@ func TestLockBasics(t *testing.T) {
 	r := formatTest(t, testGeometry())
 	a := attachTest(t, r, 0)
 	b := attachTest(t, r, 0)
+	if b.LockBusy(FirstUserLock) || b.LockBusy(-1) || b.LockBusy(r.Info().Geometry.LockSlots) {
+		t.Error("a free lock, or an id out of range, reads as busy")
+	}
 	if err := a.Lock(FirstUserLock); err != nil {
 		t.Fatal(err)
+	}
+	if !b.LockBusy(FirstUserLock) || !a.LockBusy(FirstUserLock) || b.LockBusy(FirstUserLock+1) {
+		t.Error("LockBusy: held lock not busy, or a free one busy")
 	}
 	if err := b.Unlock(FirstUserLock); !errors.Is(err, ErrNotOwner) {
 		t.Errorf("unlock by non-holder: %v", err)
@@ -236,6 +242,9 @@ func TestLockBasics(t *testing.T) {
 	}
 	if err := a.Unlock(FirstUserLock); err != nil {
 		t.Fatal(err)
+	}
+	if b.LockBusy(FirstUserLock) {
+		t.Error("lock let go still reads as busy")
 	}
 	if err := a.Lock(r.Info().Geometry.LockSlots); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("lock id out of range: %v", err)

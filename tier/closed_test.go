@@ -43,7 +43,7 @@ func TestRegionAfterClose(t *testing.T) {
 			t.Errorf("%s after Close: %v", name, err)
 		}
 	}
-	if r.Leases() != nil || r.Locks() != nil || r.LeaseLive(1) || r.Device(0) != nil || r.NumDevices() != 0 {
+	if r.Leases() != nil || r.Locks() != nil || r.LeaseLive(1) || r.Device(0) != nil || r.NumDevices() != 0 || c.LockBusy(SystemLock) {
 		t.Error("a closed region still reports leases, locks or devices")
 	}
 	if u := r.Usage(); u != (Usage{}) {

@@ -240,6 +240,20 @@ func (r *Region) awaitGrantFor(global []byte, limit time.Duration) bool {
 	}
 }
 
+// LockBusy reports whether some client of this node holds lock id or is
+// taking it, as of the moment it looks: a hint for a caller with other
+// work to do first (a batch that touches several shards visits the free
+// ones before it waits on a busy one), never a promise that Lock will not
+// wait. A bad id or a closed region reads as not busy: Lock reports those.
+func (c *Client) LockBusy(id int) bool {
+	if c.r.Closed() || c.r.checkLockID(id) != nil {
+		return false
+	}
+	_, local := c.r.lockLines(id, c.node)
+	c.r.sync.refresh(local)
+	return atomic.LoadUint64(u64At(local, 0)) != 0
+}
+
 // Unlock releases lock id, which this client must hold.
 func (c *Client) Unlock(id int) error {
 	if err := c.r.live("unlock"); err != nil {
