@@ -36,17 +36,18 @@ func (s *Store) SetPieces(keys []Key, pieces [][][]byte) ([]Status, error) {
 	if err != nil && res == nil {
 		return nil, err
 	}
-	crcs := make([]uint32, len(res))
-	for i := range res {
-		if res[i].Status != Reserved {
-			continue
+	// Outside the locks, so the payloads are written side by side.
+	crcs, werrs := make([]uint32, len(res)), make([]error, len(res))
+	eachInParallel(len(res), total, func(i int) {
+		if res[i].Status == Reserved {
+			crcs[i], werrs[i] = s.writePayload(res[i].Offset, sizes[i], pieces[i])
 		}
-		crc, werr := s.writePayload(res[i].Offset, sizes[i], pieces[i])
+	})
+	for i, werr := range werrs {
 		if werr != nil {
 			s.Abort(res)
 			return nil, fmt.Errorf("prefix: %q: set %v: %w", s.name, keys[i], werr)
 		}
-		crcs[i] = crc
 	}
 	if perr := s.Publish(res, crcs); perr != nil && err == nil {
 		err = perr
@@ -149,7 +150,9 @@ func (s *Store) writePayload(off tier.Offset, n int64, pieces [][]byte) (uint32,
 // Get copies the payloads of the longest ready prefix of keys into dst
 // (dst[i] must hold the payload; it is resliced to its length) and returns
 // how many keys it served. Every payload is checked against its CRC-32C; an
-// entry that fails is dropped, counted, and reported with ErrChecksum.
+// entry that fails is dropped, counted, and reported with ErrChecksum. A
+// batch of megabytes is copied by several goroutines, so buffers past the
+// served prefix may have been written too.
 func (s *Store) Get(keys []Key, dst [][]byte) (int, error) {
 	if len(dst) < len(keys) {
 		return 0, fmt.Errorf("prefix: %q: get: %d keys but %d buffers: %w", s.name, len(keys), len(dst), ErrBadConfig)
@@ -179,27 +182,35 @@ func (s *Store) GetPieces(keys []Key, dst [][][]byte) (int, error) {
 	})
 }
 
-// serve looks keys up, pinned, and has read copy each hit in order; it
-// returns how many were served before the first miss or failure.
+// serve looks keys up, pinned, and has read copy each hit, on several
+// goroutines when the hits come to megabytes (read(i) must touch only
+// buffer i's memory); it returns how many were served before the first
+// miss or failure.
 func (s *Store) serve(keys []Key, read func(i int, h Hit) error) (int, error) {
 	hits, err := s.Lookup(keys)
 	if err != nil {
 		return 0, err
 	}
 	defer func() { s.Release(hits) }()
-	var bytes uint64
-	for i, h := range hits {
-		if err := read(i, h); err != nil {
+	var bytes int64
+	for _, h := range hits {
+		bytes += h.Len
+	}
+	errs := make([]error, len(hits))
+	eachInParallel(len(hits), bytes, func(i int) { errs[i] = read(i, hits[i]) })
+	for i, err := range errs {
+		if err != nil {
+			// The prefix served ends at the first failure, as if read in turn.
 			if errors.Is(err, ErrChecksum) {
+				h := hits[i]
 				s.Release(hits[i:])
 				hits = hits[:i]
 				s.dropCorrupt(h.Key)
 			}
 			return i, fmt.Errorf("prefix: %q: %w", s.name, err)
 		}
-		bytes += uint64(h.Len)
 	}
-	s.count(ctrBytesOut, bytes)
+	s.count(ctrBytesOut, uint64(bytes))
 	return len(hits), nil
 }
 

@@ -29,6 +29,34 @@ func runs(n int) (per, count int) {
 // several, and returns when all are done.
 func inParallel(n int, fn func(lo, hi int)) {
 	per, count := runs(n)
+	inRuns(n, per, count, fn)
+}
+
+// moveGrain is the least payload, in bytes, worth a goroutine of its own
+// in a batch's block moves: one core's copy (with its checksum) does not
+// reach the memory's bandwidth, and a batch of whole pages is megabytes.
+const moveGrain = 8 << 20
+
+// eachInParallel calls fn(i) for every i in [0, n), whose work comes to
+// bytes in all, on several goroutines when there is enough of it (at least
+// moveGrain a goroutine, one per core at most), and returns when all are
+// done. fn must touch nothing another i does.
+func eachInParallel(n int, bytes int64, fn func(i int)) {
+	if n <= 0 {
+		return
+	}
+	count := int(max(1, min(int64(runtime.GOMAXPROCS(0)), int64(n), bytes/moveGrain)))
+	per := (n + count - 1) / count
+	inRuns(n, per, (n+per-1)/per, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			fn(i)
+		}
+	})
+}
+
+// inRuns calls fn on count runs of per items covering [0, n), the first on
+// the calling goroutine.
+func inRuns(n, per, count int, fn func(lo, hi int)) {
 	if count == 1 {
 		fn(0, n)
 		return

@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/cxltier/cxltier/internal/tiertest"
 	"github.com/cxltier/cxltier/tier"
 )
 
@@ -232,6 +235,53 @@ func TestChecksumMismatchDropsEntry(t *testing.T) {
 	}
 	if s.Exists(k) != 0 || s.Stats().ChecksumFailures != 1 {
 		t.Fatalf("corrupt entry kept: exists %d, stats %+v", s.Exists(k), s.Stats())
+	}
+	mustCheck(t, s)
+}
+
+// TestLargeBatchesSideBySide: a batch of megabytes is written and read by
+// several goroutines, comes back byte for byte, and a damaged payload in
+// its middle still ends the prefix served there, dropped and counted, with
+// the pins of the rest given back.
+func TestLargeBatchesSideBySide(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
+	const n, size = 12, 2 << 20 // 24 MiB: three goroutines' worth
+	r, c := tiertest.Format(t, 1, 64<<20, 1<<20)
+	s := testStore(t, c, n, size)
+	keys := keysN(n)
+	payloads := payloadsFor(keys, size)
+	if st, err := s.Set(keys, payloads); err != nil || slices.ContainsFunc(st, func(x Status) bool { return x != Reserved }) {
+		t.Fatalf("set: %v %v", st, err)
+	}
+	dst := make([][]byte, n)
+	for i := range dst {
+		dst[i] = make([]byte, size)
+	}
+	if got, err := s.Get(keys, dst); got != n || err != nil {
+		t.Fatalf("get: %d of %d, %v", got, n, err)
+	}
+	for i := range dst {
+		if !bytes.Equal(dst[i], payloads[i]) {
+			t.Fatalf("payload %d came back different", i)
+		}
+	}
+	const bad = 7
+	hits, err := s.Lookup(keys[bad : bad+1])
+	if err != nil || len(hits) != 1 {
+		t.Fatalf("lookup: %v %v", hits, err)
+	}
+	s.Release(hits)
+	if err := r.WriteAt([]byte{^payloads[bad][size/2]}, hits[0].Offset+size/2); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Get(keys, dst); got != bad || !errors.Is(err, ErrChecksum) {
+		t.Fatalf("get over a damaged payload: %d, %v; want %d and ErrChecksum", got, err, bad)
+	}
+	if got := s.Exists(keys); got != bad || s.Stats().ChecksumFailures != 1 {
+		t.Fatalf("after: %d leading entries, %d checksum failures", got, s.Stats().ChecksumFailures)
+	}
+	if st := s.Stats(); st.PinsHeld != 0 {
+		t.Fatalf("%d pins left held", st.PinsHeld)
 	}
 	mustCheck(t, s)
 }

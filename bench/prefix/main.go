@@ -8,7 +8,8 @@
 //
 //   - a batch of block moves (64 × 2 MiB) put, got with and without
 //     checksum verification, against a plain copy of the same bytes between
-//     the same fresh buffers;
+//     the same fresh buffers, on one core and split over every core (the
+//     store splits a batch of megabytes over the cores too);
 //
 //   - the round trip of one KV block of an 8B-class model (16 and 64
 //     tokens) through the tier — from host memory, and from a paged KV pool
