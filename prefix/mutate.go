@@ -456,7 +456,8 @@ func (s *Store) unmarkEvicting(i uint32) {
 }
 
 // dropLocked frees entry i (reserved, ready or evicting) and its block, and
-// leaves a tombstone that probes walk past. The caller holds i's shard.
+// leaves a tombstone that probes walk past, or an empty entry where no
+// probe needs to. The caller holds i's shard.
 func (s *Store) dropLocked(i uint32) {
 	sh := s.shardOfEntry(i)
 	e := s.entry(i)
@@ -489,10 +490,13 @@ func (s *Store) dropLocked(i uint32) {
 }
 
 // clearTombstones turns the run of tombstones ending at i back into empty
-// entries when the entry after i is empty: no probe can need to walk past
-// them any more.
+// entries when no probe needs to walk past i: no key stored between i and
+// the next empty entry has its home at or before i. (A probe path never
+// crosses an empty entry, so keys beyond that one cannot need i, nor the
+// tombstones just before it.) Without it tombstones pile up under churn
+// until sweepTombstones, a pass over the whole shard under its lock, runs.
 func (s *Store) clearTombstones(sh *shard, i uint32) {
-	if wordState(atomic.LoadUint64(u64At(s.entry(sh.next(i)), entWord))) != stEmpty {
+	if s.pathCrosses(sh, i) {
 		return
 	}
 	for n := int64(0); n < sh.entries(); n++ {
@@ -506,6 +510,34 @@ func (s *Store) clearTombstones(sh *shard, i uint32) {
 		s.publishEntry(i)
 		i = sh.entry0 + (i-sh.entry0-1)&sh.mask
 	}
+}
+
+// pathCrosses reports whether the probe path of a key stored after entry
+// i, up to the next empty entry, runs through i. A key whose home is not
+// in the shard (damage: Check reports it) counts as crossing: keeping a
+// tombstone is always safe.
+func (s *Store) pathCrosses(sh *shard, i uint32) bool {
+	at := i - sh.entry0 // offsets within the shard, for cyclic distances
+	q := sh.next(i)
+	for n := int64(1); n < sh.entries(); n, q = n+1, sh.next(q) {
+		switch wordState(atomic.LoadUint64(u64At(s.entry(q), entWord))) {
+		case stEmpty:
+			return false
+		case stDeleted:
+			continue
+		}
+		k := s.keyOf(q)
+		h := s.home(&k)
+		if !sh.holds(h) {
+			return true
+		}
+		// Does the path [h, q) hold i? Distances are counted forward
+		// from h, round the shard's ring.
+		if (at-(h-sh.entry0))&sh.mask < (q-h)&sh.mask {
+			return true
+		}
+	}
+	return true // no empty entry at all: every path may wrap through i
 }
 
 // linkedEntry resolves an LRU link word of shard sh (entry index + 1, 0
