@@ -122,16 +122,13 @@ func (s *Store) newReservations(keys []Key, sizes []int64) ([]Reservation, error
 	return out, nil
 }
 
-// byKeyShard is byShard over keys, each key's home entry read before its
+// byKeyShard is byShard over keys, each key's home entry loaded before its
 // shard's lock is taken, so that the probes' first misses are not paid
-// while holding it.
+// while holding it. Loads, not touchHomes' prefetches: the lines must be
+// in when the lock is taken, and a shard's share of a batch is a few keys,
+// whose loads the core overlaps.
 func (s *Store) byKeyShard(keys []Key, fn func(sh *shard, idx []int) error) error {
 	return s.byShard(len(keys), func(n int) *shard { return s.shardOfKey(&keys[n]) }, func(sh *shard, idx []int) error {
-		for _, n := range idx {
-			s.touchHomes(keys[n : n+1])
-		}
-		// Then wait for the lines (the prefetches overlap the misses): a
-		// probe under the lock should find its home in the cache.
 		for _, n := range idx {
 			atomic.LoadUint64(u64At(s.entry(s.home(&keys[n])), entWord))
 		}

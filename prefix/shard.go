@@ -139,6 +139,12 @@ func (s *Store) byShard(n int, shardOf func(int) *shard, fn func(sh *shard, idx 
 		count[ks[i]]++
 	}
 	first := int(s.shardTurn.Add(0x9e3779b9) >> (32 - bits.TrailingZeros(uint(len(s.shards)))))
+	left := 0 // shards with work still to visit in the round
+	for k := range s.shards {
+		if start[k+1] > start[k] {
+			left++
+		}
+	}
 	var busy [maxShards]int
 	nbusy := 0
 	for j := range s.shards {
@@ -147,7 +153,9 @@ func (s *Store) byShard(n int, shardOf func(int) *shard, fn func(sh *shard, idx 
 		if len(idx) == 0 {
 			continue
 		}
-		if s.c.LockBusy(s.shards[k].lock) {
+		left--
+		// Only worth a look at the lock when there is other work to do first.
+		if left > 0 && s.c.LockBusy(s.shards[k].lock) {
 			busy[nbusy], nbusy = k, nbusy+1 // another process is in it: come back last
 			continue
 		}
