@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/cxltier/cxltier/internal/tiertest"
 	"github.com/cxltier/cxltier/tier"
 )
 
@@ -113,6 +114,44 @@ func BenchmarkInsert(b *testing.B) {
 				b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "keys/s")
 			})
 		}
+	}
+}
+
+// BenchmarkInsertLarge is BenchmarkInsert on an index whose entry table
+// (64 MiB: 256k blocks, 512k entries) is beyond the last-level cache, as a
+// production index is: eviction's reads of entries go to memory.
+func BenchmarkInsertLarge(b *testing.B) {
+	for _, batch := range []int{1, 32} {
+		b.Run(fmt.Sprintf("batch%d", batch), func(b *testing.B) {
+			_, c := tiertest.FormatAnon(b, 1, 160<<20, 1<<20)
+			s, err := Create(c, Config{Name: "m", Blocks: 1 << 18, BlockBytes: 64, PinsPerClient: 256})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			payloads := make([][]byte, batch)
+			for i := range payloads {
+				payloads[i] = make([]byte, 64)
+			}
+			keys := make([]Key, batch)
+			next := uint64(1)
+			fill := func(n int) {
+				for range n / batch {
+					for i := range keys {
+						binary.LittleEndian.PutUint64(keys[i][:], next)
+						next++
+					}
+					if st, err := s.Set(keys, payloads); err != nil || st[0] != Reserved {
+						b.Fatalf("set: %v %v", st, err)
+					}
+				}
+			}
+			fill(1 << 18) // full: every insert below evicts
+			for b.Loop() {
+				fill(batch)
+			}
+			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "keys/s")
+		})
 	}
 }
 

@@ -185,6 +185,33 @@ func TestEvictsLeastRecentlyUsedUnpinned(t *testing.T) {
 	mustCheck(t, s)
 }
 
+// TestHotKeysSurviveColdInserts: keys hit between inserts stay while a
+// stream of keys that are never read again passes through the full index.
+func TestHotKeysSurviveColdInserts(t *testing.T) {
+	_, c := testTier(t, 1)
+	s := testStore(t, c, 64, 64)
+	hot := keysN(16)
+	if _, err := s.Set(hot, payloadsFor(hot, 64)); err != nil {
+		t.Fatal(err)
+	}
+	var hits []Hit
+	for n := range 1000 {
+		var err error
+		if hits, err = s.LookupAppend(hits[:0], hot); err != nil || len(hits) != len(hot) {
+			t.Fatalf("before cold insert %d: %d of %d hot keys, %v", n, len(hits), len(hot), err)
+		}
+		s.Release(hits)
+		cold := []Key{keyN(1000 + n)}
+		if st, err := s.Set(cold, payloadsFor(cold, 64)); err != nil || st[0] != Reserved {
+			t.Fatalf("cold insert %d: %v, %v", n, st, err)
+		}
+	}
+	if ev := s.Stats().Evictions; ev < 1000-64 {
+		t.Fatalf("%d evictions for 1000 inserts into 64 blocks", ev)
+	}
+	mustCheck(t, s)
+}
+
 func TestAllPinnedMeansNoSpace(t *testing.T) {
 	_, c := testTier(t, 1)
 	s := testStore(t, c, 4, 64)
