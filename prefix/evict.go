@@ -30,7 +30,7 @@ func (s *Store) evictLocked(sh *shard, need int) int {
 				s.repairLocked(sh)
 				continue
 			}
-			e := s.entry(i)
+			e := s.lockedEntry(i)
 			w := atomic.LoadUint64(u64At(e, entWord))
 			if wordState(w) != stReady {
 				s.unlink(i) // only ready entries belong on the list
@@ -51,7 +51,7 @@ func (s *Store) evictLocked(sh *shard, need int) int {
 		s.scanPins(cands, pinned)
 		for v, i := range cands {
 			if pinned[v] {
-				p := u64At(s.entry(i), entWord)
+				p := u64At(s.lockedEntry(i), entWord)
 				atomic.StoreUint64(p, mkWord(wordGen(atomic.LoadUint64(p)), stReady))
 				s.linkHead(i, uint64(time.Now().UnixNano()))
 				s.publishEntry(i)
@@ -114,7 +114,7 @@ func (s *Store) reclaimLocked(sh *shard) int {
 	}
 	n := 0
 	for i := sh.entry0; int64(i-sh.entry0) < sh.entries(); i++ {
-		e := s.readEntry(i)
+		e := s.lockedEntry(i)
 		if wordState(atomic.LoadUint64(u64At(e, entWord))) != stReserved {
 			continue
 		}
@@ -138,7 +138,7 @@ func (s *Store) repairLocked(sh *shard) {
 	var ready []uint32
 	var nReserved, nTomb int32
 	for i := sh.entry0; int64(i-sh.entry0) < sh.entries(); i++ {
-		e := s.readEntry(i)
+		e := s.lockedEntry(i)
 		p := u64At(e, entWord)
 		w := atomic.LoadUint64(p)
 		st := wordState(w)
@@ -215,7 +215,7 @@ func (s *Store) sweepTombstones(sh *shard) {
 	n := sh.entries()
 	cover := make([]int32, n+1)
 	for q := int64(0); q < n; q++ {
-		e := s.entry(sh.entry0 + uint32(q))
+		e := s.lockedEntry(sh.entry0 + uint32(q))
 		switch wordState(atomic.LoadUint64(u64At(e, entWord))) {
 		case stEmpty, stDeleted:
 			continue
@@ -242,7 +242,7 @@ func (s *Store) sweepTombstones(sh *shard) {
 			continue
 		}
 		i := sh.entry0 + uint32(p)
-		ptr := u64At(s.entry(i), entWord)
+		ptr := u64At(s.lockedEntry(i), entWord)
 		if w := atomic.LoadUint64(ptr); wordState(w) == stDeleted {
 			atomic.StoreUint64(ptr, mkWord(wordGen(w)+1, stEmpty))
 			sh.add(slTombstones, -1)

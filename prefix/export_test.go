@@ -17,3 +17,27 @@ func (s *Store) mustFind(t interface{ Fatalf(string, ...any) }, k Key) uint32 {
 	}
 	return i
 }
+
+// simulateHost gives s caches of its own (cacheSim): from now on it sees
+// other handles' metadata writes only where it refreshes, and they see its
+// writes only where it publishes. s must be on a one-device tier opened
+// non-coherent.
+func (s *Store) simulateHost(t interface{ Fatalf(string, ...any) }) {
+	if s.one == nil || !s.shared {
+		t.Fatalf("simulateHost: want a one-device non-coherent tier")
+	}
+	sim := newCacheSim(s.one)
+	s.sim, s.one = sim, sim.private
+	s.hdr = s.metaSlice(0, headerBytes)
+	s.ents = s.metaSlice(s.g.EntriesOff, s.g.Entries*entryBytes)
+	for k := range s.shards {
+		sh := &s.shards[k]
+		sh.state = s.hdr[sh.stateOff : sh.stateOff+lineSize]
+	}
+	off := s.g.PinsOff + int64(s.slot)*s.g.PinStride
+	s.myPins = s.metaSlice(off, pinHeaderSize)
+	s.myRecs = s.metaSlice(off+s.g.pinHeader(), s.g.Pins*pinRecordSize)
+	if s.perClient {
+		s.myCounters = s.metaSlice(off+pinCounters, lineSize)
+	}
+}

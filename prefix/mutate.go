@@ -186,7 +186,7 @@ func (s *Store) reserveOne(sh *shard, res *Reservation, left int, now uint64) er
 		res.Status = NoSpace
 		return nil
 	}
-	e := s.entry(i)
+	e := s.lockedEntry(i)
 	w := atomic.LoadUint64(u64At(e, entWord))
 	if wordState(w) == stDeleted {
 		sh.add(slTombstones, -1)
@@ -217,7 +217,7 @@ func (s *Store) probeInsert(k *Key) (uint32, bool, error) {
 	sh, i := s.homeOf(k)
 	free := int64(-1)
 	for n := int64(0); n <= int64(sh.mask); n++ {
-		e := s.readEntry(i)
+		e := s.lockedEntry(i)
 		switch wordState(atomic.LoadUint64(u64At(e, entWord))) {
 		case stEmpty:
 			if free < 0 {
@@ -364,9 +364,12 @@ func (s *Store) publishOne(sh *shard, r *Reservation, crc uint32, now uint64) (b
 	if r.Status != Reserved {
 		return false, nil
 	}
-	e := s.entry(r.entry)
-	if !sh.holds(r.entry) || atomic.LoadUint64(u64At(e, entWord)) != r.word || atomic.LoadUint64(u64At(e, entOwner)) != s.c.Token() {
-		return false, fmt.Errorf("prefix: %q: publish %v: %w", s.name, r.Key, ErrLost)
+	if !sh.holds(r.entry) {
+		return false, s.lost(r)
+	}
+	e := s.lockedEntry(r.entry)
+	if atomic.LoadUint64(u64At(e, entWord)) != r.word || atomic.LoadUint64(u64At(e, entOwner)) != s.c.Token() {
+		return false, s.lost(r)
 	}
 	atomic.StoreUint32(u32At(e, entCRC), crc)
 	s.linkHead(r.entry, now) // stamps the access word too
@@ -375,6 +378,10 @@ func (s *Store) publishOne(sh *shard, r *Reservation, crc uint32, now uint64) (b
 	sh.add(slReserved, -1)
 	sh.add(slReady, 1)
 	return true, nil
+}
+
+func (s *Store) lost(r *Reservation) error {
+	return fmt.Errorf("prefix: %q: publish %v: %w", s.name, r.Key, ErrLost)
 }
 
 // Abort gives back reservations that will not be published.
@@ -386,7 +393,7 @@ func (s *Store) Abort(res []Reservation) error {
 				if r.Status != Reserved || !sh.holds(r.entry) {
 					continue
 				}
-				e := s.entry(r.entry)
+				e := s.lockedEntry(r.entry)
 				if atomic.LoadUint64(u64At(e, entWord)) == r.word && atomic.LoadUint64(u64At(e, entOwner)) == s.c.Token() {
 					s.dropLocked(r.entry)
 				}
@@ -412,7 +419,8 @@ func (s *Store) Delete(keys []Key) (int, error) {
 				if !ok || wordState(w) != stReady {
 					continue
 				}
-				if atomic.CompareAndSwapUint64(u64At(s.entry(i), entWord), w, mkWord(wordGen(w), stEvicting)) {
+				if atomic.CompareAndSwapUint64(u64At(s.lockedEntry(i), entWord), w, mkWord(wordGen(w), stEvicting)) {
+					s.publishEntry(i) // before the pin scan: readers must see the mark
 					cands[pinValue(i, w)] = i
 				}
 			}
@@ -444,7 +452,7 @@ func (s *Store) keyOf(i uint32) Key {
 }
 
 func (s *Store) unmarkEvicting(i uint32) {
-	p := u64At(s.entry(i), entWord)
+	p := u64At(s.lockedEntry(i), entWord)
 	w := atomic.LoadUint64(p)
 	atomic.StoreUint64(p, mkWord(wordGen(w), stReady))
 	s.unlink(i)
@@ -457,7 +465,7 @@ func (s *Store) unmarkEvicting(i uint32) {
 // probe needs to. The caller holds i's shard.
 func (s *Store) dropLocked(i uint32) {
 	sh := s.shardOfEntry(i)
-	e := s.entry(i)
+	e := s.lockedEntry(i)
 	w := atomic.LoadUint64(u64At(e, entWord))
 	switch wordState(w) {
 	case stReady, stEvicting:
@@ -497,7 +505,7 @@ func (s *Store) clearTombstones(sh *shard, i uint32) {
 		return
 	}
 	for n := int64(0); n < sh.entries(); n++ {
-		p := u64At(s.entry(i), entWord)
+		p := u64At(s.lockedEntry(i), entWord)
 		w := atomic.LoadUint64(p)
 		if wordState(w) != stDeleted {
 			return
@@ -517,7 +525,7 @@ func (s *Store) pathCrosses(sh *shard, i uint32) bool {
 	at := i - sh.entry0 // offsets within the shard, for cyclic distances
 	q := sh.next(i)
 	for n := int64(1); n < sh.entries(); n, q = n+1, sh.next(q) {
-		switch wordState(atomic.LoadUint64(u64At(s.entry(q), entWord))) {
+		switch wordState(atomic.LoadUint64(u64At(s.lockedEntry(q), entWord))) {
 		case stEmpty:
 			return false
 		case stDeleted:
@@ -555,7 +563,7 @@ func (s *Store) linkedEntry(sh *shard, v uint32) (uint32, bool) {
 // linkHead puts entry i at the most recent end of its shard's LRU list.
 func (s *Store) linkHead(i uint32, now uint64) {
 	sh := s.shardOfEntry(i)
-	e := s.entry(i)
+	e := s.lockedEntry(i)
 	head := atomic.LoadUint32(sh.u32(slLRUHead))
 	atomic.StoreUint32(u32At(e, entPrev), 0)
 	atomic.StoreUint32(u32At(e, entNext), head)
@@ -563,27 +571,32 @@ func (s *Store) linkHead(i uint32, now uint64) {
 	atomic.StoreUint64(u64At(e, entLinkedAt), at)
 	atomic.StoreUint64(u64At(e, entAccess), at)
 	if h, ok := s.linkedEntry(sh, head); ok {
-		atomic.StoreUint32(u32At(s.entry(h), entPrev), i+1)
+		atomic.StoreUint32(u32At(s.lockedEntry(h), entPrev), i+1)
+		s.publishEntry(h)
 	} else if head == 0 {
 		atomic.StoreUint32(sh.u32(slLRUTail), i+1)
 	}
 	atomic.StoreUint32(sh.u32(slLRUHead), i+1)
+	s.publishEntry(i)
 }
 
 func (s *Store) unlink(i uint32) {
 	sh := s.shardOfEntry(i)
-	e := s.entry(i)
+	e := s.lockedEntry(i)
 	prev, next := atomic.LoadUint32(u32At(e, entPrev)), atomic.LoadUint32(u32At(e, entNext))
 	if p, ok := s.linkedEntry(sh, prev); ok {
-		atomic.StoreUint32(u32At(s.entry(p), entNext), next)
+		atomic.StoreUint32(u32At(s.lockedEntry(p), entNext), next)
+		s.publishEntry(p)
 	} else if atomic.LoadUint32(sh.u32(slLRUHead)) == i+1 {
 		atomic.StoreUint32(sh.u32(slLRUHead), next)
 	}
 	if n, ok := s.linkedEntry(sh, next); ok {
-		atomic.StoreUint32(u32At(s.entry(n), entPrev), prev)
+		atomic.StoreUint32(u32At(s.lockedEntry(n), entPrev), prev)
+		s.publishEntry(n)
 	} else if atomic.LoadUint32(sh.u32(slLRUTail)) == i+1 {
 		atomic.StoreUint32(sh.u32(slLRUTail), prev)
 	}
 	atomic.StoreUint32(u32At(e, entPrev), 0)
 	atomic.StoreUint32(u32At(e, entNext), 0)
+	s.publishEntry(i)
 }

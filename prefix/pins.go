@@ -47,6 +47,9 @@ func (s *Store) claimPins() error {
 		atomic.StoreUint64(s.pinRecord(slot, j), 0)
 	}
 	atomic.StoreUint32(u32At(s.myPins, pinHdrHighWater), 0)
+	// The cleared records first: evictors on other hosts must not read a
+	// previous holder's pins as ours once our token is up.
+	s.publishMeta(off+s.g.pinHeader(), s.g.Pins*pinRecordSize)
 	atomic.StoreUint64(u64At(s.myPins, pinHdrToken), s.c.Token())
 	s.publishMeta(off, pinHeaderSize)
 	return nil

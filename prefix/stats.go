@@ -57,12 +57,16 @@ func (s *Store) Stats() Stats {
 		st.Tombstones += sh.count(slTombstones)
 	}
 	for slot := 0; int64(slot) < s.g.Clients; slot++ {
-		h := s.metaSlice(s.g.PinsOff+int64(slot)*s.g.PinStride, pinHeaderSize)
-		tok := atomic.LoadUint64(u64At(h, 0))
+		off := s.g.PinsOff + int64(slot)*s.g.PinStride
+		s.refreshMeta(off, pinHeaderSize)
+		h := s.metaSlice(off, pinHeaderSize)
+		tok := atomic.LoadUint64(u64At(h, pinHdrToken))
 		if tok == 0 || !s.r.LeaseLive(tok) {
 			continue
 		}
-		for j := int64(0); j < min(int64(atomic.LoadUint32(u32At(h, 8))), s.g.Pins); j++ {
+		hw := min(int64(atomic.LoadUint32(u32At(h, pinHdrHighWater))), s.g.Pins)
+		s.refreshMeta(off+s.g.pinHeader(), hw*pinRecordSize)
+		for j := int64(0); j < hw; j++ {
 			if atomic.LoadUint64(s.pinRecord(slot, j)) != 0 {
 				st.PinsHeld++
 			}
@@ -94,7 +98,7 @@ func (s *Store) checkLocked(sh *shard, payloads bool, report func(string, ...any
 	var ready, reserved, tomb int64
 	var scratch []byte
 	for i := sh.entry0; int64(i-sh.entry0) < sh.entries(); i++ {
-		e := s.entry(i)
+		e := s.lockedEntry(i)
 		w := atomic.LoadUint64(u64At(e, entWord))
 		switch wordState(w) {
 		case stEmpty:
@@ -172,7 +176,7 @@ func (s *Store) checkLRU(sh *shard, ready int64, report func(string, ...any)) {
 			report("shard %d: LRU link %d names no entry of the shard (it holds %d to %d)", sh.k, int64(cur)-1, sh.entry0, int64(sh.entry0)+sh.entries()-1)
 			return
 		}
-		e := s.entry(cur - 1)
+		e := s.lockedEntry(cur - 1)
 		if wordState(atomic.LoadUint64(u64At(e, entWord))) != stReady {
 			report("LRU list holds entry %d, which is not ready", cur-1)
 		}

@@ -93,6 +93,8 @@ type Store struct {
 	pinHint    atomic.Int32 // where a claim starts looking for a free record
 	pinsClosed atomic.Bool  // Close gave the pin table up
 	skipVerify atomic.Bool  // VerifyReads(false)
+
+	sim *cacheSim // tests only: this handle's host keeps caches of its own
 }
 
 // Create allocates and formats an index in the tier, registers it in the
@@ -405,9 +407,23 @@ func (s *Store) entry(i uint32) []byte {
 	return s.metaSlice(s.g.EntriesOff+int64(i)*entryBytes, entryBytes)
 }
 
+// lockedEntry is entry i for the holder of its shard's lock, who may read
+// and write any of it: on a non-coherent tier both its lines are reloaded
+// first (readEntry, for lookups, reloads the first line only).
+func (s *Store) lockedEntry(i uint32) []byte {
+	if s.shared {
+		s.refreshMeta(s.g.EntriesOff+int64(i)*entryBytes, entryBytes)
+	}
+	return s.entry(i)
+}
+
+// owner is block b's owner word, reloaded first on a non-coherent tier
+// (every access is under the lock of b's shard).
 func (s *Store) owner(b uint32) *uint32 {
 	off := s.g.OwnersOff + int64(b)*4
-	return u32At(s.metaSlice(off&^(lineSize-1), lineSize), int(off%lineSize))
+	line := off &^ (lineSize - 1)
+	s.refreshMeta(line, lineSize)
+	return u32At(s.metaSlice(line, lineSize), int(off%lineSize))
 }
 
 func (s *Store) hdrU32(off int) *uint32 { return u32At(s.hdr, off) }
@@ -417,12 +433,20 @@ func (s *Store) hdrU64(off int) *uint64 { return u64At(s.hdr, off) }
 func (s *Store) publishMeta(off, n int64) {
 	if s.shared {
 		s.r.Publish(s.meta+tier.Offset(off), n)
+		if s.sim != nil {
+			s.sim.publish(int64(s.meta)+off, n)
+		}
 	}
 }
 
+// refreshMeta drops this host's copies of metadata lines on a
+// non-coherent tier, so that the next loads read the tier.
 func (s *Store) refreshMeta(off, n int64) {
 	if s.shared {
 		s.r.Refresh(s.meta+tier.Offset(off), n)
+		if s.sim != nil {
+			s.sim.refresh(int64(s.meta)+off, n)
+		}
 	}
 }
 

@@ -1,0 +1,155 @@
+package prefix
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/cxltier/cxltier/tier"
+)
+
+// TestHostsWithoutSharedCaches runs two handles on one index as two hosts
+// whose caches the tier does not keep coherent (cacheSim): each sees the
+// other's metadata only through refresh and publish. They insert (with
+// eviction), look up, read and delete in turn; every payload read must be
+// the one stored under its key, and the index must check clean from the
+// tier's own bytes, as a third host would read them.
+func TestHostsWithoutSharedCaches(t *testing.T) {
+	for _, shards := range []int{1, 2} {
+		for seed := range uint64(3) {
+			t.Run(fmt.Sprintf("shards%d/seed%d", shards, seed), func(t *testing.T) { testHostsWithoutSharedCaches(t, shards, seed) })
+		}
+	}
+}
+
+func testHostsWithoutSharedCaches(t *testing.T, shards int, seed uint64) {
+	r, _ := testTier(t, 1)
+	nc := openNonCoherent(t, r)
+	var hosts [2]*Store
+	for h := range hosts {
+		c, err := nc.Attach(tier.ClientOptions{Name: fmt.Sprint("host ", h)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if h == 0 {
+			hosts[h], err = Create(c, Config{Name: "m", Blocks: 24, BlockBytes: 128, PinsPerClient: 256, Shards: shards})
+		} else {
+			hosts[h], err = Open(c, "m")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { hosts[h].Close() })
+	}
+	for _, s := range hosts {
+		s.simulateHost(t)
+	}
+	rng := rand.New(rand.NewPCG(uint64(shards), seed))
+	var stored []Key
+	dst := make([][]byte, 4)
+	for i := range dst {
+		dst[i] = make([]byte, 128)
+	}
+	// Each host holds the pins of one lookup for a few steps, while the
+	// other inserts, evicts and deletes; the payloads must stay put.
+	var held [2][]Hit
+	var heldUntil [2]int
+	release := func(h int) {
+		for _, hit := range held[h] {
+			got := make([]byte, hit.Len)
+			if err := hosts[h].r.ReadAt(got, hit.Offset); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, payloadFor(hit.Key, 128)) {
+				t.Fatalf("host %d: the payload of %v (block %d) changed while pinned", h, hit.Key, hit.Block)
+			}
+		}
+		hosts[h].Release(held[h])
+		held[h] = nil
+	}
+	for step := range 600 {
+		h := step % 2
+		s := hosts[h]
+		if held[h] != nil && step >= heldUntil[h] {
+			release(h)
+		}
+		switch op := rng.IntN(10); {
+		case op < 5 || len(stored) < 4: // insert one to three new keys
+			keys := make([]Key, 1+rng.IntN(3))
+			for i := range keys {
+				keys[i] = keyN(10000 + len(stored))
+				stored = append(stored, keys[i])
+			}
+			if _, err := s.Set(keys, payloadsFor(keys, 128)); err != nil {
+				t.Fatalf("step %d: set: %v", step, err)
+			}
+		case op < 8: // read back a few keys stored by either host
+			keys := make([]Key, 4)
+			for i := range keys {
+				keys[i] = stored[rng.IntN(len(stored))]
+			}
+			for i := range keys { // one at a time: Get serves a prefix
+				if _, err := s.Get(keys[i:i+1], dst[i:i+1]); err != nil {
+					t.Fatalf("step %d: get %v: %v", step, keys[i], err)
+				}
+			}
+			if held[h] != nil {
+				break
+			}
+			hits, err := s.Lookup(keys[:1+rng.IntN(len(keys))])
+			if err != nil {
+				t.Fatalf("step %d: lookup: %v", step, err)
+			}
+			held[h], heldUntil[h] = hits, step+2+rng.IntN(8)
+		default:
+			if _, err := s.Delete([]Key{stored[rng.IntN(len(stored))]}); err != nil && !errors.Is(err, ErrPinned) {
+				t.Fatalf("step %d: delete: %v", step, err)
+			}
+		}
+		if got, want := hosts[1-h].Stats().PinsHeld, len(held[0])+len(held[1]); got != int64(want) {
+			t.Fatalf("step %d: the other host counts %d pins held, want %d", step, got, want)
+		}
+	}
+	for h := range hosts {
+		release(h)
+	}
+	for h, s := range hosts {
+		if bad, err := s.Check(true); err != nil || len(bad) != 0 {
+			t.Fatalf("check by host %d: %v %v", h, bad, err)
+		}
+	}
+	// A third host, reading the tier's bytes as they are.
+	c, err := nc.Attach(tier.ClientOptions{Name: "third host"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	third, err := Open(c, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer third.Close()
+	mustCheck(t, third)
+}
+
+// openNonCoherent opens r's devices again as a non-coherent tier.
+func openNonCoherent(t *testing.T, r *tier.Region) *tier.Region {
+	t.Helper()
+	var devs []tier.Backing
+	for _, d := range r.Info().Devices {
+		b, err := tier.ParseBacking(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		devs = append(devs, b)
+	}
+	nc, err := tier.Open(tier.Options{Devices: devs, Coherence: tier.Shared})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	return nc
+}
