@@ -7,7 +7,8 @@
 //
 //   - metadata: a 4 KiB header (immutable geometry with a CRC-32C, and one
 //     line of lock-guarded state per shard), the open-addressing table of
-//     128-byte entries, the block-owner table and one pin table per client
+//     128-byte entries, the block-owner table (from version 4 one run of
+//     whole lines per shard) and one pin table per client
 //     lease slot (a header line, a line of that client's counters, and
 //     the pin records);
 //   - payload: fixed-size blocks, none crossing a stripe boundary, so every

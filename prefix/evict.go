@@ -174,7 +174,7 @@ func (s *Store) repairLocked(sh *shard) {
 		if claim[b] != 0 {
 			used++
 		}
-		atomic.StoreUint32(s.owner(sh.block0+uint32(b)), claim[b])
+		atomic.StoreUint32(s.owner(sh, sh.block0+uint32(b)), claim[b])
 	}
 	slices.SortFunc(ready, func(a, b uint32) int {
 		ta, tb := atomic.LoadUint64(u64At(s.entry(a), entAccess)), atomic.LoadUint64(u64At(s.entry(b), entAccess))
@@ -200,8 +200,8 @@ func (s *Store) repairLocked(sh *shard) {
 	s.publishMeta(0, s.g.PinsOff)
 }
 
-func (s *Store) publishOwner(b uint32) {
-	s.publishMeta((s.g.OwnersOff+int64(b)*4)&^(lineSize-1), lineSize)
+func (s *Store) publishOwner(sh *shard, b uint32) {
+	s.publishMeta((sh.ownerOff+4*int64(b-sh.block0))&^(lineSize-1), lineSize)
 }
 
 // sweepTombstones turns every tombstone no probe path crosses back into an

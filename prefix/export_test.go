@@ -4,7 +4,12 @@ import "sync/atomic"
 
 func storeWord(s *Store, i uint32, w uint64) { atomic.StoreUint64(u64At(s.entry(i), entWord), w) }
 func storeOwner(s *Store, e []byte, v uint32) {
-	atomic.StoreUint32(s.owner(atomic.LoadUint32(u32At(e, entBlock))), v)
+	b := atomic.LoadUint32(u32At(e, entBlock))
+	for k := range s.shards {
+		if sh := &s.shards[k]; sh.holdsBlock(b) {
+			atomic.StoreUint32(s.owner(sh, b), v)
+		}
+	}
 }
 func storeU32(b []byte, off int, v uint32) { atomic.StoreUint32(u32At(b, off), v) }
 func storeU64(b []byte, off int, v uint64) { atomic.StoreUint64(u64At(b, off), v) }

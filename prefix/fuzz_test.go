@@ -9,7 +9,7 @@ import (
 // boundary: any process may have written the tier) to the decoder, which
 // must refuse or return a geometry whose layout fits.
 func FuzzDecodeGeometry(f *testing.F) {
-	g := geometry{Entries: 64, Blocks: 16, Pins: 8, Clients: 4, LockID: 3, BlockBytes: 100, BlockStride: 128}
+	g := geometry{Entries: 64, Blocks: 16, Pins: 8, Clients: 4, LockID: 3, BlockBytes: 100, BlockStride: 128, Shards: 2}
 	size := g.place()
 	good := make([]byte, headerBytes)
 	g.encode(good)

@@ -12,7 +12,7 @@ const DirKind = 0x50465831 // "PFX1"
 
 const (
 	indexMagic   = 0x3130584650544c43 // "CLTPFX01"
-	indexVersion = 3                  // 2: tenant key digest; 3: per-client counters in the pin tables, shards
+	indexVersion = 4                  // 2: tenant key digest; 3: per-client counters in the pin tables, shards; 4: owner lines per shard
 	lineSize     = 64
 	headerBytes  = 4096
 
@@ -167,11 +167,33 @@ func (g *geometry) pinHeader() int64 {
 	return 2 * lineSize
 }
 
+// ownerStride is the bytes between the owner tables of two shards. From
+// version 4 each shard's owner words start a line of their own: on a tier
+// without coherence two hosts holding the locks of neighbouring shards must
+// never write one line, whose write-backs would undo each other. Before,
+// the table is one run of words.
+func (g *geometry) ownerStride() int64 {
+	if g.Version != 0 && g.Version < 4 {
+		return 0
+	}
+	shards := max(g.Shards, 1)               // place may run before check
+	most := (g.Blocks + shards - 1) / shards // the largest shard's blocks
+	return alignUp(4*most, lineSize)
+}
+
+// ownersBytes is the size of the owner table.
+func (g *geometry) ownersBytes() int64 {
+	if stride := g.ownerStride(); stride > 0 {
+		return max(g.Shards, 1) * stride
+	}
+	return 4 * g.Blocks
+}
+
 // place lays out the metadata run for the counts in g and returns its size.
 func (g *geometry) place() int64 {
 	g.EntriesOff = headerBytes
 	g.OwnersOff = alignUp(g.EntriesOff+g.Entries*entryBytes, lineSize)
-	g.PinsOff = alignUp(g.OwnersOff+4*g.Blocks, lineSize)
+	g.PinsOff = alignUp(g.OwnersOff+g.ownersBytes(), lineSize)
 	g.PinStride = alignUp(g.pinHeader()+g.Pins*pinRecordSize, lineSize)
 	return g.PinsOff + g.Clients*g.PinStride
 }
@@ -227,7 +249,7 @@ func decodeGeometry(b []byte, metaBytes int64) (geometry, error) {
 	switch v {
 	case 1: // before tenant keys: no digest, and the CRC covers lines 0–1 only
 		want = crc32.Checksum(b[:hdrImmutable], castagnoli)
-	case 2, indexVersion: // 3 adds per-client counters to the pin tables' headers
+	case 2, 3, indexVersion: // 3 adds per-client counters to the pin tables' headers, 4 a line-aligned owner table per shard
 	default:
 		return g, fmt.Errorf("%w: version %d, this build reads 1 to %d", ErrBadIndex, v, indexVersion)
 	}

@@ -204,10 +204,10 @@ func (s *Store) reserveOne(sh *shard, res *Reservation, left int, now uint64) er
 	atomic.StoreUint64(u64At(e, entCreated), now)
 	atomic.StoreUint32(u32At(e, entPrev), 0)
 	atomic.StoreUint32(u32At(e, entNext), 0)
-	atomic.StoreUint32(s.owner(b), i+1)
+	atomic.StoreUint32(s.owner(sh, b), i+1)
 	sh.add(slReserved, 1)
 	s.publishEntry(i)
-	s.publishOwner(b)
+	s.publishOwner(sh, b)
 	res.Status, res.entry, res.Block, res.Offset = Reserved, i, b, s.blockAt(b)
 	return nil
 }
@@ -249,7 +249,7 @@ func (s *Store) allocBlock(sh *shard) (uint32, bool) {
 	for len(sh.freed) > 0 {
 		b := sh.freed[len(sh.freed)-1]
 		sh.freed = sh.freed[:len(sh.freed)-1]
-		if atomic.LoadUint32(s.owner(b)) == 0 {
+		if sh.holdsBlock(b) && atomic.LoadUint32(s.owner(sh, b)) == 0 {
 			sh.add(slUsedBlocks, 1)
 			return b, true
 		}
@@ -259,7 +259,7 @@ func (s *Store) allocBlock(sh *shard) (uint32, bool) {
 		if !ok {
 			break
 		}
-		if sh.holdsBlock(b) && atomic.LoadUint32(s.owner(b)) == 0 {
+		if sh.holdsBlock(b) && atomic.LoadUint32(s.owner(sh, b)) == 0 {
 			sh.add(slUsedBlocks, 1)
 			return b, true
 		}
@@ -267,7 +267,7 @@ func (s *Store) allocBlock(sh *shard) (uint32, bool) {
 	hint := sh.count(slBlockHint)
 	for n := int64(0); n < int64(sh.blocks); n++ {
 		b := sh.block0 + uint32((hint+n)%int64(sh.blocks))
-		if atomic.LoadUint32(s.owner(b)) == 0 {
+		if atomic.LoadUint32(s.owner(sh, b)) == 0 {
 			atomic.StoreUint32(sh.u32(slBlockHint), uint32((int64(b-sh.block0)+1)%int64(sh.blocks)))
 			sh.add(slUsedBlocks, 1)
 			return b, true
@@ -476,10 +476,10 @@ func (s *Store) dropLocked(i uint32) {
 	default:
 		return
 	}
-	if b := atomic.LoadUint32(u32At(e, entBlock)); sh.holdsBlock(b) && atomic.LoadUint32(s.owner(b)) == i+1 {
-		atomic.StoreUint32(s.owner(b), 0)
+	if b := atomic.LoadUint32(u32At(e, entBlock)); sh.holdsBlock(b) && atomic.LoadUint32(s.owner(sh, b)) == i+1 {
+		atomic.StoreUint32(s.owner(sh, b), 0)
 		sh.add(slUsedBlocks, -1)
-		s.publishOwner(b)
+		s.publishOwner(sh, b)
 		// The next allocations take the blocks just freed: an insert
 		// that evicted finds its block at once instead of scanning a
 		// full owner table (and pulling its lines from other cores).

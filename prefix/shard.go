@@ -23,6 +23,7 @@ type shard struct {
 	mask     uint32 // entries - 1 (a power of two)
 	block0   uint32 // first block
 	blocks   uint32
+	ownerOff int64 // the metadata offset of block0's owner word
 
 	// mu orders this process's goroutines before the tier lock, which
 	// knows clients, not goroutines; the fields below are the holder's.
@@ -92,6 +93,10 @@ func (s *Store) initShards() error {
 		sh.entry0, sh.mask = uint32(int64(k)*per), uint32(per-1)
 		b0, b1 := int64(k)*s.g.Blocks/s.g.Shards, int64(k+1)*s.g.Blocks/s.g.Shards
 		sh.block0, sh.blocks = uint32(b0), uint32(b1-b0)
+		sh.ownerOff = s.g.OwnersOff + 4*b0
+		if stride := s.g.ownerStride(); stride > 0 {
+			sh.ownerOff = s.g.OwnersOff + int64(k)*stride
+		}
 		sh.freed = make([]uint32, 0, 256)
 		sh.cands, sh.pinned = map[uint64]uint32{}, map[uint64]bool{}
 	}

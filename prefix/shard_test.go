@@ -201,3 +201,57 @@ func TestStoreAfterRegionClose(t *testing.T) {
 		t.Errorf("close: %v", err)
 	}
 }
+
+// TestOwnerLinesPerShard: from version 4 no line of the owner table holds
+// words of two shards (two hosts without shared caches, each holding one
+// shard's lock, would undo each other's write-backs of such a line), and
+// every shard's words lie in the table. An index of version 3, whose table
+// is one run of words, is still served.
+func TestOwnerLinesPerShard(t *testing.T) {
+	for _, tc := range []struct{ blocks, shards int64 }{{24, 2}, {100, 4}, {1000, 8}, {17, 1}, {4099, 8}} {
+		t.Run(fmt.Sprintf("%dblocks/%dshards", tc.blocks, tc.shards), func(t *testing.T) {
+			_, c := testTier(t, 1)
+			s := testStoreShards(t, c, tc.blocks, 64, int(tc.shards))
+			lineOf := map[int64]int{}
+			for k := range s.shards {
+				sh := &s.shards[k]
+				first, last := sh.ownerOff, sh.ownerOff+4*int64(sh.blocks)-1
+				if first < s.g.OwnersOff || last >= s.g.PinsOff {
+					t.Fatalf("shard %d: owner words at %d-%d, the table is %d-%d", k, first, last, s.g.OwnersOff, s.g.PinsOff)
+				}
+				for line := first &^ (lineSize - 1); line <= last; line += lineSize {
+					if j, ok := lineOf[line]; ok && j != k {
+						t.Fatalf("owner line at %d holds words of shards %d and %d", line, j, k)
+					}
+					lineOf[line] = k
+				}
+			}
+			keys := keysN(int(3 * tc.blocks))
+			if _, err := s.Set(keys, payloadsFor(keys, 64)); err != nil {
+				t.Fatal(err)
+			}
+			mustCheck(t, s)
+		})
+	}
+	t.Run("version3", func(t *testing.T) {
+		_, c := testTier(t, 1)
+		s, err := create(c, Config{Name: "m", Blocks: 100, BlockBytes: 64, PinsPerClient: 256, Shards: 4}, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if got, want := s.shards[1].ownerOff, s.g.OwnersOff+4*25; got != want {
+			t.Fatalf("shard 1's owner words at %d in a version 3 index, want %d", got, want)
+		}
+		keys := keysN(300)
+		for i := 0; i < len(keys); i += 10 {
+			if _, err := s.Set(keys[i:i+10], payloadsFor(keys[i:i+10], 64)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := s.Exists(keys[290:]); n != 10 {
+			t.Fatalf("%d of the last 10 keys present", n)
+		}
+		mustCheck(t, s)
+	})
+}

@@ -123,7 +123,7 @@ func (s *Store) checkLocked(sh *shard, payloads bool, report func(string, ...any
 			report("entry %d (%v): out of reach of a probe from its home", i, k)
 		}
 		b := atomic.LoadUint32(u32At(e, entBlock))
-		if !sh.holdsBlock(b) || atomic.LoadUint32(s.owner(b)) != i+1 {
+		if !sh.holdsBlock(b) || atomic.LoadUint32(s.owner(sh, b)) != i+1 {
 			report("entry %d: block %d not owned by it (shard %d holds blocks %d to %d)", i, b, sh.k, sh.block0, sh.block0+sh.blocks-1)
 			continue
 		}
@@ -143,7 +143,7 @@ func (s *Store) checkLocked(sh *shard, payloads bool, report func(string, ...any
 		}
 	}
 	for b := sh.block0; b-sh.block0 < sh.blocks; b++ {
-		if o := atomic.LoadUint32(s.owner(b)); o != 0 {
+		if o := atomic.LoadUint32(s.owner(sh, b)); o != 0 {
 			if i, ok := owned[b]; !ok || i+1 != o {
 				report("block %d owned by entry %d, which does not hold it", b, int64(o)-1)
 			}

@@ -417,10 +417,10 @@ func (s *Store) lockedEntry(i uint32) []byte {
 	return s.entry(i)
 }
 
-// owner is block b's owner word, reloaded first on a non-coherent tier
-// (every access is under the lock of b's shard).
-func (s *Store) owner(b uint32) *uint32 {
-	off := s.g.OwnersOff + int64(b)*4
+// owner is the owner word of block b of shard sh (sh.holdsBlock(b)),
+// reloaded first on a non-coherent tier (every access is under sh's lock).
+func (s *Store) owner(sh *shard, b uint32) *uint32 {
+	off := sh.ownerOff + 4*int64(b-sh.block0)
 	line := off &^ (lineSize - 1)
 	s.refreshMeta(line, lineSize)
 	return u32At(s.metaSlice(line, lineSize), int(off%lineSize))
