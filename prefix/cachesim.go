@@ -12,7 +12,11 @@ import "bytes"
 //
 // As a CPU's flush does, a refresh of a line this host changed and has not
 // published writes the whole line back first (clflushopt: write back if
-// dirty, then invalidate), other hosts' newer bytes in it included.
+// dirty, then invalidate), other hosts' newer bytes in it included. It
+// keeps every line until told to reload it, the strictest case for a
+// missing refresh; a CPU may also write a dirty line back on its own,
+// which it does not model (the index publishes each line it changes at
+// once).
 type cacheSim struct {
 	private []byte // this host's view of device 0
 	clean   []byte // the private view as of each line's last publish or refresh
