@@ -19,7 +19,8 @@ type Stats struct {
 	UsedBlocks       int64  `json:"used_blocks"`
 	Tombstones       int64  `json:"tombstones"`
 	Shards           int64  `json:"shards"`
-	PinsHeld         int64  `json:"pins_held"` // by live clients
+	LayoutVersion    uint32 `json:"layout_version"` // the index's; see docs/abi.md
+	PinsHeld         int64  `json:"pins_held"`      // by live clients
 	Hits             uint64 `json:"hits"`
 	Misses           uint64 `json:"misses"`
 	Inserts          uint64 `json:"inserts"`
@@ -41,11 +42,11 @@ func (st Stats) HitRate() float64 {
 // Stats reads the index's counts.
 func (s *Store) Stats() Stats {
 	if s.r.Closed() {
-		return Stats{Name: s.name, Entries: s.g.Entries, Blocks: s.g.Blocks, BlockBytes: s.g.BlockBytes, Shards: s.g.Shards}
+		return Stats{Name: s.name, Entries: s.g.Entries, Blocks: s.g.Blocks, BlockBytes: s.g.BlockBytes, Shards: s.g.Shards, LayoutVersion: s.g.Version}
 	}
 	s.refreshMeta(0, 256)
 	c := s.counters()
-	st := Stats{Name: s.name, Entries: s.g.Entries, Blocks: s.g.Blocks, BlockBytes: s.g.BlockBytes, Shards: s.g.Shards,
+	st := Stats{Name: s.name, Entries: s.g.Entries, Blocks: s.g.Blocks, BlockBytes: s.g.BlockBytes, Shards: s.g.Shards, LayoutVersion: s.g.Version,
 		Hits: c[ctrHits], Misses: c[ctrMisses], Inserts: c[ctrInserts], Evictions: c[ctrEvictions],
 		ChecksumFailures: c[ctrChecksumFailures], Reclaimed: c[ctrReclaimed], BytesIn: c[ctrBytesIn], BytesOut: c[ctrBytesOut]}
 	for k := range s.shards {

@@ -210,8 +210,8 @@ func prefixStats(args []string, stdout, stderr io.Writer) error {
 		if *asJSON {
 			return json.NewEncoder(stdout).Encode(st)
 		}
-		fmt.Fprintf(stdout, "index %q: %d/%d blocks used (%s each, %d shard(s)), %d ready, %d reserved, %d pins held\n",
-			st.Name, st.UsedBlocks, st.Blocks, tierflags.HumanSize(st.BlockBytes), st.Shards, st.Ready, st.Reserved, st.PinsHeld)
+		fmt.Fprintf(stdout, "index %q (layout version %d): %d/%d blocks used (%s each, %d shard(s)), %d ready, %d reserved, %d pins held\n",
+			st.Name, st.LayoutVersion, st.UsedBlocks, st.Blocks, tierflags.HumanSize(st.BlockBytes), st.Shards, st.Ready, st.Reserved, st.PinsHeld)
 		fmt.Fprintf(stdout, "hits %d, misses %d (hit rate %.3f), inserts %d, evictions %d, reclaimed %d, checksum failures %d\n",
 			st.Hits, st.Misses, st.HitRate(), st.Inserts, st.Evictions, st.Reclaimed, st.ChecksumFailures)
 		return nil
