@@ -92,8 +92,12 @@ func testHostsWithoutSharedCaches(t *testing.T, shards int, seed uint64) {
 				keys[i] = stored[rng.IntN(len(stored))]
 			}
 			for i := range keys { // one at a time: Get serves a prefix
-				if _, err := s.Get(keys[i:i+1], dst[i:i+1]); err != nil {
+				n, err := s.Get(keys[i:i+1], dst[i:i+1])
+				if err != nil {
 					t.Fatalf("step %d: get %v: %v", step, keys[i], err)
+				}
+				if n == 1 && !bytes.Equal(dst[i], payloadFor(keys[i], 128)) {
+					t.Fatalf("step %d: host %d got another key's payload for %v", step, h, keys[i])
 				}
 			}
 			if held[h] != nil {
@@ -135,7 +139,9 @@ func testHostsWithoutSharedCaches(t *testing.T, shards int, seed uint64) {
 	mustCheck(t, third)
 }
 
-// openNonCoherent opens r's devices again as a non-coherent tier.
+// openNonCoherent opens r's devices again as a non-coherent tier, closed
+// at the end of the test after the cleanups registered later (an index
+// handle must not outlive its mapping).
 func openNonCoherent(t *testing.T, r *tier.Region) *tier.Region {
 	t.Helper()
 	var devs []tier.Backing

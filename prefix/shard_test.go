@@ -113,19 +113,7 @@ func TestShards(t *testing.T) {
 // inserts, evicts, looks up with pins held, deletes, counts and checks.
 func TestNonCoherentTier(t *testing.T) {
 	r, _ := testTier(t, 2)
-	var devs []tier.Backing
-	for _, d := range r.Info().Devices {
-		b, err := tier.ParseBacking(d)
-		if err != nil {
-			t.Fatal(err)
-		}
-		devs = append(devs, b)
-	}
-	nc, err := tier.Open(tier.Options{Devices: devs, Coherence: tier.Shared})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { nc.Close() }) // after the index's own cleanup: a handle must not outlive its mapping
+	nc := openNonCoherent(t, r)
 	c, err := nc.Attach(tier.ClientOptions{Name: "non-coherent"})
 	if err != nil {
 		t.Fatal(err)
