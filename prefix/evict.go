@@ -73,6 +73,17 @@ func (s *Store) scanPins(cands map[uint64]uint32, pinned map[uint64]bool) {
 	if len(cands) == 0 {
 		return
 	}
+	s.eachLivePin(func(v uint64) {
+		if _, ok := cands[v]; ok {
+			pinned[v] = true
+		}
+	})
+}
+
+// eachLivePin calls fn with every pin record that a live client holds, each
+// pin table's header and records in use reloaded first on a non-coherent
+// tier.
+func (s *Store) eachLivePin(fn func(v uint64)) {
 	for slot := 0; int64(slot) < s.g.Clients; slot++ {
 		off := s.g.PinsOff + int64(slot)*s.g.PinStride
 		s.refreshMeta(off, pinHeaderSize)
@@ -91,9 +102,7 @@ func (s *Store) scanPins(cands map[uint64]uint32, pinned map[uint64]bool) {
 		s.refreshMeta(off+s.g.pinHeader(), hw*pinRecordSize) // the records in use, not the whole table
 		for j := int64(0); j < hw; j++ {
 			if v := atomic.LoadUint64(s.pinRecord(slot, j)); v != 0 {
-				if _, ok := cands[v]; ok {
-					pinned[v] = true
-				}
+				fn(v)
 			}
 		}
 	}

@@ -57,22 +57,7 @@ func (s *Store) Stats() Stats {
 		st.UsedBlocks += sh.count(slUsedBlocks)
 		st.Tombstones += sh.count(slTombstones)
 	}
-	for slot := 0; int64(slot) < s.g.Clients; slot++ {
-		off := s.g.PinsOff + int64(slot)*s.g.PinStride
-		s.refreshMeta(off, pinHeaderSize)
-		h := s.metaSlice(off, pinHeaderSize)
-		tok := atomic.LoadUint64(u64At(h, pinHdrToken))
-		if tok == 0 || !s.r.LeaseLive(tok) {
-			continue
-		}
-		hw := min(int64(atomic.LoadUint32(u32At(h, pinHdrHighWater))), s.g.Pins)
-		s.refreshMeta(off+s.g.pinHeader(), hw*pinRecordSize)
-		for j := int64(0); j < hw; j++ {
-			if atomic.LoadUint64(s.pinRecord(slot, j)) != 0 {
-				st.PinsHeld++
-			}
-		}
-	}
+	s.eachLivePin(func(uint64) { st.PinsHeld++ })
 	return st
 }
 

@@ -411,9 +411,7 @@ func (s *Store) entry(i uint32) []byte {
 // and write any of it: on a non-coherent tier both its lines are reloaded
 // first (readEntry, for lookups, reloads the first line only).
 func (s *Store) lockedEntry(i uint32) []byte {
-	if s.shared {
-		s.refreshMeta(s.g.EntriesOff+int64(i)*entryBytes, entryBytes)
-	}
+	s.refreshMeta(s.g.EntriesOff+int64(i)*entryBytes, entryBytes)
 	return s.entry(i)
 }
 
