@@ -295,3 +295,59 @@ func prefault(data []byte) {
 	}
 	wg.Wait()
 }
+
+// ReadOnlyView is a second, read-only mapping of part of the tier: a
+// consumer that must never write a table maps it this way, so a stray
+// store faults in that process instead of damaging what every other
+// process reads.
+type ReadOnlyView struct {
+	Data []byte // the requested bytes
+	all  []byte // the mapping, from an aligned device offset
+}
+
+// Close unmaps the view; Data must not be used afterwards.
+func (v *ReadOnlyView) Close() error {
+	if v.all == nil {
+		return nil
+	}
+	all := v.all
+	v.all, v.Data = nil, nil
+	return unix.Munmap(all)
+}
+
+// MapReadOnly maps [off, off+n), which must lie on one device, read-only
+// from the backing file. An anonymous tier has no file: ErrInvalidConfig.
+func (r *Region) MapReadOnly(off Offset, n int64) (*ReadOnlyView, error) {
+	if err := r.live("map read-only"); err != nil {
+		return nil, err
+	}
+	if _, err := r.Slice(off, n); err != nil { // bounds and contiguity
+		return nil, err
+	}
+	dev, devOff, _, err := r.Locate(off)
+	if err != nil {
+		return nil, err
+	}
+	b := r.devs[dev].backing
+	if b.Kind == BackingAnon {
+		return nil, fmt.Errorf("tier: map %v+%d read-only: an anonymous tier has no file to map: %w", off, n, ErrInvalidConfig)
+	}
+	// 2 MiB: what device DAX and hugetlbfs mappings need; more than enough
+	// for a page-cache file.
+	start := devOff / daxAlign * daxAlign
+	length := alignUp(devOff+n, daxAlign) - start
+	if end := int64(len(r.devs[dev].data)); start+length > end {
+		length = end - start
+	}
+	f, err := os.Open(b.Path)
+	if err != nil {
+		return nil, fmt.Errorf("tier: map %s read-only: %w", b, err)
+	}
+	defer f.Close()
+	all, err := unix.Mmap(int(f.Fd()), start, int(length), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("tier: map %s read-only at %d (+%d): %w", b, start, length, err)
+	}
+	lo := devOff - start
+	return &ReadOnlyView{Data: all[lo : lo+n : lo+n], all: all}, nil
+}

@@ -83,6 +83,10 @@ func runChild(role string) error {
 		err = childAlloc(c, iters)
 	case "holder":
 		err = childHolder(c)
+	case "objwriter":
+		err = childObjectWriter(c, int64(iters))
+	case "objscribbler":
+		err = childObjectScribbler(c)
 	case "contender":
 		for {
 			if err := c.Lock(FirstUserLock); err != nil {

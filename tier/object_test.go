@@ -1,0 +1,323 @@
+package tier
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// fillPattern writes a pattern that differs per byte and per object size.
+func fillPattern(b []byte) {
+	for i := range b {
+		b[i] = byte(i*7 + i>>8 + len(b))
+	}
+}
+
+func TestObjectLifecycle(t *testing.T) {
+	r := formatTest(t, testGeometry())
+	c := attachTest(t, r, 0)
+	const size = 700 << 10 // not a whole number of chunks
+	o, err := c.CreateObject("engram/test/layer1", size, ObjectOptions{Contiguous: true, Kind: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.State != ObjectUnsealed || o.Size != size || !o.Contiguous || o.Kind != 7 || int64(o.Offset)%r.ChunkSize() != 0 {
+		t.Fatalf("new object: %+v", o)
+	}
+	b, err := r.ObjectBytes(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(b, make([]byte, size)) {
+		t.Fatal("a new object is not zero-filled")
+	}
+	fillPattern(b)
+	if _, err := c.CreateObject("engram/test/layer1", 10, ObjectOptions{}); !errors.Is(err, ErrExists) {
+		t.Fatalf("second create of one name: %v", err)
+	}
+	sealed, err := c.SealObject(o.Name, "layers.1.engram.embed from model.safetensors")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := r.OpenObject(o.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.State != ObjectSealed || again.Sum != sealed.Sum || again.Label != sealed.Label || again.Seals != 1 || again.Offset != o.Offset {
+		t.Fatalf("reopened %+v, sealed %+v", again, sealed)
+	}
+	if err := r.VerifyObject(again); err != nil {
+		t.Fatal(err)
+	}
+	b[size/2] ^= 1
+	if err := r.VerifyObject(again); !errors.Is(err, ErrChecksum) || !strings.Contains(err.Error(), o.Name) {
+		t.Fatalf("verify of a damaged payload: %v", err)
+	}
+	b[size/2] ^= 1
+	if u, err := c.UnsealObject(o.Name); err != nil || u.State != ObjectUnsealed {
+		t.Fatalf("unseal: %+v %v", u, err)
+	}
+	if err := r.VerifyObject(mustOpen(t, r, o.Name)); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("verify of an unsealed object: %v", err)
+	}
+	list, err := r.Objects()
+	if err != nil || len(list) != 1 || list[0].Name != o.Name {
+		t.Fatalf("list: %+v %v", list, err)
+	}
+	used := r.Usage().UsedChunks
+	if err := c.RemoveObject(o.Name, false); err != nil {
+		t.Fatal(err)
+	}
+	if now := r.Usage().UsedChunks; now != used-o.Chunks {
+		t.Fatalf("remove freed %d chunks, the object had %d", used-now, o.Chunks)
+	}
+	if _, err := r.OpenObject(o.Name); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("open after remove: %v", err)
+	}
+	if err := c.RemoveObject(o.Name, false); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("second remove: %v", err)
+	}
+	// The chunks come back to a new object zeroed, not with the old bytes.
+	o2, err := c.CreateObject("other", size, ObjectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b2, _ := r.ObjectBytes(o2); !bytes.Equal(b2, make([]byte, size)) {
+		t.Fatal("reused chunks are not zeroed")
+	}
+	if f := r.Audit(); len(f) != 0 {
+		t.Fatalf("audit: %v", f)
+	}
+}
+
+func mustOpen(t *testing.T, r *Region, name string) Object {
+	t.Helper()
+	o, err := r.OpenObject(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+func TestObjectBadInput(t *testing.T) {
+	r := formatTest(t, testGeometry())
+	c := attachTest(t, r, 0)
+	for _, tc := range []struct {
+		name string
+		size int64
+		want error
+	}{
+		{"", 10, ErrInvalidConfig},
+		{strings.Repeat("x", dirNameMax+1), 10, ErrInvalidConfig},
+		{"bad\x01name", 10, ErrInvalidConfig},
+		{"zero", 0, ErrInvalidConfig},
+		{"negative", -1, ErrInvalidConfig},
+		{"huge", 1 << 40, ErrExhausted},
+		{"almost-all", r.Size(), ErrExhausted},
+	} {
+		if _, err := c.CreateObject(tc.name, tc.size, ObjectOptions{}); !errors.Is(err, tc.want) {
+			t.Errorf("create %q of %d: %v, want %v", tc.name, tc.size, err, tc.want)
+		}
+	}
+	if err := c.DirPut(DirEntry{Name: "not-an-object", Kind: 99, Offset: r.DataStart(), Size: r.ChunkSize()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.OpenObject("not-an-object"); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("open of another kind's entry: %v", err)
+	}
+	if r.Usage().UsedChunks != 0 {
+		t.Fatalf("failed creates left %d chunks allocated", r.Usage().UsedChunks)
+	}
+}
+
+// The header is untrusted: every damaged field reads as an error naming the
+// object, never as a size or state taken on trust.
+func TestObjectHeaderDamage(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		at   int64
+		want error
+	}{
+		{"magic", 0, ErrCorrupt},
+		{"size", 16, ErrChecksum},
+		{"seal state", objectSealAt, ErrChecksum},
+		{"label length", objectSealAt + 20, ErrChecksum},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := formatTest(t, testGeometry())
+			c := attachTest(t, r, 0)
+			o, err := c.CreateObject("victim", 1000, ObjectOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			hdr, err := r.Slice(o.header, objectHeader)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hdr[tc.at] ^= 0x40
+			_, err = r.OpenObject("victim")
+			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), "victim") {
+				t.Fatalf("damaged %s: %v, want %v naming the object", tc.name, err, tc.want)
+			}
+			if _, err := r.Objects(); err == nil {
+				t.Fatal("listing hides a damaged object")
+			}
+		})
+	}
+}
+
+func TestObjectContiguityOnStripedTier(t *testing.T) {
+	g := testGeometry()
+	g.Devices = 2
+	r := formatTest(t, g, shmBacking(t), shmBacking(t))
+	c := attachTest(t, r, 0)
+	big := 3 * g.Stripe
+	if _, err := c.CreateObject("host-table", big, ObjectOptions{Contiguous: true}); !errors.Is(err, ErrNotContiguous) {
+		t.Fatalf("contiguous object over stripes: %v", err)
+	}
+	o, err := c.CreateObject("spread", big, ObjectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Contiguous {
+		t.Fatal("an object over several devices says it is contiguous")
+	}
+	if _, err := r.ObjectBytes(o); !errors.Is(err, ErrNotContiguous) {
+		t.Fatalf("one slice over devices: %v", err)
+	}
+	pattern := make([]byte, big)
+	fillPattern(pattern)
+	if err := r.WriteAt(pattern, o.Offset); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SealObject(o.Name, "striped"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.VerifyObject(mustOpen(t, r, o.Name)); err != nil {
+		t.Fatal(err)
+	}
+	small, err := c.CreateObject("small", 1000, ObjectOptions{Contiguous: true})
+	if err != nil || !small.Contiguous {
+		t.Fatalf("a one-chunk contiguous object: %+v %v", small, err)
+	}
+}
+
+// A writer process creates, fills, seals and holds an object, then dies:
+// the object outlives it, another process maps it read-only, removal
+// refuses while the writer lives and succeeds once it is reaped.
+func TestObjectAcrossProcesses(t *testing.T) {
+	g := testGeometry()
+	g.LeaseTimeout = 400 * time.Millisecond
+	r := formatTest(t, g)
+	runManager(t, r, ManagerOptions{Node: 0, GrantLocks: true})
+	const size = 3<<20 + 123
+	k := spawn(t, r, "objwriter", 0, fmt.Sprintf("%s=%d", envIters, size))
+	if line, err := k.out.ReadString('\n'); err != nil || line != "sealed\n" {
+		t.Fatalf("writer said %q, %v", line, err)
+	}
+	c := attachTest(t, r, 0)
+	o := mustOpen(t, r, "shared-table")
+	if o.State != ObjectSealed || o.Holders != 1 || o.Size != size {
+		t.Fatalf("object from the writer: %+v", o)
+	}
+	view, err := r.MapReadOnly(o.Offset, o.Size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer view.Close()
+	want := make([]byte, size)
+	fillPattern(want)
+	if !bytes.Equal(view.Data, want) {
+		t.Fatal("the read-only view does not show the writer's bytes")
+	}
+	if err := c.RemoveObject(o.Name, false); !errors.Is(err, ErrObjectBusy) {
+		t.Fatalf("remove while the writer holds it: %v", err)
+	}
+	k.cmd.Process.Signal(syscall.SIGKILL)
+	k.cmd.Wait()
+	deadline := time.Now().Add(20 * g.LeaseTimeout)
+	for mustOpen(t, r, o.Name).Holders != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the dead writer still holds the object")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := r.VerifyObject(mustOpen(t, r, o.Name)); err != nil {
+		t.Fatalf("the object after its writer died: %v", err)
+	}
+	if err := c.RemoveObject(o.Name, false); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A store through a read-only view faults in the storing process and
+// leaves the object unchanged.
+func TestReadOnlyViewFaults(t *testing.T) {
+	r := formatTest(t, testGeometry())
+	c := attachTest(t, r, 0)
+	o, err := c.CreateObject("guarded", 1000, ObjectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SealObject(o.Name, "zeros"); err != nil {
+		t.Fatal(err)
+	}
+	k := spawn(t, r, "objscribbler", 0, "GOTRACEBACK=none")
+	err = k.cmd.Wait()
+	var exit interface{ ExitCode() int }
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 { // the runtime's exit on a fault
+		t.Fatalf("a store through the read-only view: %v", err)
+	}
+	if err := r.VerifyObject(mustOpen(t, r, o.Name)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMapReadOnlyRefusesAnon(t *testing.T) {
+	r := formatTest(t, testGeometry(), Backing{Kind: BackingAnon})
+	c := attachTest(t, r, 0)
+	o, err := c.CreateObject("anon", 1000, ObjectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.MapReadOnly(o.Offset, o.Size); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("read-only map of an anonymous tier: %v", err)
+	}
+}
+
+func childObjectWriter(c *Client, size int64) error {
+	o, err := c.CreateObject("shared-table", size, ObjectOptions{Contiguous: true})
+	if err != nil {
+		return err
+	}
+	b, err := c.Region().ObjectBytes(o)
+	if err != nil {
+		return err
+	}
+	fillPattern(b)
+	if _, err := c.SealObject(o.Name, "pattern"); err != nil {
+		return err
+	}
+	if err := c.HoldObject(o.Name); err != nil {
+		return err
+	}
+	fmt.Println("sealed")
+	select {}
+}
+
+func childObjectScribbler(c *Client) error {
+	o, err := c.Region().OpenObject("guarded")
+	if err != nil {
+		return err
+	}
+	v, err := c.Region().MapReadOnly(o.Offset, o.Size)
+	if err != nil {
+		return err
+	}
+	v.Data[10] = 1 // must fault
+	return fmt.Errorf("a store through a read-only view did not fault")
+}
