@@ -28,6 +28,7 @@ var (
 	ErrNotOwner      = errkind.New(errkind.Invalid, "not owned by this client")
 	ErrLockHeld      = errkind.New(errkind.Invalid, "lock already held by this client (locks do not nest)")
 	ErrLockTimeout   = errkind.New(errkind.Other, "lock wait timed out")
+	ErrPayload       = errkind.New(errkind.Checksum, "payload checksum mismatch")
 	ErrObjectBusy    = errkind.New(errkind.Exists, "object is held by live clients")
 	ErrDeviceOrder   = errkind.New(errkind.Invalid, "device does not belong at this position in the tier")
 )

@@ -426,7 +426,7 @@ func (r *Region) VerifyObject(o Object) error {
 		return err
 	}
 	if sum != o.Sum {
-		return fmt.Errorf("tier: object %q: payload checksum %#08x, sealed as %#08x: %w", o.Name, sum, o.Sum, ErrChecksum)
+		return fmt.Errorf("tier: object %q: payload checksum %#08x, sealed as %#08x: %w", o.Name, sum, o.Sum, ErrPayload)
 	}
 	return nil
 }

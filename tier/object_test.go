@@ -54,7 +54,7 @@ func TestObjectLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	b[size/2] ^= 1
-	if err := r.VerifyObject(again); !errors.Is(err, ErrChecksum) || !strings.Contains(err.Error(), o.Name) {
+	if err := r.VerifyObject(again); !errors.Is(err, ErrPayload) || !strings.Contains(err.Error(), o.Name) {
 		t.Fatalf("verify of a damaged payload: %v", err)
 	}
 	b[size/2] ^= 1

@@ -10,7 +10,7 @@
 // handles; no Go pointer crosses the boundary, and the library only reads
 // or writes caller memory (keys, payloads, ids) during the call.
 //
-// The calls of ABI 5 (what changed between versions: docs/abi.md):
+// The calls of ABI 7 (what changed between versions: docs/abi.md):
 //
 //	cxl_attach(devices, name, &tier)           devices: comma-separated backings
 //	cxl_detach(tier)
@@ -50,6 +50,13 @@
 //	cxl_topk_stats(pool, json, json_cap)
 //	cxl_region_alloc(tier, bytes, &offset, &address, &size)   contiguous tier memory for a tensor
 //	cxl_region_free(tier, offset, size)
+//	cxl_object_create(tier, name, bytes, flags, &obj, &address, &size)   flags: 1 contiguous; creates, then opens writable
+//	cxl_object_open(tier, name, flags, &obj, &address, &size)   flags: 1 read-only view; the object is held while open
+//	cxl_object_close(obj)
+//	cxl_object_gather(obj, plane, row_bytes, rows, ids, n, out, out_cap)   out[i] = row ids[i] of the plane at byte plane
+//	cxl_object_info(tier, name|NULL, json, json_cap)   NULL: every object
+//	cxl_object_seal(tier, name, label)  /  cxl_object_unseal(tier, name)  /  cxl_object_verify(tier, name)
+//	cxl_object_remove(tier, name, force)   refuses while live clients hold it, unless force
 //
 // GPU memory passed with where = 1 belongs to the engine's device and is
 // read and written in order on its stream (cuda_stream at open).
@@ -73,7 +80,7 @@ package main
 import "C"
 
 // abiVersion changes whenever a call's meaning or signature does.
-const abiVersion = 6
+const abiVersion = 7
 
 //export cxl_abi_version
 func cxl_abi_version() C.int { return abiVersion }

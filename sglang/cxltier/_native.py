@@ -6,7 +6,7 @@ import json
 import os
 import threading
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 _ERRLEN = 1024
 
 
@@ -100,6 +100,15 @@ _PROTOTYPES = {
     "cxl_topk_stats": [_u64, ctypes.c_char_p, _int] + _err,
     "cxl_region_alloc": [_u64, _i64, _p(_u64), _p(ctypes.c_void_p), _p(_i64)] + _err,
     "cxl_region_free": [_u64, _u64, _i64] + _err,
+    "cxl_object_create": [_u64, _cstr, _i64, _int, _p(_u64), _p(ctypes.c_void_p), _p(_i64)] + _err,
+    "cxl_object_open": [_u64, _cstr, _int, _p(_u64), _p(ctypes.c_void_p), _p(_i64)] + _err,
+    "cxl_object_close": [_u64] + _err,
+    "cxl_object_gather": [_u64, _i64, _i64, _i64, ctypes.c_void_p, _i64, ctypes.c_void_p, _i64] + _err,
+    "cxl_object_info": [_u64, _cstr, ctypes.c_char_p, _int] + _err,
+    "cxl_object_seal": [_u64, _cstr, _cstr] + _err,
+    "cxl_object_unseal": [_u64, _cstr] + _err,
+    "cxl_object_verify": [_u64, _cstr] + _err,
+    "cxl_object_remove": [_u64, _cstr, _int] + _err,
 }
 
 _lock = threading.Lock()

@@ -3,6 +3,8 @@
 SGLang calls install() at start-up in every process when plugins are
 enabled (SGLANG_PLUGINS whitelists names). With CXLTIER_HISPARSE_HOST_POOL=1
 it puts HiSparse's host KV pool in the tier (cxltier.hisparse); with
+CXLTIER_ENGRAM_HOST_TABLE=1 SGLang's DeepSeek-V4.1 Engram host tables
+live in the tier, one persistent copy per node (cxltier.engram_host); with
 CXLTIER_ENGRAM set (a preset or a geometry file) it starts Engram prefetches
 at the top of every forward pass (cxltier.engram_hook). CXLTIER_PLUGIN=0
 makes it do nothing. The HiCache backend needs no plugin: SGLang loads it
@@ -59,6 +61,11 @@ def install():
 
         if _part("HiSparse host pool in the tier", hisparse.install):
             installed.append("hisparse")
+    if os.environ.get("CXLTIER_ENGRAM_HOST_TABLE") == "1":
+        from . import engram_host
+
+        if _part("Engram host table in the tier", engram_host.install):
+            installed.append("engram-host-table")
     if os.environ.get("CXLTIER_ENGRAM"):
         from . import engram_hook
 

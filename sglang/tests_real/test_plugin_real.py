@@ -34,6 +34,8 @@ def run_loader(tmp_path, device, extra_code="", **env):
         print("HISPARSE", [getattr(getattr(hc, n, None), "_cxltier", False) for n in
               ("MLATokenToKVPoolHost", "HiSparseMHATokenToKVPoolHost", "DeepSeekV4PagedHostPool")])
         print("ENGRAM", getattr(ModelRunner.forward, "_cxltier_engram", False))
+        from sglang.srt.layers import engram
+        print("HOSTTABLE", engram._HostTable.__name__, getattr(engram.EngramEmbedding._load_rows, "_cxltier", False))
     """)
     full_env = dict(os.environ, SGLANG_PLUGINS="cxltier", CXLTIER_DEVICES=device, **env)
     out = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=300)
@@ -42,9 +44,13 @@ def run_loader(tmp_path, device, extra_code="", **env):
 
 
 def test_loader_installs_every_part(built, device, tmp_path):
-    log = run_loader(tmp_path, device, CXLTIER_HISPARSE_HOST_POOL="1", CXLTIER_ENGRAM="v4.1-flash")
+    log = run_loader(tmp_path, device, CXLTIER_HISPARSE_HOST_POOL="1", CXLTIER_ENGRAM="v4.1-flash",
+                     CXLTIER_ENGRAM_HOST_TABLE="1")
     assert "Failed to execute general plugin" not in log, log[-3000:]
     assert "HISPARSE [True, True, True]" in log and "ENGRAM True" in log, log[-3000:]
+    assert "HOSTTABLE TierHostTable True" in log, log[-3000:]
+    bare = run_loader(tmp_path, device)
+    assert "HOSTTABLE _HostTable False" in bare, bare[-3000:]
 
 
 def test_unknown_sglang_classes_are_named_not_raised(built, device, tmp_path):

@@ -1,0 +1,278 @@
+"""SGLang's Engram host table in the tier: one persistent copy per node.
+
+SGLang 0.5.23 serves DeepSeek-V4.1 Engram from a host table when
+SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE=1: each EngramEmbedding builds
+`sglang.srt.layers.engram._HostTable(layout, nbytes, name, group)` and views
+its `.bytes` as the fp8 e4m3 plane [n, dim] followed by the e8m0 scale plane
+[n, dim/32]; the GPU reads it over UVA at `.device_ptr`. SGLang's own table
+is a memfd (or a private copy per rank) that dies with the process and
+exists once per TP group. `TierHostTable` has the same constructor and
+attributes but keeps the table in a named tier object:
+
+- one copy per node (per CXL pool), shared by every TP rank, DP replica,
+  instance and restart; rank 0 creates or finds it, the others attach after
+  the group's barrier (no /proc/<pid>/fd, no shared PID namespace);
+- a table sealed by an earlier load (its checksum and label in the tier) is
+  attached, mapped read-only, and SGLang's weight loader skips its rows
+  (`EngramEmbedding._load_rows` is wrapped), so a second server does not
+  read the checkpoint's Engram tensors again;
+- with CXLTIER_ENGRAM_VERIFY=1 a sealed table is checked against its
+  checksum first and loaded again if it fails;
+- `finish_load` seals what this server loaded, and logs how much of the
+  table lies on huge pages or device DAX in place of SGLang's check.
+
+Enable it with the plugin: SGLANG_PLUGINS=cxltier, CXLTIER_ENGRAM_HOST_TABLE=1
+and CXLTIER_DEVICES (the tier's devices). Table names are
+`engram/<model>/<SGLang's name>`; <model> is CXLTIER_ENGRAM_MODEL, else the
+model path's last component, so that two models never share a table.
+`cxltier engram load -sglang` writes the same tables from a checkpoint
+before any server starts.
+"""
+
+import hashlib
+import logging
+import os
+import re
+import threading
+
+from . import _native
+from .objects import TierObject, object_info
+from .tier import Tier
+
+logger = logging.getLogger(__name__)
+
+_DIR_NAME_MAX = 64  # the tier directory's name limit
+
+_tier_lock = threading.Lock()
+_tier = None
+
+
+def process_tier(devices=None):
+    """The one tier client this process's host tables share."""
+    global _tier
+    with _tier_lock:
+        if _tier is None:
+            devices = devices or os.environ.get("CXLTIER_DEVICES", "shm:cxltier")
+            _tier = Tier(devices, name=f"engram-{os.getpid()}")
+        return _tier
+
+
+def model_key():
+    """The <model> part of table names: CXLTIER_ENGRAM_MODEL, else the last
+    component of SGLang's model path, else "default"."""
+    key = os.environ.get("CXLTIER_ENGRAM_MODEL")
+    if not key:
+        try:
+            from sglang.srt.runtime_context import get_model
+
+            key = os.path.basename(os.path.normpath(get_model().model_path))
+        except Exception:
+            key = ""
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", key) or "default"
+
+
+def table_name(model, name, layout="shared", rank=0, world=1):
+    """The tier object name of one SGLang host table. A per-rank table
+    holds that rank's rows only, so its name carries the rank and width."""
+    full = f"engram/{model}/{name}"
+    if layout == "per_rank":
+        full += f".tp{rank}of{world}"
+    if len(full.encode()) > _DIR_NAME_MAX:
+        digest = hashlib.sha256(full.encode()).hexdigest()[:12]
+        full = full.encode()[: _DIR_NAME_MAX - 13].decode(errors="ignore") + "~" + digest
+    return full
+
+
+class TierHostTable:
+    """sglang.srt.layers.engram._HostTable over a named tier object.
+
+    Same constructor and attributes as SGLang's: `layout`, `nbytes`, `group`,
+    `dirty` (set by SGLang's loader), `bytes` (a contiguous CPU uint8 tensor
+    over tier memory), `device_ptr` (the address kernels use, after
+    cudaHostRegister where CUDA works) and `finish_load(label)`, collective
+    in the shared layout. Also `loaded`: the table was sealed before this
+    process opened it, and the loader skips it. Lives as long as the
+    process, like SGLang's."""
+
+    def __init__(self, layout, nbytes, name, group):
+        if layout not in ("shared", "per_rank"):
+            raise ValueError(
+                f"Invalid SGLANG_DSV41_ENGRAM_HOST_TABLE_LAYOUT={layout!r}; expected 'shared' or 'per_rank'"
+            )
+        self.layout, self.nbytes, self.group, self.dirty = layout, nbytes, group, False
+        rank, world = _rank(group), _world(group)
+        self.name = table_name(model_key(), name, layout, rank, world)
+        tier = process_tier()
+        if layout == "shared":
+            if rank == 0:
+                self._create_if_missing(tier)
+                self._check_sealed(tier)
+            group.barrier()  # rank 0 made it; every rank now finds it by name
+        else:
+            self._create_if_missing(tier)
+            self._check_sealed(tier)
+        info = object_info(tier, self.name)
+        if info["size"] != nbytes:
+            raise _native.InvalidError(
+                -1,
+                f"cxltier: tier object {self.name!r} holds {info['size']} bytes, SGLang's table needs {nbytes}: "
+                "another model or geometry under this name (set CXLTIER_ENGRAM_MODEL, or remove it with "
+                f"`cxltier object rm {self.name}`)",
+            )
+        self.loaded = info["state"] == "sealed"
+        read_only = self.loaded and os.environ.get("CXLTIER_ENGRAM_READONLY", "1") != "0"
+        self.object = TierObject.open(tier, self.name, read_only=read_only)
+        self.label = info["label"]
+        self.bytes = self.object.tensor()[:nbytes]
+        self.device_ptr = self._register(self.bytes.data_ptr(), nbytes)
+        logger.info(
+            "cxltier: Engram host table %s: %.2f GiB %s in the tier (%s)",
+            self.name, nbytes / 2**30,
+            f"attached, loaded before as {self.label!r}" if self.loaded else "to load",
+            "read-only" if read_only else "writable",
+        )
+
+    def _create_if_missing(self, tier):
+        try:
+            TierObject.create(tier, self.name, self.nbytes, contiguous=True).close()
+        except _native.ExistsError:
+            pass  # another rank, instance or earlier server made it
+
+    def _check_sealed(self, tier):
+        """With CXLTIER_ENGRAM_VERIFY=1, a sealed table whose rows no longer
+        match their checksum is unsealed, so that this server loads it again
+        instead of serving damaged rows."""
+        if os.environ.get("CXLTIER_ENGRAM_VERIFY") != "1":
+            return
+        with TierObject.open(tier, self.name) as o:
+            if o.info()["state"] != "sealed":
+                return
+            try:
+                o.verify()
+            except _native.ChecksumError as e:
+                logger.warning("cxltier: Engram host table %s: %s; loading it again", self.name, e)
+                o.unseal()
+
+    @staticmethod
+    def _register(addr, nbytes):
+        """cudaHostRegister where a CUDA device works; the address is the
+        device address under UVA. Without CUDA the host address stands."""
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                return addr
+            # 0x8 (cudaHostRegisterReadOnly) would suit a read-only view, but
+            # not every platform has it: default flags, as SGLang does.
+            err = torch.cuda.cudart().cudaHostRegister(addr, nbytes, 0)
+        except Exception as e:  # noqa: BLE001 - the library must not take SGLang down
+            raise RuntimeError(f"cxltier: cudaHostRegister of the Engram host table failed: {e}") from e
+        if int(err) != 0:
+            raise RuntimeError(f"cxltier: cudaHostRegister({nbytes} bytes of tier memory) failed: {err}")
+        return addr
+
+    def finish_load(self, label):
+        """Seals what this server loaded (collective in the shared layout:
+        every rank has written its rows before rank 0 seals), then reports
+        huge pages. A table attached sealed has nothing to seal."""
+        if self.dirty:
+            self.dirty = False
+            if self.layout == "shared":
+                self.group.barrier()
+            if self.layout == "per_rank" or _rank(self.group) == 0:
+                self.object.seal(f"{label} ({self.nbytes} bytes, {self.layout})")
+                self.loaded = True
+            if self.layout == "shared":
+                self.group.barrier()
+        mapped, huge, kind = huge_page_report(self.bytes.data_ptr(), self.nbytes)
+        pct = 100.0 * huge / mapped if mapped else 0.0
+        msg = (f"cxltier: Engram host table {label} ({self.name}): layout={self.layout}, "
+               f"{mapped / 2**10:.1f} MiB resident, {huge / 2**10:.1f} MiB of it on {kind} ({pct:.0f}%)")
+        if huge == 0:
+            logger.warning("%s. No huge pages: expect slower lookups (one TLB miss per row); format the tier on "
+                           "hugetlbfs or device DAX, or enable shmem huge pages", msg)
+        else:
+            logger.info(msg)
+
+
+def _rank(group):
+    return getattr(group, "rank_in_group", 0)
+
+
+def _world(group):
+    return getattr(group, "world_size", 1)
+
+
+def huge_page_report(addr, nbytes):
+    """(mapped kB, kB on huge pages or DAX, what they are) of the mappings
+    covering [addr, addr + nbytes), from /proc/self/smaps. A device-DAX
+    mapping counts whole (it has no page cache; the device maps 2 MiB or
+    1 GiB pages); hugetlbfs counts by its kernel page size; shmem and files
+    by their PMD-mapped bytes."""
+    mapped = huge = 0
+    kinds = set()
+    cur = None
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                m = re.match(r"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ \S+ \S+\s*(.*)$", line)
+                if m:
+                    lo, hi = int(m.group(1), 16), int(m.group(2), 16)
+                    cur = None
+                    if lo < addr + nbytes and addr < hi:
+                        share = (min(hi, addr + nbytes) - max(lo, addr)) / (hi - lo)
+                        cur = {"share": share, "path": m.group(3)}
+                    continue
+                if cur is None:
+                    continue
+                key, _, rest = line.partition(":")
+                if key not in ("Rss", "KernelPageSize", "ShmemPmdMapped", "FilePmdMapped", "AnonHugePages"):
+                    continue
+                kb = int(rest.split()[0]) * cur["share"]
+                if key == "Rss":
+                    cur["rss"] = kb
+                    mapped += kb
+                    if cur["path"].startswith("/dev/dax"):
+                        huge += kb
+                        kinds.add("device DAX")
+                elif key == "KernelPageSize" and kb / cur["share"] > 4 and "rss" in cur:
+                    huge += cur["rss"]
+                    kinds.add("hugetlbfs pages")
+                elif key != "KernelPageSize" and kb:
+                    huge += kb
+                    kinds.add("huge pages")
+    except OSError:
+        pass
+    return int(mapped), int(huge), " and ".join(sorted(kinds)) or "huge pages"
+
+
+def wrap_load_rows(embedding_cls):
+    """Makes EngramEmbedding._load_rows skip a table attached sealed: its
+    rows are in the tier already. Returns False if already wrapped."""
+    original = embedding_cls._load_rows
+    if getattr(original, "_cxltier", False):
+        return False
+
+    def _load_rows(self, param, loaded_weight):
+        table = getattr(self, "host_table", None)
+        if isinstance(table, TierHostTable) and table.loaded:
+            table.skipped_loads = getattr(table, "skipped_loads", 0) + 1
+            return None
+        return original(self, param, loaded_weight)
+
+    _load_rows._cxltier = True
+    _load_rows.__wrapped__ = original
+    embedding_cls._load_rows = _load_rows
+    return True
+
+
+def install():
+    """Puts TierHostTable in place of SGLang's _HostTable and wraps the
+    loader. True when it changed something."""
+    from sglang.srt.layers import engram
+
+    done = False
+    if engram._HostTable is not TierHostTable:
+        engram._HostTable = TierHostTable
+        done = True
+    return wrap_load_rows(engram.EngramEmbedding) or done

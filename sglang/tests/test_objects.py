@@ -1,0 +1,87 @@
+"""Named tier objects through the Python package and the real library:
+several processes, read-only views, gathers, holds and removal."""
+
+import subprocess
+import sys
+import textwrap
+
+import array
+import random
+import pytest
+
+import cxltier
+from cxltier import objects
+
+
+def test_object_outlives_its_process_and_is_shared(built, device):
+    code = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(__import__('os').path.dirname(objects.__file__) + '/..')!r})
+        import ctypes, cxltier
+        from cxltier import objects
+        t = cxltier.Tier({device!r})
+        o = objects.TierObject.create(t, "table", 1_000_000)
+        buf = o.buffer()
+        for i in range(0, 1_000_000, 997):
+            buf[i] = i % 251
+        o.seal("made by a child")
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True)  # exits without closing anything
+    t = cxltier.Tier(device)
+    info = objects.object_info(t, "table")
+    assert info["state"] == "sealed" and info["label"] == "made by a child" and info["size"] == 1_000_000
+    with objects.TierObject.open(t, "table", read_only=True) as o:
+        assert o.read_only
+        data = o.buffer()
+        assert all(data[i] == i % 251 for i in range(0, 1_000_000, 997))
+        o.verify()
+        assert objects.object_info(t, "table")["holders"] == 1
+        with pytest.raises(cxltier.ExistsError, match="live clients hold it"):
+            objects.remove_object(t, "table")
+    objects.remove_object(t, "table")
+    with pytest.raises(cxltier.NotFoundError):
+        objects.object_info(t, "table")
+    t.close()
+
+
+def test_gather_rows_of_a_plane(built, device):
+    t = cxltier.Tier(device)
+    rows, dim, scales = 1000, 256, 8
+    with objects.TierObject.create(t, "planes", rows * (dim + scales)) as o:
+        raw = o.buffer()
+        rng = random.Random(1)
+        raw[:] = bytes(rng.randrange(256) for _ in range(len(raw)))
+        ids = array.array("q", [0, 999, 5, 5, 17])
+        w = bytearray(len(ids) * dim)
+        s = bytearray(len(ids) * scales)
+        o.gather(0, dim, rows, ids, w)
+        o.gather(rows * dim, scales, rows, ids, s)
+        for k, i in enumerate(ids):
+            assert w[k * dim:(k + 1) * dim] == bytes(raw[i * dim:(i + 1) * dim])
+            at = rows * dim + i * scales
+            assert s[k * scales:(k + 1) * scales] == bytes(raw[at:at + scales])
+        with pytest.raises(cxltier.InvalidError, match="outside"):
+            o.gather(0, dim, rows, array.array("q", [1000]), w)
+        with pytest.raises(cxltier.InvalidError, match="do not fit"):
+            o.gather(rows * dim, scales, rows + 1, ids, s)
+        with pytest.raises(cxltier.CxlTierError):
+            o.gather(0, dim, rows, ids, bytearray(10))
+        with pytest.raises(cxltier.InvalidError, match="8-byte"):
+            o.gather(0, dim, rows, array.array("i", ids), w)
+    t.close()
+
+
+def test_bad_names_and_sizes(built, device):
+    t = cxltier.Tier(device)
+    with pytest.raises(cxltier.InvalidError):
+        objects.TierObject.create(t, "", 10)
+    with pytest.raises(cxltier.InvalidError):
+        objects.TierObject.create(t, "x", 0)
+    with pytest.raises(cxltier.NoSpaceError):
+        objects.TierObject.create(t, "x", 1 << 40)
+    with pytest.raises(cxltier.NotFoundError):
+        objects.TierObject.open(t, "missing")
+    objects.TierObject.create(t, "x", 10).close()
+    with pytest.raises(cxltier.ExistsError):
+        objects.TierObject.create(t, "x", 10)
+    assert [o["name"] for o in objects.list_objects(t)] == ["x"]
+    t.close()

@@ -1,0 +1,108 @@
+"""SGLang's Engram host table in the tier, with SGLang itself: real
+EngramEmbedding layers (SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE=1, shared
+layout) in two-rank groups of real processes over SGLang's GroupCoordinator,
+loaded through SGLang's weight loaders and finish_load
+(engram_host_worker.py; its CPU patches are named there)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+import cxltier
+from cxltier import engram_host, objects
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROWS, LAYERS = 10_000, "1,14"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(device, world=2, rows=ROWS, **env):
+    """One server-like group of `world` ranks; returns each rank's result."""
+    port = free_port()
+    full = dict(os.environ, CXLTIER_DEVICES=device, CXLTIER_ENGRAM_MODEL="test-model",
+                SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE="1", SGLANG_DSV41_ENGRAM_HOST_TABLE_LAYOUT="shared", **env)
+    procs = [subprocess.Popen([sys.executable, "-W", "ignore", os.path.join(HERE, "engram_host_worker.py"),
+                               str(r), str(world), str(port), str(rows), LAYERS],
+                              env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    results = []
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out[-3000:]
+        line = [x for x in out.splitlines() if x.startswith("RESULT ")]
+        assert line, out[-3000:]
+        results.append((json.loads(line[0][7:]), out))
+    return results
+
+
+def test_second_server_attaches_without_loading(built, device):
+    first = serve(device)
+    for res, log in first:
+        for layer in ("1", "14"):
+            got = res["layers"][layer]
+            assert got["class"] == "TierHostTable" and got["same"], got
+            assert got["skipped"] == 0 and not got["read_only"], got
+        assert "cxltier: Engram host table layer 1" in log
+    t = cxltier.Tier(device)
+    tables = {o["name"]: o for o in objects.list_objects(t)}
+    assert set(tables) == {"engram/test-model/sglang_engram_1", "engram/test-model/sglang_engram_14"}
+    nbytes = ROWS * 256 + ROWS * 8
+    for o in tables.values():
+        assert o["state"] == "sealed" and o["size"] == nbytes and o["seals"] == 1, o
+        assert o["label"].startswith("layer "), o
+    used = json.loads(subprocess.check_output([built["cli"], "inspect", "-json", device]))["chunks"]["used"]
+
+    # A restart or a second instance: the same rows, read-only, loader skipped.
+    second = serve(device)
+    for res, _ in second:
+        for layer in ("1", "14"):
+            got = res["layers"][layer]
+            assert got["same"] and got["skipped"] == 2 and got["read_only"], got
+    again = {o["name"]: o for o in objects.list_objects(t)}
+    assert {n: o["seals"] for n, o in again.items()} == {n: 1 for n in tables}, again
+    assert json.loads(subprocess.check_output([built["cli"], "inspect", "-json", device]))["chunks"]["used"] == used
+    t.close()
+
+
+def test_table_of_another_geometry_is_refused(built, device):
+    serve(device, world=1)
+    results = None
+    with pytest.raises(AssertionError) as e:
+        results = serve(device, world=1, rows=ROWS // 2)
+    assert results is None
+    assert "another model or geometry under this name" in str(e.value)
+
+
+def test_damaged_table_is_reloaded_when_verify_is_on(built, device):
+    serve(device, world=1)
+    t = cxltier.Tier(device)
+    name = "engram/test-model/sglang_engram_14"
+    with objects.TierObject.open(t, name) as o:
+        o.buffer()[12345] ^= 0xFF
+        with pytest.raises(cxltier.ChecksumError):
+            o.verify()
+    t.close()
+    res, log = serve(device, world=1, CXLTIER_ENGRAM_VERIFY="1")[0]
+    assert "payload checksum mismatch; loading it again" in log, log[-2000:]
+    assert res["layers"]["14"]["skipped"] == 0 and res["layers"]["14"]["same"], res
+    assert res["layers"]["1"]["skipped"] == 2, res
+    t = cxltier.Tier(device)
+    assert objects.object_info(t, name)["seals"] == 2
+    assert objects.object_info(t, name)["state"] == "sealed"
+    t.close()
+
+
+def test_names_fit_the_directory():
+    long = engram_host.table_name("m" * 80, "sglang_engram_14", "per_rank", 3, 8)
+    assert len(long.encode()) <= 64 and long.startswith("engram/mmm")
+    assert engram_host.table_name("V4.1-Flash", "sglang_engram_1", "per_rank", 3, 8) == \
+        "engram/V4.1-Flash/sglang_engram_1.tp3of8"
