@@ -265,3 +265,29 @@ func SyntheticRow(layer int, i int64, b []byte) {
 		copy(b[k:], w[:])
 	}
 }
+
+// DestroyTable removes layer's table of g from the directory and frees its
+// chunks. Nothing records who reads a table: stop the prefetchers that use
+// it first (they would read memory later allocations reuse).
+func DestroyTable(c *tier.Client, g Geometry, layer int) error {
+	name := TableName(g, layer)
+	r := c.Region()
+	e, err := r.DirLookup(name)
+	if err != nil {
+		return fmt.Errorf("engram: destroy %s: %w", name, err)
+	}
+	if e.Kind != DirKind {
+		return fmt.Errorf("%w: destroy %s: a directory entry of kind %#x, not an Engram table", ErrTable, name, e.Kind)
+	}
+	chunk := r.ChunkSize()
+	if e.Size <= 0 || e.Size%chunk != 0 {
+		return fmt.Errorf("%w: destroy %s: span of %d bytes is not whole chunks", ErrTable, name, e.Size)
+	}
+	if err := c.DirDelete(name); err != nil {
+		return fmt.Errorf("engram: destroy %s: %w", name, err)
+	}
+	if err := c.FreeChunks(e.Offset, e.Size/chunk); err != nil {
+		return fmt.Errorf("engram: destroy %s: %w", name, err)
+	}
+	return nil
+}

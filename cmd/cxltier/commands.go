@@ -181,6 +181,8 @@ func kindName(k uint32) string {
 		return "engram table"
 	case topk.StatsKind:
 		return "top-k stats"
+	case tier.ObjectKind:
+		return "named object"
 	}
 	b := []byte{byte(k >> 24), byte(k >> 16), byte(k >> 8), byte(k)}
 	for _, c := range b {

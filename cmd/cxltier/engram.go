@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/cxltier/cxltier/engram"
+	"github.com/cxltier/cxltier/tier"
 )
 
 const engramUsage = `usage: cxltier engram SUBCOMMAND [flags]
@@ -18,10 +19,12 @@ subcommands:
   hash         print the global table rows of each position of --ids, one JSON array per line
   multipliers  print a layer's hash multipliers as a JSON array
   presets      list the built-in geometries
-  load         load a layer's table into a tier (raw rows, safetensors, or synthetic)
+  load         load a layer's table into a tier (raw rows, safetensors, or synthetic), or a
+               DeepSeek-V4.1 checkpoint's layers into SGLang's host tables (--model)
   verify       check a loaded table's header and every row against its checksum
+  destroy      remove tables: a geometry's (--preset/--config, --layer) or SGLang's (--model)
 
-load and verify take the tier's devices as arguments, in tier order.
+load, verify and destroy take the tier's devices as arguments, in tier order.
 `
 
 func cmdEngram(args []string, stdout, stderr io.Writer) error {
@@ -38,6 +41,8 @@ func cmdEngram(args []string, stdout, stderr io.Writer) error {
 		return engramLoad(args[1:], stdout, stderr)
 	case "verify":
 		return engramVerify(args[1:], stdout, stderr)
+	case "destroy":
+		return engramDestroy(args[1:], stdout, stderr)
 	case "presets":
 		for _, n := range engram.PresetNames() {
 			g, _ := engram.Preset(n)
@@ -68,16 +73,7 @@ func addGeometryFlags(fs *flag.FlagSet) geometryFlags {
 }
 
 func (gf geometryFlags) hasher() (*engram.Hasher, error) {
-	var g engram.Geometry
-	var err error
-	switch {
-	case (*gf.preset == "") == (*gf.config == ""):
-		return nil, errors.New("give exactly one of --preset and --config")
-	case *gf.preset != "":
-		g, err = engram.Preset(*gf.preset)
-	default:
-		g, err = engram.LoadGeometry(*gf.config)
-	}
+	g, err := gf.geometry()
 	if err != nil {
 		return nil, err
 	}
@@ -85,6 +81,18 @@ func (gf geometryFlags) hasher() (*engram.Hasher, error) {
 		return nil, fmt.Errorf("--layer is required (one of %v)", g.LayerIDs)
 	}
 	return engram.NewHasher(g)
+}
+
+// geometry is the --preset or --config geometry (no --layer needed).
+func (gf geometryFlags) geometry() (engram.Geometry, error) {
+	switch {
+	case (*gf.preset == "") == (*gf.config == ""):
+		return engram.Geometry{}, errors.New("give exactly one of --preset and --config")
+	case *gf.preset != "":
+		return engram.Preset(*gf.preset)
+	default:
+		return engram.LoadGeometry(*gf.config)
+	}
 }
 
 func engramHash(args []string, stdout, stderr io.Writer) error {
@@ -160,4 +168,80 @@ func parseList(flag, s string) ([]int64, error) {
 		ids[i] = v
 	}
 	return ids, nil
+}
+
+// engramDestroy removes Engram tables: SGLang's host tables of a model
+// (named objects), or our own tables of a geometry.
+func engramDestroy(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("engram destroy", stderr, "(--model NAME | --preset NAME|--config FILE) [--layer L] [--force] DEVICE...")
+	gf := addGeometryFlags(fs)
+	model := fs.String("model", "", "remove SGLang's host tables of this model (loaded by a server or by engram load --model)")
+	force := fs.Bool("force", false, "remove SGLang tables even while servers hold them")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return errUsage
+	}
+	if *model != "" {
+		return destroySGLangTables(fs.Args(), *model, *gf.layer, *force, stdout)
+	}
+	g, err := gf.geometry()
+	if err != nil {
+		return fmt.Errorf("%w (or --model for SGLang's tables)", err)
+	}
+	layers := g.LayerIDs
+	if *gf.layer >= 0 {
+		layers = []int{*gf.layer}
+	}
+	c, done, err := tierArgs(fs)
+	if err != nil {
+		return err
+	}
+	defer done()
+	removed := 0
+	for _, l := range layers {
+		err := engram.DestroyTable(c, g, l)
+		if errors.Is(err, tier.ErrNotFound) && *gf.layer < 0 {
+			continue // destroying a geometry's tables: the layers it has
+		}
+		if err != nil {
+			return err
+		}
+		removed++
+		fmt.Fprintf(stdout, "removed %s\n", engram.TableName(g, l))
+	}
+	if removed == 0 {
+		return fmt.Errorf("no table of geometry %s is loaded in this tier: %w", g.Name, tier.ErrNotFound)
+	}
+	return nil
+}
+
+func destroySGLangTables(devs []string, model string, layer int, force bool, stdout io.Writer) error {
+	r, err := openDevices(devs, true)
+	if err != nil {
+		return err
+	}
+	objs, err := r.Objects()
+	r.Close()
+	if err != nil {
+		return err
+	}
+	prefix := "engram/" + model + "/"
+	var names []string
+	for _, o := range objs {
+		rest, ok := strings.CutPrefix(o.Name, prefix)
+		if !ok {
+			continue
+		}
+		if want := fmt.Sprintf("sglang_engram_%d", layer); layer >= 0 && rest != want && !strings.HasPrefix(rest, want+".tp") {
+			continue
+		}
+		names = append(names, o.Name)
+	}
+	if len(names) == 0 {
+		return fmt.Errorf("no Engram table of model %q in this tier (cxltier object ls -prefix engram/ lists them): %w", model, tier.ErrNotFound)
+	}
+	return removeObjects(devs, names, force, stdout)
 }

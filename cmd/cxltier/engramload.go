@@ -2,8 +2,12 @@ package main
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"sort"
 	"strings"
 
 	"github.com/cxltier/cxltier/engram"
@@ -11,13 +15,19 @@ import (
 )
 
 func engramLoad(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("engram load", stderr, "--preset NAME|--config FILE --layer L (--file PATH [--tensor NAME] | --synthetic) DEVICE...")
+	fs := newFlags("engram load", stderr, "--preset NAME|--config FILE --layer L (--file PATH [--tensor NAME] | --synthetic) DEVICE...\n"+
+		"       cxltier engram load --model NAME --file CHECKPOINT[,CHECKPOINT...|DIR] [--layer L] [--force] DEVICE...   (DeepSeek-V4.1: SGLang's host tables)")
 	gf := addGeometryFlags(fs)
-	file := fs.String("file", "", "rows to load: a raw row-major file, or a .safetensors file")
+	file := fs.String("file", "", "rows to load: a raw row-major file, or a .safetensors file; for a V4.1 checkpoint, its files (comma-separated) or folder")
 	tensor := fs.String("tensor", "", "the tensor to load from a safetensors file (default: its only one)")
 	synthetic := fs.Bool("synthetic", false, "fill the table with synthetic rows (tests and demos)")
+	model := fs.String("model", "", "V4.1 checkpoints: the model name SGLang's tables go under (its CXLTIER_ENGRAM_MODEL, default the model path's last component)")
+	force := fs.Bool("force", false, "V4.1 checkpoints: load tables that are sealed already again")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *model != "" || (*file != "" && *gf.preset == "" && *gf.config == "") {
+		return engramLoadSGLang(fs, *file, *model, *gf.layer, *force, stdout, stderr)
 	}
 	if (*file == "") == !*synthetic {
 		return errors.New("give exactly one of --file and --synthetic")
@@ -83,4 +93,83 @@ func engramVerify(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "%s: %d rows × %d B, crc32c %08x, ok\n", t.Name, t.Rows, t.RowBytes, t.CRC)
 	return nil
+}
+
+// engramLoadSGLang loads a DeepSeek-V4.1 checkpoint's Engram layers into
+// the named tables SGLang's host table (cxltier.engram_host) attaches.
+func engramLoadSGLang(fs *flag.FlagSet, file, model string, layer int, force bool, stdout, stderr io.Writer) error {
+	if model == "" {
+		return errors.New("a V4.1 checkpoint loads into SGLang's host tables: name the model with --model (what servers set as CXLTIER_ENGRAM_MODEL, or their model path's last component)")
+	}
+	if file == "" {
+		return errors.New("--model needs --file: the checkpoint's .safetensors files or its folder")
+	}
+	files, err := checkpointFiles(file)
+	if err != nil {
+		return err
+	}
+	layers, err := engram.FindSGLangLayers(files)
+	if err != nil {
+		return err
+	}
+	c, done, err := tierArgs(fs)
+	if err != nil {
+		return err
+	}
+	defer done()
+	found := 0
+	for _, l := range layers {
+		if layer >= 0 && l.Layer != layer {
+			continue
+		}
+		found++
+		fmt.Fprintf(stderr, "layer %d: %d rows × (%d fp8 + %d e8m0) = %s\n", l.Layer, l.Rows, l.Dim, l.ScaleCols, tierflags.HumanSize(l.Bytes()))
+		o, loaded, err := engram.LoadSGLangLayer(c, model, l, force, stderr)
+		if err != nil {
+			return err
+		}
+		if !loaded {
+			fmt.Fprintf(stdout, "%s: sealed already (%s), left as it is (--force loads it again)\n", o.Name, o.Label)
+			continue
+		}
+		fmt.Fprintf(stdout, "loaded %s: %s, crc32c %08x, sealed\n", o.Name, tierflags.HumanSize(o.Size), o.Sum)
+	}
+	if found == 0 {
+		return fmt.Errorf("the checkpoint has no Engram layer %d (it has %v)", layer, layerIDs(layers))
+	}
+	return nil
+}
+
+func layerIDs(ls []engram.SGLangLayer) []int {
+	var ids []int
+	for _, l := range ls {
+		ids = append(ids, l.Layer)
+	}
+	return ids
+}
+
+// checkpointFiles expands --file: comma-separated files, or a folder's
+// .safetensors files.
+func checkpointFiles(arg string) ([]string, error) {
+	var files []string
+	for _, p := range strings.Split(arg, ",") {
+		st, err := os.Stat(p)
+		if err != nil {
+			return nil, err
+		}
+		if !st.IsDir() {
+			files = append(files, p)
+			continue
+		}
+		in, err := filepath.Glob(filepath.Join(p, "*.safetensors"))
+		if err != nil {
+			return nil, err
+		}
+		if len(in) == 0 {
+			return nil, fmt.Errorf("%s has no .safetensors files", p)
+		}
+		sort.Strings(in)
+		files = append(files, in...)
+	}
+	return files, nil
 }

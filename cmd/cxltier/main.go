@@ -23,7 +23,8 @@ commands:
   destroy   remove a tier's backing files (refused while clients are live)
   repair    reap dead clients and release orphaned locks on a tier no daemon serves
   resize    explains how to move a tier to a new size (it cannot be resized in place)
-  engram    Engram hashing: rows of token ids, multipliers, presets
+  engram    Engram tables: hashing, presets, load (our tables and SGLang V4.1 checkpoints), verify, destroy
+  object    named objects shared by every process of the tier: ls, verify, rm
   prefix    prefix cache: SGLang page keys, create, stats, check, snapshot, restore
 
 Run 'cxltier COMMAND -h' for a command's flags.
@@ -36,7 +37,7 @@ func main() {
 type command func(args []string, stdout, stderr io.Writer) error
 
 func run(args []string, stdout, stderr io.Writer) int {
-	commands := map[string]command{"status": cmdStatus, "top": cmdTop, "destroy": cmdDestroy, "repair": cmdRepair, "resize": cmdResize, "inspect": cmdInspect, "format": cmdFormat, "engram": cmdEngram, "prefix": cmdPrefix}
+	commands := map[string]command{"status": cmdStatus, "top": cmdTop, "destroy": cmdDestroy, "repair": cmdRepair, "resize": cmdResize, "inspect": cmdInspect, "format": cmdFormat, "engram": cmdEngram, "prefix": cmdPrefix, "object": cmdObject}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stderr, usage)
 		if len(args) == 0 {
