@@ -199,10 +199,10 @@ func copyTensor(dst []byte, path string, t safetensors.Tensor, p *copyProgress) 
 
 // copyProgress prints a line at most once a second.
 type copyProgress struct {
-	w           io.Writer
-	name        string
+	w             io.Writer
+	name          string
 	total, copied int64
-	start, last time.Time
+	start, last   time.Time
 }
 
 func newCopyProgress(w io.Writer, name string, total int64) *copyProgress {

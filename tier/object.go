@@ -96,7 +96,6 @@ type Object struct {
 	header     Offset
 }
 
-
 // CreateObject allocates a named object of size payload bytes, zero-filled
 // and unsealed. It fails with ErrExists if the name is taken.
 func (c *Client) CreateObject(name string, size int64, opts ObjectOptions) (Object, error) {
