@@ -13,12 +13,36 @@ import os
 import sys
 import time
 
-rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-rows, layers = int(sys.argv[4]), [int(x) for x in sys.argv[5].split(",")]
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+
+dim, scales = 256, 8
+
+
+def checkpoint(layer, rows):
+    """What a V4.1 checkpoint would hold for layer: fp8 rows and e8m0 scales."""
+    g = torch.Generator().manual_seed(layer)
+    w = torch.randint(0, 256, (rows, dim), dtype=torch.uint8, generator=g)
+    s = torch.randint(100, 140, (rows, scales), dtype=torch.uint8, generator=g)
+    return w.view(torch.float8_e4m3fn), s.view(torch.float8_e8m0fnu)
+
+
+if sys.argv[1] == "checkpoint":  # checkpoint PATH ROWS LAYERS: write one, as safetensors
+    from safetensors.torch import save_file
+
+    path, rows = sys.argv[2], int(sys.argv[3])
+    tensors = {}
+    for layer in (int(x) for x in sys.argv[4].split(",")):
+        w, s = checkpoint(layer, rows)
+        tensors[f"layers.{layer}.engram.embed.weight"] = w
+        tensors[f"layers.{layer}.engram.embed.scale"] = s
+    save_file(tensors, path)
+    sys.exit(0)
+
+rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+rows, layers = int(sys.argv[4]), [int(x) for x in sys.argv[5].split(",")]
 
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
 
@@ -35,17 +59,6 @@ group = GroupCoordinator([list(range(world))], rank, "gloo", use_pynccl=False, u
                          use_custom_allreduce=False, use_torch_symm_mem_all_reduce=False,
                          use_hpu_communicator=False, use_xpu_communicator=False, group_name="tp")
 engram_host.install()
-dim, scales = 256, 8
-
-
-def checkpoint(layer):
-    """What a V4.1 checkpoint would hold for layer: fp8 rows and e8m0 scales."""
-    g = torch.Generator().manual_seed(layer)
-    w = torch.randint(0, 256, (rows, dim), dtype=torch.uint8, generator=g)
-    s = torch.randint(100, 140, (rows, scales), dtype=torch.uint8, generator=g)
-    return w.view(torch.float8_e4m3fn), s.view(torch.float8_e8m0fnu)
-
-
 out = {"rank": rank, "layers": {}}
 with get_parallel().override(tp_rank=rank, tp_size=world, tp_group=group, attn_tp_rank=rank, attn_tp_size=world,
                              attn_dp_rank=0, attn_dp_size=1, attn_cp_rank=0, attn_cp_size=1):
@@ -53,7 +66,7 @@ with get_parallel().override(tp_rank=rank, tp_size=world, tp_group=group, attn_t
         bounds = (0, rows // 2, rows)
         t0 = time.perf_counter()
         emb = engram.EngramEmbedding(rows, dim, layer, column_bounds=bounds)
-        w, s = checkpoint(layer)
+        w, s = checkpoint(layer, rows)
         # SGLang's DefaultModelLoader calls each parameter's weight_loader.
         emb.weight.weight_loader(emb.weight, w)
         emb.scale.weight_loader(emb.scale, s)

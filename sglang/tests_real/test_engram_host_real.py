@@ -101,6 +101,21 @@ def test_damaged_table_is_reloaded_when_verify_is_on(built, device):
     t.close()
 
 
+def test_tables_loaded_by_the_cli_are_attached(built, device, tmp_path):
+    """`cxltier engram load --model` writes the tables before any server
+    starts; SGLang's EngramEmbedding then attaches them as they are."""
+    ck = tmp_path / "model-00001-of-00001.safetensors"
+    subprocess.check_call([sys.executable, os.path.join(HERE, "engram_host_worker.py"), "checkpoint", str(ck),
+                           str(ROWS), LAYERS])
+    out = subprocess.run([built["cli"], "engram", "load", "--model", "test-model", "--file", str(ck), device],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.count("loaded engram/test-model/") == 2, out
+    for res, _ in serve(device):
+        for layer in ("1", "14"):
+            got = res["layers"][layer]
+            assert got["same"] and got["skipped"] == 2 and got["read_only"], got
+
+
 def test_names_fit_the_directory():
     long = engram_host.table_name("m" * 80, "sglang_engram_14", "per_rank", 3, 8)
     assert len(long.encode()) <= 64 and long.startswith("engram/mmm")
