@@ -17,6 +17,13 @@ prefetched (rows() returns None, counted as "no_history") and the model must
 use its own lookup for that pass; from the next pass on the request's
 history is known.
 
+Who it is for: models SGLang does not serve with its own Engram layers —
+DeepSeek's Engram reference models (the demo, Engram-27B/40B geometries)
+run as an external model package (SGLANG_EXTERNAL_MODEL_PACKAGE) that reads
+`forward_batch.cxltier_engram`. For DeepSeek-V4.1, which SGLang 0.5.23
+serves natively, the hook switches itself off (serves_engram_natively) and
+cxltier.engram_host puts SGLang's own tables in the tier instead.
+
 install() wraps ModelRunner.forward (see cxltier.plugin); the hook itself
 needs neither SGLang nor torch and is tested without them.
 """
@@ -179,7 +186,8 @@ def wrap_model_runner(cls, make_hook):
             hook = self.__dict__.get("_cxltier_engram_hook")
             if hook is None:
                 hook = self._cxltier_engram_hook = make_hook(self)
-                _forget_on_free(self, hook)
+                if hook is not False:
+                    _forget_on_free(self, hook)
             if hook is not False:
                 rows = hook.begin_forward_safely(forward_batch)
         except Exception:
@@ -247,6 +255,10 @@ def hook_from_env(runner):
     from .engram import EngramPrefetcher
     from .tier import Tier
 
+    if serves_engram_natively(getattr(runner, "model", None)):
+        logger.info("cxltier: SGLang serves this model's Engram layers itself; the forward hook stays off "
+                    "(CXLTIER_ENGRAM_HOST_TABLE=1 puts their tables in the tier)")
+        return False
     spec = os.environ["CXLTIER_ENGRAM"]
     if os.path.exists(spec):
         import json
@@ -271,6 +283,19 @@ def hook_from_env(runner):
     runner._cxltier_engram_tier = tier  # lives as long as the runner
     logger.info("cxltier: Engram prefetch for layers %s on the %s engine", pf.layers, engine)
     return EngramForwardHook(pf)
+
+
+def serves_engram_natively(model):
+    """Whether model has SGLang's own Engram layers (DeepSeek-V4.1 in SGLang
+    0.5.23), which read their rows from SGLang's host table, not from this
+    hook."""
+    if model is None or not hasattr(model, "modules"):
+        return False
+    try:
+        from sglang.srt.layers.engram import EngramEmbedding
+    except ImportError:
+        return False
+    return any(isinstance(m, EngramEmbedding) for m in model.modules())
 
 
 def install():

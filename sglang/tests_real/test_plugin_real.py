@@ -116,3 +116,17 @@ def test_engram_hook_follows_real_req_to_token_pool(built):
     odd = SimpleNamespace()
     pool.free_rows([odd])
     assert hook.counters["errors"] == 1 and pool.free_slots[-1] is odd
+
+
+def test_engram_hook_stays_off_for_native_engram(built, device, sglang_process_groups, monkeypatch):
+    """A model with SGLang's own Engram layers (a real EngramEmbedding) gets
+    no forward hook: its rows come from SGLang's host table."""
+    from sglang.srt.layers import engram
+
+    monkeypatch.setenv("CXLTIER_ENGRAM", "v4.1-flash")
+    monkeypatch.setenv("CXLTIER_DEVICES", device)
+    model = torch.nn.Module()
+    model.add_module("engram", engram.EngramEmbedding(64, 256, 1, column_bounds=(0, 32, 64)))
+    assert engram_hook.serves_engram_natively(model)
+    assert engram_hook.hook_from_env(SimpleNamespace(model=model)) is False
+    assert not engram_hook.serves_engram_natively(torch.nn.Linear(2, 2))
