@@ -66,6 +66,10 @@ def install():
 
         if _part("Engram host table in the tier", engram_host.install):
             installed.append("engram-host-table")
+        from . import engram_staging
+
+        if _part("Engram row stager reading the tier", engram_staging.install):
+            installed.append("engram-stager")
     if os.environ.get("CXLTIER_ENGRAM"):
         from . import engram_hook
 

@@ -36,6 +36,8 @@ def run_loader(tmp_path, device, extra_code="", **env):
         print("ENGRAM", getattr(ModelRunner.forward, "_cxltier_engram", False))
         from sglang.srt.layers import engram
         print("HOSTTABLE", engram._HostTable.__name__, getattr(engram.EngramEmbedding._load_rows, "_cxltier", False))
+        from sglang.srt.layers import engram_staging
+        print("STAGER", engram_staging.EngramRowStager.__name__)
     """)
     full_env = dict(os.environ, SGLANG_PLUGINS="cxltier", CXLTIER_DEVICES=device, **env)
     out = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=300)
@@ -48,9 +50,9 @@ def test_loader_installs_every_part(built, device, tmp_path):
                      CXLTIER_ENGRAM_HOST_TABLE="1")
     assert "Failed to execute general plugin" not in log, log[-3000:]
     assert "HISPARSE [True, True, True]" in log and "ENGRAM True" in log, log[-3000:]
-    assert "HOSTTABLE TierHostTable True" in log, log[-3000:]
+    assert "HOSTTABLE TierHostTable True" in log and "STAGER TierRowStager" in log, log[-3000:]
     bare = run_loader(tmp_path, device)
-    assert "HOSTTABLE _HostTable False" in bare, bare[-3000:]
+    assert "HOSTTABLE _HostTable False" in bare and "STAGER EngramRowStager" in bare, bare[-3000:]
 
 
 def test_unknown_sglang_classes_are_named_not_raised(built, device, tmp_path):
