@@ -13,7 +13,8 @@ $CXLTIER_PREFIX_KEY; prefer the environment, the config is logged), and,
 to create the index when it is missing, blocks and block_bytes (≥ the
 bytes of one page's K or V), and verify (default 1: every page read is
 checked against its checksum; 0 reads at plain-copy speed and trusts the
-tier). "interface_v1": 1 makes SGLang move pages
+tier), and kv_dtype (default: the server's --kv-cache-dtype, or the host
+pool's dtype when that is "auto"). "interface_v1": 1 makes SGLang move pages
 zero-copy (batch_get_v1 / batch_set_v1); without it SGLang copies each page
 through a flat tensor (batch_get / batch_set). Both store the same bytes
 under the same keys, so a page written one way is read the other.
@@ -21,7 +22,8 @@ under the same keys, so a page written one way is read the other.
 Each page is stored as one entry per part (K and V for MHA, one for MLA),
 keyed by SGLang's page hash XOR a mask naming the model, the rank (MHA
 pages hold the rank's heads; MLA pages are the same on every rank and carry
-none), the byte order of the host pool's layout and the part
+none), the byte order of the host pool's layout, the KV dtype (an fp8_e5m2
+server never loads an fp8_e4m3 server's pages) and the part
 (cxltier.prefix.part_keys; prefix.PartKey in Go), so every worker, process
 and host that maps the tier shares them. A part's payload is its pieces in
 the host pool in layer order: a layer-first pool hands one piece per layer,
@@ -81,6 +83,26 @@ def _suffixes(storage_config):
     return f"{model}{shard}", f"{model}_{get('tp_rank', 0)}_{get('tp_size', 1)}{shard}"
 
 
+def _kv_dtype(extra, pool):
+    """The KV cache dtype pages are stored in, part of every page key, so
+    that servers of one model with different KV dtypes (fp8_e4m3 and
+    fp8_e5m2 pools both hold uint8) never load each other's pages:
+    extra_config's "kv_dtype" when given, else the server's
+    --kv-cache-dtype (SGLang's published model config) unless "auto", else
+    the host pool's dtype."""
+    given = extra.get("kv_dtype")
+    if given:
+        return str(given)
+    pool_dtype = str(getattr(pool, "dtype", "unknown")).replace("torch.", "")
+    try:
+        from sglang.srt.runtime_context import get_model
+
+        server = str(get_model().kv_cache_dtype)
+    except Exception:  # no server published (tools, tests) or another SGLang
+        server = "auto"
+    return pool_dtype if server in ("auto", "", "None") else server
+
+
 def _address(t):
     """(address, bytes) of a contiguous tensor or an (address, size) pair.
     The caller keeps the tensor alive while the address is in use."""
@@ -115,6 +137,7 @@ class HiCacheAdapter:
         if getattr(storage_config, "should_split_heads", False):
             raise LayoutError("cxltier: HiCache storage across TP sizes (tp_lcm_size) is not supported")
         cfg = _config(storage_config)
+        self._extra = dict(getattr(storage_config, "extra_config", None) or {})
         self.is_mla = bool(getattr(storage_config, "is_mla_model", False))
         self._shared_suffix, self._rank_suffix = _suffixes(storage_config)
         self.key_suffix = self._shared_suffix if self.is_mla else self._rank_suffix
@@ -146,7 +169,8 @@ class HiCacheAdapter:
                 f"use --hicache-mem-layout {' or '.join(sorted(_BYTE_ORDER[kind]))}"
             )
         self.mem_pool_host = mem_pool_host
-        self._kv_masks = [part_mask(f"{self.key_suffix}/kv/{order}/{p}") for p in self._parts]
+        self.kv_dtype = _kv_dtype(self._extra, mem_pool_host)
+        self._kv_masks = [part_mask(f"{self.key_suffix}/kv/{order}/{self.kv_dtype}/{p}") for p in self._parts]
 
     def register_mem_host_pool_v2(self, host_pool, host_pool_name):
         """An extra pool of a hybrid model (indexer, SWA, Mamba state)."""
@@ -255,7 +279,8 @@ class HiCacheAdapter:
             if pool is None:
                 raise LayoutError(f"cxltier: no host pool registered as {name!r}")
             suffix = self._shared_suffix if self.is_mla and name != "mamba" else self._rank_suffix
-            mask = self._pool_masks[name] = [part_mask(f"{suffix}/{name}/{getattr(pool, 'layout', '')}")]
+            dtype = _kv_dtype(self._extra, pool)
+            mask = self._pool_masks[name] = [part_mask(f"{suffix}/{name}/{getattr(pool, 'layout', '')}/{dtype}")]
         return mask
 
     def _transfer_pages(self, t):

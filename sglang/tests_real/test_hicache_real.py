@@ -40,7 +40,7 @@ def host_pool(mla, layout):
     return dev, host
 
 
-def controller(groups, dev, host, device, interface_v1, index="m"):
+def controller(groups, dev, host, device, interface_v1, index="m", **more):
     from sglang.srt.managers.cache_controller import HiCacheController
     from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 
@@ -48,6 +48,7 @@ def controller(groups, dev, host, device, interface_v1, index="m"):
              "devices": device, "index": index, "blocks": 256, "block_bytes": 16384}
     if interface_v1:
         extra["interface_v1"] = 1
+    extra.update(more)
     alloc = TokenToKVPoolAllocator(TOKENS, torch.bfloat16, "cpu", dev, False)
     return HiCacheController(alloc, host, PAGE, groups, threading.Event(), storage_backend="dynamic",
                              storage_backend_extra_config=extra, model_name="org/model")
@@ -140,6 +141,61 @@ def test_layouts_do_not_share_bytes(built, device, sglang_process_groups):
         hashes = page_hashes(2)
         fill(first, 1, 2)
         assert a.page_set_func(hashes, indices(1, 2))
+        assert b.storage_backend.batch_exists(hashes) == 0
+    finally:
+        a.storage_backend.close()
+        b.storage_backend.close()
+
+
+def fp8_mla_pool(dtype):
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
+    dev = MLATokenToKVPool(size=TOKENS, page_size=PAGE, dtype=dtype, kv_lora_rank=16, qk_rope_head_dim=8,
+                           layer_num=LAYERS, device="cpu", enable_memory_saver=False)
+    host = MLATokenToKVPoolHost(dev.get_device_pool_infos()[0].buffer_info, host_to_device_ratio=2.0, host_size=0,
+                                page_size=PAGE, layout="layer_first", pin_memory=False, device="cpu",
+                                device_capacity_tokens=TOKENS, start_layer=0, end_layer=LAYERS, target_layer_num=LAYERS)
+    return dev, host
+
+
+def test_kv_dtypes_do_not_share_pages(built, device, sglang_process_groups, monkeypatch):
+    """fp8_e4m3 and fp8_e5m2 pools both hold uint8: the server's
+    --kv-cache-dtype (SGLang's published model config; patched here, where
+    no server publishes it) keeps their pages apart, and a server of the
+    same dtype finds them."""
+    import sglang.srt.runtime_context as rc
+
+    made = {}
+    for name, dtype in (("fp8_e4m3", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2), ("again", torch.float8_e4m3fn)):
+        kv = "fp8_e4m3" if name == "again" else name
+        monkeypatch.setattr(rc, "get_model", lambda kv=kv: SimpleNamespace(kv_cache_dtype=kv))
+        dev, host = fp8_mla_pool(dtype)
+        assert host.dtype == torch.uint8  # what the pool alone cannot tell apart
+        made[name] = (host, controller(sglang_process_groups, dev, host, device, True))
+    try:
+        hashes = page_hashes(2)
+        fill(made["fp8_e4m3"][0], 1, 2)
+        assert made["fp8_e4m3"][1].page_set_func(hashes, indices(1, 2))
+        assert made["fp8_e5m2"][1].storage_backend.batch_exists(hashes) == 0
+        assert made["again"][1].storage_backend.batch_exists(hashes) == 2
+        assert made["fp8_e5m2"][1].storage_backend.kv_dtype == "fp8_e5m2"
+    finally:
+        for _, c in made.values():
+            c.storage_backend.close()
+
+
+def test_kv_dtype_from_config_or_pool(built, device, sglang_process_groups):
+    """Without a published server config: extra_config's kv_dtype, else the
+    host pool's own dtype (bf16 and fp16 pools never share)."""
+    dev, host = host_pool(True, "layer_first")
+    a = controller(sglang_process_groups, dev, host, device, True)
+    b = controller(sglang_process_groups, dev, host, device, True, kv_dtype="fp8_e4m3")
+    try:
+        assert a.storage_backend.kv_dtype == "bfloat16" and b.storage_backend.kv_dtype == "fp8_e4m3"
+        hashes = page_hashes(1)
+        fill(host, 1, 1)
+        assert a.page_set_func(hashes, indices(1, 1))
         assert b.storage_backend.batch_exists(hashes) == 0
     finally:
         a.storage_backend.close()
