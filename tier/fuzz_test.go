@@ -52,3 +52,35 @@ func FuzzParseControl(f *testing.F) {
 		}
 	})
 }
+
+// FuzzObjectHeader feeds arbitrary header pages to the decoder of named
+// objects (written by any process of any host, so untrusted): it must
+// never panic, and what it accepts must fit the object's span.
+func FuzzObjectHeader(f *testing.F) {
+	var h [objectHeader]byte
+	o := Object{Name: "seed", Size: 5000, Contiguous: true, State: ObjectSealed, Sum: 7, Label: "a label", Seals: 1}
+	le := binary.LittleEndian
+	le.PutUint64(h[0:], objectMagic)
+	le.PutUint32(h[8:], objectVersion)
+	le.PutUint64(h[16:], uint64(o.Size))
+	le.PutUint32(h[60:], crcOf(h[:60]))
+	encodeSeal(h[objectSealAt:objectSealAt+objectSealLen], o)
+	f.Add(h[:], int64(1<<20))
+	f.Add(h[:], int64(8192))
+	f.Add(h[:100], int64(1<<20))
+	f.Fuzz(func(t *testing.T, b []byte, span int64) {
+		if len(b) < objectSealAt+objectSealLen {
+			return // readObject always reads a whole page
+		}
+		var got Object
+		if err := decodeObjectHeader(b, &got, span); err != nil {
+			return
+		}
+		if got.Size <= 0 || got.Size > span-objectHeader || len(got.Label) > objectLabel {
+			t.Fatalf("accepted %+v in a span of %d", got, span)
+		}
+		if got.State != ObjectSealed && got.State != ObjectUnsealed {
+			t.Fatalf("accepted state %v", got.State)
+		}
+	})
+}

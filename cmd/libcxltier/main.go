@@ -53,7 +53,7 @@
 //	cxl_object_create(tier, name, bytes, flags, &obj, &address, &size)   flags: 1 contiguous; creates, then opens writable
 //	cxl_object_open(tier, name, flags, &obj, &address, &size)   flags: 1 read-only view; the object is held while open
 //	cxl_object_close(obj)
-//	cxl_object_gather(obj, plane, row_bytes, rows, ids, n, out, out_cap)   out[i] = row ids[i] of the plane at byte plane
+//	cxl_object_gather(obj, n_planes, planes, row_bytes, rows, ids, n, outs, out_caps)   outs[p][i] = row ids[i] of plane p (at byte planes[p])
 //	cxl_object_info(tier, name|NULL, json, json_cap)   NULL: every object
 //	cxl_object_seal(tier, name, label)  /  cxl_object_unseal(tier, name)  /  cxl_object_verify(tier, name)
 //	cxl_object_remove(tier, name, force)   refuses while live clients hold it, unless force

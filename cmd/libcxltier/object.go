@@ -10,6 +10,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/cxltier/cxltier/internal/prefetch"
 	"github.com/cxltier/cxltier/tier"
 )
 
@@ -119,60 +120,101 @@ func cxl_object_close(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	return report(err, errbuf, errlen)
 }
 
-// cxl_object_gather copies rows of one plane of an open object: out[i]
-// gets row_bytes at plane + ids[i] × row_bytes, for ids in [0, rows).
-// Large calls copy on every core.
+// cxl_object_gather copies rows of planes of an open object, all in one
+// call (SGLang's Engram tables are two planes: fp8 rows, then scales):
+// for plane p, outs[p][i] gets row_bytes[p] at planes[p] + ids[i] ×
+// row_bytes[p], for ids in [0, rows). Large calls copy on every core.
 //
 //export cxl_object_gather
-func cxl_object_gather(h C.uint64_t, plane C.int64_t, rowBytes C.int64_t, rows C.int64_t, ids *C.int64_t, n C.int64_t, out unsafe.Pointer, outCap C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+func cxl_object_gather(h C.uint64_t, nPlanes C.int, planes, rowBytes *C.int64_t, rows C.int64_t, ids *C.int64_t, n C.int64_t, outs *unsafe.Pointer, outCaps *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_object_gather", errbuf, errlen, &code)
 	err := func() error {
 		o, err := objectOf(uint64(h))
 		if err != nil {
 			return err
 		}
-		switch {
-		case n < 0 || (n > 0 && (ids == nil || out == nil)):
-			return fmt.Errorf("object gather: %w: %d ids", errBadArg, n)
-		case rowBytes <= 0 || rows < 0 || plane < 0 || int64(plane) > int64(len(o.data)) || int64(rows) > (int64(len(o.data))-int64(plane))/int64(rowBytes):
-			return fmt.Errorf("object gather: %w: %d rows of %d bytes at %d do not fit object %q of %d bytes", errBadArg, rows, rowBytes, plane, o.name, len(o.data))
-		case int64(n) > int64(outCap)/int64(rowBytes):
-			return fmt.Errorf("object gather: %w: %d rows of %d bytes need %d bytes, out has %d", errRange, n, rowBytes, int64(n)*int64(rowBytes), outCap)
+		if nPlanes < 1 || nPlanes > 16 || planes == nil || rowBytes == nil || outs == nil || outCaps == nil || n < 0 || (n > 0 && ids == nil) {
+			return fmt.Errorf("object gather: %w: %d planes, %d ids", errBadArg, nPlanes, n)
 		}
-		idv := unsafe.Slice((*int64)(unsafe.Pointer(ids)), int(n))
-		dst := unsafe.Slice((*byte)(out), int(n)*int(rowBytes))
-		return gatherRows(o.data[plane:], int64(rowBytes), int64(rows), idv, dst)
+		np := int(nPlanes)
+		at := unsafe.Slice((*int64)(unsafe.Pointer(planes)), np)
+		rb := unsafe.Slice((*int64)(unsafe.Pointer(rowBytes)), np)
+		caps := unsafe.Slice((*int64)(unsafe.Pointer(outCaps)), np)
+		dsts := unsafe.Slice(outs, np)
+		g := make([]plane, np)
+		for p := range g {
+			size := int64(len(o.data))
+			switch {
+			case rb[p] <= 0 || rows < 0 || at[p] < 0 || at[p] > size || int64(rows) > (size-at[p])/rb[p]:
+				return fmt.Errorf("object gather: %w: plane %d: %d rows of %d bytes at %d do not fit object %q of %d bytes", errBadArg, p, rows, rb[p], at[p], o.name, size)
+			case int64(n) > caps[p]/rb[p] || (n > 0 && dsts[p] == nil):
+				return fmt.Errorf("object gather: %w: plane %d: %d rows of %d bytes need %d bytes, out has %d", errRange, p, n, rb[p], int64(n)*rb[p], caps[p])
+			}
+			g[p] = plane{src: o.data[at[p]:], rowBytes: rb[p], dst: unsafe.Slice((*byte)(dsts[p]), int(n)*int(rb[p]))}
+		}
+		var idv []int64
+		if n > 0 {
+			idv = unsafe.Slice((*int64)(unsafe.Pointer(ids)), int(n))
+		}
+		return gatherRows(g, int64(rows), idv)
 	}()
 	return report(err, errbuf, errlen)
 }
 
-// gatherRows copies rows of src by id into dst, checking every id first so
-// that a bad one leaves dst unwritten; above a few thousand rows the copy
-// runs on every core.
-func gatherRows(src []byte, rowBytes, rows int64, ids []int64, dst []byte) error {
+// plane is one run of fixed-size rows and where its gathered rows go.
+type plane struct {
+	src      []byte
+	rowBytes int64
+	dst      []byte
+}
+
+// gatherRows copies rows of every plane by id, checking every id first so
+// that a bad one leaves the outputs unwritten; above a few thousand rows
+// the copy runs on every core.
+func gatherRows(planes []plane, rows int64, ids []int64) error {
 	for i, id := range ids {
 		if id < 0 || id >= rows {
 			return fmt.Errorf("object gather: %w: id %d (position %d) outside [0, %d)", errBadArg, id, i, rows)
 		}
 	}
+	// Random rows of a table far larger than the caches each miss: a batch's
+	// hints all go out before its copies, so its misses are in flight
+	// together instead of one per copy (BenchmarkGatherRows: 768 rows of a
+	// 1 GiB table in 0.8x the time of no hints, where hints a fixed
+	// distance ahead of each copy took 1.2x).
+	const batch = 64
 	copyRange := func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			at := ids[i] * rowBytes
-			copy(dst[int64(i)*rowBytes:int64(i+1)*rowBytes], src[at:at+rowBytes])
+		for k := lo; k < hi; k += batch {
+			end := min(k+batch, hi)
+			for _, p := range planes {
+				for _, id := range ids[k:end] {
+					prefetch.Lines(&p.src[id*p.rowBytes], uintptr(p.rowBytes))
+				}
+			}
+			for _, p := range planes {
+				rb := p.rowBytes
+				for i := k; i < end; i++ {
+					at := ids[i] * rb
+					copy(p.dst[int64(i)*rb:int64(i+1)*rb], p.src[at:at+rb])
+				}
+			}
 		}
 	}
-	const perWorker = 4096
+	const perWorker = 512
 	workers := min(runtime.NumCPU(), (len(ids)+perWorker-1)/perWorker)
 	if workers <= 1 {
 		copyRange(0, len(ids))
 		return nil
 	}
+	// The calling thread takes the first share itself: it is running
+	// already, where a goroutine has to be woken.
 	var wg sync.WaitGroup
 	step := (len(ids) + workers - 1) / workers
-	for lo := 0; lo < len(ids); lo += step {
+	for lo := step; lo < len(ids); lo += step {
 		wg.Add(1)
 		go func(lo, hi int) { defer wg.Done(); copyRange(lo, hi) }(lo, min(lo+step, len(ids)))
 	}
+	copyRange(0, step)
 	wg.Wait()
 	return nil
 }

@@ -19,6 +19,7 @@ from ._native import (
     InvalidError,
     NoSpaceError,
     NotFoundError,
+    RangeError,
     abi_version,
     library_path,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "InvalidError",
     "NoSpaceError",
     "NotFoundError",
+    "RangeError",
     "KEY_BYTES",
     "PrefixIndex",
     "Region",

@@ -186,8 +186,8 @@ class TierHostTable:
                 self.group.barrier()
         mapped, huge, kind = huge_page_report(self.bytes.data_ptr(), self.nbytes)
         pct = 100.0 * huge / mapped if mapped else 0.0
-        msg = (f"cxltier: Engram host table {label} ({self.name}): layout={self.layout}, "
-               f"{mapped / 2**10:.1f} MiB resident, {huge / 2**10:.1f} MiB of it on {kind} ({pct:.0f}%)")
+        msg = (f"cxltier: Engram host table {label} ({self.name}): layout={self.layout}, in memory: "
+               f"{mapped / 2**10:.1f} MiB, {huge / 2**10:.1f} MiB of it on {kind} ({pct:.0f}%)")
         if huge == 0:
             logger.warning("%s. No huge pages: expect slower lookups (one TLB miss per row); format the tier on "
                            "hugetlbfs or device DAX, or enable shmem huge pages", msg)
@@ -204,46 +204,81 @@ def _world(group):
 
 
 def huge_page_report(addr, nbytes):
-    """(mapped kB, kB on huge pages or DAX, what they are) of the mappings
-    covering [addr, addr + nbytes), from /proc/self/smaps. A device-DAX
-    mapping counts whole (it has no page cache; the device maps 2 MiB or
-    1 GiB pages); hugetlbfs counts by its kernel page size; shmem and files
-    by their PMD-mapped bytes."""
-    mapped = huge = 0
+    """(resident kB, kB of it on huge pages or DAX, what they are) of the
+    table at [addr, addr + nbytes). Residency is exact (mincore over the
+    table); the huge share is that of the mappings holding it, from
+    /proc/self/smaps: a device-DAX mapping counts whole (no page cache; the
+    device maps 2 MiB or 1 GiB pages), hugetlbfs by its kernel page size,
+    shmem and files by their PMD-mapped bytes."""
+    resident = _resident_kb(addr, nbytes)
+    rss = huge = 0
     kinds = set()
     cur = None
     try:
         with open("/proc/self/smaps") as f:
             for line in f:
-                m = re.match(r"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ \S+ \S+\s*(.*)$", line)
-                if m:
-                    lo, hi = int(m.group(1), 16), int(m.group(2), 16)
-                    cur = None
-                    if lo < addr + nbytes and addr < hi:
-                        share = (min(hi, addr + nbytes) - max(lo, addr)) / (hi - lo)
-                        cur = {"share": share, "path": m.group(3)}
+                if not line[:1].isupper():  # a mapping's header: "lo-hi perms offset dev inode path"
+                    cur = _overlaps(line, addr, nbytes)
                     continue
-                if cur is None:
+                if cur is None or not line.startswith(("Rss:", "KernelPageSize:", "ShmemPmdMapped:", "FilePmdMapped:", "AnonHugePages:")):
                     continue
                 key, _, rest = line.partition(":")
-                if key not in ("Rss", "KernelPageSize", "ShmemPmdMapped", "FilePmdMapped", "AnonHugePages"):
-                    continue
-                kb = int(rest.split()[0]) * cur["share"]
+                kb = int(rest.split()[0])
                 if key == "Rss":
                     cur["rss"] = kb
-                    mapped += kb
+                    rss += kb
                     if cur["path"].startswith("/dev/dax"):
                         huge += kb
                         kinds.add("device DAX")
-                elif key == "KernelPageSize" and kb / cur["share"] > 4 and "rss" in cur:
-                    huge += cur["rss"]
-                    kinds.add("hugetlbfs pages")
-                elif key != "KernelPageSize" and kb:
+                elif key == "KernelPageSize":
+                    if kb > 4 and "rss" in cur:
+                        huge += cur["rss"]
+                        kinds.add("hugetlbfs pages")
+                elif kb:
                     huge += kb
                     kinds.add("huge pages")
-    except OSError:
+    except (OSError, ValueError, IndexError):
         pass
-    return int(mapped), int(huge), " and ".join(sorted(kinds)) or "huge pages"
+    share = min(1.0, huge / rss) if rss else 0.0
+    return resident, int(resident * share), " and ".join(sorted(kinds)) or "huge pages"
+
+
+def _overlaps(header, addr, nbytes):
+    """A smaps mapping's path when it overlaps [addr, addr + nbytes), else None."""
+    fields = header.split(None, 5)
+    lo, _, hi = fields[0].partition("-")
+    if not (int(lo, 16) < addr + nbytes and addr < int(hi, 16)):
+        return None
+    return {"path": fields[5].strip() if len(fields) > 5 else ""}
+
+
+def _resident_kb(addr, nbytes, samples=256):
+    """kB of [addr, addr + nbytes) in memory (mincore). Whole-range mincore
+    costs time in proportion to the range (about 2 s for a 95 GiB layer), so
+    a table of more pages than samples is estimated from evenly spaced
+    pages."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    lo = addr // page * page
+    pages = (addr + nbytes - lo + page - 1) // page
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    if pages <= samples:
+        vec = (ctypes.c_ubyte * pages)()
+        if libc.mincore(ctypes.c_void_p(lo), ctypes.c_size_t(pages * page), vec) != 0:
+            return 0
+        flags = bytes(vec)  # bit 0: resident; the others are reserved, zero
+        return (len(flags) - flags.count(0)) * page // 1024
+    one = ctypes.c_ubyte()
+    hits = 0
+    for k in range(samples):
+        at = lo + (k * pages // samples) * page
+        if libc.mincore(ctypes.c_void_p(at), ctypes.c_size_t(page), ctypes.byref(one)) != 0:
+            return 0
+        hits += one.value & 1
+    return hits * pages // samples * page // 1024
 
 
 def wrap_load_rows(embedding_cls):

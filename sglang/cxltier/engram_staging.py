@@ -63,8 +63,9 @@ def make_stager_class():
                     return
                 n, dim = e.weight.shape[0], e.weight.shape[1]
                 scales = e.scale.shape[1]
-                self.planes[e.weight.data.data_ptr()] = (table, 0, dim, n)
-                self.planes[e.scale.data.data_ptr()] = (table, n * dim, scales, n)
+                obj = table.object
+                self.planes[e.weight.data.data_ptr()] = (obj.gatherer([(0, dim)], n), dim)
+                self.planes[e.scale.data.data_ptr()] = (obj.gatherer([(n * dim, scales)], n), scales)
 
         def _gather(self, table, ids):
             plane = self.planes.get(table.data_ptr()) if self.planes is not None else None
@@ -72,9 +73,9 @@ def make_stager_class():
                 return super()._gather(table, ids)
             import torch
 
-            host, at, row_bytes, rows = plane
+            gather, row_bytes = plane
             out = torch.empty((ids.numel(), row_bytes), dtype=torch.uint8, pin_memory=torch.cuda.is_available())
-            host.object.gather(at, row_bytes, rows, ids.to(torch.int64).contiguous(), out)
+            gather(ids.to(torch.int64).contiguous(), [out])
             return out
 
     return TierRowStager

@@ -120,12 +120,36 @@ class TierObject(_native.Child):
         """Copies rows of one plane into out: out[i] = the row_bytes at
         plane + ids[i] * row_bytes, ids an int64 tensor or array in [0, rows),
         out a contiguous CPU tensor or writable buffer of len(ids) * row_bytes
-        bytes.
-        Large calls copy on every core."""
-        self._check()
+        bytes. Large calls copy on every core."""
+        self.gatherer([(plane, row_bytes)], rows)(ids, [out])
+
+    def gatherer(self, planes, rows):
+        """A callable g(ids, outs) copying the rows ids of every plane
+        (planes: (byte offset, row bytes) pairs, each of rows rows) into
+        outs[p], in one library call: what a table of several planes (SGLang's
+        fp8 rows and their scales) reads per lookup."""
+        return _Gatherer(self, planes, rows)
+
+
+class _Gatherer:
+    """A prepared cxl_object_gather: the planes' arrays are built once."""
+
+    def __init__(self, obj, planes, rows):
+        self.obj, self.rows, self.n = obj, rows, len(planes)
+        self.at = (ctypes.c_int64 * self.n)(*(p[0] for p in planes))
+        self.row_bytes = (ctypes.c_int64 * self.n)(*(p[1] for p in planes))
+        self.outs = (ctypes.c_void_p * self.n)()
+        self.caps = (ctypes.c_int64 * self.n)()
+
+    def __call__(self, ids, outs):
+        self.obj._check()
+        if len(outs) != self.n:
+            raise _native.InvalidError(-1, f"{len(outs)} outputs for {self.n} planes")
         ids_ptr, n = _pointer(ids, 8)
-        out_ptr, cap = _pointer(out, 1)
-        _native.call("cxl_object_gather", self._h, plane, row_bytes, rows, ids_ptr, n, out_ptr, cap)
+        for p, out in enumerate(outs):
+            self.outs[p], self.caps[p] = _pointer(out, 1)
+        _native.call("cxl_object_gather", self.obj._h, self.n, self.at, self.row_bytes, self.rows,
+                     ids_ptr, n, self.outs, self.caps)
 
 
 def _pointer(x, item):

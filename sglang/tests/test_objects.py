@@ -65,6 +65,14 @@ def test_gather_rows_of_a_plane(built, device):
             o.gather(rows * dim, scales, rows + 1, ids, s)
         with pytest.raises(cxltier.CxlTierError):
             o.gather(0, dim, rows, ids, bytearray(10))
+        w2, s2 = bytearray(len(ids) * dim), bytearray(len(ids) * scales)
+        both = o.gatherer([(0, dim), (rows * dim, scales)], rows)
+        both(ids, [w2, s2])
+        assert w2 == w and s2 == s
+        with pytest.raises(cxltier.InvalidError, match="2 planes"):
+            both(ids, [w2])
+        with pytest.raises(cxltier.RangeError, match="plane 1"):
+            both(ids, [w2, bytearray(8)])
         with pytest.raises(cxltier.InvalidError, match="8-byte"):
             o.gather(0, dim, rows, array.array("i", ids), w)
     t.close()

@@ -1,0 +1,316 @@
+"""SGLang's DeepSeek-V4.1 Engram host table in the tier against SGLang's own,
+with SGLang's real EngramEmbedding and _HostTable, in one run:
+
+    python bench/engramhost/bench.py [--rows 2000000] [--calls 200] [--out FILE]
+
+(in the CI virtualenv, which has SGLang 0.5.23 and torch). Three parts:
+
+  memory    two server instances (separate processes) each build the same
+            layer's table: with cxltier (CXLTIER_ENGRAM_HOST_TABLE) the first
+            loads it and the second attaches it; with SGLang's own shared
+            layout each instance is its own TP group and has its own memfd
+            copy. Reported: the node's shared memory added (/proc/meminfo
+            Shmem, plus the tier's share for ours), and each process's
+            Rss/Pss/Private of the table's mappings (/proc/self/smaps).
+  attach    time for the second instance to have a loaded table (build +
+            SGLang's weight loaders + finish_load) against the first's load
+            through the same calls, per GiB. The checkpoint tensors are in
+            memory, so the load is a lower bound of a real one (which also
+            reads the file).
+  lookup    per call, rows of 1, 2, 4, 32 and 256 tokens (24 rows a token:
+            V4.1's 3 n-gram orders × 8 heads) gathered from the table in
+            the tier: cxltier's gather (one call for both planes) against the CPU
+            gather of SGLang's EngramRowStager (index_select over its
+            16-thread pool, the same code) and, as a floor, one plain
+            index_select per plane on the calling thread; same ids, calls in
+            turn, the table's pages mapped before timing.
+
+The table is --rows rows of one layer (V4.1-Flash has 384 M rows, 94.6 GiB,
+per layer: this is a scaled-down table; say so when quoting). CPU patches,
+as in the tests: torch.cuda.current_device, engram._sorted_host_reads, and
+cudaHostRegister (recorded, not called). No GPU is used.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "sglang"))
+DIM, SCALES, LAYER = 256, 8, 1
+
+
+def build(tmp):
+    lib, cli = os.environ.get("CXLTIER_LIB"), os.environ.get("CXLTIER_CLI")
+    if not lib:
+        lib = os.path.join(tmp, "libcxltier.so")
+        subprocess.check_call(["go", "build", "-buildmode=c-shared", "-o", lib, "./cmd/libcxltier"], cwd=REPO)
+        os.environ["CXLTIER_LIB"] = lib
+    if not cli:
+        cli = os.path.join(tmp, "cxltier")
+        subprocess.check_call(["go", "build", "-o", cli, "./cmd/cxltier"], cwd=REPO)
+    return lib, cli
+
+
+def smaps_of(addr, nbytes):
+    """kB of Rss, Pss and private pages of the mappings over [addr, addr+n)."""
+    out = {"rss_kb": 0, "pss_kb": 0, "private_kb": 0}
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            m = re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line)
+            if m:
+                lo, hi = int(m.group(1), 16), int(m.group(2), 16)
+                inside = lo < addr + nbytes and addr < hi
+                continue
+            if not inside:
+                continue
+            key, _, rest = line.partition(":")
+            kb = int(rest.split()[0]) if rest.split() and rest.split()[0].isdigit() else 0
+            if key == "Rss":
+                out["rss_kb"] += kb
+            elif key == "Pss":
+                out["pss_kb"] += kb
+            elif key in ("Private_Clean", "Private_Dirty"):
+                out["private_kb"] += kb
+    return out
+
+
+def shmem_kb():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("Shmem:"):
+                return int(line.split()[1])
+    return 0
+
+
+def worker(kind, rows, port, ready_path, go_path):
+    """One server instance of one TP rank: builds the layer's table, loads it
+    through SGLang's weight loaders, reports, and waits until told to go."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    from sglang.srt.distributed.parallel_state import GroupCoordinator
+    from sglang.srt.layers import engram
+    from sglang.srt.runtime_context import get_parallel
+
+    torch.cuda.current_device = lambda: 0
+    engram._sorted_host_reads = lambda device: False
+
+    class _Cudart:  # cudaHostRegister recorded, not called: no GPU here
+        def cudaHostRegister(self, *a):
+            return 0
+
+    torch.cuda.cudart = lambda: _Cudart()
+    if kind == "tier":
+        from cxltier import engram_host
+
+        engram_host.install()
+    group = GroupCoordinator([[0]], 0, "gloo", use_pynccl=False, use_mscclpp=False, use_custom_allreduce=False,
+                             use_torch_symm_mem_all_reduce=False, use_hpu_communicator=False,
+                             use_xpu_communicator=False, group_name="tp")
+    g = torch.Generator().manual_seed(LAYER)
+    w = torch.randint(0, 256, (rows, DIM), dtype=torch.uint8, generator=g).view(torch.float8_e4m3fn)
+    s = torch.randint(100, 140, (rows, SCALES), dtype=torch.uint8, generator=g).view(torch.float8_e8m0fnu)
+    with get_parallel().override(tp_group=group, tp_rank=0, tp_size=1):
+        t0 = time.perf_counter()
+        emb = engram.EngramEmbedding(rows, DIM, LAYER, column_bounds=(0, rows // 2, rows))
+        emb.weight.weight_loader(emb.weight, w)
+        emb.scale.weight_loader(emb.scale, s)
+        emb.finish_load(f"layer {LAYER}")
+        took = time.perf_counter() - t0
+    del w, s
+    table = emb.host_table
+    # Read every page once, as a server's lookups do: the table's memory is
+    # then resident in this process, and smaps shows whose it is.
+    pages = table.bytes[:: 4096].sum()
+    assert int(pages) >= 0
+    res = {"kind": kind, "seconds": took, "skipped": getattr(table, "skipped_loads", 0)}
+    with open(ready_path + ".tmp", "w") as f:
+        json.dump(res, f)
+    os.rename(ready_path + ".tmp", ready_path)
+    # Memory is read once every instance is up: whose pages are whose
+    # depends on who else maps them.
+    while not os.path.exists(go_path):
+        time.sleep(0.05)
+    res.update(smaps_of(table.bytes.data_ptr(), table.nbytes))
+    with open(ready_path + ".mem.tmp", "w") as f:
+        json.dump(res, f)
+    os.rename(ready_path + ".mem.tmp", ready_path + ".mem")
+
+
+def run_instances(kind, rows, tmp, env):
+    """Two instances of kind, the second started once the first is loaded;
+    both alive while memory is read. Returns their reports and the Shmem
+    the node gained."""
+    before = shmem_kb()
+    go = os.path.join(tmp, f"go-{kind}")
+    procs, reports = [], []
+    for i in range(2):
+        ready = os.path.join(tmp, f"ready-{kind}-{i}")
+        port = _free_port()
+        procs.append(subprocess.Popen([sys.executable, "-W", "ignore", __file__, "--worker", kind, "--rows", str(rows),
+                                       "--port", str(port), "--ready", ready, "--go", go], env=env))
+        deadline = time.time() + 600
+        while not os.path.exists(ready):
+            if procs[-1].poll() is not None or time.time() > deadline:
+                raise SystemExit(f"{kind} instance {i} failed (exit {procs[-1].poll()})")
+            time.sleep(0.05)
+    gained = shmem_kb() - before
+    open(go, "w").close()
+    for p in procs:
+        p.wait(timeout=120)
+    for i in range(2):
+        with open(os.path.join(tmp, f"ready-{kind}-{i}.mem")) as f:
+            reports.append(json.load(f))
+    return reports, gained
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def lookup(device, rows, calls):
+    """p50 µs per call of cxltier's gather and SGLang's stager gather."""
+    import torch
+    from concurrent.futures import ThreadPoolExecutor
+
+    import cxltier
+    from cxltier import engram_host, objects
+
+    t = cxltier.Tier(device)
+    name = engram_host.table_name("bench-model", f"sglang_engram_{LAYER}")
+    obj = objects.TierObject.open(t, name, read_only=True)
+    raw = obj.tensor()
+    weight, scale = raw[: rows * DIM].view(rows, DIM), raw[rows * DIM: rows * (DIM + SCALES)].view(rows, SCALES)
+    pool = ThreadPoolExecutor(16)  # SGLang's _GATHER_THREADS
+
+    def sglang_gather(table, ids):  # EngramRowStager._gather, less pin_memory (no GPU)
+        out = torch.empty((ids.numel(), table.shape[1]), dtype=table.dtype)
+        step = -(-ids.numel() // 16)
+        chunks = [pool.submit(torch.index_select, table, 0, ids[i: i + step], out=out[i: i + step])
+                  for i in range(0, ids.numel(), step)]
+        for c in chunks:
+            c.result()
+        return out
+
+    both = obj.gatherer([(0, DIM), (rows * DIM, SCALES)], rows)
+
+    def ours(ids):
+        out = (torch.empty((ids.numel(), DIM), dtype=torch.uint8), torch.empty((ids.numel(), SCALES), dtype=torch.uint8))
+        both(ids, out)
+        return out
+
+    int(raw[::4096].sum())  # a serving process has the table's pages mapped already
+    gen = torch.Generator().manual_seed(7)
+    results = []
+    for tokens in (1, 2, 4, 32, 256):
+        n = tokens * 24
+        times = {"cxltier": [], "sglang": [], "index_select": []}
+        for call in range(calls):
+            ids = torch.randint(0, rows, (n,), generator=gen)
+            # Who goes first alternates: the second reads rows the first
+            # brought into the caches.
+            order = ("cxltier", "sglang", "index_select")
+            for who in order[call % 3:] + order[: call % 3]:
+                t0 = time.perf_counter()
+                if who == "cxltier":
+                    a = ours(ids)
+                elif who == "sglang":
+                    b = (sglang_gather(weight, ids), sglang_gather(scale, ids))
+                else:
+                    torch.index_select(weight, 0, ids), torch.index_select(scale, 0, ids)
+                times[who].append((time.perf_counter() - t0) * 1e6)
+            if not (torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])):
+                raise SystemExit(f"{tokens} tokens: the gathers disagree")
+        row = {"tokens": tokens, "rows": n}
+        for k, v in times.items():
+            v.sort()
+            row[f"{k}_p50_us"], row[f"{k}_p10_us"], row[f"{k}_p90_us"] = v[len(v) // 2], v[len(v) // 10], v[9 * len(v) // 10]
+        results.append(row)
+    obj.close()
+    t.close()
+    return results
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=2_000_000, help="rows of the layer's table (264 B each)")
+    ap.add_argument("--calls", type=int, default=200, help="lookup calls per token count")
+    ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "local", "engram-host.json"))
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--port", help=argparse.SUPPRESS)
+    ap.add_argument("--ready", help=argparse.SUPPRESS)
+    ap.add_argument("--go", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        return worker(a.worker, a.rows, a.port, a.ready, a.go)
+    if a.rows < 64 or a.calls < 1:
+        ap.error("--rows must be at least 64 and --calls positive")
+    nbytes = a.rows * (DIM + SCALES)
+    with tempfile.TemporaryDirectory() as tmp:
+        _, cli = build(tmp)
+        name = f"cxltier-bench-engram-{uuid.uuid4().hex[:8]}"
+        size_mib = nbytes // (1 << 20) + 64
+        subprocess.check_call([cli, "format", "-device", f"shm:{name}", "-size", f"{size_mib}MiB", "-chunk", "1MiB"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        device = f"shm:{name}"
+        try:
+            env = dict(os.environ, CXLTIER_DEVICES=device, CXLTIER_ENGRAM_MODEL="bench-model",
+                       SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE="1", SGLANG_DSV41_ENGRAM_HOST_TABLE_LAYOUT="shared")
+            print(f"table: {a.rows} rows × 264 B = {nbytes / 2**30:.2f} GiB (V4.1-Flash: 94.6 GiB a layer)", file=sys.stderr)
+            ours, ours_shmem = run_instances("tier", a.rows, tmp, env)
+            theirs, theirs_shmem = run_instances("sglang", a.rows, tmp, env)
+            lookups = lookup(device, a.rows, a.calls)
+        finally:
+            os.remove(f"/dev/shm/{name}")
+    gib = nbytes / 2**30
+    print(f"\nEngram host table, one layer of {gib:.2f} GiB; {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} cores, Python {platform.python_version()}")
+    print("\nmemory: two instances of one model (each its own TP group)")
+    print(f"{'':>22} {'node shmem added':>17} {'inst. 1 rss/pss/private MiB':>28} {'inst. 2 rss/pss/private MiB':>28}")
+    for label, reps, shm in (("cxltier tier table", ours, ours_shmem), ("SGLang shared layout", theirs, theirs_shmem)):
+        cols = [f"{r['rss_kb'] / 1024:.0f}/{r['pss_kb'] / 1024:.0f}/{r['private_kb'] / 1024:.0f}" for r in reps]
+        print(f"{label:>22} {shm / 1024:>13.0f} MiB {cols[0]:>28} {cols[1]:>28}")
+    print("  (the tier's pages were committed when it was formatted: cxltier's table adds no shmem; it is in the tier once)")
+    load, attach = ours[0]["seconds"], ours[1]["seconds"]
+    print(f"\nattach: load {load / gib:.3f} s/GiB, attach {attach / gib * 1e3:.2f} ms/GiB: {load / attach:.0f}× "
+          f"(second instance skipped {ours[1]['skipped']} loader calls); SGLang's second instance loads again: "
+          f"{theirs[1]['seconds'] / gib:.3f} s/GiB")
+    print(f"\nlookup, µs per call (p50), both planes; calls in turn")
+    print(f"{'tokens':>7} {'rows':>6} {'cxltier':>9} {'SGLang stager':>14} {'ratio':>7} {'index_select, 1 thread':>23}")
+    for r in lookups:
+        print(f"{r['tokens']:>7} {r['rows']:>6} {r['cxltier_p50_us']:>9.1f} {r['sglang_p50_us']:>14.1f} "
+              f"{r['sglang_p50_us'] / r['cxltier_p50_us']:>6.2f}× {r['index_select_p50_us']:>23.1f}")
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    import sglang
+
+    report = {"run": {"commit": rev or "unknown", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                      "python": platform.python_version(), "cores": os.cpu_count(), "sglang": sglang.__version__,
+                      "hardware": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"},
+              "table": {"rows": a.rows, "bytes": nbytes, "note": "one layer, scaled down from V4.1-Flash's 384 M rows"},
+              "memory": {"cxltier": {"instances": ours, "node_shmem_added_kb": ours_shmem},
+                         "sglang_shared": {"instances": theirs, "node_shmem_added_kb": theirs_shmem}},
+              "attach": {"load_s_per_gib": load / gib, "attach_s_per_gib": attach / gib, "speedup": load / attach,
+                         "sglang_second_load_s_per_gib": theirs[1]["seconds"] / gib},
+              "lookup": lookups}
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"wrote {a.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
