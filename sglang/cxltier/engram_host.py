@@ -34,6 +34,7 @@ import logging
 import os
 import re
 import threading
+import time
 
 from . import _native
 from .objects import TierObject, object_info
@@ -99,6 +100,7 @@ class TierHostTable:
             raise ValueError(
                 f"Invalid SGLANG_DSV41_ENGRAM_HOST_TABLE_LAYOUT={layout!r}; expected 'shared' or 'per_rank'"
             )
+        started = time.perf_counter()
         self.layout, self.nbytes, self.group, self.dirty = layout, nbytes, group, False
         rank, world = _rank(group), _world(group)
         self.name = table_name(model_key(), name, layout, rank, world)
@@ -125,11 +127,12 @@ class TierHostTable:
         self.label = info["label"]
         self.bytes = self.object.tensor()[:nbytes]
         self.device_ptr = self._register(self.bytes.data_ptr(), nbytes)
+        self.open_seconds = time.perf_counter() - started
         logger.info(
-            "cxltier: Engram host table %s: %.2f GiB %s in the tier (%s)",
+            "cxltier: Engram host table %s: %.2f GiB %s in the tier (%s), in %.1f ms",
             self.name, nbytes / 2**30,
             f"attached, loaded before as {self.label!r}" if self.loaded else "to load",
-            "read-only" if read_only else "writable",
+            "read-only" if read_only else "writable", self.open_seconds * 1e3,
         )
 
     def _create_if_missing(self, tier):
@@ -174,7 +177,10 @@ class TierHostTable:
     def finish_load(self, label):
         """Seals what this server loaded (collective in the shared layout:
         every rank has written its rows before rank 0 seals), then reports
-        huge pages. A table attached sealed has nothing to seal."""
+        huge pages: measured (smaps) after a load, as SGLang does; from the
+        backing alone for a table attached sealed, since reading smaps costs
+        tens of milliseconds in a process that maps a large tier."""
+        loaded_here = self.dirty
         if self.dirty:
             self.dirty = False
             if self.layout == "shared":
@@ -184,15 +190,59 @@ class TierHostTable:
                 self.loaded = True
             if self.layout == "shared":
                 self.group.barrier()
+        where = f"cxltier: Engram host table {label} ({self.name}): layout={self.layout}"
+        if not loaded_here:
+            kind = backing_kind(self.bytes.data_ptr())
+            log = logger.info if kind in ("device DAX", "hugetlbfs") else logger.warning
+            log("%s, attached; backed by %s%s", where, kind,
+                "" if kind in ("device DAX", "hugetlbfs") else " (huge pages only if the kernel gives them: "
+                "a dax: or hugetlbfs tier guarantees them)")
+            return
         mapped, huge, kind = huge_page_report(self.bytes.data_ptr(), self.nbytes)
         pct = 100.0 * huge / mapped if mapped else 0.0
-        msg = (f"cxltier: Engram host table {label} ({self.name}): layout={self.layout}, in memory: "
-               f"{mapped / 2**10:.1f} MiB, {huge / 2**10:.1f} MiB of it on {kind} ({pct:.0f}%)")
+        msg = f"{where}, in memory: {mapped / 2**10:.1f} MiB, {huge / 2**10:.1f} MiB of it on {kind} ({pct:.0f}%)"
         if huge == 0:
             logger.warning("%s. No huge pages: expect slower lookups (one TLB miss per row); format the tier on "
                            "hugetlbfs or device DAX, or enable shmem huge pages", msg)
         else:
             logger.info(msg)
+
+
+def backing_kind(addr):
+    """What backs the mapping holding addr, from /proc/self/maps and
+    /proc/mounts (cheap): "device DAX", "hugetlbfs", or the file system
+    type and, for shmem, the kernel's shmem huge page mode."""
+    path = ""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if _overlaps(line, addr, 1):
+                    fields = line.split(None, 5)
+                    path = fields[5].strip() if len(fields) > 5 else ""
+                    break
+    except OSError:
+        return "unknown"
+    if path.startswith("/dev/dax"):
+        return "device DAX"
+    fstype, mount = "", ""
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) > 2 and path.startswith(parts[1].rstrip("/") + "/") and len(parts[1]) > len(mount):
+                    fstype, mount = parts[2], parts[1]
+    except OSError:
+        pass
+    if fstype == "hugetlbfs":
+        return "hugetlbfs"
+    if fstype == "tmpfs":
+        try:
+            with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
+                mode = re.search(r"\[(\w+)\]", f.read())
+            return f"tmpfs (shmem huge pages: {mode.group(1) if mode else 'unknown'})"
+        except OSError:
+            return "tmpfs"
+    return fstype or "unknown"
 
 
 def _rank(group):
