@@ -10,7 +10,7 @@ import (
 // Audit cross-checks the region's structures against each other and
 // returns every inconsistency it finds, changing nothing: directory entries
 // (readable, not torn, names unique, spans chunk-aligned, inside the data
-// area and disjoint), the allocator (bitmap and owner words agree; owners
+// area and disjoint; named objects' headers decode), the allocator (bitmap and owner words agree; owners
 // name a lease slot or the shared owner; a directory object's chunks are
 // allocated and shared; a private chunk's owner holds a lease), locks (held
 // by a live lease) and leases (a live lease heartbeats; one daemon per
@@ -67,6 +67,11 @@ func (r *Region) auditDirectory(report func(string, ...any)) []dirSpan {
 			continue
 		}
 		spans = append(spans, dirSpan{name: e.Name, first: first, last: first + e.Size/r.l.ChunkSize - 1})
+		if e.Kind == ObjectKind {
+			if _, err := r.readObject(e.Name, e.DirEntry); err != nil {
+				report("directory entry %d: %v", i, err)
+			}
+		}
 	}
 	sort.Slice(spans, func(a, b int) bool { return spans[a].first < spans[b].first })
 	for k := 1; k < len(spans); k++ {

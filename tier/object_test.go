@@ -166,6 +166,9 @@ func TestObjectHeaderDamage(t *testing.T) {
 			if _, err := r.Objects(); err == nil {
 				t.Fatal("listing hides a damaged object")
 			}
+			if f := r.Audit(); len(f) != 1 || !strings.Contains(f[0], "victim") {
+				t.Fatalf("audit of a damaged object header: %q", f)
+			}
 		})
 	}
 }
