@@ -156,18 +156,21 @@ func (c *Client) FreeChunks(off Offset, n int64) error {
 // ShareChunks hands n chunks this client owns to shared structures: they
 // outlive the client and are freed only explicitly.
 func (c *Client) ShareChunks(off Offset, n int64) error {
-	return c.withLock(SystemLock, func() error {
-		c.r.sync.refresh(c.r.ownerBytes(0, c.r.l.ChunkCount))
-		first, err := c.r.checkRun(off, n, uint32(c.slot+1))
-		if err != nil {
-			return err
-		}
-		for i := first; i < first+n; i++ {
-			atomic.StoreUint32(c.r.ownerWord(i), ownerShared)
-		}
-		c.r.sync.publish(c.r.ownerBytes(first, first+n))
-		return nil
-	})
+	return c.withLock(SystemLock, func() error { return c.shareLocked(off, n) })
+}
+
+// shareLocked is ShareChunks for a caller holding SystemLock.
+func (c *Client) shareLocked(off Offset, n int64) error {
+	c.r.sync.refresh(c.r.ownerBytes(0, c.r.l.ChunkCount))
+	first, err := c.r.checkRun(off, n, uint32(c.slot+1))
+	if err != nil {
+		return err
+	}
+	for i := first; i < first+n; i++ {
+		atomic.StoreUint32(c.r.ownerWord(i), ownerShared)
+	}
+	c.r.sync.publish(c.r.ownerBytes(first, first+n))
+	return nil
 }
 
 // freeOwnedBy frees every chunk owned by lease slot, under the system lock

@@ -171,28 +171,31 @@ func (c *Client) DirPut(e DirEntry) error {
 	if e.Created.IsZero() {
 		e.Created = time.Now()
 	}
-	return c.withLock(SystemLock, func() error {
-		free := -1
-		for i := 0; i < c.r.l.DirEntries; i++ {
-			cur, err := c.r.readDir(i)
-			if err != nil {
-				return err
-			}
-			switch {
-			case cur.torn() || cur.empty():
-				if free < 0 {
-					free = i
-				}
-			case cur.Name == e.Name:
-				return fmt.Errorf("tier: directory %q: %w", e.Name, ErrExists)
-			}
+	return c.withLock(SystemLock, func() error { return c.r.dirPutLocked(e) })
+}
+
+// dirPutLocked adds a checked entry; the caller holds SystemLock.
+func (r *Region) dirPutLocked(e DirEntry) error {
+	free := -1
+	for i := 0; i < r.l.DirEntries; i++ {
+		cur, err := r.readDir(i)
+		if err != nil {
+			return err
 		}
-		if free < 0 {
-			return fmt.Errorf("tier: directory %q (%d entries): %w", e.Name, c.r.l.DirEntries, ErrDirFull)
+		switch {
+		case cur.torn() || cur.empty():
+			if free < 0 {
+				free = i
+			}
+		case cur.Name == e.Name:
+			return fmt.Errorf("tier: directory %q: %w", e.Name, ErrExists)
 		}
-		c.r.writeDir(free, e)
-		return nil
-	})
+	}
+	if free < 0 {
+		return fmt.Errorf("tier: directory %q (%d entries): %w", e.Name, r.l.DirEntries, ErrDirFull)
+	}
+	r.writeDir(free, e)
+	return nil
 }
 
 // DirDelete removes a name.

@@ -134,18 +134,22 @@ func (c *Client) CreateObject(name string, size int64, opts ObjectOptions) (Obje
 		c.FreeChunks(off, n)
 		return Object{}, err
 	}
-	// Shared before it is named: a death between the two leaves shared
-	// chunks no directory entry names (audit and repair find them), never
-	// a name over chunks the reaper frees.
-	if err := c.ShareChunks(off, n); err != nil {
-		c.FreeChunks(off, n)
-		return Object{}, err
-	}
-	if err := c.DirPut(DirEntry{Name: name, Kind: ObjectKind, Offset: off, Size: n * chunk}); err != nil {
-		c.FreeChunks(off, n)
+	// Shared and named under one hold of the lock, shared first: a
+	// process that dies between the two stores leaves shared chunks that
+	// no entry names (lost until the tier is formatted anew), never a name
+	// over chunks its reaper frees. A name taken meanwhile frees the run.
+	e := DirEntry{Name: name, Kind: ObjectKind, Offset: off, Size: n * chunk, Created: o.Created}
+	err = c.withLock(SystemLock, func() error {
+		if err := c.shareLocked(off, n); err != nil {
+			return err
+		}
+		return r.dirPutLocked(e)
+	})
+	if err != nil {
+		c.FreeChunks(off, n) // this client's or, once shared, unnamed: either way its own to free
 		return Object{}, fmt.Errorf("tier: object %q: %w", name, err)
 	}
-	return r.readObject(name, DirEntry{Name: name, Kind: ObjectKind, Offset: off, Size: n * chunk})
+	return r.readObject(name, e)
 }
 
 // zero clears [off, off+n) on every core.

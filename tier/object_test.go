@@ -324,3 +324,34 @@ func childObjectScribbler(c *Client) error {
 	v.Data[10] = 1 // must fault
 	return fmt.Errorf("a store through a read-only view did not fault")
 }
+
+// Ranks and instances race to create one table: one wins, the others get
+// ErrExists, and no losing run of chunks stays allocated.
+func TestObjectCreateRace(t *testing.T) {
+	r := formatTest(t, testGeometry())
+	const racers = 6
+	errs := make(chan error, racers)
+	for k := 0; k < racers; k++ {
+		c := attachTest(t, r, 0)
+		go func() {
+			_, err := c.CreateObject("raced", 3<<20, ObjectOptions{Contiguous: true})
+			errs <- err
+		}()
+	}
+	won := 0
+	for k := 0; k < racers; k++ {
+		switch err := <-errs; {
+		case err == nil:
+			won++
+		case !errors.Is(err, ErrExists):
+			t.Fatalf("a losing create: %v", err)
+		}
+	}
+	o := mustOpen(t, r, "raced")
+	if won != 1 || r.Usage().UsedChunks != o.Chunks {
+		t.Fatalf("%d winners, %d chunks used for an object of %d", won, r.Usage().UsedChunks, o.Chunks)
+	}
+	if f := r.Audit(); len(f) != 0 {
+		t.Fatalf("audit: %v", f)
+	}
+}
