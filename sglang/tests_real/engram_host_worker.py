@@ -73,8 +73,10 @@ with get_parallel().override(tp_rank=rank, tp_size=world, tp_group=group, attn_t
         emb.finish_load(f"layer {layer}")
         took = time.perf_counter() - t0
         table = emb.host_table
-        same = bool(torch.equal(emb.weight.view(torch.uint8), w.view(torch.uint8))
-                    and torch.equal(emb.scale.view(torch.uint8), s.view(torch.uint8)))
+        # The shared layout holds every row; per_rank only this rank's.
+        lo, n = (0, rows) if emb.weight.shape[0] == rows else (emb.row_start, emb.rows)
+        same = bool(torch.equal(emb.weight.view(torch.uint8), w.view(torch.uint8)[lo:lo + n])
+                    and torch.equal(emb.scale.view(torch.uint8), s.view(torch.uint8)[lo:lo + n]))
         out["layers"][layer] = {
             "class": type(table).__name__, "name": getattr(table, "name", None),
             "skipped": getattr(table, "skipped_loads", 0), "same": same, "seconds": took,

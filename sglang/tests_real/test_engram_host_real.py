@@ -25,11 +25,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def serve(device, world=2, rows=ROWS, **env):
+def serve(device, world=2, rows=ROWS, layout="shared", **env):
     """One server-like group of `world` ranks; returns each rank's result."""
     port = free_port()
     full = dict(os.environ, CXLTIER_DEVICES=device, CXLTIER_ENGRAM_MODEL="test-model",
-                SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE="1", SGLANG_DSV41_ENGRAM_HOST_TABLE_LAYOUT="shared", **env)
+                SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE="1", SGLANG_DSV41_ENGRAM_HOST_TABLE_LAYOUT=layout, **env)
     procs = [subprocess.Popen([sys.executable, "-W", "ignore", os.path.join(HERE, "engram_host_worker.py"),
                                str(r), str(world), str(port), str(rows), LAYERS],
                               env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -114,6 +114,20 @@ def test_tables_loaded_by_the_cli_are_attached(built, device, tmp_path):
         for layer in ("1", "14"):
             got = res["layers"][layer]
             assert got["same"] and got["skipped"] == 2 and got["read_only"], got
+
+
+def test_per_rank_layout_keeps_a_table_per_rank(built, device):
+    """SGLang's per_rank layout: each rank's rows in an object of its own,
+    named by rank and width, attached by the next server's same rank."""
+    for res, _ in serve(device, layout="per_rank"):
+        assert all(l["same"] and l["skipped"] == 0 for l in res["layers"].values()), res
+    t = cxltier.Tier(device)
+    names = {o["name"]: o for o in objects.list_objects(t)}
+    t.close()
+    assert set(names) == {f"engram/test-model/sglang_engram_{l}.tp{r}of2" for l in (1, 14) for r in (0, 1)}, names
+    assert all(o["state"] == "sealed" for o in names.values())
+    for res, _ in serve(device, layout="per_rank"):
+        assert all(l["same"] and l["skipped"] == 2 and l["read_only"] for l in res["layers"].values()), res
 
 
 def test_names_fit_the_directory():
