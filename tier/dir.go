@@ -2,6 +2,7 @@ package tier
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -23,6 +24,28 @@ type DirEntry struct {
 	Offset  Offset    `json:"offset"`
 	Size    int64     `json:"size"`
 	Created time.Time `json:"created"`
+}
+
+// KindTag is the kind's four characters when they are printable ASCII
+// (packages choose kinds that spell a tag: "EGR1", "OBJ1"), else "".
+func (e DirEntry) KindTag() string {
+	b := []byte{byte(e.Kind >> 24), byte(e.Kind >> 16), byte(e.Kind >> 8), byte(e.Kind)}
+	for _, c := range b {
+		if c < ' ' || c > '~' {
+			return ""
+		}
+	}
+	return string(b)
+}
+
+// MarshalJSON adds kind_tag beside the numeric kind, so that status pages
+// and inspect -json say what an entry is.
+func (e DirEntry) MarshalJSON() ([]byte, error) {
+	type plain DirEntry
+	return json.Marshal(struct {
+		plain
+		KindTag string `json:"kind_tag,omitempty"`
+	}{plain(e), e.KindTag()})
 }
 
 type dirEntry struct {

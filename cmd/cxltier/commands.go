@@ -160,7 +160,7 @@ func printSnapshot(w io.Writer, s tier.Snapshot) {
 // openArgs opens the tier whose devices are fs's arguments.
 func openArgs(fs *flag.FlagSet, readOnly bool) (*tier.Region, []tier.Backing, error) {
 	if fs.NArg() == 0 {
-		fs.Usage()
+		noDevice(fs)
 		return nil, nil, errUsage
 	}
 	devs, err := deviceArgs(fs.Args())
@@ -206,4 +206,11 @@ func deviceArgs(args []string) ([]tier.Backing, error) {
 		devs = append(devs, b)
 	}
 	return devs, nil
+}
+
+// noDevice says what is missing before the usage: a newcomer who typed
+// the command alone should not have to find DEVICE in the synopsis.
+func noDevice(fs *flag.FlagSet) {
+	fmt.Fprintf(fs.Output(), "%s: no DEVICE: name the tier's devices in tier order (cxltierd's default tier is shm:cxltier)\n\n", fs.Name())
+	fs.Usage()
 }

@@ -44,12 +44,7 @@ func cmdEngram(args []string, stdout, stderr io.Writer) error {
 	case "destroy":
 		return engramDestroy(args[1:], stdout, stderr)
 	case "presets":
-		for _, n := range engram.PresetNames() {
-			g, _ := engram.Preset(n)
-			fmt.Fprintf(stdout, "%-12s layers %v, orders 2..%d × %d heads, base %v, V %d, row %d B\n",
-				n, g.LayerIDs, g.MaxNgram, g.Heads, g.BaseSizes, g.Vocab, g.RowBytes)
-		}
-		return nil
+		return engramPresets(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stderr, engramUsage)
 		return nil
@@ -181,7 +176,7 @@ func engramDestroy(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if fs.NArg() == 0 {
-		fs.Usage()
+		noDevice(fs)
 		return errUsage
 	}
 	if *model != "" {
@@ -244,4 +239,32 @@ func destroySGLangTables(devs []string, model string, layer int, force bool, std
 		return fmt.Errorf("no Engram table of model %q in this tier (cxltier object ls -prefix engram/ lists them): %w", model, tier.ErrNotFound)
 	}
 	return removeObjects(devs, names, force, stdout)
+}
+
+// engramPresets lists the built-in geometries; with -json, as one JSON
+// array of geometry files (each one a valid --config as it stands).
+func engramPresets(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("engram presets", stderr, "[-json]")
+	asJSON := fs.Bool("json", false, "print the geometries as JSON (each element is a valid --config file)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	var all []engram.Geometry
+	for _, n := range engram.PresetNames() {
+		g, _ := engram.Preset(n)
+		all = append(all, g)
+	}
+	if *asJSON {
+		raw, err := json.MarshalIndent(all, "", "  ")
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s\n", raw)
+		return nil
+	}
+	for _, g := range all {
+		fmt.Fprintf(stdout, "%-12s layers %v, orders 2..%d × %d heads, base %v, V %d, row %d B\n",
+			g.Name, g.LayerIDs, g.MaxNgram, g.Heads, g.BaseSizes, g.Vocab, g.RowBytes)
+	}
+	return nil
 }

@@ -125,8 +125,13 @@ func objectRemove(args []string, stdout, stderr io.Writer) error {
 
 // nameAndDevices splits the arguments NAME DEVICE....
 func nameAndDevices(fs *flag.FlagSet) (string, []string, error) {
-	if fs.NArg() < 2 {
+	switch fs.NArg() {
+	case 0:
+		fmt.Fprintf(fs.Output(), "%s: no NAME and no DEVICE\n\n", fs.Name())
 		fs.Usage()
+		return "", nil, errUsage
+	case 1:
+		noDevice(fs)
 		return "", nil, errUsage
 	}
 	return fs.Arg(0), fs.Args()[1:], nil

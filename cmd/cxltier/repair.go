@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cxltier/cxltier/internal/tierflags"
 	"github.com/cxltier/cxltier/tier"
 )
 
@@ -69,14 +70,18 @@ func printRepairPlan(w io.Writer, findings []string) {
 			leave = append(leave, f)
 		}
 	}
-	fmt.Fprintf(w, "repair would fix %d finding(s):\n", len(fix))
-	for _, f := range fix {
-		fmt.Fprintf(w, "  %s\n", f)
+	list := func(head string, fs []string) {
+		if len(fs) == 0 {
+			fmt.Fprintf(w, "%s.\n", head) // no colon before nothing
+			return
+		}
+		fmt.Fprintf(w, "%s:\n", head)
+		for _, f := range fs {
+			fmt.Fprintf(w, "  %s\n", f)
+		}
 	}
-	fmt.Fprintf(w, "and leave %d for a person:\n", len(leave))
-	for _, f := range leave {
-		fmt.Fprintf(w, "  %s\n", f)
-	}
+	list(fmt.Sprintf("repair would fix %d finding(s)", len(fix)), fix)
+	list(fmt.Sprintf("and leave %d for a person", len(leave)), leave)
 }
 
 // cmdResize refuses, and says how: a region's layout (chunk count, the
@@ -88,6 +93,11 @@ func cmdResize(args []string, stdout, stderr io.Writer) error {
 	size := fs.String("size", "", "the size wanted")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *size == "" {
+		*size = "SIZE"
+	} else if _, err := tierflags.ParseSize(*size); err != nil {
+		return fmt.Errorf("-size: %w", err)
 	}
 	return fmt.Errorf(`a tier's size is fixed when it is formatted, so it cannot be resized in place (wanted -size %s). To move to a new size:
   1. cxltier prefix snapshot --name NAME --out NAME.zst DEVICE...   (each prefix index)

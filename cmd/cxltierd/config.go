@@ -31,6 +31,7 @@ type config struct {
 	// runaway scraper cannot starve the daemon's own work.
 	AdminRate  float64 `json:"admin-rate"`
 	configFile string
+	sizeGiven  bool // -size on the command line or "size" in the file
 }
 
 const tokenEnv = "CXLTIER_TOKEN"
@@ -72,6 +73,8 @@ func loadConfig(args []string, stderr io.Writer) (config, error) {
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
+	sizeGiven := false
+	fs.Visit(func(f *flag.Flag) { sizeGiven = sizeGiven || f.Name == "size" })
 	if cfg.configFile != "" {
 		raw, err := os.ReadFile(cfg.configFile)
 		if err != nil {
@@ -86,9 +89,15 @@ func loadConfig(args []string, stderr io.Writer) (config, error) {
 		if err := fromFile.flagSet(io.Discard).Parse(args); err != nil {
 			return cfg, err
 		}
+		var keys map[string]json.RawMessage
+		if json.Unmarshal(raw, &keys) == nil {
+			_, inFile := keys["size"]
+			sizeGiven = sizeGiven || inFile
+		}
 		fromFile.configFile = cfg.configFile
 		cfg = fromFile
 	}
+	cfg.sizeGiven = sizeGiven
 	switch {
 	case cfg.AdminRate < 0:
 		return cfg, fmt.Errorf("-admin-rate %v: must not be negative", cfg.AdminRate)

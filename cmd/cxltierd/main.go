@@ -70,7 +70,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	logger.Printf("%s tier %v: %d device(s), %s data in %d chunks, %s coherence, flush=%s",
 		verb, inf.Devices, len(inf.Devices), sizeText(inf.Size-inf.ControlSize), inf.ChunkCount, inf.Coherence, tier.FlushInstruction())
-	if want := opts.Geometry.DeviceSize; !created && want > 0 && want != inf.Geometry.DeviceSize {
+	if want := opts.Geometry.DeviceSize; !created && cfg.sizeGiven && want > 0 && want != inf.Geometry.DeviceSize {
 		logger.Printf("note: the tier exists with %s per device; -size %s applies only when formatting (to resize: stop the daemons, cxltier format -force ... -size %s)",
 			sizeText(inf.Geometry.DeviceSize), sizeText(want), sizeText(want))
 	}

@@ -168,6 +168,18 @@ func TestConfig(t *testing.T) {
 		t.Errorf("-device should replace the file's devices: %v", cfg.Devices.List)
 	}
 
+	// The "-size applies only when formatting" note is for a size someone asked for.
+	other := filepath.Join(dir, "nosize.json")
+	os.WriteFile(other, []byte(`{"nodes":2}`), 0o600)
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{{nil, false}, {[]string{"-size", "1GiB"}, true}, {[]string{"-config", file}, true}, {[]string{"-config", other}, false}} {
+		if cfg, err := loadConfig(tc.args, io.Discard); err != nil || cfg.sizeGiven != tc.want {
+			t.Errorf("%v: size given %v, want %v (%v)", tc.args, cfg.sizeGiven, tc.want, err)
+		}
+	}
+
 	os.WriteFile(file, []byte(`{"devices":["shm:a"]}`), 0o600)
 	for _, args := range [][]string{
 		{"-config", file},                       // unknown key

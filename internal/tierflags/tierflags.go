@@ -127,7 +127,7 @@ func (d *Devices) UnmarshalJSON(b []byte) error {
 func (d Devices) MarshalJSON() ([]byte, error) { return json.Marshal(d.List) }
 
 // Size is a byte count flag accepting binary suffixes: 4096, 64KiB, 2MiB, 1GiB, 1TiB
-// (K/M/G/T and KB/MB/GB/TB mean the same binary units).
+// (K/M/G/T mean the same binary units; KB/MB/GB/TB are refused as ambiguous).
 type Size int64
 
 func (s *Size) String() string { return FormatSize(int64(*s)) }
@@ -148,11 +148,17 @@ func (s Size) MarshalText() ([]byte, error)  { return []byte(FormatSize(int64(s)
 func ParseSize(v string) (int64, error) {
 	t := strings.TrimSpace(v)
 	mult := int64(1)
+	for _, u := range []string{"TB", "GB", "MB", "KB"} {
+		if strings.HasSuffix(t, u) {
+			// GB is 10^9 to some and 2^30 to others: a tier's sizes must
+			// not depend on which the reader assumed.
+			return 0, fmt.Errorf("size %q: %s is ambiguous; write %siB (binary) or a byte count", v, u, u[:1])
+		}
+	}
 	for _, u := range []struct {
 		suffix string
 		mult   int64
 	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10},
-		{"TB", 1 << 40}, {"GB", 1 << 30}, {"MB", 1 << 20}, {"KB", 1 << 10},
 		{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}} {
 		if strings.HasSuffix(t, u.suffix) {
 			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult

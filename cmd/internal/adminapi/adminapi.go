@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/cxltier/cxltier/prefix"
@@ -34,6 +36,10 @@ type Status struct {
 // FetchStatus asks the daemon at addr (host:port) for its status.
 func FetchStatus(addr string, timeout time.Duration) (Status, []byte, error) {
 	var st Status
+	addr, err := HostPort(addr)
+	if err != nil {
+		return st, nil, err
+	}
 	client := &http.Client{Timeout: timeout}
 	resp, err := client.Get("http://" + addr + "/v1/status")
 	if err != nil {
@@ -51,4 +57,19 @@ func FetchStatus(addr string, timeout time.Duration) (Status, []byte, error) {
 		return st, raw, fmt.Errorf("status from %s: %w", addr, err)
 	}
 	return st, raw, nil
+}
+
+// HostPort checks an -addr value and returns it as host:port: the admin
+// API is plain HTTP, so "http://host:port/" is taken as host:port and any
+// other scheme or a path is refused with what to write instead.
+func HostPort(addr string) (string, error) {
+	a := strings.TrimSuffix(strings.TrimSpace(addr), "/")
+	a = strings.TrimPrefix(a, "http://")
+	if strings.Contains(a, "://") || strings.Contains(a, "/") {
+		return "", fmt.Errorf("-addr %q: give HOST:PORT, e.g. %s (the admin API is plain HTTP on loopback)", addr, DefaultAddr)
+	}
+	if _, _, err := net.SplitHostPort(a); err != nil {
+		return "", fmt.Errorf("-addr %q: give HOST:PORT, e.g. %s: %v", addr, DefaultAddr, err)
+	}
+	return a, nil
 }
