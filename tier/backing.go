@@ -103,6 +103,9 @@ func createBacking(b Backing, size int64, overwrite bool) (*mapping, error) {
 		}
 		return m, nil
 	}
+	if err := checkFree(b, size); err != nil {
+		return nil, err
+	}
 	// Never through a link (a planted symlink must not aim a format at
 	// another file), and an existing file is checked before it is cut.
 	flags := os.O_RDWR | os.O_CREATE | os.O_EXCL | unix.O_NOFOLLOW
@@ -350,4 +353,25 @@ func (r *Region) MapReadOnly(off Offset, n int64) (*ReadOnlyView, error) {
 	}
 	lo := devOff - start
 	return &ReadOnlyView{Data: all[lo : lo+n : lo+n], all: all}, nil
+}
+
+// checkFree refuses a file or shm backing larger than its file system's
+// free space (plus what a file being replaced holds): a tier commits its
+// whole size when it is formatted — on /dev/shm that is host memory — so
+// the refusal names both numbers before anything is allocated.
+func checkFree(b Backing, size int64) error {
+	dir := filepath.Dir(b.Path)
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return nil // nothing to judge by: fallocate still refuses what does not fit
+	}
+	free := int64(st.Bavail) * int64(st.Bsize)
+	if fi, err := os.Lstat(b.Path); err == nil && fi.Mode().IsRegular() {
+		free += fi.Size()
+	}
+	if size > free {
+		return fmt.Errorf("tier: %s needs %d bytes and %s has %d free (a tier takes its whole size when formatted): %w",
+			b, size, dir, free, ErrTooSmall)
+	}
+	return nil
 }

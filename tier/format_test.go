@@ -4,8 +4,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestBackingParse(t *testing.T) {
@@ -328,5 +332,25 @@ func TestProcStat(t *testing.T) {
 		if start != tc.start || ok != tc.ok {
 			t.Errorf("%q: %d %v", tc.raw, start, ok)
 		}
+	}
+}
+
+// A backing larger than its file system's free space is refused before
+// anything is allocated, with both numbers in the message.
+func TestFormatRefusesMoreThanFree(t *testing.T) {
+	b := fileBacking(t)
+	var st unix.Statfs_t
+	if err := unix.Statfs(filepath.Dir(b.Path), &st); err != nil {
+		t.Skip(err)
+	}
+	free := int64(st.Bavail) * int64(st.Bsize)
+	g := testGeometry()
+	g.DeviceSize = (free/g.Stripe + 16) * g.Stripe
+	_, err := Format(Options{Devices: []Backing{b}, Geometry: g})
+	if !errors.Is(err, ErrTooSmall) || !strings.Contains(err.Error(), "free") {
+		t.Fatalf("format beyond the free space: %v", err)
+	}
+	if _, statErr := os.Stat(b.Path); !os.IsNotExist(statErr) {
+		t.Fatalf("the refused backing was created: %v", statErr)
 	}
 }

@@ -244,10 +244,23 @@ func destroySGLangTables(devs []string, model string, layer int, force bool, std
 // engramPresets lists the built-in geometries; with -json, as one JSON
 // array of geometry files (each one a valid --config as it stands).
 func engramPresets(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("engram presets", stderr, "[-json]")
+	fs := newFlags("engram presets", stderr, "[-json] [-name PRESET]")
 	asJSON := fs.Bool("json", false, "print the geometries as JSON (each element is a valid --config file)")
+	name := fs.String("name", "", "print this preset alone as JSON: a geometry file to edit (cxltier engram presets -name demo > my-model.json)")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *name != "" {
+		g, err := engram.Preset(*name)
+		if err != nil {
+			return err
+		}
+		raw, err := json.MarshalIndent(g, "", "  ")
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s\n", raw)
+		return nil
 	}
 	var all []engram.Geometry
 	for _, n := range engram.PresetNames() {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -53,6 +54,26 @@ func TestPresetsJSONAreConfigs(t *testing.T) {
 		if g.Name != want.Name || g.Vocab != want.Vocab || len(g.LayerIDs) != len(want.LayerIDs) {
 			t.Errorf("%s: %+v", g.Name, g)
 		}
+	}
+}
+
+// presets -name writes a geometry file that --config takes as it stands.
+func TestPresetAsConfigFile(t *testing.T) {
+	code, out, errs := runCLI(t, "engram", "presets", "-name", "demo")
+	if code != 0 {
+		t.Fatal(errs)
+	}
+	file := filepath.Join(t.TempDir(), "my-model.json")
+	if err := os.WriteFile(file, []byte(out), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, fromPreset, _ := runCLI(t, "engram", "hash", "--preset", "demo", "--layer", "1", "--ids", "5,6,7")
+	code, fromFile, errs := runCLI(t, "engram", "hash", "--config", file, "--layer", "1", "--ids", "5,6,7")
+	if code != 0 || fromFile != fromPreset || fromFile == "" {
+		t.Fatalf("hash from the written file: exit %d, %q, want %q (%s)", code, fromFile, fromPreset, errs)
+	}
+	if code, _, errs := runCLI(t, "engram", "presets", "-name", "nonesuch"); code != 1 || !strings.Contains(errs, "nonesuch") {
+		t.Fatalf("unknown preset: exit %d, %q", code, errs)
 	}
 }
 
