@@ -283,7 +283,7 @@ func cxl_engram_stats(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, e
 		m := p.Metrics()
 		raw, _ := json.Marshal(map[string]any{"calls": m.Calls.Load(), "rows": m.Rows.Load(), "hits": m.Hits.Load(),
 			"fetched": m.Fetched.Load(), "deadline_misses": m.DeadlineMisses.Load(), "ready_ns": m.ReadyNanos.Load(),
-			"layers": p.Layers(), "max_ngram": p.g.MaxNgram, "lookup": p.comp != nil, "cache": p.Options().Cache,
+			"layers": p.Layers(), "max_ngram": p.g.MaxNgram, "row_bytes": p.g.RowBytes, "lookup": p.comp != nil, "cache": p.Options().Cache,
 			"planner": p.Options().Planner.String()})
 		return copyString(raw, buf, bufCap)
 	}()

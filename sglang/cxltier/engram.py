@@ -2,17 +2,39 @@
 
 import ctypes
 import json
+import os
 
 from . import _native
+
+
+def geometry_spec(spec):
+    """The geometry argument as the library takes it: a preset name as it
+    is; a dict, or the path of a geometry JSON file (as the CLI's --config
+    and CXLTIER_ENGRAM take), as JSON, with a relative "lookup" file taken
+    beside the geometry file."""
+    if isinstance(spec, dict):
+        return json.dumps(spec)
+    if isinstance(spec, os.PathLike) or (isinstance(spec, str) and (spec.endswith(".json") or os.path.sep in spec)):
+        path = os.fspath(spec)
+        try:
+            with open(path) as f:
+                geo = json.load(f)
+        except OSError as e:
+            raise _native.InvalidError(-1, f"geometry file {path}: {e}") from e
+        except ValueError as e:
+            raise _native.InvalidError(-1, f"geometry file {path}: not JSON: {e}") from e
+        if geo.get("lookup") and not os.path.isabs(geo["lookup"]):
+            geo["lookup"] = os.path.join(os.path.dirname(os.path.abspath(path)), geo["lookup"])
+        return json.dumps(geo)
+    return spec
 
 
 def engram_hash(spec, layer, ids):
     """Global table rows of each position of one sequence of compressed ids,
     for Engram layer `layer`: a list per position, as `cxltier engram hash`
-    prints them. spec is a preset name ("v4.1-flash") or a geometry (a dict
-    or its JSON)."""
-    if isinstance(spec, dict):
-        spec = json.dumps(spec)
+    prints them. spec is a preset name ("v4.1-flash"), a geometry file's
+    path, or a geometry (a dict or its JSON)."""
+    spec = geometry_spec(spec)
     ids = list(ids)
     arr = (ctypes.c_int64 * max(len(ids), 1))(*ids)
     n = ctypes.c_int64()
@@ -75,10 +97,10 @@ class EngramPrefetcher(_native.Child):
     _kind = "engram"
     _CACHE, _ON_ENGINE = 1, 2
 
+    # spec: a preset name, a geometry file's path, or a geometry dict/JSON.
     def __init__(self, tier, spec, engine="auto", stream=0, slots=1 << 17, deadline_us=56.0, cache=False,
                  planner="host"):
-        if isinstance(spec, dict):
-            spec = json.dumps(spec)
+        spec = geometry_spec(spec)
         if planner not in ("host", "engine"):
             raise ValueError(f"planner {planner!r}: want 'host' or 'engine'")
         flags = (self._CACHE if cache else 0) | (self._ON_ENGINE if planner == "engine" else 0)
@@ -90,6 +112,7 @@ class EngramPrefetcher(_native.Child):
         self.layers = st["layers"]  # layers with a table in the tier
         self.max_ngram = st["max_ngram"]
         self.has_lookup = st["lookup"]
+        self.row_bytes = st["row_bytes"]  # of every layer's rows (the geometry's "row_bytes")
 
     def compress(self, ids):
         """Raw tokenizer ids mapped through the geometry's lookup table (its
@@ -125,8 +148,12 @@ class EngramPrefetcher(_native.Child):
         _native.call("cxl_engram_buffer", self._h, layer, ctypes.byref(ptr), ctypes.byref(size), ctypes.byref(row))
         return ptr.value, size.value, row.value
 
-    def read_row(self, layer, slot, row_bytes):
-        """A copy of the row in a cache slot."""
+    def read_row(self, layer, slot, row_bytes=None):
+        """A copy of the row in cache slot `slot` of layer's buffer (a slot
+        from Prefetch.slots). row_bytes is the size of the copy's buffer: at
+        least the geometry's row size, which is the default (self.row_bytes:
+        264 for V4.1-Flash, weight then scales); a smaller one is refused."""
+        row_bytes = self.row_bytes if row_bytes is None else row_bytes
         out = ctypes.create_string_buffer(row_bytes)
         _native.call("cxl_engram_read", self._h, layer, slot, out, row_bytes)
         return out.raw

@@ -261,12 +261,9 @@ def hook_from_env(runner):
         return False
     spec = os.environ["CXLTIER_ENGRAM"]
     if os.path.exists(spec):
-        import json
+        from .engram import geometry_spec
 
-        geo = json.load(open(spec))
-        if geo.get("lookup") and not os.path.isabs(geo["lookup"]):
-            geo["lookup"] = os.path.join(os.path.dirname(os.path.abspath(spec)), geo["lookup"])
-        spec = geo
+        spec = geometry_spec(os.path.abspath(spec))
     engine, stream = "cpu", 0
     try:
         import torch

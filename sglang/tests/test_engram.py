@@ -124,3 +124,26 @@ def test_detach_closes_the_prefetcher(cli, device, tmp_path):
     t.close()  # the prefetcher reads the mapping: it must go with the tier
     with pytest.raises(cxltier.NotFoundError, match="unknown handle"):
         p.prefetch(1, [[1, 2, 3]])
+
+
+def test_geometry_file_path_as_the_cli_takes_it(cli, device, tmp_path):
+    """A geometry file's path works wherever a preset or dict does (the CLI's
+    --config, CXLTIER_ENGRAM); read_row copies a whole row by default."""
+    geo = tmp_path / "geo.json"
+    geo.write_text(json.dumps(GEOMETRY))
+    assert cxltier.engram_hash(str(geo), 1, [5, 17]) == cxltier.engram_hash(GEOMETRY, 1, [5, 17])
+    subprocess.run([cli, "engram", "load", "--config", str(geo), "--layer", "1", "--synthetic", device],
+                   check=True, capture_output=True)
+    with cxltier.Tier(device) as t, cxltier.EngramPrefetcher(t, geo, engine="cpu", slots=64) as p:
+        assert p.row_bytes == 64
+        pf = p.prefetch(1, [[5, 17]])
+        pf.wait()
+        rows = [r for pos in cxltier.engram_hash(GEOMETRY, 1, [5, 17]) for r in pos]
+        assert [p.read_row(1, s) for s in pf.slots] == [synthetic_row(1, r, 64) for r in rows]
+        with pytest.raises(cxltier.InvalidError, match="room for 8"):
+            p.read_row(1, pf.slots[0], 8)
+    with pytest.raises(cxltier.InvalidError, match="geometry file"):
+        cxltier.engram_hash(str(tmp_path / "missing.json"), 1, [0])
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(cxltier.InvalidError, match="not JSON"):
+        cxltier.engram_hash(str(tmp_path / "bad.json"), 1, [0])
