@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"sync/atomic"
 	"testing"
 
 	"github.com/cxltier/cxltier/internal/tiertest"
@@ -189,4 +190,41 @@ func BenchmarkPins(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N*len(pins))/b.Elapsed().Seconds(), "pins/s")
+}
+
+// BenchmarkFirstLargeLookup is the first pinned lookup of a large batch by
+// a client whose pin table is empty (a server's first long prompt): every
+// pin of the batch is new, and the table's high-water mark rises with them.
+func BenchmarkFirstLargeLookup(b *testing.B) {
+	for _, n := range []int{1000, 4000, 12000} {
+		b.Run(fmt.Sprintf("keys%d", n), func(b *testing.B) {
+			_, c := testTier(b, 1)
+			s, err := Create(c, Config{Name: "first", Blocks: 2 * int64(n), BlockBytes: 64, PinsPerClient: int64(n)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			keys := benchKeys(n)
+			payloads := make([][]byte, n)
+			for i := range payloads {
+				payloads[i] = make([]byte, 64)
+			}
+			if _, err := s.Set(keys, payloads); err != nil {
+				b.Fatal(err)
+			}
+			var hits []Hit
+			for b.Loop() {
+				var err error
+				if hits, err = s.LookupAppend(hits[:0], keys); err != nil || len(hits) != n {
+					b.Fatalf("%d hits: %v", len(hits), err)
+				}
+				b.StopTimer()
+				s.Release(hits)
+				// Empty again, as a new client's table is.
+				atomic.StoreUint32(u32At(s.myPins, pinHdrHighWater), 0)
+				s.pinHint.Store(0)
+				b.StartTimer()
+			}
+		})
+	}
 }

@@ -92,28 +92,26 @@ func (s *Store) pin(i uint32, w uint64) (int32, error) {
 
 // claimPin writes v into a free record of this client's table and returns
 // its index. It looks from the hint (records at and after it were free
-// lately), then wraps, then raises the high-water mark; ErrPinsFull when
-// every record is held.
+// lately) to the high-water mark, then raises the mark, and looks below
+// the hint only when the table is used to its end: records below the hint
+// were held when it passed them, so a batch that pins thousands of entries
+// would rescan them for every claim. ErrPinsFull when every record is held.
 func (s *Store) claimPin(v uint64) (int32, error) {
 	if s.pinsClosed.Load() {
 		return -1, fmt.Errorf("prefix: %q: %w", s.name, tier.ErrClosed)
 	}
 	hw := s.pinHighWater()
 	start := min(s.pinHint.Load(), hw)
-	for k := int32(0); k < hw; k++ {
-		j := start + k
-		if j >= hw {
-			j -= hw
-		}
-		if rec := s.myPin(j); atomic.LoadUint64(rec) == 0 && atomic.CompareAndSwapUint64(rec, 0, v) {
-			s.pinHint.Store(j + 1)
-			return j, nil
-		}
+	if j := s.claimIn(start, hw, v); j >= 0 {
+		return j, nil
 	}
 	hwWord := u32At(s.myPins, pinHdrHighWater)
 	for {
 		hw := atomic.LoadUint32(hwWord)
 		if int64(hw) >= s.g.Pins {
+			if j := s.claimIn(0, min(start, int32(s.g.Pins)), v); j >= 0 {
+				return j, nil
+			}
 			return -1, fmt.Errorf("%w: %d pins held", ErrPinsFull, s.g.Pins)
 		}
 		// The mark rises before the record is written beyond it: an evictor
@@ -127,6 +125,17 @@ func (s *Store) claimPin(v uint64) (int32, error) {
 			return int32(hw), nil
 		}
 	}
+}
+
+// claimIn claims the first free record in [lo, hi), or returns -1.
+func (s *Store) claimIn(lo, hi int32, v uint64) int32 {
+	for j := lo; j < hi; j++ {
+		if rec := s.myPin(j); atomic.LoadUint64(rec) == 0 && atomic.CompareAndSwapUint64(rec, 0, v) {
+			s.pinHint.Store(j + 1)
+			return j
+		}
+	}
+	return -1
 }
 
 // pinHighWater is this client's high-water mark, bounded by the table: the

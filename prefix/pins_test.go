@@ -106,6 +106,31 @@ func TestPinTableFull(t *testing.T) {
 	}
 }
 
+// TestClaimBelowTheHint: a record freed below the hint is found once the
+// table is used to its end (the hint may have moved past it: claims look
+// below it only then), and a full table still says so.
+func TestClaimBelowTheHint(t *testing.T) {
+	_, c := testTier(t, 1)
+	s, err := Create(c, Config{Name: "m", Blocks: 16, BlockBytes: 64, PinsPerClient: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for j := int32(0); j < 8; j++ {
+		if got, err := s.claimPin(uint64(j+1) << 32); err != nil || got != j {
+			t.Fatalf("claim %d: record %d, %v", j, got, err)
+		}
+	}
+	s.unpin(5)
+	s.pinHint.Store(7) // a racing claim moved it past the free record
+	if got, err := s.claimPin(9 << 32); err != nil || got != 5 {
+		t.Fatalf("claim with a free record below the hint: record %d, %v", got, err)
+	}
+	if _, err := s.claimPin(10 << 32); !errors.Is(err, ErrPinsFull) {
+		t.Fatalf("claim in a full table: %v", err)
+	}
+}
+
 // TestCountersPerClient: a version-3 index counts lookups and inserts in
 // each client's pin table; Stats sums them with the header's, and the
 // counts outlive a client. A version-2 index keeps counting in its header.
