@@ -55,6 +55,23 @@ def test_batch_exists_counts_leading_keys(built, device):
         assert ix.exists(keys) == 1
 
 
+def test_key_lists_of_every_form(built, device):
+    """Hex digests, raw 32-byte keys, both mixed, a generator: the same
+    answer (whole lists take a faster route); a bad key is named."""
+    with cxltier.Tier(device) as t:
+        ix = t.prefix("m", blocks=16, block_bytes=4096)
+        keys = cxltier.page_keys(range(40), 4)
+        ix.set(keys[:5], [payload(i, 10) for i in range(5)])
+        raw = [bytes.fromhex(k) for k in keys]
+        for form in (keys, raw, tuple(keys), [keys[0], raw[1]] + keys[2:], (k for k in keys), [k.upper() for k in keys]):
+            assert ix.exists(form) == 5
+        with pytest.raises(ValueError, match="not a hex digest"):
+            ix.exists(keys[:3] + ["zz" * 32])
+        with pytest.raises(ValueError, match="31 bytes"):
+            ix.exists(raw[:3] + [raw[3][:31]])
+        assert ix.exists([]) == 0
+
+
 def test_get_into_buffers_and_pointers(built, device):
     with cxltier.Tier(device) as t:
         ix = t.prefix("m", blocks=8, block_bytes=4096)
