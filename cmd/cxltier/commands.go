@@ -104,6 +104,19 @@ func cmdFormat(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	opts.Overwrite = *force
+	if *force {
+		// Formatting under a live daemon or client pulls the memory from
+		// under it (SIGBUS, or silently wrong data). A tier that does not
+		// open (damaged, or not a tier) has no clients to protect.
+		if old, err := tier.Open(tier.Options{Devices: opts.Devices, ReadOnly: true}); err == nil {
+			live := liveClients(old)
+			old.Close()
+			if len(live) > 0 {
+				return fmt.Errorf("the tier on %v has %d live client(s) (%s): stop them (and cxltierd) first; -force replaces only a tier nothing uses",
+					opts.Devices, len(live), strings.Join(live, ", "))
+			}
+		}
+	}
 	start := time.Now()
 	fmt.Fprintf(stderr, "formatting %d device(s) of %s...\n", len(opts.Devices), tierflags.HumanSize(opts.Geometry.DeviceSize))
 	r, err := tier.Format(opts)

@@ -61,7 +61,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	msg := err.Error()
 	if errors.Is(err, tier.ErrExhausted) {
-		msg += "\n  (the tier is too small for this: format a larger one, cxltier format -force -size N ..., or start cxltierd with -size N on a new device)"
+		msg += "\n  (the tier is too small for this. A larger one: snapshot the prefix indexes you keep, stop the servers and cxltierd, then\n   cxltier format -force -size N ... (it replaces the tier and all it holds), or start cxltierd with -size N on a new device)"
 	}
 	// One prefix per message: "cxltier engram: engram: ..." says it twice.
 	fmt.Fprintf(stderr, "cxltier %s: %s\n", args[0], strings.TrimPrefix(msg, args[0]+": "))

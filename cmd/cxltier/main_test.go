@@ -69,6 +69,28 @@ func TestFormatThenInspect(t *testing.T) {
 	if code, _, errs = runCLI(t, "format", "-force", "-device", "file:"+path, "-size", "16MiB"); code != 0 {
 		t.Errorf("format -force: exit %d, %q", code, errs)
 	}
+	// ... and no live client: a daemon serving the tier would fault.
+	b, _ := tier.ParseBacking("file:" + path)
+	live, err := tier.Open(tier.Options{Devices: []tier.Backing{b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := live.Attach(tier.ClientOptions{Name: "server"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errs = runCLI(t, "format", "-force", "-device", "file:"+path, "-size", "16MiB"); code != 1 || !strings.Contains(errs, `live client(s) (slot 0 pid`) {
+		t.Errorf("format -force under a live client: exit %d, %q", code, errs)
+	}
+	c.Close()
+	live.Close()
+	// A damaged tier has no clients to protect: -force is the way out.
+	raw, _ := os.ReadFile(path)
+	copy(raw[:8], "garbage!")
+	os.WriteFile(path, raw, 0o600)
+	if code, _, errs = runCLI(t, "format", "-force", "-device", "file:"+path, "-size", "16MiB"); code != 0 {
+		t.Errorf("format -force over a damaged header: exit %d, %q", code, errs)
+	}
 	if code, out, errs = runCLI(t, "inspect", "-deep", path); code != 0 || !strings.Contains(out, "deep check: 0 finding(s)") {
 		t.Errorf("inspect -deep of a sound tier: exit %d, %q %q", code, out, errs)
 	}

@@ -98,12 +98,7 @@ func cmdDestroy(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var live []string
-	for _, c := range r.Leases() {
-		if c.State == "live" && time.Since(c.LastBeat) < r.Info().Geometry.LeaseTimeout {
-			live = append(live, fmt.Sprintf("slot %d pid %d %q", c.Slot, c.PID, c.Name))
-		}
-	}
+	live := liveClients(r)
 	r.Close()
 	if len(live) > 0 && !*force {
 		return fmt.Errorf("%d live client(s) attached (%s): stop them (and cxltierd) first, or -force", len(live), strings.Join(live, ", "))
@@ -129,4 +124,15 @@ func cmdDestroy(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "destroyed %s\n", d)
 	}
 	return nil
+}
+
+// liveClients names the clients of r whose lease still beats.
+func liveClients(r *tier.Region) []string {
+	var live []string
+	for _, c := range r.Leases() {
+		if c.State == "live" && time.Since(c.LastBeat) < r.Info().Geometry.LeaseTimeout {
+			live = append(live, fmt.Sprintf("slot %d pid %d %q", c.Slot, c.PID, c.Name))
+		}
+	}
+	return live
 }
