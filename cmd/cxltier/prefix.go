@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/cxltier/cxltier/internal/tierflags"
@@ -251,11 +252,13 @@ func prefixSnapshot(args []string, stdout, stderr io.Writer) error {
 		return errors.New("--out is required")
 	}
 	return withIndex(fs, f, true, func(s *prefix.Store) error {
-		tmp := *out + ".tmp"
-		file, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+		// A fresh temporary beside the target (O_EXCL, a random name): a
+		// fixed name could be another run's file, or a planted link.
+		file, err := os.CreateTemp(filepath.Dir(*out), filepath.Base(*out)+".*.tmp")
 		if err != nil {
 			return err
 		}
+		tmp := file.Name()
 		info, err := s.Snapshot(file, stderr)
 		if err == nil {
 			err = file.Sync()
@@ -268,7 +271,12 @@ func prefixSnapshot(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		if err := os.Rename(tmp, *out); err != nil {
+			os.Remove(tmp)
 			return err
+		}
+		if dir, err := os.Open(filepath.Dir(*out)); err == nil { // the rename itself survives a crash
+			dir.Sync()
+			dir.Close()
 		}
 		fmt.Fprintf(stdout, "wrote %d entries (%s of payload) to %s\n", info.Entries, tierflags.HumanSize(info.Bytes), *out)
 		return nil

@@ -89,3 +89,30 @@ func TestInspectJSONNamesKinds(t *testing.T) {
 		t.Fatalf("inspect -json: exit %d, %s", code, out)
 	}
 }
+
+// A snapshot is written through a fresh temporary: a file or link left
+// where a fixed temporary name would be is neither followed nor clobbered.
+func TestSnapshotTemporaryIsFresh(t *testing.T) {
+	dir := t.TempDir()
+	dev := filepath.Join(dir, "tier")
+	formatTier(t, dev)
+	if code, _, errs := runCLI(t, "prefix", "create", "--name", "m", "--blocks", "4", "--block-bytes", "4KiB", "file:"+dev); code != 0 {
+		t.Fatal(errs)
+	}
+	victim := filepath.Join(dir, "victim")
+	os.WriteFile(victim, []byte("keep me"), 0o600)
+	snap := filepath.Join(dir, "m.zst")
+	if err := os.Symlink(victim, snap+".tmp"); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errs := runCLI(t, "prefix", "snapshot", "--name", "m", "--out", snap, "file:"+dev); code != 0 {
+		t.Fatal(errs)
+	}
+	if got, _ := os.ReadFile(victim); string(got) != "keep me" {
+		t.Fatalf("the planted link was written through: %q", got)
+	}
+	left, _ := filepath.Glob(snap + ".*.tmp")
+	if st, err := os.Stat(snap); err != nil || st.Size() == 0 || len(left) != 0 {
+		t.Fatalf("snapshot %v (%v), temporaries left %v", st, err, left)
+	}
+}
