@@ -2,28 +2,39 @@
 // into the SVG charts the README shows (docs/figures/): gather bandwidth by
 // row size against the bulk-copy ceiling, the top-k step against its bound,
 // Engram prefetch latency against the per-layer deadline, and prefix
-// operations by process count. A result file that is missing is skipped
-// with a note; one that does not parse is an error.
+// operations by process count. Ratios are what these charts are for, so
+// their value axes are logarithmic where the series span more than a few
+// times, sizes and batches are written as such (not as exponents), each
+// series has its bound or baseline beside it, and a caption names the
+// result file, the hardware and the date of the run. A result file that is
+// missing is skipped with a note; one that does not parse is an error.
 //
 //	go run ./bench/plot                   # from the repository root
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
+	"strings"
+	"time"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
+
+	"github.com/cxltier/cxltier/internal/tierflags"
 )
 
 func main() {
@@ -38,6 +49,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fl.SetOutput(stderr)
 	in := fl.String("in", filepath.Join("bench", "results"), "directory of result JSON files")
 	out := fl.String("out", filepath.Join("docs", "figures"), "directory for the SVG charts")
+	png := fl.Bool("png", false, "also write each chart as PNG beside it, to look at before committing")
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
@@ -65,13 +77,102 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", c.file, err)
 		}
+		cap, err := caption(c.file, raw)
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.file, err)
+		}
+		p.X.Label.Text += "\n" + cap
 		path := filepath.Join(*out, c.svg)
-		if err := p.Save(20*vg.Centimeter, 12*vg.Centimeter, path); err != nil {
+		if err := save(p, path); err != nil {
 			return err
+		}
+		if *png {
+			if err := p.Save(20*vg.Centimeter, 12*vg.Centimeter, strings.TrimSuffix(path, ".svg")+".png"); err != nil {
+				return err
+			}
 		}
 		fmt.Fprintf(stdout, "wrote %s from %s\n", path, c.file)
 	}
 	return nil
+}
+
+// save writes p as SVG, naming generic fallbacks after the font gonum
+// embeds the metrics of, so that a viewer without Liberation Serif draws a
+// serif face of about the same width instead of its default.
+func save(p *plot.Plot, path string) error {
+	w, err := p.WriterTo(20*vg.Centimeter, 12*vg.Centimeter, "svg")
+	if err != nil {
+		return err
+	}
+	var b bytes.Buffer
+	if _, err := w.WriteTo(&b); err != nil {
+		return err
+	}
+	svg := strings.ReplaceAll(b.String(), "font-family:Liberation Serif;", "font-family:'Liberation Serif','Times New Roman',Times,serif;")
+	return os.WriteFile(path, []byte(svg), 0o644)
+}
+
+// caption is the chart's source line: the result file, the hardware and
+// the date its run recorded.
+func caption(file string, raw []byte) (string, error) {
+	var r struct {
+		Run struct {
+			Date time.Time `json:"date"`
+			CPU  string    `json:"cpu"`
+			GPU  string    `json:"gpu"`
+		} `json:"run"`
+		CPU    string `json:"cpu"`
+		Engine string `json:"engine"`
+	}
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return "", err
+	}
+	hw := r.Run.CPU
+	if hw == "" {
+		hw = r.CPU
+	}
+	if r.Run.GPU != "" {
+		hw = r.Run.GPU + " (" + r.Engine + "), host " + hw
+	}
+	date := "date not recorded"
+	if !r.Run.Date.IsZero() {
+		date = r.Run.Date.UTC().Format("2006-01-02")
+	}
+	return fmt.Sprintf("source: bench/results/%s · %s · %s", file, hw, date), nil
+}
+
+// logY makes p's value axis logarithmic, for series that span many times.
+func logY(p *plot.Plot) {
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = ticks125{}
+}
+
+// ticks125 labels a log axis at 1, 2 and 5 times each power of ten, so
+// that a range of less than a decade still has labels to read values by.
+type ticks125 struct{}
+
+func (ticks125) Ticks(min, max float64) []plot.Tick {
+	var ticks []plot.Tick
+	for e := math.Floor(math.Log10(min)); e <= math.Ceil(math.Log10(max)); e++ {
+		for _, m := range []float64{1, 2, 5} {
+			if v := m * math.Pow(10, e); v >= min && v <= max {
+				ticks = append(ticks, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'g', -1, 64)})
+			}
+		}
+	}
+	return ticks
+}
+
+// pow2Ticks labels an axis whose values are log2 exponents with the
+// numbers themselves (label formats 2^x), one tick per exponent.
+type pow2Ticks struct{ label func(int64) string }
+
+func (t pow2Ticks) Ticks(min, max float64) []plot.Tick {
+	var ticks []plot.Tick
+	for x := math.Max(math.Ceil(min), 0); x <= max && x < 62; x++ {
+		ticks = append(ticks, plot.Tick{Value: x, Label: t.label(int64(1) << int(x))})
+	}
+	return ticks
 }
 
 // lines adds named series (name, points, name, points, ...) to p, each
@@ -112,8 +213,9 @@ func gatherPlot(raw []byte) (*plot.Plot, error) {
 	if err := json.Unmarshal(raw, &r); err != nil {
 		return nil, err
 	}
-	p := newPlot("Gather from the tier, "+r.Engine, "row bytes (log2)", "GB/s")
-	p.Legend.Top, p.Legend.Left = false, false // the lines climb to the top right
+	p := newPlot("Gather from pinned host memory (not a tier), "+r.Engine, "row size", "GB/s")
+	p.Legend.Top, p.Legend.Left = false, false // the lines climb to the right: below them is empty
+	p.X.Tick.Marker = pow2Ticks{tierflags.HumanSize}
 	byRegion := map[int64]plotter.XYs{}
 	ceiling := plotter.XYs{}
 	for _, x := range r.Results {
@@ -144,13 +246,15 @@ func topkPlot(raw []byte) (*plot.Plot, error) {
 	if err := json.Unmarshal(raw, &r); err != nil {
 		return nil, err
 	}
-	p := newPlot("Top-k step, 64K context, 90% overlap, "+r.Engine, "batch", "µs per layer (p50)")
+	p := newPlot("Top-k step against its bound, 64K context, 90% overlap, "+r.Engine, "batch (requests)", "µs per layer (p50, log scale)")
+	logY(p)
+	p.X.Tick.Marker = pow2Ticks{func(n int64) string { return strconv.FormatInt(n, 10) }}
 	series := map[string]plotter.XYs{}
 	for _, x := range r.Results {
 		if x.Context != 65536 || x.Overlap != 0.9 {
 			continue
 		}
-		b := float64(x.Batch)
+		b := log2(int64(x.Batch))
 		series[x.Planner+" planner"] = append(series[x.Planner+" planner"], plotter.XY{X: b, Y: x.P50})
 		if x.Planner == "engine" {
 			series["no buffer (fetch every selection)"] = append(series["no buffer (fetch every selection)"], plotter.XY{X: b, Y: x.NoBuffer})
@@ -163,6 +267,7 @@ func topkPlot(raw []byte) (*plot.Plot, error) {
 func engramPlot(raw []byte) (*plot.Plot, error) {
 	var r struct {
 		Engine   string `json:"engine"`
+		Base     int64  `json:"base_size_per_order"`
 		Prefetch []struct {
 			Geometry string  `json:"geometry"`
 			Batch    int     `json:"batch"`
@@ -176,7 +281,14 @@ func engramPlot(raw []byte) (*plot.Plot, error) {
 	if err := json.Unmarshal(raw, &r); err != nil {
 		return nil, err
 	}
-	p := newPlot("Engram prefetch, V4.1-Flash, "+r.Engine, "batch (log2)", "µs call → rows ready (p50)")
+	title := "Engram prefetch against the per-layer deadline, V4.1-Flash geometry, " + r.Engine
+	if r.Base > 0 && r.Base != v41Base {
+		title += fmt.Sprintf("\ntables scaled down: %s rows per order and head (V4.1-Flash: %s, %.0f× more)",
+			groupDigits(r.Base), groupDigits(v41Base), float64(v41Base)/float64(r.Base))
+	}
+	p := newPlot(title, "batch (requests, one token each)", "µs call → rows ready (p50, log scale)")
+	logY(p)
+	p.X.Tick.Marker = pow2Ticks{func(n int64) string { return strconv.FormatInt(n, 10) }}
 	series := map[string]plotter.XYs{}
 	var deadline plotter.XYs
 	for _, x := range r.Prefetch {
@@ -193,6 +305,7 @@ func engramPlot(raw []byte) (*plot.Plot, error) {
 func prefixPlot(raw []byte) (*plot.Plot, error) {
 	var r struct {
 		Engine string `json:"engine"`
+		Cores  int    `json:"cores"`
 		Ops    []struct {
 			Op     string  `json:"op"`
 			Shards int     `json:"shards"`
@@ -204,16 +317,48 @@ func prefixPlot(raw []byte) (*plot.Plot, error) {
 	if err := json.Unmarshal(raw, &r); err != nil {
 		return nil, err
 	}
-	p := newPlot("Prefix index operations, "+r.Engine, "processes", "M keys/s (all processes)")
-	series := map[string]plotter.XYs{}
+	p := newPlot(fmt.Sprintf("Prefix index: scaling with processes (%d cores)", r.Cores), "processes",
+		"rate ÷ one process's rate")
+	p.X.Min = -1 // room left of one process for the legend
+	p.Legend.Top, p.Legend.Left = true, true
+	p.X.Tick.Marker = pow2Ticks{func(n int64) string { return strconv.FormatInt(n, 10) }}
+	one := map[string]float64{}
 	for _, x := range r.Ops {
-		name := fmt.Sprintf("%s, batch %d", x.Op, x.Batch)
-		if x.Op == "insert" && x.Shards > 0 {
-			name = fmt.Sprintf("insert, %d shard(s), batch %d", x.Shards, x.Batch)
+		if x.Procs == 1 {
+			one[opName(x.Op, x.Shards, x.Batch)] = x.Keys
 		}
-		series[name] = append(series[name], plotter.XY{X: float64(x.Procs), Y: x.Keys / 1e6})
 	}
-	return p, lines(p, flatten(series)...)
+	series := map[string]plotter.XYs{}
+	ideal := plotter.XYs{}
+	for _, x := range r.Ops {
+		name := opName(x.Op, x.Shards, x.Batch)
+		base := one[name]
+		if base <= 0 {
+			continue
+		}
+		label := fmt.Sprintf("%s (%.2g M keys/s at 1)", name, base/1e6)
+		series[label] = append(series[label], plotter.XY{X: log2(int64(x.Procs)), Y: x.Keys / base})
+		ideal = append(ideal, plotter.XY{X: log2(int64(x.Procs)), Y: float64(min(x.Procs, max(r.Cores, 1)))})
+	}
+	return p, lines(p, append(flatten(series), fmt.Sprintf("bound: one process per core (%d)", r.Cores), maxPerX(ideal))...)
+}
+
+func opName(op string, shards, batch int) string {
+	if op == "insert" && shards > 0 {
+		return fmt.Sprintf("insert, %d shard(s), batch %d", shards, batch)
+	}
+	return fmt.Sprintf("%s, batch %d", op, batch)
+}
+
+// v41Base is DeepSeek-V4.1-Flash's base table size per n-gram order.
+const v41Base = 16_000_000
+
+func groupDigits(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + " " + s[i:]
+	}
+	return s
 }
 
 // flatten lists a map's series as lines wants them, by name.
