@@ -20,4 +20,5 @@ var (
 	ErrBadSnapshot = errkind.New(errkind.Invalid, "malformed prefix snapshot")
 	ErrDenied      = errkind.New(errkind.Denied, "wrong or missing index key")
 	ErrStale       = errkind.New(errkind.Closed, "index destroyed or replaced since this handle opened it")
+	ErrPoisoned    = errkind.New(errkind.Closed, "a call on this handle panicked mid-mutation; close it and open the index again")
 )

@@ -38,6 +38,12 @@ type Reservation struct {
 // locked runs fn under shard sh's lock: its process mutex, then its tier
 // lock. A dirty flag left set means the last holder died mid-mutation:
 // repair the shard from its entries first.
+//
+// A panic in fn (a bug; the C library recovers it into an error) must not
+// keep the tier lock, which every client on every host would then wait
+// for until this process died: the lock goes back with the dirty flag
+// still set, so the next holder repairs the shard as if this holder had
+// died, and the handle is poisoned (ErrPoisoned) before the panic goes on.
 func (s *Store) locked(sh *shard, fn func()) error {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -48,6 +54,13 @@ func (s *Store) locked(sh *shard, fn func()) error {
 		s.c.Unlock(sh.lock)
 		return err
 	}
+	done := false
+	defer func() {
+		if !done {
+			s.poisoned.Store(true)
+			s.c.Unlock(sh.lock)
+		}
+	}()
 	s.refreshMeta(sh.stateOff, lineSize)
 	dirty := u64At(sh.state, slDirty)
 	if atomic.LoadUint64(dirty) != 0 {
@@ -65,6 +78,7 @@ func (s *Store) locked(sh *shard, fn func()) error {
 	}
 	atomic.StoreUint64(dirty, 0)
 	s.publishMeta(sh.stateOff, lineSize)
+	done = true
 	if err := s.c.Unlock(sh.lock); err != nil {
 		return fmt.Errorf("prefix: %q: %w", s.name, err)
 	}

@@ -92,6 +92,7 @@ type Store struct {
 	slot       int          // this client's lease slot: its pin table
 	pinHint    atomic.Int32 // where a claim starts looking for a free record
 	pinsClosed atomic.Bool  // Close gave the pin table up
+	poisoned   atomic.Bool  // a mutation panicked: this handle's state is not to be trusted
 	skipVerify atomic.Bool  // VerifyReads(false)
 
 	sim *cacheSim // tests only: this handle's host keeps caches of its own
@@ -336,6 +337,9 @@ func (s *Store) entries(op string) error {
 func (s *Store) current() error {
 	if s.r.Closed() {
 		return fmt.Errorf("prefix: %q: %w", s.name, tier.ErrClosed)
+	}
+	if s.poisoned.Load() {
+		return fmt.Errorf("prefix: %q: %w", s.name, ErrPoisoned)
 	}
 	s.refreshMeta(0, lineSize)
 	s.refreshMeta(hdrCreated&^(lineSize-1), lineSize)

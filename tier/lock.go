@@ -283,16 +283,19 @@ func (r *Region) releaseHeld(global, local []byte, token uint64) {
 	r.sync.publish(local)
 }
 
-// withLock runs fn holding lock id.
-func (c *Client) withLock(id int, fn func() error) error {
+// withLock runs fn holding lock id. The lock goes back even when fn
+// panics (a bug, which the C library recovers into an error): kept, it
+// would stall every client on every host until this process died.
+func (c *Client) withLock(id int, fn func() error) (err error) {
 	if err := c.Lock(id); err != nil {
 		return err
 	}
-	err := fn()
-	if uerr := c.Unlock(id); err == nil {
-		err = uerr
-	}
-	return err
+	defer func() {
+		if uerr := c.Unlock(id); err == nil {
+			err = uerr
+		}
+	}()
+	return fn()
 }
 
 // releaseLocksOf releases every lock whose node-local word on node holds

@@ -355,3 +355,26 @@ func TestObjectCreateRace(t *testing.T) {
 		t.Fatalf("audit: %v", f)
 	}
 }
+
+// A panic under the system lock gives the lock back: the next client's
+// allocation does not wait out the lock timeout.
+func TestPanicUnderSystemLockReleasesIt(t *testing.T) {
+	r := formatTest(t, testGeometry())
+	c := attachTest(t, r, 0)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("no panic")
+			}
+		}()
+		c.withLock(SystemLock, func() error { panic("a bug under the lock") })
+	}()
+	other := attachTest(t, r, 0)
+	start := time.Now()
+	if _, err := other.AllocChunks(1); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > LockWait/4 {
+		t.Fatalf("the next allocation waited %v", took)
+	}
+}
