@@ -152,13 +152,26 @@ func (s *Store) Restore(r io.ReadSeeker, progressTo io.Writer) (SnapshotInfo, er
 	if err := s.entries("restore"); err != nil {
 		return SnapshotInfo{}, err
 	}
-	total, err := s.readSnapshot(r, "verify", progressTo, nil)
+	// Each shard holds a fixed share of the blocks, and a key's shard is
+	// its hash's: a snapshot that fits the index in total can still
+	// overflow a shard, which would evict entries the restore just made.
+	perShard := make([]int64, len(s.shards))
+	total, err := s.readSnapshot(r, "verify", progressTo, func(k Key, _ []byte, _ *SnapshotInfo) error {
+		perShard[keyHash(&k)>>s.shardShift]++
+		return nil
+	})
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
 	if total.Entries > s.g.Blocks {
 		return SnapshotInfo{}, fmt.Errorf("prefix: restore: the snapshot holds %d entries, index %q has %d blocks: %w (create a larger index)",
 			total.Entries, s.name, s.g.Blocks, ErrNoSpace)
+	}
+	for k, n := range perShard {
+		if b := int64(s.shards[k].blocks); n > b {
+			return SnapshotInfo{}, fmt.Errorf("prefix: restore: %d of the snapshot's entries hash to shard %d of index %q, which holds %d blocks (%d shards of about %d): %w (create an index with more blocks, or fewer shards)",
+				n, k, s.name, b, len(s.shards), s.g.Blocks/int64(len(s.shards)), ErrNoSpace)
+		}
 	}
 	if _, err := r.Seek(0, io.SeekStart); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("prefix: restore: rewind: %w", err)
@@ -180,6 +193,13 @@ func (s *Store) Restore(r io.ReadSeeker, progressTo io.Writer) (SnapshotInfo, er
 	})
 	if err == nil && (info.Entries != total.Entries || info.Bytes != total.Bytes) {
 		err = fmt.Errorf("prefix: restore: %w: the file changed between its passes", ErrBadSnapshot)
+	}
+	// Every entry it made must still be there: another client's inserts
+	// into a shard near full can evict them while the restore runs.
+	if err == nil && len(inserted) > 0 {
+		if kept := s.countPresent(inserted); kept != len(inserted) {
+			err = fmt.Errorf("prefix: restore: %d of the %d entries it made were evicted before it finished: %w", len(inserted)-kept, len(inserted), ErrNoSpace)
+		}
 	}
 	if err != nil {
 		if _, derr := s.Delete(inserted); derr != nil {
@@ -289,4 +309,14 @@ func (s *Store) restoreOne(in io.Reader, crc hash.Hash32, info *SnapshotInfo, ea
 	info.Entries++
 	info.Bytes += n
 	return false, nil
+}
+
+// countPresent is how many of keys have an entry (in any order, unlike
+// Exists, which counts a leading run).
+func (s *Store) countPresent(keys []Key) int {
+	n := 0
+	for i := range keys {
+		n += s.Exists(keys[i : i+1])
+	}
+	return n
 }

@@ -139,3 +139,41 @@ func TestRestoreAllOrNothing(t *testing.T) {
 		dst.Close()
 	}
 }
+
+// A snapshot of a one-shard index restored into an index of as many blocks
+// split in 8 shards: in total it fits, but some shard gets more keys than
+// its blocks. The restore is refused before it changes anything (it used
+// to report every entry restored while the shard evicted its own).
+func TestRestoreChecksEachShard(t *testing.T) {
+	_, c := testTier(t, 1)
+	src := testStoreShards(t, c, 64, 256, 1)
+	keys := keysN(64)
+	if st, err := src.Set(keys, payloadsFor(keys, 100)); err != nil || st[63] != Reserved {
+		t.Fatal(err)
+	}
+	var file bytes.Buffer
+	if _, err := src.Snapshot(&file, nil); err != nil {
+		t.Fatal(err)
+	}
+	dst, err := Create(c, Config{Name: "eight", Blocks: 64, BlockBytes: 256, PinsPerClient: 64, Shards: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Close()
+	info, err := dst.Restore(bytes.NewReader(file.Bytes()), nil)
+	if !errors.Is(err, ErrNoSpace) || !strings.Contains(err.Error(), "shard") {
+		t.Fatalf("restore into 8 shards of 8 blocks: %+v, %v", info, err)
+	}
+	if n := dst.Stats().Ready; n != 0 {
+		t.Fatalf("%d entries left after the refused restore", n)
+	}
+	// Into enough blocks per shard it restores every entry, each findable.
+	big, err := Create(c, Config{Name: "big", Blocks: 256, BlockBytes: 256, PinsPerClient: 64, Shards: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer big.Close()
+	if info, err := big.Restore(bytes.NewReader(file.Bytes()), nil); err != nil || info.Restored != 64 || big.countPresent(keys) != 64 {
+		t.Fatalf("restore into 8 shards of 32 blocks: %+v, %v, %d present", info, err, big.countPresent(keys))
+	}
+}
