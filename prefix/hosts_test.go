@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/cxltier/cxltier/tier"
@@ -158,4 +159,43 @@ func openNonCoherent(t *testing.T, r *tier.Region) *tier.Region {
 	}
 	t.Cleanup(func() { nc.Close() })
 	return nc
+}
+
+// A version-3 index on a tier shared without coherence: serving it is
+// refused with the way out, and the way out (a snapshot) still opens it.
+func TestOldLayoutRefusedWithoutCoherence(t *testing.T) {
+	r, c := testTier(t, 1)
+	old, err := create(c, Config{Name: "v3", Blocks: 16, BlockBytes: 64, PinsPerClient: 16}, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := keysN(4)
+	if _, err := old.Set(keys, payloadsFor(keys, 64)); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+	nc := openNonCoherent(t, r)
+	cn, err := nc.Attach(tier.ClientOptions{Name: "host-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cn.Close()
+	if _, err := Open(cn, "v3"); !errors.Is(err, ErrBadIndex) || !strings.Contains(err.Error(), "version 3") || !strings.Contains(err.Error(), "snapshot") {
+		t.Fatalf("open of a version-3 index without coherence: %v", err)
+	}
+	mv, err := OpenToMove(cn, "v3", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mv.Close()
+	var file bytes.Buffer
+	if info, err := mv.Snapshot(&file, nil); err != nil || info.Entries != 4 {
+		t.Fatalf("snapshot to move it: %+v, %v", info, err)
+	}
+	// On the coherent mapping it still opens as before.
+	if s, err := Open(c, "v3"); err != nil {
+		t.Fatalf("open on the coherent tier: %v", err)
+	} else {
+		s.Close()
+	}
 }

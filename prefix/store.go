@@ -256,18 +256,24 @@ func initMeta(r *tier.Region, meta tier.Offset, g *geometry) error {
 }
 
 // Open opens the index called name for client c.
-func Open(c *tier.Client, name string) (*Store, error) { return open(c, name, "", false) }
+func Open(c *tier.Client, name string) (*Store, error) { return open(c, name, "", false, false) }
 
 // OpenKey opens an index created with Config.Key = key (ErrDenied for a
 // wrong key, or for a key given to an index that has none).
-func OpenKey(c *tier.Client, name, key string) (*Store, error) { return open(c, name, key, false) }
+func OpenKey(c *tier.Client, name, key string) (*Store, error) { return open(c, name, key, false, false) }
+
+// OpenToMove is OpenKey for taking an index's entries elsewhere (a
+// snapshot): it also opens an index whose layout a tier shared without
+// coherence cannot serve safely, which Open and OpenKey refuse there. Read
+// its entries with Snapshot; do not insert through it.
+func OpenToMove(c *tier.Client, name, key string) (*Store, error) { return open(c, name, key, false, true) }
 
 // Maintain opens any index, keyed or not, for upkeep by the operator's
 // daemon and tools: Stats, Check, Reclaim and Close work; calls that read,
 // write or delete entries fail with ErrDenied (Exists sees nothing).
-func Maintain(c *tier.Client, name string) (*Store, error) { return open(c, name, "", true) }
+func Maintain(c *tier.Client, name string) (*Store, error) { return open(c, name, "", true, true) }
 
-func open(c *tier.Client, name, key string, maint bool) (*Store, error) {
+func open(c *tier.Client, name, key string, maint, anyLayout bool) (*Store, error) {
 	r := c.Region()
 	de, err := r.DirLookup(DirName(name))
 	if err != nil {
@@ -293,6 +299,14 @@ func open(c *tier.Client, name, key string, maint bool) (*Store, error) {
 	}
 	if g.LockID >= r.Info().Geometry.LockSlots {
 		return nil, fmt.Errorf("prefix: open %q: %w: lock %d", name, ErrBadIndex, g.LockID)
+	}
+	// Before version 4 neighbouring shards' block-owner words share cache
+	// lines: hosts without shared caches, each writing back its own shard's
+	// line, can make two entries own one block. Maintenance (snapshot,
+	// destroy) may still open it, to move its entries to a new index.
+	if !anyLayout && g.Version < 4 && r.Info().Coherence == tier.Shared {
+		return nil, fmt.Errorf("prefix: open %q: %w: version %d index on a tier shared without coherence (version 4 needed there): "+
+			"cxltier prefix snapshot, prefix destroy, prefix create, prefix restore", name, ErrBadIndex, g.Version)
 	}
 	if !maint {
 		if want := keyDigest(name, key); subtle.ConstantTimeCompare(want[:], g.KeyDigest[:]) != 1 {

@@ -178,6 +178,13 @@ func prefixCreate(args []string, stdout, stderr io.Writer) error {
 // withIndex opens the named index of the tier in fs's arguments: with the
 // key for commands that touch entries, for maintenance otherwise.
 func withIndex(fs *flag.FlagSet, f *indexFlags, entries bool, fn func(*prefix.Store) error) error {
+	return withIndexOpen(fs, f, entries, prefix.OpenKey, fn)
+}
+
+// withIndexOpen is withIndex with the call that opens an index for its
+// entries (prefix.OpenToMove for a snapshot, which must work on an index
+// the tier can no longer serve safely, to move it).
+func withIndexOpen(fs *flag.FlagSet, f *indexFlags, entries bool, openKey func(*tier.Client, string, string) (*prefix.Store, error), fn func(*prefix.Store) error) error {
 	c, done, err := tierArgs(fs)
 	if err != nil {
 		return err
@@ -187,7 +194,7 @@ func withIndex(fs *flag.FlagSet, f *indexFlags, entries bool, fn func(*prefix.St
 	if entries {
 		var key string
 		if key, err = f.key(); err == nil {
-			s, err = prefix.OpenKey(c, *f.name, key)
+			s, err = openKey(c, *f.name, key)
 		}
 	} else {
 		s, err = prefix.Maintain(c, *f.name)
@@ -251,7 +258,7 @@ func prefixSnapshot(args []string, stdout, stderr io.Writer) error {
 	if *out == "" {
 		return errors.New("--out is required")
 	}
-	return withIndex(fs, f, true, func(s *prefix.Store) error {
+	return withIndexOpen(fs, f, true, prefix.OpenToMove, func(s *prefix.Store) error {
 		// A fresh temporary beside the target (O_EXCL, a random name): a
 		// fixed name could be another run's file, or a planted link.
 		file, err := os.CreateTemp(filepath.Dir(*out), filepath.Base(*out)+".*.tmp")
