@@ -260,13 +260,17 @@ func Open(c *tier.Client, name string) (*Store, error) { return open(c, name, ""
 
 // OpenKey opens an index created with Config.Key = key (ErrDenied for a
 // wrong key, or for a key given to an index that has none).
-func OpenKey(c *tier.Client, name, key string) (*Store, error) { return open(c, name, key, false, false) }
+func OpenKey(c *tier.Client, name, key string) (*Store, error) {
+	return open(c, name, key, false, false)
+}
 
 // OpenToMove is OpenKey for taking an index's entries elsewhere (a
 // snapshot): it also opens an index whose layout a tier shared without
 // coherence cannot serve safely, which Open and OpenKey refuse there. Read
 // its entries with Snapshot; do not insert through it.
-func OpenToMove(c *tier.Client, name, key string) (*Store, error) { return open(c, name, key, false, true) }
+func OpenToMove(c *tier.Client, name, key string) (*Store, error) {
+	return open(c, name, key, false, true)
+}
 
 // Maintain opens any index, keyed or not, for upkeep by the operator's
 // daemon and tools: Stats, Check, Reclaim and Close work; calls that read,
