@@ -47,19 +47,10 @@ import uuid
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "sglang"))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+
+from pybuild import build  # noqa: E402
 DIM, SCALES, LAYER = 256, 8, 1
-
-
-def build(tmp):
-    lib, cli = os.environ.get("CXLTIER_LIB"), os.environ.get("CXLTIER_CLI")
-    if not lib:
-        lib = os.path.join(tmp, "libcxltier.so")
-        subprocess.check_call(["go", "build", "-buildmode=c-shared", "-o", lib, "./cmd/libcxltier"], cwd=REPO)
-        os.environ["CXLTIER_LIB"] = lib
-    if not cli:
-        cli = os.path.join(tmp, "cxltier")
-        subprocess.check_call(["go", "build", "-o", cli, "./cmd/cxltier"], cwd=REPO)
-    return lib, cli
 
 
 def smaps_of(addr, nbytes):

@@ -38,19 +38,9 @@ from types import SimpleNamespace
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "sglang"))
+sys.path.insert(0, os.path.join(REPO, "bench"))
 
-
-def build(tmp):
-    """Paths of libcxltier and the CLI, built from this checkout unless given."""
-    lib, cli = os.environ.get("CXLTIER_LIB"), os.environ.get("CXLTIER_CLI")
-    if not lib:
-        lib = os.path.join(tmp, "libcxltier.so")
-        subprocess.check_call(["go", "build", "-buildmode=c-shared", "-o", lib, "./cmd/libcxltier"], cwd=REPO)
-        os.environ["CXLTIER_LIB"] = lib
-    if not cli:
-        cli = os.path.join(tmp, "cxltier")
-        subprocess.check_call(["go", "build", "-o", cli, "./cmd/cxltier"], cwd=REPO)
-    return lib, cli
+from pybuild import build  # noqa: E402
 
 
 def host_pool():

@@ -168,15 +168,18 @@ func printSnapshot(w io.Writer, s tier.Snapshot) {
 	}
 }
 
-// deviceArgs parses a command's device arguments, in tier order; a bare
-// path means file:PATH.
 // openArgs opens the tier whose devices are fs's arguments.
 func openArgs(fs *flag.FlagSet, readOnly bool) (*tier.Region, []tier.Backing, error) {
 	if fs.NArg() == 0 {
 		noDevice(fs)
 		return nil, nil, errUsage
 	}
-	devs, err := deviceArgs(fs.Args())
+	return openDevices(fs.Args(), readOnly)
+}
+
+// openDevices opens the tier on device arguments (see deviceArgs).
+func openDevices(args []string, readOnly bool) (*tier.Region, []tier.Backing, error) {
+	devs, err := deviceArgs(args)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -197,15 +200,14 @@ func kindName(k uint32) string {
 	case tier.ObjectKind:
 		return "named object"
 	}
-	b := []byte{byte(k >> 24), byte(k >> 16), byte(k >> 8), byte(k)}
-	for _, c := range b {
-		if c < ' ' || c > '~' {
-			return fmt.Sprintf("kind %d", k)
-		}
+	if tag := (tier.DirEntry{Kind: k}).KindTag(); tag != "" {
+		return fmt.Sprintf("kind %q", tag)
 	}
-	return fmt.Sprintf("kind %q", b)
+	return fmt.Sprintf("kind %d", k)
 }
 
+// deviceArgs parses a command's device arguments, in tier order; a bare
+// path means file:PATH.
 func deviceArgs(args []string) ([]tier.Backing, error) {
 	var devs []tier.Backing
 	for _, a := range args {

@@ -214,7 +214,7 @@ func engramDestroy(args []string, stdout, stderr io.Writer) error {
 }
 
 func destroySGLangTables(devs []string, model string, layer int, force bool, stdout io.Writer) error {
-	r, err := openDevices(devs, true)
+	r, _, err := openDevices(devs, true)
 	if err != nil {
 		return err
 	}

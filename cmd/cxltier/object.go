@@ -94,7 +94,7 @@ func objectVerify(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	r, err := openDevices(devs, true)
+	r, _, err := openDevices(devs, true)
 	if err != nil {
 		return err
 	}
@@ -137,17 +137,9 @@ func nameAndDevices(fs *flag.FlagSet) (string, []string, error) {
 	return fs.Arg(0), fs.Args()[1:], nil
 }
 
-func openDevices(args []string, readOnly bool) (*tier.Region, error) {
-	devs, err := deviceArgs(args)
-	if err != nil {
-		return nil, err
-	}
-	return tier.Open(tier.Options{Devices: devs, ReadOnly: readOnly})
-}
-
 // removeObjects removes the named objects from the tier on devs.
 func removeObjects(devs []string, names []string, force bool, stdout io.Writer) error {
-	r, err := openDevices(devs, false)
+	r, _, err := openDevices(devs, false)
 	if err != nil {
 		return err
 	}

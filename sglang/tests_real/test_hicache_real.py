@@ -16,12 +16,12 @@ MHA_LAYOUTS = ["layer_first", "page_first", "page_first_direct", "page_head"]
 MLA_LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
 
 
-def host_pool(mla, layout):
+def host_pool(mla, layout, dtype=torch.bfloat16):
     if mla:
         from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
         from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
-        dev = MLATokenToKVPool(size=TOKENS, page_size=PAGE, dtype=torch.bfloat16, kv_lora_rank=16, qk_rope_head_dim=8,
+        dev = MLATokenToKVPool(size=TOKENS, page_size=PAGE, dtype=dtype, kv_lora_rank=16, qk_rope_head_dim=8,
                                layer_num=LAYERS, device="cpu", enable_memory_saver=False)
         info = dev.get_device_pool_infos()[0].buffer_info
         host = MLATokenToKVPoolHost(info, host_to_device_ratio=2.0, host_size=0, page_size=PAGE, layout=layout,
@@ -147,18 +147,6 @@ def test_layouts_do_not_share_bytes(built, device, sglang_process_groups):
         b.storage_backend.close()
 
 
-def fp8_mla_pool(dtype):
-    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
-    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
-
-    dev = MLATokenToKVPool(size=TOKENS, page_size=PAGE, dtype=dtype, kv_lora_rank=16, qk_rope_head_dim=8,
-                           layer_num=LAYERS, device="cpu", enable_memory_saver=False)
-    host = MLATokenToKVPoolHost(dev.get_device_pool_infos()[0].buffer_info, host_to_device_ratio=2.0, host_size=0,
-                                page_size=PAGE, layout="layer_first", pin_memory=False, device="cpu",
-                                device_capacity_tokens=TOKENS, start_layer=0, end_layer=LAYERS, target_layer_num=LAYERS)
-    return dev, host
-
-
 def test_kv_dtypes_do_not_share_pages(built, device, sglang_process_groups, monkeypatch):
     """fp8_e4m3 and fp8_e5m2 pools both hold uint8: the server's
     --kv-cache-dtype (SGLang's published model config; patched here, where
@@ -170,7 +158,7 @@ def test_kv_dtypes_do_not_share_pages(built, device, sglang_process_groups, monk
     for name, dtype in (("fp8_e4m3", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2), ("again", torch.float8_e4m3fn)):
         kv = "fp8_e4m3" if name == "again" else name
         monkeypatch.setattr(rc, "get_model", lambda kv=kv: SimpleNamespace(kv_cache_dtype=kv))
-        dev, host = fp8_mla_pool(dtype)
+        dev, host = host_pool(True, "layer_first", dtype)
         assert host.dtype == torch.uint8  # what the pool alone cannot tell apart
         made[name] = (host, controller(sglang_process_groups, dev, host, device, True))
     try:
