@@ -75,10 +75,17 @@ func (p *Prefetcher) startEnginePlan(lc *layerCache) (*enginePlan, error) {
 		return nil, fmt.Errorf("engram: layer %d: %w", t.Layer, err)
 	}
 	ep.outStride = (outBytes(slots) + 7) &^ 7
-	if ep.params, err = p.upload(ep.layout.paramBytes(), kernels.AsBytes(ep.layout.params())); err == nil {
-		if ep.tags, err = p.upload(ep.layout.tagBytes(), nil); err == nil {
-			ep.out, err = p.eng.Alloc(int64(p.opts.Protect) * ep.outStride)
-		}
+	// The kernel reads its layout from params: without a cache they must
+	// be the bypass layout's (no sets), and there are no tags to probe.
+	layout := &ep.layout
+	if !p.opts.Cache {
+		layout = &ep.bypass
+	}
+	if ep.params, err = p.upload(layout.paramBytes(), kernels.AsBytes(layout.params())); err == nil && p.opts.Cache {
+		ep.tags, err = p.upload(ep.layout.tagBytes(), nil)
+	}
+	if err == nil {
+		ep.out, err = p.eng.Alloc(int64(p.opts.Protect) * ep.outStride)
 	}
 	if err != nil {
 		ep.free()

@@ -52,8 +52,6 @@ type stage struct {
 	used    bool
 }
 
-const threadsPerBlock = 256
-
 // NewCUDA starts a CUDA engine on opts.Device's primary context.
 func NewCUDA(opts CUDAOptions) (Engine, error) {
 	e := &CUDA{dev: cu.Device(opts.Device), hostBases: new([MaxRanges]uint64)}
@@ -332,93 +330,30 @@ func (e *CUDA) rows(r Rows, toTier uint64) (Handle, error) {
 	if err != nil {
 		return nil, err
 	}
-	leave, err := e.enter()
-	if err != nil {
-		return nil, err
-	}
-	defer leave()
-	// Checked under the engine lock: no Unregister until the launch is queued.
-	if err := e.ranges.checkRows(&r); err != nil {
-		return nil, err
-	}
-	if len(r.Tier) == 0 {
-		return cudaDone{}, nil
-	}
-	n := len(r.Tier)
-	words := n
-	if r.Slots != nil {
-		words += n
-	}
-	s, err := e.stage(words)
-	if err != nil {
-		return nil, err
-	}
-	w := s.words()
-	copy(w, asWords(r.Tier))
-	slots := uint64(0)
-	if r.Slots != nil {
-		copy(w[n:], asWords(r.Slots))
-		slots = uint64(s.dev) + uint64(n)*8
-	}
-	lanes := lanesPerRow(r.RowBytes)
-	params := []uint64{uint64(e.bases), uint64(s.dev), slots, uint64(db.ptr) + uint64(r.BufOffset),
-		uint64(r.SlotStride), uint64(n), uint64(r.RowBytes), uint64(lanes), toTier}
-	return e.launch(s, words, e.fnRows, n*lanes, params)
+	return e.Run(func(l Launch) error {
+		// Checked under the engine lock: no Unregister until the launch is queued.
+		if err := e.ranges.checkRows(&r); err != nil {
+			return err
+		}
+		return launchRows(l, Function{handle: fnHandle(e.fnRows)}, &r, uint64(db.ptr), toTier)
+	})
 }
 
 func (e *CUDA) blocks(b Blocks, toTier uint64) (Handle, error) {
-	chunkPtrs := make([]uint64, len(b.Chunks))
+	chunks := make([]uint64, len(b.Chunks))
 	for c, ch := range b.Chunks {
 		db, err := e.own(ch.Buf)
 		if err != nil {
 			return nil, fmt.Errorf("chunk %d: %w", c, err)
 		}
-		chunkPtrs[c] = uint64(db.ptr) + uint64(ch.Offset)
+		chunks[c] = uint64(db.ptr) + uint64(ch.Offset)
 	}
-	leave, err := e.enter()
-	if err != nil {
-		return nil, err
-	}
-	defer leave()
-	if err := e.ranges.checkBlocks(&b); err != nil {
-		return nil, err
-	}
-	if len(b.Tier) == 0 {
-		return cudaDone{}, nil
-	}
-	n, nc := len(b.Tier), len(chunkPtrs)
-	words := 2*n + nc
-	s, err := e.stage(words)
-	if err != nil {
-		return nil, err
-	}
-	w := s.words()
-	copy(w, asWords(b.Tier))
-	copy(w[n:], asWords(b.Pages))
-	copy(w[2*n:], chunkPtrs)
-	dev := uint64(s.dev)
-	lanes := lanesPerRow(b.ChunkBytes)
-	params := []uint64{uint64(e.bases), dev, dev + uint64(n)*8, dev + uint64(2*n)*8,
-		uint64(n), uint64(nc), uint64(b.ChunkBytes), uint64(b.PageStride), uint64(lanes), toTier}
-	return e.launch(s, words, e.fnBlocks, n*nc*lanes, params)
-}
-
-// launch copies a stage's words to the device and runs fn over threads
-// threads (capped by maxBlocks; the kernels loop over the rest), then
-// records the stage's event. Called inside enter.
-func (e *CUDA) launch(s *stage, words int, fn cu.Function, threads int, params []uint64) (Handle, error) {
-	if err := cu.MemcpyHtoDAsync(s.dev, unsafe.Pointer(&s.host[0]), int64(words)*8, e.stream); err != nil {
-		return nil, fmt.Errorf("kernels: upload indices: %w", err)
-	}
-	blocks := min((threads+threadsPerBlock-1)/threadsPerBlock, e.maxBlocks)
-	if err := launch(fn, blocks, threadsPerBlock, 0, e.stream, params...); err != nil {
-		return nil, fmt.Errorf("kernels: launch: %w", err)
-	}
-	if err := s.ev.Record(e.stream); err != nil {
-		return nil, fmt.Errorf("kernels: record event: %w", err)
-	}
-	s.used = true
-	return &cudaHandle{e: e, ev: s.ev}, nil
+	return e.Run(func(l Launch) error {
+		if err := e.ranges.checkBlocks(&b); err != nil {
+			return err
+		}
+		return launchBlocks(l, Function{handle: fnHandle(e.fnBlocks)}, &b, chunks, toTier)
+	})
 }
 
 // launch runs fn with 8-byte parameters (gorgonia.org/cu passes each
@@ -473,17 +408,6 @@ func (s *stage) ensure(need int) error {
 	}
 	s.host, s.hostDev, s.dev = host, hostDev, dev
 	return nil
-}
-
-// asWords views a slice of 8-byte integers as the uint64 words the kernels
-// read: Addr and int64 have uint64's size and alignment, and the kernels
-// interpret the bits exactly as Go stores them (two's complement, little
-// endian), so no per-element conversion is needed.
-func asWords[T Addr | int64](v []T) []uint64 {
-	if len(v) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*uint64)(unsafe.Pointer(&v[0])), len(v))
 }
 
 // words views the stage's host memory as uint64s. The mapping is page

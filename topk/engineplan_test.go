@@ -202,3 +202,33 @@ func engineTables(t testing.TB, p *Pool, reqs ...int) []int32 {
 	}
 	return all
 }
+
+// TestEnginePlanAcrossWarps: slots and selections spread over several
+// warps of a planning block, so that the thread that gives a miss its
+// slot (by the slot's place in the LRU order) and the thread that writes
+// the miss's output (by its place in the selection) are in different
+// warps. The kernel once had no barrier between the two: under shuffled
+// schedules a miss came back as slot 65535.
+func TestEnginePlanAcrossWarps(t *testing.T) {
+	for _, pe := range planEngines {
+		t.Run(pe.name, func(t *testing.T) {
+			const slots, k = 96, 64
+			ep := newEnginePair(t, pe.make, Config{Layers: 1, EntryBytes: 32, Slots: slots, TopK: k, MaxRequests: 2})
+			rng := rand.New(rand.NewPCG(11, 12))
+			reqs, lens := []int{0, 1}, []int64{300, 500}
+			for b, req := range reqs {
+				ep.add(t, req, lens[b]+200)
+			}
+			prev := make([][]int32, len(reqs))
+			for range 60 {
+				sel := make([]int32, 0, len(reqs)*k)
+				for b := range reqs {
+					lens[b]++
+					prev[b] = randomSelection(rng, prev[b], lens[b], k, 0.6)
+					sel = append(sel, prev[b]...)
+				}
+				ep.step(t, 0, reqs, lens, sel)
+			}
+		})
+	}
+}

@@ -70,7 +70,7 @@ func (l engineLayout) hashBits() uint { return uint(bits.Len(uint(2*l.TopK - 1))
 
 // sharedBytes is the shared memory one block of cxl_topk_plan needs.
 func (l engineLayout) sharedBytes() int {
-	return 8<<l.hashBits() + 4*(33+8) + 8*l.Slots + 2*l.TopK + 2*l.Slots + l.Slots
+	return 8<<l.hashBits() + 4*(33+8) + 2<<l.hashBits() + 8*l.Slots + 2*l.TopK + 2*l.Slots + l.Slots
 }
 
 // engineStep is one decode step of one layer for a batch, as an engine

@@ -96,11 +96,14 @@ extern "C" __global__ void cxl_topk_check(const int *sel, const u64 *rows, u64 *
 
 // Shared memory of cxl_topk_plan, carved from the dynamic allocation.
 // hash: open addressing over the step's selected tokens; an entry is
-// token<<32 | first selection index<<16 | slot (NO_SLOT until known), ~0
-// when empty. atomicMin on an entry with the same token keeps the smallest
-// index, so duplicates find their first occurrence.
+// token<<32 | first selection index<<16 | NO_SLOT, ~0 when empty.
+// atomicMin on an entry with the same token keeps the smallest index, so
+// duplicates find their first occurrence. An entry's slot lives apart, in
+// slot[h]: it is written while other threads probe the hash words, which
+// must not change under them.
 struct plan_smem {
   u64 *hash;
+  u16 *slot;      // H: the slot of hash[h]'s token, NO_SLOT until known
   int *tok;       // S: the request's slot tokens at entry
   int *have;      // S: what the slots hold at entry
   u16 *miss_sel; // k: selection index of the m-th miss
@@ -258,7 +261,7 @@ static __device__ void plan_long(plan_args &a, plan_smem &m, u64 req, int newest
       h = t >= 0 ? hash_find(m, t) : -1;
       m.hit[s] = h >= 0;
       if (h >= 0) {
-        m.hash[h] = (m.hash[h] & ~NO_SLOT) | s;
+        m.slot[h] = (u16)s;
         ATOM_ADD32(&m.vars[3], 1);
         if (have != t) {
           loaded[s] = t;
@@ -278,8 +281,8 @@ static __device__ void plan_long(plan_args &a, plan_smem &m, u64 req, int newest
     const int p = i < a.k ? sel[i] : -1;
     bool miss = false;
     if (p >= 0 && p != newest) {
-      const u64 e = m.hash[hash_find(m, p)];
-      miss = (u32)(e >> 16 & 0xffff) == i && (e & NO_SLOT) == NO_SLOT;
+      const int h = hash_find(m, p);
+      miss = (u32)(m.hash[h] >> 16 & 0xffff) == i && m.slot[h] == NO_SLOT;
     }
     const u32 rank = block_rank(m, miss, &misses);
     if (miss) m.miss_sel[rank] = (u16)i;
@@ -300,7 +303,7 @@ static __device__ void plan_long(plan_args &a, plan_smem &m, u64 req, int newest
     if (take) {
       p = sel[m.miss_sel[rank]];
       const int h = hash_find(m, p);
-      m.hash[h] = (m.hash[h] & ~NO_SLOT) | s;
+      m.slot[h] = (u16)s;
       tokens[s] = p;
       loaded[s] = p;
     }
@@ -310,7 +313,9 @@ static __device__ void plan_long(plan_args &a, plan_smem &m, u64 req, int newest
     }
     push(a, &m.vars[2], ext, req, take, p, s);
   }
-  // Outputs.
+  // Outputs. Other warps gave misses their slots in the last round above:
+  // wait for them.
+  SYNC();
   for (u64 r = 0; r < rounds(a.k); r++) {
     const u64 i = r * blockDim.x + threadIdx.x;
     if (i < a.k) {
@@ -319,9 +324,9 @@ static __device__ void plan_long(plan_args &a, plan_smem &m, u64 req, int newest
         out[i] = -1;
       } else if (p == newest) {
         out[i] = (int)S;
-        m.vars[1] = 1;
+        ATOM_ADD32(&m.vars[1], 1); // duplicates of it all count
       } else {
-        out[i] = (int)(m.hash[hash_find(m, p)] & NO_SLOT);
+        out[i] = (int)m.slot[hash_find(m, p)];
       }
     }
   }
@@ -427,7 +432,8 @@ extern "C" __global__ void cxl_topk_plan(const int *sel, int *out, char *state, 
   m.hash = smem;
   m.warp = (u32 *)(smem + H);
   m.vars = m.warp + 33;
-  m.tok = (int *)(m.vars + 8);
+  m.slot = (u16 *)(m.vars + 8);
+  m.tok = (int *)(m.slot + H);
   m.have = m.tok + slots;
   m.miss_sel = (u16 *)(m.have + slots);
   m.lru = m.miss_sel + k;
@@ -441,7 +447,7 @@ extern "C" __global__ void cxl_topk_plan(const int *sel, int *out, char *state, 
   const u64 *ext = (const u64 *)(reg + ext_off);
   const int *s = sel + b * k;
   int *o = out + b * k;
-  for (u64 h = threadIdx.x; h < H; h += blockDim.x) m.hash[h] = NONE;
+  for (u64 h = threadIdx.x; h < H; h += blockDim.x) m.hash[h] = NONE, m.slot[h] = (u16)NO_SLOT;
   if (threadIdx.x < 8) m.vars[threadIdx.x] = 0;
   if (threadIdx.x < 4) counts[threadIdx.x] = 0;
   SYNC();

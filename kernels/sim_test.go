@@ -1,0 +1,24 @@
+package kernels
+
+import "testing"
+
+// The interpreter engine joins every engine test: the committed gather
+// kernels run on the deterministic schedule and on a shuffled one, with
+// the shared-memory race check on.
+func init() {
+	for _, s := range []struct {
+		name string
+		seed uint64
+	}{{"ptxsim", 0}, {"ptxsim-shuffled", 7}} {
+		engineMakers = append(engineMakers, struct {
+			name string
+			make func(t testing.TB) Engine
+		}{s.name, func(t testing.TB) Engine {
+			e, err := NewSim(SimOptions{Seed: s.seed, RaceCheck: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return e
+		}})
+	}
+}
