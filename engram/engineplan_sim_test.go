@@ -1,3 +1,5 @@
+//go:build !race
+
 package engram
 
 import (
@@ -10,7 +12,9 @@ import (
 // The committed kernel joins the planner tests through the PTX
 // interpreter: the deterministic schedule and three shuffled ones. Its
 // threads race for ways, as on a GPU, so its slots are not held to the
-// host's, only to holding their rows.
+// host's, only to holding their rows. Not under -race, where the
+// interpreter is too slow: .ci/run runs these packages once more without
+// it.
 func init() {
 	for _, seed := range []uint64{0, 1, 2, 3} {
 		name := "ptxsim"

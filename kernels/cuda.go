@@ -65,6 +65,9 @@ func NewCUDA(opts CUDAOptions) (Engine, error) {
 }
 
 func (e *CUDA) start(opts CUDAOptions) error {
+	if err := initError(); err != nil {
+		return err
+	}
 	n, err := cu.NumDevices()
 	if err != nil || opts.Device < 0 || opts.Device >= n {
 		return fmt.Errorf("%w: device %d of %d (%v)", ErrNoDevice, opts.Device, n, err)

@@ -7,7 +7,10 @@ package kernels
 // letting a kernel use more than 48 KiB of dynamic shared memory.
 
 /*
+#cgo LDFLAGS: -ldl
 #include <cuda.h>
+
+CUresult cxl_init_result(void); // cuda_init.c
 
 static CUresult cxl_host_register(void *p, size_t n, unsigned long long *dptr) {
 	CUresult r = cuMemHostRegister(p, n, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
@@ -32,6 +35,31 @@ static CUresult cxl_func_max_shared(CUfunction f, int bytes) {
 	return cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes);
 }
 
+// The device of a stream's context: push the context, ask, pop it.
+static CUresult cxl_stream_device(CUstream s, int *dev) {
+	CUcontext ctx = 0, popped = 0;
+	CUresult r = cuStreamGetCtx(s, &ctx);
+	if (r != CUDA_SUCCESS) return r;
+	if ((r = cuCtxPushCurrent(ctx)) != CUDA_SUCCESS) return r;
+	CUdevice d = 0;
+	r = cuCtxGetDevice(&d);
+	cuCtxPopCurrent(&popped);
+	if (r == CUDA_SUCCESS) *dev = (int)d;
+	return r;
+}
+
+// The device of the calling thread's current context (torch makes its
+// device's primary context current on the threads that use it).
+static CUresult cxl_current_device(int *dev) {
+	CUcontext ctx = 0;
+	CUresult r = cuCtxGetCurrent(&ctx);
+	if (r != CUDA_SUCCESS) return r;
+	if (ctx == 0) return CUDA_ERROR_INVALID_CONTEXT;
+	CUdevice d = 0;
+	if ((r = cuCtxGetDevice(&d)) == CUDA_SUCCESS) *dev = (int)d;
+	return r;
+}
+
 static const char *cxl_error_name(CUresult r) {
 	const char *s = 0;
 	if (cuGetErrorName(r, &s) != CUDA_SUCCESS || s == 0) return "unknown CUDA error";
@@ -46,6 +74,41 @@ import (
 
 	"gorgonia.org/cu"
 )
+
+// initError is the driver's answer to cuInit, which cuda_init.c kept from
+// the binding's init.
+func initError() error {
+	if r := C.cxl_init_result(); r != C.CUDA_SUCCESS {
+		return fmt.Errorf("%w: the CUDA driver did not start: cuInit: %s (%d)", ErrNoDevice, C.GoString(C.cxl_error_name(r)), int(r))
+	}
+	return nil
+}
+
+// StreamDevice is the ordinal of the device whose context stream (a
+// CUstream handle) belongs to.
+func StreamDevice(stream uintptr) (int, error) {
+	if err := initError(); err != nil {
+		return 0, err
+	}
+	var d C.int
+	if r := C.cxl_stream_device(C.CUstream(unsafe.Pointer(stream)), &d); r != C.CUDA_SUCCESS {
+		return 0, fmt.Errorf("%w: the device of stream %#x: %s", ErrBadRequest, stream, C.GoString(C.cxl_error_name(r)))
+	}
+	return int(d), nil
+}
+
+// CurrentDevice is the ordinal of the device of the calling OS thread's
+// current CUDA context; false when the thread has none.
+func CurrentDevice() (int, bool) {
+	if initError() != nil {
+		return 0, false
+	}
+	var d C.int
+	if C.cxl_current_device(&d) != C.CUDA_SUCCESS {
+		return 0, false
+	}
+	return int(d), true
+}
 
 // hostRegister page-locks mem and returns its device address. mem must not
 // be Go-heap memory the caller may drop: the engine keeps a reference to it

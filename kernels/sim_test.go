@@ -1,10 +1,13 @@
+//go:build !race
+
 package kernels
 
 import "testing"
 
 // The interpreter engine joins every engine test: the committed gather
 // kernels run on the deterministic schedule and on a shuffled one, with
-// the shared-memory race check on.
+// the shared-memory race check on. Not under -race, where the interpreter
+// is too slow: .ci/run runs these packages once more without it.
 func init() {
 	for _, s := range []struct {
 		name string

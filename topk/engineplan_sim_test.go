@@ -1,3 +1,5 @@
+//go:build !race
+
 package topk
 
 import (
@@ -9,7 +11,8 @@ import (
 
 // The committed kernels join the planner tests through the PTX
 // interpreter: the deterministic schedule and three shuffled ones, with
-// the shared-memory race check on.
+// the shared-memory race check on. Not under -race, where the interpreter
+// is too slow: .ci/run runs these packages once more without it.
 func init() {
 	for _, seed := range []uint64{0, 1, 2, 3} {
 		name := "ptxsim"

@@ -3,24 +3,42 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/cxltier/cxltier/kernels"
 )
 
 // engines are the gather engines of one attached tier: one per (engine,
-// stream), shared by every pool and prefetcher opened on the tier with the
-// same engine and stream, with the tier's devices registered once. A CUDA
-// driver refuses to page-lock a range twice, so two handles each with an
-// engine of their own (a top-k pool and an Engram prefetcher, as a DeepSeek
-// V4-class model needs) would fail at the second open.
+// device, stream), shared by every pool and prefetcher opened on the tier
+// with the same engine and stream, with the tier's devices registered
+// once. A CUDA driver refuses to page-lock a range twice, so two handles
+// each with an engine of their own (a top-k pool and an Engram
+// prefetcher, as a DeepSeek V4-class model needs) would fail at the second
+// open. SGLang runs one process per GPU, and a process may drive several:
+// each device gets its own engine, in that device's context.
 type engines struct {
 	mu   sync.Mutex
 	open map[engineKey]*sharedEngine
+	// devices finds the device of a stream or of the calling thread
+	// (kernels.StreamDevice and kernels.CurrentDevice; tests replace it).
+	devices deviceFinder
 }
 
-// engineKey names an engine: its Name ("cpu", "cuda:0") and the CUDA
-// stream it enqueues on (0: its own).
+// deviceFinder tells which GPU a caller means when it does not say.
+type deviceFinder interface {
+	StreamDevice(stream uintptr) (int, error)
+	CurrentDevice() (int, bool)
+}
+
+type driverDevices struct{}
+
+func (driverDevices) StreamDevice(s uintptr) (int, error) { return kernels.StreamDevice(s) }
+func (driverDevices) CurrentDevice() (int, bool)          { return kernels.CurrentDevice() }
+
+// engineKey names an engine: its Name ("cpu", "cuda:1", "ptxsim:0") and
+// the CUDA stream it enqueues on (0: its own).
 type engineKey struct {
 	name   string
 	stream uintptr
@@ -35,43 +53,101 @@ type sharedEngine struct {
 	refs int
 }
 
-// engineOf makes the engine a caller named: "cpu", "cuda", or "auto" (CUDA
-// when given a stream or when the build and machine have it, else CPU).
-func engineOf(kind string, stream uintptr) (kernels.Engine, error) {
-	if kind == "cuda" || (kind == "auto" && stream != 0) {
-		return kernels.NewCUDA(kernels.CUDAOptions{Stream: stream})
-	}
-	return kernels.New(kind)
+// engineSpec is the engine a caller named, resolved to its device: the key
+// it has once made, and how to make it.
+type engineSpec struct {
+	key      engineKey
+	make     func() (kernels.Engine, error)
+	fallback bool // "auto" without a stream: the CPU engine if CUDA fails
 }
 
-// likelyKey is the key an engine of kind would have, so that a second
-// open finds the first one's engine without making another (a CUDA engine
-// retains a context and allocates); "" when it depends on the machine.
-func likelyKey(kind string, stream uintptr) engineKey {
-	switch {
-	case kind == "cpu":
-		return engineKey{name: "cpu"}
-	case kind == "cuda" || kind == "auto":
-		return engineKey{name: "cuda:0", stream: stream}
+// resolve reads an engine kind:
+//
+//	cpu        the CPU engine
+//	cuda:N     the CUDA engine on device N
+//	cuda       the CUDA engine on the device of stream, else of the calling
+//	           thread's current context (torch's current device), else 0
+//	auto       cuda when given a stream; without one, cuda if it starts,
+//	           else cpu
+//	ptxsim[:N] the PTX interpreter standing in for device N (slow: for
+//	           tests and for debugging kernels where there is no GPU)
+func (es *engines) resolve(kind string, stream uintptr) (engineSpec, error) {
+	name, ord, hasOrd := strings.Cut(kind, ":")
+	dev := 0
+	if hasOrd {
+		n, err := strconv.Atoi(ord)
+		if err != nil || n < 0 || n > 1<<16 || (name != "cuda" && name != "ptxsim") {
+			return engineSpec{}, fmt.Errorf("%w: engine %q (want cpu, cuda, cuda:N, auto, ptxsim or ptxsim:N)", kernels.ErrBadRequest, kind)
+		}
+		dev = n
 	}
-	return engineKey{}
+	switch {
+	case name == "cpu" && !hasOrd:
+		return engineSpec{key: engineKey{name: "cpu"}, make: func() (kernels.Engine, error) { return kernels.NewCPU(0), nil }}, nil
+	case name == "ptxsim":
+		return engineSpec{key: engineKey{name: fmt.Sprintf("ptxsim:%d", dev), stream: stream}, make: func() (kernels.Engine, error) {
+			return kernels.NewSim(kernels.SimOptions{Device: dev})
+		}}, nil
+	case name == "cuda" || name == "auto":
+		if !hasOrd {
+			var err error
+			if dev, err = es.callerDevice(stream); err != nil {
+				return engineSpec{}, err
+			}
+		}
+		opts := kernels.CUDAOptions{Device: dev, Stream: stream}
+		return engineSpec{key: engineKey{name: fmt.Sprintf("cuda:%d", dev), stream: stream},
+			make:     func() (kernels.Engine, error) { return kernels.NewCUDA(opts) },
+			fallback: name == "auto" && stream == 0}, nil
+	}
+	return engineSpec{}, fmt.Errorf("%w: engine %q (want cpu, cuda, cuda:N, auto, ptxsim or ptxsim:N)", kernels.ErrBadRequest, kind)
+}
+
+// callerDevice is the device a caller that named none means: its stream's,
+// else its thread's current context's, else 0.
+func (es *engines) callerDevice(stream uintptr) (int, error) {
+	f := es.devices
+	if f == nil {
+		f = driverDevices{}
+	}
+	if stream != 0 {
+		d, err := f.StreamDevice(stream)
+		if errors.Is(err, kernels.ErrNoCUDA) {
+			return 0, nil // NewCUDA will say so
+		}
+		return d, err
+	}
+	if d, ok := f.CurrentDevice(); ok {
+		return d, nil
+	}
+	return 0, nil
 }
 
 // acquire returns the tier's engine of kind on stream, making it and
 // registering the tier's devices (n of them, device i's mapping mem(i)) on
 // first use. Each acquire is paired with a release.
 func (es *engines) acquire(kind string, stream uintptr, n int, mem func(int) []byte) (*sharedEngine, error) {
+	spec, err := es.resolve(kind, stream)
+	if err != nil {
+		return nil, err
+	}
 	es.mu.Lock()
 	defer es.mu.Unlock()
-	if se, ok := es.open[likelyKey(kind, stream)]; ok {
+	if se, ok := es.open[spec.key]; ok {
 		se.refs++
 		return se, nil
 	}
-	eng, err := engineOf(kind, stream)
+	eng, err := spec.make()
+	if err != nil && spec.fallback {
+		eng, err = kernels.NewCPU(0), nil
+	}
 	if err != nil {
 		return nil, err
 	}
 	key := engineKey{name: eng.Name(), stream: stream}
+	if key.name == "cpu" {
+		key.stream = 0
+	}
 	if se, ok := es.open[key]; ok { // "auto" became an engine the tier has
 		eng.Close()
 		se.refs++

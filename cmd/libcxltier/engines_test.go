@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"path/filepath"
 	"testing"
 
@@ -139,13 +140,113 @@ func oneEnginePerTier(t *testing.T, kind string) {
 	}
 }
 
-// engineKinds are the engines the test runs on: the CPU engine, and CUDA
-// in a cuda build on a machine with a device.
+// engineKinds are the engines the test runs on: the CPU engine, the PTX
+// interpreter standing in for a GPU, and CUDA in a cuda build on a machine
+// with a device.
 func engineKinds(t *testing.T) []string {
-	kinds := []string{"cpu"}
+	kinds := []string{"cpu", "ptxsim:0"}
 	if e, err := kernels.NewCUDA(kernels.CUDAOptions{}); err == nil {
 		e.Close()
 		kinds = append(kinds, "cuda")
 	}
 	return kinds
+}
+
+// fakeDevices stands in for the driver's answers: stream s belongs to
+// device s/100; the calling thread's context is on device current (none
+// if negative).
+type fakeDevices struct{ current int }
+
+func (f fakeDevices) StreamDevice(s uintptr) (int, error) { return int(s / 100), nil }
+func (f fakeDevices) CurrentDevice() (int, bool)          { return f.current, f.current >= 0 }
+
+// TestEngineResolvesTheCallersDevice: "cuda" means the device of the
+// caller's stream, else of its thread's current context, else 0; "cuda:N"
+// names one. Every TP rank of SGLang runs on its own GPU: an engine made on
+// device 0 for all of them would copy into another GPU's context.
+func TestEngineResolvesTheCallersDevice(t *testing.T) {
+	cases := []struct {
+		kind    string
+		stream  uintptr
+		current int
+		want    engineKey
+	}{
+		{"cuda", 0, -1, engineKey{"cuda:0", 0}},
+		{"cuda", 0, 3, engineKey{"cuda:3", 0}},
+		{"cuda", 205, 3, engineKey{"cuda:2", 205}},
+		{"auto", 105, -1, engineKey{"cuda:1", 105}},
+		{"auto", 0, 5, engineKey{"cuda:5", 0}},
+		{"cuda:7", 105, 3, engineKey{"cuda:7", 105}},
+		{"ptxsim:4", 0, 3, engineKey{"ptxsim:4", 0}},
+		{"ptxsim", 9, 3, engineKey{"ptxsim:0", 9}},
+		{"cpu", 0, 3, engineKey{"cpu", 0}},
+	}
+	for _, c := range cases {
+		es := &engines{devices: fakeDevices{c.current}}
+		spec, err := es.resolve(c.kind, c.stream)
+		if err != nil || spec.key != c.want {
+			t.Errorf("%s on stream %d (current device %d): %+v, %v; want %+v", c.kind, c.stream, c.current, spec.key, err, c.want)
+		}
+	}
+	for _, bad := range []string{"gpu", "cuda:", "cuda:-1", "cuda:x", "cpu:1", "auto:2", ""} {
+		if _, err := (&engines{}).resolve(bad, 0); !errors.Is(err, kernels.ErrBadRequest) {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+}
+
+// TestEnginePerDevice: handles on two devices get an engine each, on the
+// device they named; handles on one device and stream share one. The PTX
+// interpreter stands in for the two GPUs.
+func TestEnginePerDevice(t *testing.T) {
+	devs := [][]byte{make([]byte, 1<<16), make([]byte, 1<<16)}
+	mem := func(i int) []byte { return devs[i] }
+	es := &engines{}
+	var got []*sharedEngine
+	for _, c := range []struct {
+		kind   string
+		stream uintptr
+	}{{"ptxsim:0", 0}, {"ptxsim:1", 0}, {"ptxsim:1", 0}, {"ptxsim:1", 7}} {
+		se, err := es.acquire(c.kind, c.stream, len(devs), mem)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, se)
+	}
+	if es.count() != 3 || got[1] != got[2] || got[0] == got[1] || got[3] == got[1] {
+		t.Fatalf("%d engines for two devices and two streams on one", es.count())
+	}
+	for i, want := range []int{0, 1, 1, 1} {
+		if d := got[i].eng.(*kernels.Sim).Device(); d != want {
+			t.Errorf("handle %d runs on device %d, want %d", i, d, want)
+		}
+	}
+	// Each engine moves rows on its own: a gather through device 1's
+	// engine reads the tier it registered.
+	copy(devs[1][64:], "row on device 1")
+	eng := got[1].eng
+	buf, err := eng.Alloc(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := eng.Gather(kernels.Rows{RowBytes: 64, Tier: []kernels.Addr{kernels.At(got[1].ids[1], 64)}, Buf: buf})
+	if err == nil {
+		err = h.Wait()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := make([]byte, 15)
+	if err := eng.Download(row, buf, 0); err != nil || string(row) != "row on device 1" {
+		t.Fatalf("gathered %q, %v", row, err)
+	}
+	buf.Free()
+	for _, se := range got {
+		if err := es.release(se); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if es.count() != 0 {
+		t.Fatal("engines outlived their handles")
+	}
 }

@@ -177,6 +177,17 @@ func (b *body) decode(pd pending) (inst, error) {
 	if err := b.decodeOp(&in, parts[0], mods, types, pd.args); err != nil {
 		return in, err
 	}
+	switch in.op {
+	case opBra, opRet, opMembar, opBarSync, opBarWarp:
+	case opLd, opSt, opAtom:
+		if in.typ.bits < 8 {
+			return in, fmt.Errorf("a memory access needs a type of 8 bits or more")
+		}
+	default:
+		if in.typ.bits == 0 {
+			return in, fmt.Errorf("no type")
+		}
+	}
 	return in, nil
 }
 

@@ -206,6 +206,9 @@ func (m *machine) stepWarp(bk *block, w, turns int) error {
 		}
 		for _, i := range act {
 			if err := m.exec(bk, &ts[i], in); err != nil {
+				if f, ok := err.(*Fault); ok {
+					return f
+				}
 				return m.fault(bk, &ts[i], in, ErrFault, err.Error())
 			}
 		}
@@ -226,25 +229,26 @@ func (m *machine) stepWarp(bk *block, w, turns int) error {
 // pick is the program counter warp w runs next: the lowest (so lanes that
 // diverged meet again), every eighth step the one of the lane that waited
 // longest (so a lane spinning on a lock another lane holds cannot starve
-// it); with a seed, that of a random running lane.
+// it); with a seed, one of the warp's distinct program counters at random.
 func (m *machine) pick(bk *block, w int, ts []thread) int32 {
 	bk.picks[w]++
 	fair := bk.picks[w]%8 == 0
+	var pcs [32]int32
+	n := 0
 	best := -1
-	count := 0
 	for i := range ts {
 		t := &ts[i]
 		if t.state != running {
 			continue
 		}
-		count++
 		switch {
+		case m.rng != nil:
+			if !slices.Contains(pcs[:n], t.pc) {
+				pcs[n] = t.pc
+				n++
+			}
 		case best < 0:
 			best = i
-		case m.rng != nil:
-			if m.rng.IntN(count) == 0 {
-				best = i
-			}
 		case fair:
 			if t.lastRun < ts[best].lastRun {
 				best = i
@@ -252,6 +256,12 @@ func (m *machine) pick(bk *block, w int, ts []thread) int32 {
 		case t.pc < ts[best].pc:
 			best = i
 		}
+	}
+	if m.rng != nil {
+		if n == 0 {
+			return -1
+		}
+		return pcs[m.rng.IntN(n)]
 	}
 	if best < 0 {
 		return -1

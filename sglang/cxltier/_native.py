@@ -4,6 +4,7 @@ mapping of its error codes to Python exceptions carrying the Go message."""
 import ctypes
 import json
 import os
+import sys
 import threading
 
 ABI_VERSION = 7
@@ -135,7 +136,11 @@ def lib():
             if not os.path.exists(path):
                 tried.append(f"{path} (missing)")
                 continue
-            handle = ctypes.CDLL(path)
+            try:
+                handle = ctypes.CDLL(path)
+            except OSError as e:
+                raise ImportError(f"{path}: {e} (a CUDA build needs the NVIDIA driver's libcuda.so.1; "
+                                  "machines without one take the default build)") from e
             for name, args in _PROTOTYPES.items():
                 fn = getattr(handle, name)
                 fn.argtypes, fn.restype = args, _int
@@ -148,6 +153,22 @@ def lib():
             "`go build -buildmode=c-shared -o libcxltier.so ./cmd/libcxltier` and set CXLTIER_LIB, "
             "or pip install the package from a checkout with Go installed"
         )
+
+
+def engine_kind(engine):
+    """The engine to name to the library. "cuda" becomes "cuda:N" for
+    torch's current device when torch has started CUDA, so each rank's
+    engine runs on its own GPU; without torch the library takes the device
+    of the stream it is given, else of the calling thread's context."""
+    if engine != "cuda":
+        return engine
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            return f"cuda:{torch.cuda.current_device()}"
+    except (AttributeError, RuntimeError):
+        pass
+    return engine
 
 
 def library_path():

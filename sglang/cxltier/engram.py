@@ -105,7 +105,7 @@ class EngramPrefetcher(_native.Child):
             raise ValueError(f"planner {planner!r}: want 'host' or 'engine'")
         flags = (self._CACHE if cache else 0) | (self._ON_ENGINE if planner == "engine" else 0)
         h = ctypes.c_uint64()
-        _native.call("cxl_engram_open", tier.handle, spec.encode(), engine.encode(), stream, slots, flags,
+        _native.call("cxl_engram_open", tier.handle, spec.encode(), _native.engine_kind(engine).encode(), stream, slots, flags,
                      int(deadline_us * 1000), ctypes.byref(h))
         self._opened(tier, h.value)
         st = self.stats()

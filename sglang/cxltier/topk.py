@@ -37,7 +37,7 @@ class TopKPool(_native.Child):
     def __init__(self, tier, layers, entry_bytes, slots=4096, topk=2048, max_requests=256, engine="auto", stream=0,
                  planner="auto", max_context=0):
         h = ctypes.c_uint64()
-        _native.call("cxl_topk_open", tier.handle, engine.encode(), stream, layers, entry_bytes, slots, topk,
+        _native.call("cxl_topk_open", tier.handle, _native.engine_kind(engine).encode(), stream, layers, entry_bytes, slots, topk,
                      max_requests, planner.encode(), max_context, ctypes.byref(h))
         self._opened(tier, h.value)
         self.layers, self.entry_bytes, self.slots, self.topk = layers, entry_bytes, slots, topk

@@ -31,10 +31,13 @@ def test_short_sequence_is_fully_resident(device):
         assert step["bytes"] == step["fills"] * ENTRY + step["newest"] * ENTRY + step["misses"] * ENTRY
 
 
-def test_random_steps_keep_every_selected_entry_in_its_slot(device):
+# ptxsim:1 runs the committed GPU kernels in the library's PTX interpreter,
+# standing in for GPU 1.
+@pytest.mark.parametrize("engine", ["cpu", "ptxsim:1"])
+def test_random_steps_keep_every_selected_entry_in_its_slot(device, engine):
     rng = random.Random(7)
     S, K, N = 16, 8, 200
-    with cxltier.Tier(device) as t, TopKPool(t, layers=2, entry_bytes=ENTRY, slots=S, topk=K, max_requests=4, engine="cpu") as pool:
+    with cxltier.Tier(device) as t, TopKPool(t, layers=2, entry_bytes=ENTRY, slots=S, topk=K, max_requests=4, engine=engine) as pool:
         for req in (0, 2):
             fill(pool, req, 2, N)
         assert pool.length(2, 1) == N
@@ -137,3 +140,21 @@ def test_engine_planning_agrees_with_host_planning(device):
     with cxltier.Tier(device) as t:
         with pytest.raises(cxltier.InvalidError, match="planner"):
             TopKPool(t, layers=1, entry_bytes=ENTRY, slots=8, topk=2, engine="cpu", planner="gpu")
+
+
+def test_cuda_names_torchs_current_device(monkeypatch):
+    """"cuda" reaches the library as torch's current device, so every rank's
+    engine runs on its own GPU. The torch here is a stand-in (this machine
+    has no GPU): just the three calls engine_kind makes."""
+    import sys
+    import types
+
+    from cxltier import _native
+
+    cuda = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True, current_device=lambda: 3)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    assert _native.engine_kind("cuda") == "cuda:3"
+    assert _native.engine_kind("cuda:1") == "cuda:1"
+    assert _native.engine_kind("auto") == "auto"  # may fall back to the CPU engine: left to the library
+    cuda.is_initialized = lambda: False
+    assert _native.engine_kind("cuda") == "cuda"
