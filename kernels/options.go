@@ -44,9 +44,9 @@ type DeviceWrapper interface {
 // New returns the engine named by kind: "cpu", "cuda" (device 0), or
 // "auto" (CUDA when built with it, else CPU).
 //
-// A build with the "cuda" tag links libcuda and its driver binding exits
-// the process at start-up on a machine without the driver: ship the CPU
-// build to such machines.
+// A build with the "cuda" tag links libcuda.so.1 and needs it to load;
+// where the driver is there but fails, NewCUDA reports ErrNoDevice (see
+// cuda_init.c) and "auto" gives the CPU engine.
 func New(kind string) (Engine, error) {
 	switch kind {
 	case "cpu":

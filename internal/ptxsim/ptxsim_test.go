@@ -370,3 +370,33 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkInterpreter runs a loop of loads, arithmetic and stores over
+// 256 threads and reports thread-instructions per second.
+func BenchmarkInterpreter(b *testing.B) {
+	k := kernel(b, 1, "", `
+	ld.param.u64 %rd1, [k_param_0];
+	mov.u32 %r1, %tid.x;
+	mul.wide.u32 %rd2, %r1, 8;
+	add.s64 %rd3, %rd1, %rd2;
+	mov.u32 %r2, 0;
+L:
+	ld.global.u64 %rd4, [%rd3];
+	add.s64 %rd5, %rd4, 3;
+	xor.b64 %rd6, %rd5, %rd2;
+	st.global.u64 [%rd3], %rd6;
+	add.s32 %r2, %r2, 1;
+	setp.lt.u32 %p1, %r2, 100;
+	@%p1 bra L;
+	ret;
+`)
+	s := NewSpace()
+	dev, _ := s.Map(make([]byte, 256*8))
+	b.ResetTimer()
+	for range b.N {
+		if err := s.Launch(k, Config{Grid: 1, Block: 256, Params: []uint64{dev}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(s.Instructions)/b.Elapsed().Seconds(), "thread-inst/s")
+}

@@ -74,7 +74,9 @@ func (s *Space) Launch(k *Kernel, c Config) error {
 	if c.RaceCheck {
 		m.race = &raceCheck{}
 	}
-	return m.run()
+	err := m.run()
+	s.Instructions += m.lanes
+	return err
 }
 
 func (m *machine) run() error {

@@ -48,6 +48,9 @@ type Space struct {
 	allocs []alloc // by base
 	next   uint64
 	last   int // the allocation the previous access hit
+	// Instructions counts the thread-instructions launches on this space
+	// have run (a guard that fails counts too).
+	Instructions uint64
 }
 
 type alloc struct {
