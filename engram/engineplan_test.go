@@ -1,6 +1,7 @@
 package engram
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -91,6 +92,7 @@ func (pp *planPair) call(t testing.TB, layer int, hists, seqs [][]int64) {
 			t.Fatalf("%v planner: wait: %v", p.opts.Planner, err)
 		}
 		checkRowsAfter(t, p, pp.h, layer, hists, seqs, pd.Slots)
+		checkOneWayPerRow(t, p, layer)
 		got[i] = pd.Slots
 	}
 	if pp.exact && !slices.Equal(got[0], got[1]) {
@@ -334,5 +336,35 @@ func TestEnginePlanMatchesHostOnText(t *testing.T) {
 			}
 			t.Logf("%d steps of 8 tokens: %.0f%% of rows hit", steps, 100*float64(hm.Hits.Load())/float64(hm.Rows.Load()))
 		})
+	}
+}
+
+// checkOneWayPerRow requires that no set of an engine-planned cache holds
+// a row in two ways. Kernel lanes that want one row at once take the set's
+// lock in turn and the second finds the first's way; a row in two ways
+// wastes a way and fetches the row twice.
+func checkOneWayPerRow(t testing.TB, p *Prefetcher, layer int) {
+	t.Helper()
+	ep, ok := p.layers[layer].pl.(*enginePlan)
+	if !ok || ep.tags == nil {
+		return
+	}
+	sets := ep.layout.sets
+	b := make([]byte, sets*ways*8)
+	if err := p.eng.Download(b, ep.tags, 0); err != nil {
+		t.Fatal(err)
+	}
+	for set := range sets {
+		seen := map[uint64]int{}
+		for w := range ways {
+			tag := binary.LittleEndian.Uint64(b[(set*ways+w)*8:])
+			if tag == 0 {
+				continue
+			}
+			if w0, dup := seen[tag>>16]; dup {
+				t.Fatalf("layer %d set %d holds row %d in ways %d and %d", layer, set, tag>>16-1, w0, w)
+			}
+			seen[tag>>16] = w
+		}
 	}
 }
