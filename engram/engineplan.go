@@ -127,7 +127,7 @@ func (ep *enginePlan) free() error {
 
 // errTableMap means the map of a table's rows disagrees with the tier: a
 // bug, caught before any engine reads from a wrong address.
-var errTableMap = errkind.New(errkind.Other, "engram: table map disagrees with the tier")
+var errTableMap = errkind.New(errkind.Damaged, "engram: table map disagrees with the tier")
 
 // tableMap describes where t's rows lie for the engine, and checks it
 // against the tier's own placement at the rows where stripes change and

@@ -90,8 +90,10 @@ func StreamDevice(stream uintptr) (int, error) {
 	if err := initError(); err != nil {
 		return 0, err
 	}
+	// A CUstream is a pointer-sized handle: read stream's bits as one.
+	s := *(*C.CUstream)(unsafe.Pointer(&stream))
 	var d C.int
-	if r := C.cxl_stream_device(C.CUstream(unsafe.Pointer(stream)), &d); r != C.CUDA_SUCCESS {
+	if r := C.cxl_stream_device(s, &d); r != C.CUDA_SUCCESS {
 		return 0, fmt.Errorf("%w: the device of stream %#x: %s", ErrBadRequest, stream, C.GoString(C.cxl_error_name(r)))
 	}
 	return int(d), nil

@@ -12,7 +12,7 @@ var (
 	ErrNoSpace     = errkind.New(errkind.NoSpace, "no free block and nothing evictable")
 	ErrIndexFull   = errkind.New(errkind.NoSpace, "index table full")
 	ErrPinsFull    = errkind.New(errkind.NoSpace, "pin table of this client full")
-	ErrPinned      = errkind.New(errkind.Other, "entry pinned by a reader")
+	ErrPinned      = errkind.New(errkind.Busy, "entry pinned by a reader")
 	ErrNotFound    = errkind.New(errkind.NotFound, "key not found")
 	ErrChecksum    = errkind.New(errkind.Checksum, "payload checksum mismatch")
 	ErrLost        = errkind.New(errkind.Closed, "reservation lost (reclaimed)")

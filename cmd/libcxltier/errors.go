@@ -24,6 +24,8 @@ const (
 	codeClosed   = -6
 	codeRange    = -7
 	codeDenied   = -8
+	codeBusy     = -9
+	codeDamaged  = -10
 	codeOther    = -99
 )
 
@@ -45,6 +47,8 @@ var codes = map[errkind.Kind]C.int{
 	errkind.Closed:   codeClosed,
 	errkind.Range:    codeRange,
 	errkind.Denied:   codeDenied,
+	errkind.Busy:     codeBusy,
+	errkind.Damaged:  codeDamaged,
 }
 
 // codeOf maps an error to the code a C caller can branch on.

@@ -116,6 +116,10 @@ func TestCodes(t *testing.T) {
 		{tier.ErrLeaseLost, codeClosed},
 		{tier.ErrExists, codeExist},
 		{errRange, codeRange},
+		{tier.ErrLockTimeout, codeBusy},
+		{prefix.ErrPinned, codeBusy},
+		{tier.ErrCorrupt, codeDamaged},
+		{errCallsRunning, codeBusy},
 		{errBadHandle, codeNotFound},
 		{errors.New("plain"), codeOther},
 	} {

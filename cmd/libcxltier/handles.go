@@ -27,7 +27,8 @@ type attached struct {
 	r        *tier.Region
 	c        *tier.Client
 	children map[uint64]func() error
-	engines  engines // shared by the children that move data
+	engines  engines   // shared by the children that move data
+	guard    callGuard // the calls in flight, which detach waits for
 }
 
 // child is an object opened on a tier; closing it removes it from both
@@ -37,6 +38,8 @@ type child struct {
 	handle uint64 // its own, once added
 	close  func() error
 }
+
+func (c child) tierHandle() uint64 { return c.tier }
 
 // index is an open prefix index.
 type index struct {
@@ -92,6 +95,32 @@ func get[T any](t *handleTable, h uint64) (T, error) {
 		return o, fmt.Errorf("handle %d: %w", h, errBadHandle)
 	}
 	return o, nil
+}
+
+// use is handle h as a T, with its tier's guard entered so the tier stays
+// mapped until done is called (once the call is over).
+func use[T any](h uint64) (o T, done func(), err error) {
+	handles.mu.Lock()
+	o, ok := handles.objs[h].(T)
+	var a *attached
+	if ok {
+		switch x := any(o).(type) {
+		case *attached:
+			a = x
+		case interface{ tierHandle() uint64 }:
+			a, _ = handles.objs[x.tierHandle()].(*attached)
+		}
+	}
+	handles.mu.Unlock()
+	if !ok || a == nil {
+		var zero T
+		return zero, nil, fmt.Errorf("handle %d: %w", h, errBadHandle)
+	}
+	if err := a.guard.enter(); err != nil {
+		var zero T
+		return zero, nil, err
+	}
+	return o, a.guard.leave, nil
 }
 
 func tierOf(h uint64) (*attached, error) { return get[*attached](&handles, h) }

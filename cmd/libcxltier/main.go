@@ -75,6 +75,8 @@ package main
 //   CXL_ECLOSED = -6,    /* handle closed or client lost its lease */
 //   CXL_ERANGE = -7,     /* a caller buffer is too small */
 //   CXL_EDENIED = -8,    /* wrong or missing index key */
+//   CXL_EBUSY = -9,      /* held by another client for now (lock wait timed out, entry pinned): retry */
+//   CXL_EDAMAGED = -10,  /* shared metadata failed a consistency check: repair (cxltier repair) */
 //   CXL_EOTHER = -99
 // };
 import "C"

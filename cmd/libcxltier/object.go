@@ -39,10 +39,11 @@ func objectOf(h uint64) (*object, error) { return get[*object](&handles, h) }
 func cxl_object_create(h C.uint64_t, name *C.char, bytes C.int64_t, flags C.int, out *C.uint64_t, addr *unsafe.Pointer, size *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_object_create", errbuf, errlen, &code)
 	err := func() error {
-		a, err := tierOf(uint64(h))
+		a, done, err := use[*attached](uint64(h))
 		if err != nil {
 			return err
 		}
+		defer done()
 		if out == nil || addr == nil || size == nil || flags&^objectContiguous != 0 {
 			return fmt.Errorf("object create: %w: null output or unknown flags %#x", errBadArg, int(flags))
 		}
@@ -59,10 +60,11 @@ func cxl_object_create(h C.uint64_t, name *C.char, bytes C.int64_t, flags C.int,
 func cxl_object_open(h C.uint64_t, name *C.char, flags C.int, out *C.uint64_t, addr *unsafe.Pointer, size *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_object_open", errbuf, errlen, &code)
 	err := func() error {
-		a, err := tierOf(uint64(h))
+		a, done, err := use[*attached](uint64(h))
 		if err != nil {
 			return err
 		}
+		defer done()
 		if out == nil || addr == nil || size == nil || flags&^objectReadOnly != 0 {
 			return fmt.Errorf("object open: %w: null output or unknown flags %#x", errBadArg, int(flags))
 		}
@@ -111,10 +113,11 @@ func openObject(a *attached, th uint64, name string, readOnly bool, out *C.uint6
 func cxl_object_close(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_object_close", errbuf, errlen, &code)
 	err := func() error {
-		o, err := objectOf(uint64(h))
+		o, done, err := use[*object](uint64(h))
 		if err != nil {
 			return err
 		}
+		defer done()
 		return handles.closeChild(uint64(h), o.child)
 	}()
 	return report(err, errbuf, errlen)
@@ -129,10 +132,11 @@ func cxl_object_close(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 func cxl_object_gather(h C.uint64_t, nPlanes C.int, planes, rowBytes *C.int64_t, rows C.int64_t, ids *C.int64_t, n C.int64_t, outs *unsafe.Pointer, outCaps *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_object_gather", errbuf, errlen, &code)
 	err := func() error {
-		o, err := objectOf(uint64(h))
+		o, done, err := use[*object](uint64(h))
 		if err != nil {
 			return err
 		}
+		defer done()
 		if nPlanes < 1 || nPlanes > 16 || planes == nil || rowBytes == nil || outs == nil || outCaps == nil || n < 0 || (n > 0 && ids == nil) {
 			return fmt.Errorf("object gather: %w: %d planes, %d ids", errBadArg, nPlanes, n)
 		}
@@ -223,10 +227,11 @@ func gatherRows(planes []plane, rows int64, ids []int64) error {
 func cxl_object_info(h C.uint64_t, name *C.char, buf *C.char, bufCap C.int, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_object_info", errbuf, errlen, &code)
 	err := func() error {
-		a, err := tierOf(uint64(h))
+		a, done, err := use[*attached](uint64(h))
 		if err != nil {
 			return err
 		}
+		defer done()
 		var v any
 		if name == nil {
 			v, err = a.r.Objects()
@@ -279,9 +284,10 @@ func cxl_object_remove(h C.uint64_t, name *C.char, force C.int, errbuf *C.char, 
 }
 
 func objectCall(h C.uint64_t, fn func(*attached) error) error {
-	a, err := tierOf(uint64(h))
+	a, done, err := use[*attached](uint64(h))
 	if err != nil {
 		return err
 	}
+	defer done()
 	return fn(a)
 }

@@ -19,7 +19,8 @@ import (
 func cxl_prefix_setv(h C.uint64_t, keys *C.uint8_t, n, per C.int64_t, ptrs *unsafe.Pointer, sizes *C.int64_t, statuses *C.int8_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_prefix_setv", errbuf, errlen, &code)
 	err := func() error {
-		s, ks, err := indexKeys(h, keys, n)
+		s, ks, done, err := indexKeys(h, keys, n)
+		defer done()
 		if err != nil {
 			return err
 		}
@@ -38,7 +39,8 @@ func cxl_prefix_setv(h C.uint64_t, keys *C.uint8_t, n, per C.int64_t, ptrs *unsa
 func cxl_prefix_getv(h C.uint64_t, keys *C.uint8_t, n, per C.int64_t, ptrs *unsafe.Pointer, sizes *C.int64_t, served *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_prefix_getv", errbuf, errlen, &code)
 	err := func() error {
-		s, ks, err := indexKeys(h, keys, n)
+		s, ks, done, err := indexKeys(h, keys, n)
+		defer done()
 		if err != nil {
 			return err
 		}
@@ -99,10 +101,11 @@ func cxl_prefix_part_keys_joined(text *C.char, textLen C.int64_t, n C.int64_t, m
 func cxl_prefix_exists_pages(h C.uint64_t, text *C.char, textLen C.int64_t, n C.int64_t, masks *C.uint8_t, nMasks C.int64_t, leading *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_prefix_exists_pages", errbuf, errlen, &code)
 	err := func() error {
-		s, err := indexOf(uint64(h))
+		s, done, err := use[*index](uint64(h))
 		if err != nil {
 			return err
 		}
+		defer done()
 		ms, err := keysAt(unsafe.Pointer(masks), int64(nMasks))
 		if err != nil {
 			return err

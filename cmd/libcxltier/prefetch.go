@@ -33,14 +33,18 @@ func (p *prefetcher) shut() error {
 	return errors.Join(p.Prefetcher.Close(), p.a.engines.release(p.se))
 }
 
-// cacheOf is prefetcher h and its cache buffer for layer.
-func cacheOf(h C.uint64_t, layer C.int) (*prefetcher, kernels.Buffer, error) {
-	p, err := get[*prefetcher](&handles, uint64(h))
+// cacheOf is prefetcher h and its cache buffer for layer, with the tier's
+// guard entered until done.
+func cacheOf(h C.uint64_t, layer C.int) (p *prefetcher, buf kernels.Buffer, done func(), err error) {
+	p, done, err = use[*prefetcher](uint64(h))
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	buf, err := p.CacheBuffer(int(layer))
-	return p, buf, err
+	if buf, err = p.CacheBuffer(int(layer)); err != nil {
+		done()
+		return nil, nil, nil, err
+	}
+	return p, buf, done, nil
 }
 
 func geometryOf(spec string) (engram.Geometry, error) {
@@ -86,10 +90,11 @@ func openEngram(h uint64, spec, engine string, stream uintptr, slots, flags int,
 	if slots < 1 || flags&^(engramCache|engramOnEngine) != 0 {
 		return nil, fmt.Errorf("engram open: %w: %d slots, flags %#x (1 cache, 2 plan on the engine)", errBadArg, slots, flags)
 	}
-	a, err := tierOf(h)
+	a, done, err := use[*attached](uint64(h))
 	if err != nil {
 		return nil, err
 	}
+	defer done()
 	g, err := geometryOf(spec)
 	if err != nil {
 		return nil, err
@@ -137,10 +142,11 @@ func openEngram(h uint64, spec, engine string, stream uintptr, slots, flags int,
 func cxl_engram_compress(h C.uint64_t, ids *C.int64_t, n C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_engram_compress", errbuf, errlen, &code)
 	err := func() error {
-		p, err := get[*prefetcher](&handles, uint64(h))
+		p, done, err := use[*prefetcher](uint64(h))
 		if err != nil {
 			return err
 		}
+		defer done()
 		if p.comp == nil {
 			return fmt.Errorf("engram compress: %w: geometry %q has no lookup table (set \"lookup\")", errBadArg, p.g.Name)
 		}
@@ -156,10 +162,11 @@ func cxl_engram_compress(h C.uint64_t, ids *C.int64_t, n C.int64_t, errbuf *C.ch
 //export cxl_engram_close
 func cxl_engram_close(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_engram_close", errbuf, errlen, &code)
-	p, err := get[*prefetcher](&handles, uint64(h))
+	p, done, err := use[*prefetcher](uint64(h))
 	if err != nil {
 		return report(err, errbuf, errlen)
 	}
+	defer done()
 	return report(handles.closeChild(uint64(h), p.child), errbuf, errlen)
 }
 
@@ -173,10 +180,11 @@ func cxl_engram_prefetch(h C.uint64_t, layer C.int, ids, lens *C.int64_t, nseq C
 	slots *C.int32_t, slotsCap C.int64_t, nSlots *C.int64_t, pending *C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_engram_prefetch", errbuf, errlen, &code)
 	err := func() error {
-		p, err := get[*prefetcher](&handles, uint64(h))
+		p, done, err := use[*prefetcher](uint64(h))
 		if err != nil {
 			return err
 		}
+		defer done()
 		if nSlots == nil || pending == nil {
 			return fmt.Errorf("engram prefetch: %w: no outputs", errBadArg)
 		}
@@ -238,10 +246,11 @@ func cxl_engram_wait(pending C.uint64_t, slots *C.int32_t, slotsCap C.int64_t, r
 func cxl_engram_buffer(h C.uint64_t, layer C.int, ptr *C.uint64_t, size, rowBytes *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_engram_buffer", errbuf, errlen, &code)
 	err := func() error {
-		p, buf, err := cacheOf(h, layer)
+		p, buf, done, err := cacheOf(h, layer)
 		if err != nil {
 			return err
 		}
+		defer done()
 		dp, ok := buf.(kernels.DeviceBuffer)
 		if !ok {
 			return fmt.Errorf("engram buffer: %w: the %s engine's cache is host memory owned by Go; read rows with cxl_engram_read (Python: EngramPrefetcher.read_row)", errBadArg, p.eng.Name())
@@ -259,10 +268,11 @@ func cxl_engram_buffer(h C.uint64_t, layer C.int, ptr *C.uint64_t, size, rowByte
 func cxl_engram_read(h C.uint64_t, layer C.int, slot C.int64_t, out unsafe.Pointer, outCap C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_engram_read", errbuf, errlen, &code)
 	err := func() error {
-		p, buf, err := cacheOf(h, layer)
+		p, buf, done, err := cacheOf(h, layer)
 		if err != nil {
 			return err
 		}
+		defer done()
 		rb := p.g.RowBytes
 		if out == nil || int64(outCap) < rb || slot < 0 || (int64(slot)+1)*rb > buf.Len() {
 			return fmt.Errorf("engram read: %w: slot %d, %d-byte rows, room for %d", errBadArg, slot, rb, outCap)
@@ -276,10 +286,11 @@ func cxl_engram_read(h C.uint64_t, layer C.int, slot C.int64_t, out unsafe.Point
 func cxl_engram_stats(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_engram_stats", errbuf, errlen, &code)
 	err := func() error {
-		p, err := get[*prefetcher](&handles, uint64(h))
+		p, done, err := use[*prefetcher](uint64(h))
 		if err != nil {
 			return err
 		}
+		defer done()
 		m := p.Metrics()
 		raw, _ := json.Marshal(map[string]any{"calls": m.Calls.Load(), "rows": m.Rows.Load(), "hits": m.Hits.Load(),
 			"fetched": m.Fetched.Load(), "deadline_misses": m.DeadlineMisses.Load(), "ready_ns": m.ReadyNanos.Load(),

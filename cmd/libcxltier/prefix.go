@@ -27,10 +27,11 @@ func prefixOpen(h uint64, name, key string, blocks, blockBytes int64, out *C.uin
 	if out == nil {
 		return fmt.Errorf("prefix open: %w: no output handle", errBadArg)
 	}
-	a, err := tierOf(h)
+	a, done, err := use[*attached](uint64(h))
 	if err != nil {
 		return err
 	}
+	defer done()
 	s, err := prefix.OpenKey(a.c, name, key)
 	if errors.Is(err, tier.ErrNotFound) && blocks > 0 {
 		s, err = prefix.Create(a.c, prefix.Config{Name: name, Blocks: blocks, BlockBytes: blockBytes, Key: key})
@@ -49,10 +50,11 @@ func prefixOpen(h uint64, name, key string, blocks, blockBytes int64, out *C.uin
 //export cxl_prefix_close
 func cxl_prefix_close(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_prefix_close", errbuf, errlen, &code)
-	ix, err := indexOf(uint64(h))
+	ix, done, err := use[*index](uint64(h))
 	if err != nil {
 		return report(err, errbuf, errlen)
 	}
+	defer done()
 	return report(handles.closeChild(uint64(h), ix.child), errbuf, errlen)
 }
 
@@ -96,21 +98,23 @@ func prefixKeys(pageSize int, tokens *C.int64_t, n C.int64_t, prior, out *C.uint
 	return nil
 }
 
-// indexKeys is the start of every keyed call: the index and its n keys.
-func indexKeys(h C.uint64_t, keys *C.uint8_t, n C.int64_t) (*index, []prefix.Key, error) {
-	s, err := indexOf(uint64(h))
+// indexKeys is the start of every keyed call: the index and its n keys,
+// with the tier's guard entered until done (never nil).
+func indexKeys(h C.uint64_t, keys *C.uint8_t, n C.int64_t) (*index, []prefix.Key, func(), error) {
+	s, done, err := use[*index](uint64(h))
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, func() {}, err
 	}
 	ks, err := keysArg(keys, n)
-	return s, ks, err
+	return s, ks, done, err
 }
 
 //export cxl_prefix_exists
 func cxl_prefix_exists(h C.uint64_t, keys *C.uint8_t, n C.int64_t, leading *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_prefix_exists", errbuf, errlen, &code)
 	err := func() error {
-		s, ks, err := indexKeys(h, keys, n)
+		s, ks, done, err := indexKeys(h, keys, n)
+		defer done()
 		if s == nil {
 			return err
 		}
@@ -145,7 +149,8 @@ func buffersArg(ptrs *unsafe.Pointer, sizes *C.int64_t, n C.int64_t) ([][]byte, 
 func cxl_prefix_set(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Pointer, sizes *C.int64_t, statuses *C.int8_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_prefix_set", errbuf, errlen, &code)
 	err := func() error {
-		s, ks, err := indexKeys(h, keys, n)
+		s, ks, done, err := indexKeys(h, keys, n)
+		defer done()
 		if err != nil {
 			return err
 		}
@@ -164,7 +169,8 @@ func cxl_prefix_set(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Poi
 func cxl_prefix_get(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Pointer, caps, lens *C.int64_t, served *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_prefix_get", errbuf, errlen, &code)
 	err := func() error {
-		s, ks, err := indexKeys(h, keys, n)
+		s, ks, done, err := indexKeys(h, keys, n)
+		defer done()
 		if s == nil {
 			return err
 		}
@@ -192,7 +198,8 @@ func cxl_prefix_get(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Poi
 func cxl_prefix_delete(h C.uint64_t, keys *C.uint8_t, n C.int64_t, deleted *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_prefix_delete", errbuf, errlen, &code)
 	err := func() error {
-		s, ks, err := indexKeys(h, keys, n)
+		s, ks, done, err := indexKeys(h, keys, n)
+		defer done()
 		if err != nil {
 			return err
 		}
@@ -209,10 +216,11 @@ func cxl_prefix_delete(h C.uint64_t, keys *C.uint8_t, n C.int64_t, deleted *C.in
 func cxl_prefix_stats(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_prefix_stats", errbuf, errlen, &code)
 	err := func() error {
-		s, err := indexOf(uint64(h))
+		s, done, err := use[*index](uint64(h))
 		if err != nil {
 			return err
 		}
+		defer done()
 		raw, _ := json.Marshal(s.Stats())
 		return copyString(raw, buf, bufCap)
 	}()

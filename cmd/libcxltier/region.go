@@ -20,10 +20,11 @@ import (
 func cxl_region_alloc(h C.uint64_t, bytes C.int64_t, offset *C.uint64_t, addr *unsafe.Pointer, size *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_region_alloc", errbuf, errlen, &code)
 	err := func() error {
-		a, err := tierOf(uint64(h))
+		a, done, err := use[*attached](uint64(h))
 		if err != nil {
 			return err
 		}
+		defer done()
 		if bytes <= 0 || offset == nil || addr == nil || size == nil {
 			return fmt.Errorf("region alloc: %w: %d bytes", errBadArg, bytes)
 		}
@@ -52,10 +53,11 @@ func cxl_region_alloc(h C.uint64_t, bytes C.int64_t, offset *C.uint64_t, addr *u
 func cxl_region_free(h C.uint64_t, offset C.uint64_t, size C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_region_free", errbuf, errlen, &code)
 	err := func() error {
-		a, err := tierOf(uint64(h))
+		a, done, err := use[*attached](uint64(h))
 		if err != nil {
 			return err
 		}
+		defer done()
 		chunk := a.r.ChunkSize()
 		if size <= 0 || int64(size)%chunk != 0 {
 			return fmt.Errorf("region free: %w: %d bytes is not the size cxl_region_alloc returned", errBadArg, size)

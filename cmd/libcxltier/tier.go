@@ -55,13 +55,19 @@ func cxl_detach(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	return report(detach(uint64(h)), errbuf, errlen)
 }
 
+// detach waits for the calls in flight on the tier (new ones are turned
+// away), then closes what was opened on it and unmaps it.
 func detach(h uint64) error {
-	if _, err := tierOf(h); err != nil {
+	a, err := tierOf(h)
+	if err != nil {
 		return err
 	}
-	o, _ := handles.remove(h)
-	a := o.(*attached)
-	var err error
+	if err := a.guard.drain(detachWait); err != nil {
+		return err
+	}
+	if _, ok := handles.remove(h); !ok {
+		return fmt.Errorf("handle %d: %w", h, errBadHandle) // a concurrent detach took it
+	}
 	handles.mu.Lock()
 	for ch, closeChild := range a.children {
 		delete(handles.objs, ch)

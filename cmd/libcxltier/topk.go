@@ -66,10 +66,11 @@ func cxl_topk_open(h C.uint64_t, engine *C.char, stream C.uint64_t, layers C.int
 // openTopk opens a top-k pool on tier h and returns it under its new
 // handle.
 func openTopk(h uint64, engine string, stream uintptr, cfg topk.Config) (*topkPool, error) {
-	a, err := tierOf(h)
+	a, done, err := use[*attached](uint64(h))
 	if err != nil {
 		return nil, err
 	}
+	defer done()
 	se, err := a.engines.acquire(engine, stream, a.r.NumDevices(), a.r.Device)
 	if err != nil {
 		return nil, err
@@ -87,10 +88,11 @@ func openTopk(h uint64, engine string, stream uintptr, cfg topk.Config) (*topkPo
 //export cxl_topk_close
 func cxl_topk_close(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_topk_close", errbuf, errlen, &code)
-	p, err := topkOf(h)
+	p, done, err := use[*topkPool](uint64(h))
 	if err != nil {
 		return report(err, errbuf, errlen)
 	}
+	defer done()
 	return report(handles.closeChild(uint64(h), p.child), errbuf, errlen)
 }
 
@@ -98,10 +100,11 @@ func cxl_topk_close(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 func cxl_topk_register(h C.uint64_t, req C.int, capacity C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_topk_register", errbuf, errlen, &code)
 	err := func() error {
-		p, err := topkOf(h)
+		p, done, err := use[*topkPool](uint64(h))
 		if err != nil {
 			return err
 		}
+		defer done()
 		c := p.Config()
 		return p.Register(int(req), topk.Sequence{Layers: c.Layers, EntryBytes: c.EntryBytes, Capacity: int64(capacity)})
 	}()
@@ -122,10 +125,11 @@ func cxl_topk_free(h C.uint64_t, req C.int, errbuf *C.char, errlen C.int) (code 
 func cxl_topk_len(h C.uint64_t, req, layer C.int, n *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_topk_len", errbuf, errlen, &code)
 	err := func() error {
-		p, err := topkOf(h)
+		p, done, err := use[*topkPool](uint64(h))
 		if err != nil {
 			return err
 		}
+		defer done()
 		if n == nil {
 			return fmt.Errorf("topk len: %w: no output", errBadArg)
 		}
@@ -140,10 +144,11 @@ func cxl_topk_len(h C.uint64_t, req, layer C.int, n *C.int64_t, errbuf *C.char, 
 func cxl_topk_append(h C.uint64_t, req, layer C.int, src unsafe.Pointer, n C.int64_t, where C.int, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_topk_append", errbuf, errlen, &code)
 	err := func() error {
-		p, err := topkOf(h)
+		p, done, err := use[*topkPool](uint64(h))
 		if err != nil {
 			return err
 		}
+		defer done()
 		eb := p.Config().EntryBytes
 		if n < 0 || int64(n) > maxBuffer/eb || (n > 0 && src == nil) {
 			return fmt.Errorf("topk append: %w: %d entries at %p", errBadArg, n, src)
@@ -181,10 +186,11 @@ func cxl_topk_resolve(h C.uint64_t, layer C.int, reqs, seqLens *C.int64_t, batch
 	step *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_topk_resolve", errbuf, errlen, &code)
 	err := func() error {
-		p, err := topkOf(h)
+		p, done, err := use[*topkPool](uint64(h))
 		if err != nil {
 			return err
 		}
+		defer done()
 		k := p.Config().TopK
 		rs, lens, err := stepAt(unsafe.Pointer(reqs), unsafe.Pointer(seqLens), int64(batch), p.Config().MaxRequests)
 		if err != nil {
@@ -259,10 +265,11 @@ func grow(s []int32, n int) []int32 {
 func cxl_topk_buffer(h C.uint64_t, layer C.int, ptr *C.uint64_t, size, rowBytes, rowsPerRequest *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_topk_buffer", errbuf, errlen, &code)
 	err := func() error {
-		p, buf, err := topkBuffer(h, layer)
+		p, buf, done, err := topkBuffer(h, layer)
 		if err != nil {
 			return err
 		}
+		defer done()
 		dp, ok := buf.(kernels.DeviceBuffer)
 		if !ok {
 			return fmt.Errorf("topk buffer: %w: the %s engine's buffer is host memory owned by Go; read slots with cxl_topk_read (Python: TopKPool.read_slot)", errBadArg, p.eng.Name())
@@ -277,25 +284,29 @@ func cxl_topk_buffer(h C.uint64_t, layer C.int, ptr *C.uint64_t, size, rowBytes,
 	return report(err, errbuf, errlen)
 }
 
-func topkBuffer(h C.uint64_t, layer C.int) (*topkPool, kernels.Buffer, error) {
-	p, err := topkOf(h)
+// topkBuffer is pool h and its layer's buffer, with the tier's guard
+// entered until done.
+func topkBuffer(h C.uint64_t, layer C.int) (p *topkPool, buf kernels.Buffer, done func(), err error) {
+	p, done, err = use[*topkPool](uint64(h))
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if layer < 0 || int(layer) >= p.Config().Layers {
-		return nil, nil, fmt.Errorf("topk: %w: layer %d of %d", errBadArg, layer, p.Config().Layers)
+		done()
+		return nil, nil, nil, fmt.Errorf("topk: %w: layer %d of %d", errBadArg, layer, p.Config().Layers)
 	}
-	return p, p.Buffer(int(layer)), nil
+	return p, p.Buffer(int(layer)), done, nil
 }
 
 //export cxl_topk_read
 func cxl_topk_read(h C.uint64_t, layer, req, slot C.int, out unsafe.Pointer, outCap C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_topk_read", errbuf, errlen, &code)
 	err := func() error {
-		p, buf, err := topkBuffer(h, layer)
+		p, buf, done, err := topkBuffer(h, layer)
 		if err != nil {
 			return err
 		}
+		defer done()
 		c := p.Config()
 		if out == nil || int64(outCap) < c.EntryBytes || req < 0 || int(req) >= c.MaxRequests || slot < 0 || int(slot) > c.Slots {
 			return fmt.Errorf("topk read: %w: request %d slot %d (of %d+1), room for %d of %d bytes", errBadArg, req, slot, c.Slots, outCap, c.EntryBytes)
@@ -309,10 +320,11 @@ func cxl_topk_read(h C.uint64_t, layer, req, slot C.int, out unsafe.Pointer, out
 func cxl_topk_stats(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_topk_stats", errbuf, errlen, &code)
 	err := func() error {
-		p, err := topkOf(h)
+		p, done, err := use[*topkPool](uint64(h))
 		if err != nil {
 			return err
 		}
+		defer done()
 		raw, _ := json.Marshal(struct {
 			topk.Stats
 			Planner string `json:"planner"`

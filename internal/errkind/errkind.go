@@ -21,9 +21,11 @@ const (
 	Closed               // closed, or the client lost its lease
 	Range                // a caller's output buffer is too small
 	Denied               // a wrong key or permission
+	Busy                 // held by another client or call for now (a lock, a pin): retry later
+	Damaged              // shared metadata failed a consistency check: repair, do not retry
 )
 
-var names = [...]string{"other", "invalid", "not found", "exists", "no space", "checksum", "closed", "range", "denied"}
+var names = [...]string{"other", "invalid", "not found", "exists", "no space", "checksum", "closed", "range", "denied", "busy", "damaged"}
 
 func (k Kind) String() string {
 	if int(k) < len(names) {

@@ -11,7 +11,9 @@ when used.
 """
 
 from ._native import (
+    BusyError,
     CxlTierError,
+    DamagedError,
     ChecksumError,
     ClosedError,
     DeniedError,
@@ -30,7 +32,9 @@ from .tier import Tier
 from .topk import TopKPool
 
 __all__ = [
+    "BusyError",
     "CxlTierError",
+    "DamagedError",
     "ChecksumError",
     "EngramPrefetcher",
     "ClosedError",

@@ -54,7 +54,16 @@ class DeniedError(CxlTierError, PermissionError):
     """CXL_EDENIED: the index's tenant key is wrong or missing."""
 
 
-_BY_CODE = {-1: InvalidError, -2: NotFoundError, -3: ExistsError, -4: NoSpaceError, -5: ChecksumError, -6: ClosedError, -7: RangeError, -8: DeniedError}
+class BusyError(CxlTierError):
+    """CXL_EBUSY: held by another client for now (a lock wait timed out, an entry is pinned); retry."""
+
+
+class DamagedError(CxlTierError):
+    """CXL_EDAMAGED: shared metadata failed a consistency check; run `cxltier repair`, do not retry."""
+
+
+_BY_CODE = {-1: InvalidError, -2: NotFoundError, -3: ExistsError, -4: NoSpaceError, -5: ChecksumError, -6: ClosedError,
+            -7: RangeError, -8: DeniedError, -9: BusyError, -10: DamagedError}
 
 _u64, _i64, _i8, _int = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int8, ctypes.c_int
 _p = ctypes.POINTER
