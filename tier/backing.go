@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/user"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -108,9 +110,9 @@ func createBacking(b Backing, size int64, overwrite bool) (*mapping, error) {
 	}
 	// Never through a link (a planted symlink must not aim a format at
 	// another file), and an existing file is checked before it is cut.
-	flags := os.O_RDWR | os.O_CREATE | os.O_EXCL | unix.O_NOFOLLOW
+	flags := os.O_RDWR | os.O_CREATE | os.O_EXCL | unix.O_NOFOLLOW | unix.O_NONBLOCK
 	if overwrite {
-		flags = os.O_RDWR | os.O_CREATE | unix.O_NOFOLLOW
+		flags = os.O_RDWR | os.O_CREATE | unix.O_NOFOLLOW | unix.O_NONBLOCK
 	}
 	f, err := os.OpenFile(b.Path, flags, 0o600)
 	if err != nil {
@@ -143,9 +145,11 @@ func openBacking(b Backing, writable bool) (*mapping, error) {
 	if b.Kind == BackingAnon {
 		return nil, fmt.Errorf("tier: anon backing cannot be reopened: %w", ErrNoBacking)
 	}
-	flags := os.O_RDONLY | unix.O_NOFOLLOW
+	// Non-blocking: a FIFO planted at the path must be refused by
+	// checkMode, not wait for a writer (it would hang inspect and destroy).
+	flags := os.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK
 	if writable {
-		flags = os.O_RDWR | unix.O_NOFOLLOW
+		flags = os.O_RDWR | unix.O_NOFOLLOW | unix.O_NONBLOCK
 	}
 	f, err := os.OpenFile(b.Path, flags, 0)
 	if err != nil {
@@ -189,22 +193,83 @@ func checkMode(b Backing, f *os.File, writable bool) error {
 	if err != nil {
 		return fmt.Errorf("tier: stat %s: %w", b, err)
 	}
-	if sys, ok := st.Sys().(*syscall.Stat_t); ok && writable && int(sys.Uid) != os.Geteuid() {
-		return fmt.Errorf("tier: %s is owned by uid %d, this process runs as %d: a region another user created is refused: %w",
-			b, sys.Uid, os.Geteuid(), ErrPermission)
-	}
 	wantChar := b.Kind == BackingDax
 	isChar := st.Mode()&fs.ModeCharDevice != 0
 	switch {
 	case wantChar && !isChar:
 		return fmt.Errorf("tier: %s is not a character device (devdax): %w", b, ErrInvalidConfig)
 	case !wantChar && !st.Mode().IsRegular():
-		return fmt.Errorf("tier: %s is not a regular file: %w", b, ErrInvalidConfig)
-	case st.Mode().Perm()&0o022 != 0:
-		return fmt.Errorf("tier: %s has mode %v, group/world-writable backings are refused: %w",
-			b, st.Mode().Perm(), ErrPermission)
+		return fmt.Errorf("tier: %s is not a regular file (a %v): %w", b, st.Mode().Type(), ErrInvalidConfig)
 	}
-	return nil
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok {
+		return nil
+	}
+	groups, _ := os.Getgroups()
+	return ownership{
+		dax: wantChar, writable: writable, uid: int(sys.Uid), gid: int(sys.Gid), perm: st.Mode().Perm(),
+		euid: os.Geteuid(), groups: append(groups, os.Getegid()), sharedGroup: os.Getenv(SharedGroupEnv),
+	}.check(b)
+}
+
+// SharedGroupEnv names a group whose members may share file and shm
+// backings group-writable (mode 0660); without it those must be the
+// user's own and writable by it alone.
+const SharedGroupEnv = "CXLTIER_SHARED_GROUP"
+
+// ownership is who may use a backing. A tier's memory is trusted by every
+// process that maps it, so a backing another user could write is refused:
+//
+//   - world-writable: never;
+//   - a devdax device: owned by root (as udev makes them) or by this user;
+//     group-writable (root:dax 0660, the usual setup) when this process is
+//     in that group, since the administrator granted the group the device;
+//   - a file or shm backing: owned by this user; group-writable only when
+//     its group is the one CXLTIER_SHARED_GROUP names (by name or id) and
+//     this process is in it.
+//
+// Read-only mappings (inspect) only need the world-writable check.
+type ownership struct {
+	dax, writable bool
+	uid, gid      int
+	perm          fs.FileMode
+	euid          int
+	groups        []int
+	sharedGroup   string // name or id; "" for none
+}
+
+func (o ownership) check(b Backing) error {
+	if o.perm&0o002 != 0 {
+		return fmt.Errorf("tier: %s has mode %v: world-writable backings are refused: %w", b, o.perm, ErrPermission)
+	}
+	if !o.writable {
+		return nil
+	}
+	inGroup := slices.Contains(o.groups, o.gid)
+	switch {
+	case o.uid != o.euid && !(o.dax && o.uid == 0):
+		return fmt.Errorf("tier: %s is owned by uid %d, this process runs as %d: a region another user created is refused: %w",
+			b, o.uid, o.euid, ErrPermission)
+	case o.perm&0o020 == 0:
+		return nil
+	case o.dax && inGroup:
+		return nil
+	case !o.dax && inGroup && o.sharedGroup != "" && groupIs(o.gid, o.sharedGroup):
+		return nil
+	case o.dax:
+		return fmt.Errorf("tier: %s has mode %v and group %d, which this process is not in: %w", b, o.perm, o.gid, ErrPermission)
+	}
+	return fmt.Errorf("tier: %s has mode %v: group-writable files are refused unless %s names their group (%d) and this process is in it: %w",
+		b, o.perm, SharedGroupEnv, o.gid, ErrPermission)
+}
+
+// groupIs reports whether gid is the group named (a name or a number).
+func groupIs(gid int, name string) bool {
+	if id, err := strconv.Atoi(name); err == nil {
+		return id == gid
+	}
+	g, err := user.LookupGroup(name)
+	return err == nil && g.Gid == strconv.Itoa(gid)
 }
 
 func backingSize(b Backing, f *os.File) (int64, error) {
@@ -342,11 +407,14 @@ func (r *Region) MapReadOnly(off Offset, n int64) (*ReadOnlyView, error) {
 	if end := int64(len(r.devs[dev].data)); start+length > end {
 		length = end - start
 	}
-	f, err := os.Open(b.Path)
+	f, err := os.OpenFile(b.Path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("tier: map %s read-only: %w", b, err)
 	}
 	defer f.Close()
+	if err := checkMode(b, f, false); err != nil {
+		return nil, err
+	}
 	all, err := unix.Mmap(int(f.Fd()), start, int(length), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("tier: map %s read-only at %d (+%d): %w", b, start, length, err)

@@ -76,7 +76,7 @@ func loadConfig(args []string, stderr io.Writer) (config, error) {
 	sizeGiven := false
 	fs.Visit(func(f *flag.Flag) { sizeGiven = sizeGiven || f.Name == "size" })
 	if cfg.configFile != "" {
-		raw, err := os.ReadFile(cfg.configFile)
+		raw, err := readRegular(cfg.configFile, maxConfigBytes)
 		if err != nil {
 			return cfg, fmt.Errorf("config: %w", err)
 		}
@@ -126,7 +126,9 @@ func loadToken(path string) ([]byte, error) {
 		}
 		return tok, checkToken(tok, tokenEnv)
 	}
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	// Non-blocking: a FIFO planted here must be refused below, not hold
+	// the daemon before it listens.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("token file (not followed if a link): %w", err)
 	}
@@ -161,4 +163,33 @@ func checkToken(tok []byte, where string) error {
 		return fmt.Errorf("%s: a token of more than %d bytes", where, maxTokenBytes)
 	}
 	return nil
+}
+
+// maxConfigBytes bounds a config file: it is a page of JSON.
+const maxConfigBytes = 1 << 20
+
+// readRegular reads a regular file of at most limit bytes. It opens
+// without blocking, so a FIFO at path is refused instead of waiting for a
+// writer.
+func readRegular(path string, limit int64) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file (a %v)", path, st.Mode().Type())
+	}
+	raw, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(raw)) > limit {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
+	}
+	return raw, nil
 }

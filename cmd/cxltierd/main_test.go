@@ -506,3 +506,29 @@ func TestAdminRateLimitOverHTTP(t *testing.T) {
 		t.Error("negative rate accepted")
 	}
 }
+
+// TestFIFOsRefused: a FIFO at the token file's or the config file's path
+// is refused at once. The daemon used to block on it before listening,
+// deaf to SIGTERM.
+func TestFIFOsRefused(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Skip(err)
+	}
+	for name, load := range map[string]func() error{
+		"token file":  func() error { _, err := loadToken(fifo); return err },
+		"config file": func() error { _, err := loadConfig([]string{"-config", fifo}, io.Discard); return err },
+	} {
+		done := make(chan error, 1)
+		go func() { done <- load() }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), "not a regular file") {
+				t.Errorf("a FIFO as the %s: %v", name, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("reading a FIFO as the %s blocked", name)
+		}
+	}
+}
