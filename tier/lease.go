@@ -166,6 +166,23 @@ func (r *Region) Attach(opts ClientOptions) (*Client, error) {
 }
 
 // owns reports whether the slot is still this client's live lease.
+// fenced reports ErrLeaseLost once the client's lease is no longer its
+// own (reaped, the slot perhaps reused): read from the tier, not from the
+// heartbeat's last look, so a client resuming from a long pause learns it
+// before its first lock, not a heartbeat period later.
+func (c *Client) fenced() error {
+	if c.lost.Load() {
+		return fmt.Errorf("client slot %d: %w", c.slot, ErrLeaseLost)
+	}
+	line := c.r.leaseLine(c.slot)
+	c.r.sync.refresh(line)
+	if !c.owns(line) {
+		c.lost.Store(true)
+		return fmt.Errorf("client slot %d was reaped (paused past the lease timeout?): %w", c.slot, ErrLeaseLost)
+	}
+	return nil
+}
+
 func (c *Client) owns(line []byte) bool {
 	return atomic.LoadUint32(u32At(line, 0)) == leaseLive && atomic.LoadUint32(u32At(line, 4)) == c.gen
 }

@@ -97,11 +97,21 @@ func (c *Client) lock(id int, lim waitLimit) error {
 	if err := c.r.checkLockID(id); err != nil {
 		return err
 	}
+	if err := c.fenced(); err != nil {
+		return fmt.Errorf("tier: lock %d: %w", id, err)
+	}
 	global, local := c.r.lockLines(id, c.node)
 	if err := c.acquireLocal(&lim, global, local, true); err != nil {
 		if lim.Err() != nil {
 			return fmt.Errorf("tier: lock %d: %s: %w", id, c.r.describeHolder(local), ErrLockTimeout)
 		}
+		return fmt.Errorf("tier: lock %d: %w", id, err)
+	}
+	// A client paused past the lease timeout (SIGSTOP, a frozen
+	// container, a debugger) was reaped while it waited: its memory freed,
+	// its locks given away. It must not go on as if it held anything.
+	if err := c.fenced(); err != nil {
+		c.r.releaseHeld(global, local, c.token)
 		return fmt.Errorf("tier: lock %d: %w", id, err)
 	}
 	if c.r.l.Nodes == 1 {
@@ -265,6 +275,9 @@ func (c *Client) Unlock(id int) error {
 	global, local := c.r.lockLines(id, c.node)
 	c.r.sync.refresh(local)
 	if atomic.LoadUint64(u64At(local, 0)) != c.token {
+		if err := c.fenced(); err != nil { // reaped inside its critical section
+			return fmt.Errorf("tier: unlock %d: %w", id, err)
+		}
 		return fmt.Errorf("tier: unlock %d: not held by client slot %d: %w", id, c.slot, ErrNotOwner)
 	}
 	c.r.releaseHeld(global, local, c.token)

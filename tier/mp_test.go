@@ -87,6 +87,8 @@ func runChild(role string) error {
 		err = childObjectWriter(c, int64(iters))
 	case "objscribbler":
 		err = childObjectScribbler(c)
+	case "zombie":
+		err = childZombie(c, Offset(off))
 	case "contender":
 		for {
 			if err := c.Lock(FirstUserLock); err != nil {
@@ -435,4 +437,100 @@ func copyFile(src, dst string) error {
 		return err
 	}
 	return out.Close()
+}
+
+// childZombie counts under the lock and allocates until its client is
+// fenced, then says so ("fenced: ...") and exits cleanly.
+func childZombie(c *Client, off Offset) error {
+	fmt.Println("ready")
+	for {
+		err := childCounter(c, off, 1)
+		if err == nil {
+			var o Offset
+			if o, err = c.AllocChunks(1); err == nil {
+				err = c.FreeChunks(o, 1)
+			}
+		}
+		if errors.Is(err, ErrLeaseLost) {
+			fmt.Printf("fenced: %v\n", err)
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// TestReapedClientIsFenced: a writer stopped (SIGSTOP) past the lease
+// timeout is reaped while alive; when it resumes, its next lock, unlock or
+// allocation fails with ErrLeaseLost instead of going on with locks the
+// reaper gave away and memory it freed. It used to carry on: memory freed
+// at reaping went to others and the resumed writer wrote into it.
+func TestReapedClientIsFenced(t *testing.T) {
+	g := testGeometry()
+	g.LeaseTimeout = 300 * time.Millisecond
+	r := formatTest(t, g)
+	runManager(t, r, ManagerOptions{Node: 0, GrantLocks: true})
+	owner := attachTest(t, r, 0)
+	off, err := owner.AllocChunks(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := spawn(t, r, "zombie", 0, fmt.Sprintf("%s=%d", envOffset, off))
+	if line, err := k.out.ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("child said %q, %v", line, err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	pid := k.cmd.Process.Pid
+	if err := k.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	reaped := func() bool {
+		for _, l := range r.Leases() {
+			if l.PID == pid && l.State == "live" {
+				return false
+			}
+		}
+		return true
+	}
+	deadline := time.Now().Add(30 * g.LeaseTimeout)
+	for !reaped() {
+		if time.Now().After(deadline) {
+			k.cmd.Process.Signal(syscall.SIGCONT)
+			t.Fatal("the stopped writer was not reaped")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	counter := func() uint64 {
+		if err := owner.Lock(FirstUserLock); err != nil {
+			t.Fatal(err)
+		}
+		defer owner.Unlock(FirstUserLock)
+		buf := make([]byte, 8)
+		if err := r.ReadAt(buf, off); err != nil {
+			t.Fatal(err)
+		}
+		return binary.LittleEndian.Uint64(buf)
+	}
+	atReap := counter()
+	if err := k.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	said := make(chan string, 1)
+	go func() { line, _ := k.out.ReadString('\n'); said <- line }()
+	select {
+	case line := <-said:
+		if !strings.HasPrefix(line, "fenced: ") || !strings.Contains(line, "lease lost") {
+			t.Fatalf("the resumed writer said %q", line)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the resumed writer went on working")
+	}
+	if err := k.cmd.Wait(); err != nil {
+		t.Fatalf("the resumed writer: %v", err)
+	}
+	// At most the update it was in the middle of when stopped lands.
+	if after := counter(); after > atReap+1 {
+		t.Fatalf("the counter went from %d to %d after the writer was reaped", atReap, after)
+	}
 }
