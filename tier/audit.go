@@ -16,20 +16,55 @@ import (
 // by a live lease) and leases (a live lease heartbeats; one daemon per
 // node). Damage a reader survives silently shows here.
 func (r *Region) Audit() []string {
-	if err := r.live("audit"); err != nil {
-		return []string{err.Error()}
-	}
 	var out []string
-	report := func(f string, a ...any) {
-		if len(out) < 1000 {
-			out = append(out, fmt.Sprintf(f, a...))
+	for _, f := range r.AuditFindings() {
+		out = append(out, f.Msg)
+	}
+	return out
+}
+
+// FindingKind is what an audit finding is about, for tools that act on
+// findings (cxltier repair) without reading their text.
+type FindingKind string
+
+const (
+	FindOrphanLock FindingKind = "orphan-lock" // a lock held by no live client
+	FindDeadLease  FindingKind = "dead-lease"  // a live lease whose client is gone
+	FindLeak       FindingKind = "leaked-chunk"
+	FindDirectory  FindingKind = "directory" // a directory entry damaged, torn or overlapping
+	FindAllocator  FindingKind = "allocator" // bitmap and owner words disagree
+	FindDaemons    FindingKind = "daemons"   // more than one daemon on a node
+	FindClosed     FindingKind = "closed"    // the region could not be audited
+)
+
+// Repairable reports whether reaping fixes findings of kind k (what
+// cxltier repair and a daemon's reaper do); the others need a person.
+func (k FindingKind) Repairable() bool { return k == FindOrphanLock || k == FindDeadLease }
+
+// Finding is one inconsistency an audit found.
+type Finding struct {
+	Kind FindingKind `json:"kind"`
+	Msg  string      `json:"message"`
+}
+
+// AuditFindings is Audit with each finding's kind.
+func (r *Region) AuditFindings() []Finding {
+	if err := r.live("audit"); err != nil {
+		return []Finding{{FindClosed, err.Error()}}
+	}
+	var out []Finding
+	report := func(k FindingKind) func(string, ...any) {
+		return func(f string, a ...any) {
+			if len(out) < 1000 {
+				out = append(out, Finding{k, fmt.Sprintf(f, a...)})
+			}
 		}
 	}
-	spans := r.auditDirectory(report)
+	spans := r.auditDirectory(report(FindDirectory))
 	r.auditChunks(spans, report)
 	for _, l := range r.Locks() {
 		if l.Orphan {
-			report("lock %d: held by slot %d, which is no live client", l.ID, l.Holder)
+			report(FindOrphanLock)("lock %d: held by slot %d, which is no live client", l.ID, l.Holder)
 		}
 	}
 	r.auditLeases(report)
@@ -82,7 +117,8 @@ func (r *Region) auditDirectory(report func(string, ...any)) []dirSpan {
 	return spans
 }
 
-func (r *Region) auditChunks(spans []dirSpan, report func(string, ...any)) {
+func (r *Region) auditChunks(spans []dirSpan, reportAs func(FindingKind) func(string, ...any)) {
+	report := reportAs(FindDirectory)
 	r.sync.refresh(r.ownerBytes(0, r.l.ChunkCount))
 	for _, sp := range spans {
 		for i := sp.first; i <= sp.last; i++ {
@@ -98,13 +134,13 @@ func (r *Region) auditChunks(spans []dirSpan, report func(string, ...any)) {
 		used := r.chunkUsed(i)
 		switch {
 		case used != (o != 0):
-			report("chunk %d: bitmap says used=%v, owner word %#x", i, used, o)
+			reportAs(FindAllocator)("chunk %d: bitmap says used=%v, owner word %#x", i, used, o)
 		case o == 0 || o == ownerShared:
 			// A shared chunk outside every directory object may belong to
 			// an object's second run (a prefix index's payloads, named in
 			// its header): not a finding at this level.
 		case int64(o) > slots:
-			report("chunk %d: owner word %d names no lease slot (the table has %d)", i, o, slots)
+			reportAs(FindAllocator)("chunk %d: owner word %d names no lease slot (the table has %d)", i, o, slots)
 		default:
 			inf, ok := leaseOf[int64(o)]
 			if !ok {
@@ -112,21 +148,30 @@ func (r *Region) auditChunks(spans []dirSpan, report func(string, ...any)) {
 				leaseOf[int64(o)] = inf
 			}
 			if inf.State == "free" {
-				report("chunk %d: owned by slot %d, whose lease is free (leaked)", i, o-1)
+				reportAs(FindLeak)("chunk %d: owned by slot %d, whose lease is free (leaked)", i, o-1)
 			}
 		}
 	}
 }
 
-func (r *Region) auditLeases(report func(string, ...any)) {
+func (r *Region) auditLeases(reportAs func(FindingKind) func(string, ...any)) {
+	dead := reportAs(FindDeadLease)
 	daemons := map[int][]int{}
 	for _, inf := range r.Leases() {
 		if inf.State != "live" {
 			continue
 		}
 		if quiet := time.Since(inf.LastBeat); quiet > 2*r.l.LeaseTimeout {
-			report("slot %d (%q, pid %d) is marked live but has not heartbeated for %v: dead, and no daemon has reaped it",
+			dead("slot %d (%q, pid %d) is marked live but has not heartbeated for %v: dead, and no daemon has reaped it",
 				inf.Slot, inf.Name, inf.PID, quiet.Round(time.Millisecond))
+			continue
+		}
+		// On a tier of one host every lease's process is on this one: a
+		// process that is gone (killed mid-load, say) is dead now, not a
+		// lease timeout from now.
+		if r.l.Nodes == 1 && !processAlive(inf.PID, inf.start) {
+			dead("slot %d (%q, pid %d) is marked live but its process is not running here (exited, or in another PID namespace): dead, and no daemon has reaped it",
+				inf.Slot, inf.Name, inf.PID)
 			continue
 		}
 		if inf.Daemon {
@@ -135,7 +180,7 @@ func (r *Region) auditLeases(report func(string, ...any)) {
 	}
 	for node, ds := range daemons {
 		if len(ds) > 1 {
-			report("node %d has %d live daemons (slots %v): one reaps and grants, the others race it", node, len(ds), ds)
+			reportAs(FindDaemons)("node %d has %d live daemons (slots %v): one reaps and grants, the others race it", node, len(ds), ds)
 		}
 	}
 }

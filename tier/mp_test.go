@@ -534,3 +534,30 @@ func TestReapedClientIsFenced(t *testing.T) {
 		t.Fatalf("the counter went from %d to %d after the writer was reaped", atReap, after)
 	}
 }
+
+// TestAuditFindsAKilledClient: a client killed with no daemon running
+// (Ctrl-C during a load) is reported by the audit at once, as what it is:
+// a dead lease, of a kind repair fixes (reaping it releases its lock and
+// chunks). The audit used to report nothing until its heartbeat was two
+// lease timeouts old.
+func TestAuditFindsAKilledClient(t *testing.T) {
+	g := testGeometry()
+	g.LeaseTimeout = time.Minute
+	r := formatTest(t, g)
+	k := spawn(t, r, "holder", 0)
+	if line, err := k.out.ReadString('\n'); err != nil || line != "locked\n" {
+		t.Fatalf("holder said %q, %v", line, err)
+	}
+	k.cmd.Process.Kill()
+	k.cmd.Wait()
+	kinds := map[FindingKind]int{}
+	for _, f := range r.AuditFindings() {
+		kinds[f.Kind]++
+		if !f.Kind.Repairable() {
+			t.Errorf("finding %q (%s) is not one repair fixes", f.Msg, f.Kind)
+		}
+	}
+	if kinds[FindDeadLease] != 1 || len(kinds) != 1 {
+		t.Fatalf("findings by kind: %v", kinds)
+	}
+}

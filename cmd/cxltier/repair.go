@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/cxltier/cxltier/internal/tierflags"
@@ -29,7 +28,7 @@ func cmdRepair(args []string, stdout, stderr io.Writer) error {
 	}
 	defer r.Close()
 	if *dry {
-		printRepairPlan(stdout, r.Audit())
+		printRepairPlan(stdout, r.AuditFindings())
 		return nil
 	}
 	m, err := tier.NewManager(r, tier.ManagerOptions{Node: *node})
@@ -61,13 +60,13 @@ func cmdRepair(args []string, stdout, stderr io.Writer) error {
 
 // printRepairPlan sorts audit findings into what repair fixes and what it
 // leaves alone.
-func printRepairPlan(w io.Writer, findings []string) {
+func printRepairPlan(w io.Writer, findings []tier.Finding) {
 	var fix, leave []string
 	for _, f := range findings {
-		if strings.Contains(f, "no live client") || strings.Contains(f, "has not heartbeated") {
-			fix = append(fix, f)
+		if f.Kind.Repairable() {
+			fix = append(fix, f.Msg)
 		} else {
-			leave = append(leave, f)
+			leave = append(leave, f.Msg)
 		}
 	}
 	list := func(head string, fs []string) {
