@@ -38,32 +38,38 @@ func TestAudit(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name, want string
+		kind       FindingKind
 		damage     func(r *Region, c *Client, e DirEntry)
 	}{
-		{"object chunk freed", "not the shared owner", func(r *Region, c *Client, e DirEntry) {
+		{"leaked chunk", "whose lease is free (leaked)", FindLeak, func(r *Region, c *Client, e DirEntry) {
+			i, _ := r.chunkIndex(e.Offset)
+			free := c.Slot() + 1 // no client attached there
+			atomic.StoreUint32(r.ownerWord(i+2), uint32(free+1)) // the private chunk
+		}},
+		{"object chunk freed", "not the shared owner", FindDirectory, func(r *Region, c *Client, e DirEntry) {
 			i, _ := r.chunkIndex(e.Offset)
 			atomic.StoreUint32(r.ownerWord(i), 0)
 		}},
-		{"owner beyond the slots", "names no lease slot", func(r *Region, c *Client, e DirEntry) {
+		{"owner beyond the slots", "names no lease slot", FindAllocator, func(r *Region, c *Client, e DirEntry) {
 			i, _ := r.chunkIndex(e.Offset)
 			atomic.StoreUint32(r.ownerWord(i+2), 5000)
 		}},
-		{"bitmap disagrees", "bitmap says", func(r *Region, c *Client, e DirEntry) {
+		{"bitmap disagrees", "bitmap says", FindAllocator, func(r *Region, c *Client, e DirEntry) {
 			i, _ := r.chunkIndex(e.Offset)
 			atomic.StoreUint32(r.ownerWord(i+5), uint32(c.Slot()+1))
 		}},
-		{"duplicate name", "both name", func(r *Region, c *Client, e DirEntry) {
+		{"duplicate name", "both name", FindDirectory, func(r *Region, c *Client, e DirEntry) {
 			copy(r.dirLine(3), r.dirLine(0))
 		}},
-		{"overlapping objects", "overlap", func(r *Region, c *Client, e DirEntry) {
+		{"overlapping objects", "overlap", FindDirectory, func(r *Region, c *Client, e DirEntry) {
 			copy(r.dirLine(3), r.dirLine(0))
 			r.dirLine(3)[64] = 'p' // another name ("pbj"), same span
 		}},
-		{"orphaned lock", "no live client", func(r *Region, c *Client, e DirEntry) {
+		{"orphaned lock", "no live client", FindOrphanLock, func(r *Region, c *Client, e DirEntry) {
 			_, local := r.lockLines(FirstUserLock, 0)
 			atomic.StoreUint64(u64At(local, 0), 0x0101010101010101)
 		}},
-		{"silent live lease", "has not heartbeated", func(r *Region, c *Client, e DirEntry) {
+		{"silent live lease", "has not heartbeated", FindDeadLease, func(r *Region, c *Client, e DirEntry) {
 			c.abandon() // stops the heartbeat, keeps the lease
 			atomic.StoreUint64(u64At(r.leaseLine(c.Slot()), 24), 1)
 		}},
@@ -71,9 +77,12 @@ func TestAudit(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r, c, e := setup(t)
 			tc.damage(r, c, e)
-			f := r.Audit()
-			if !strings.Contains(strings.Join(f, "\n"), tc.want) {
-				t.Fatalf("findings %q, want one saying %q", f, tc.want)
+			found := false
+			for _, f := range r.AuditFindings() {
+				found = found || (f.Kind == tc.kind && strings.Contains(f.Msg, tc.want))
+			}
+			if !found {
+				t.Fatalf("findings %+v, want one of kind %s saying %q", r.AuditFindings(), tc.kind, tc.want)
 			}
 		})
 	}

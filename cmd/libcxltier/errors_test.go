@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -95,6 +96,17 @@ func TestRecovered(t *testing.T) {
 	}
 	if recovered("cxl_test", nil, &log) != nil {
 		t.Fatal("no panic, yet an error")
+	}
+	// Whatever the panic's value, the call reports CXL_EOTHER: never
+	// success (panic(nil)), never the kind of an error it happens to carry.
+	for _, v := range []any{nil, tier.ErrNotFound, fmt.Errorf("wrapped: %w", tier.ErrExists), "text"} {
+		err := func() (err error) {
+			defer func() { err = recovered("cxl_test", recover(), &log) }()
+			panic(v)
+		}()
+		if err == nil || codeOf(err) != codeOther {
+			t.Errorf("panic(%v): %v, code %d", v, err, codeOf(err))
+		}
 	}
 }
 
