@@ -1,10 +1,13 @@
 package tier
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // TestAudit: a sound region has no findings; each kind of damage a reader
@@ -43,7 +46,7 @@ func TestAudit(t *testing.T) {
 	}{
 		{"leaked chunk", "whose lease is free (leaked)", FindLeak, func(r *Region, c *Client, e DirEntry) {
 			i, _ := r.chunkIndex(e.Offset)
-			free := c.Slot() + 1 // no client attached there
+			free := c.Slot() + 1                                 // no client attached there
 			atomic.StoreUint32(r.ownerWord(i+2), uint32(free+1)) // the private chunk
 		}},
 		{"object chunk freed", "not the shared owner", FindDirectory, func(r *Region, c *Client, e DirEntry) {
@@ -119,4 +122,51 @@ func TestDaemonRestartAfterKill(t *testing.T) {
 		t.Fatalf("restart after the daemon died: %v", err)
 	}
 	m2.Client().Close()
+}
+
+// TestOneDaemonPerNodeWhileRunning: two daemons that both passed the
+// start check (started at one moment) find each other while they run:
+// the later one stops, the first goes on. A daemon whose lease was reaped
+// (paused past the lease timeout) stops too. Both used to run on beside
+// each other.
+func TestOneDaemonPerNodeWhileRunning(t *testing.T) {
+	g := testGeometry()
+	g.LeaseTimeout = 200 * time.Millisecond
+	r := formatTest(t, g, fileBacking(t))
+	first, err := NewManager(r, ManagerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	// The second as if it had passed NewManager's check at the same moment.
+	self, err := r.Attach(ClientOptions{Node: 0, Name: "cxltierd", Daemon: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := &Manager{r: r, self: self, opts: first.opts, beats: map[int]beatSeen{}, lastGrant: make([]int, r.l.LockSlots)}
+	ctx, cancel := context.WithCancel(context.Background())
+	results := make(chan error, 2)
+	for _, m := range []*Manager{first, second} {
+		go func() { results <- m.Run(ctx) }()
+	}
+	select {
+	case err := <-results:
+		if !errors.Is(err, ErrExists) || !strings.Contains(err.Error(), fmt.Sprintf("daemon slot %d", first.self.slot)) {
+			t.Fatalf("the second daemon stopped with %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("two daemons of one node ran on beside each other")
+	}
+	// The first runs on, until its lease is taken from it.
+	line := r.leaseLine(first.self.slot)
+	atomic.StoreUint32(u32At(line, 0), leaseFree)
+	select {
+	case err := <-results:
+		if !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("the reaped daemon stopped with %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a daemon whose lease was reaped ran on")
+	}
+	cancel()
 }

@@ -2,6 +2,7 @@ package tier
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -108,6 +109,14 @@ func (m *Manager) Run(ctx context.Context) error {
 	t := time.NewTicker(m.opts.Interval)
 	defer t.Stop()
 	for {
+		if err := m.stillTheDaemon(); err != nil {
+			if errors.Is(err, ErrLeaseLost) {
+				m.self.abandon() // the lease is another's now
+			} else {
+				err = errors.Join(err, m.self.Close())
+			}
+			return err
+		}
 		m.ReapOnce()
 		select {
 		case <-ctx.Done():
@@ -115,6 +124,29 @@ func (m *Manager) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// stillTheDaemon checks, while the manager runs, what NewManager checked
+// at its start: that it is its node's one daemon. Two started at the same
+// moment both pass that check, and a daemon paused past the lease timeout
+// (its lease reaped, a replacement started) resumes beside its
+// replacement; of two live daemons of a node the one attached first stays
+// and the other stops, and a daemon whose lease was reaped stops.
+func (m *Manager) stillTheDaemon() error {
+	if err := m.self.fenced(); err != nil {
+		return fmt.Errorf("tier: manager of node %d: %w; stopping (another daemon may serve the node now)", m.opts.Node, err)
+	}
+	me := m.r.readLease(m.self.slot)
+	for _, inf := range m.r.Leases() {
+		if !inf.Daemon || inf.Node != m.opts.Node || inf.State != "live" || inf.Slot == m.self.slot {
+			continue
+		}
+		if inf.Attached.Before(me.Attached) || (inf.Attached.Equal(me.Attached) && inf.Slot < me.Slot) {
+			return fmt.Errorf("tier: manager of node %d: %w: daemon slot %d (pid %d) serves the node since %v; this one stops",
+				m.opts.Node, ErrExists, inf.Slot, inf.PID, inf.Attached.Format(time.RFC3339))
+		}
+	}
+	return nil
 }
 
 // Client is the manager's own lease.

@@ -86,11 +86,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	mctx, stopManager := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
+	managerErr := make(chan error, 1)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		if err := m.Run(mctx); err != nil {
 			logger.Printf("manager: %v", err)
+			managerErr <- err
 		}
 	}()
 	defer func() { stopManager(); wg.Wait() }()
@@ -107,11 +109,15 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	go func() { serveErr <- srv.Serve(ln) }()
 	logger.Printf("node %d (lock manager: %v); admin API on http://%s", cfg.Node, cfg.Node == cfg.ManagerNode, ln.Addr())
 
+	var stopErr error
 	select {
 	case <-ctx.Done():
 		logger.Printf("shutting down")
 	case err := <-serveErr:
 		return fmt.Errorf("admin server: %w", err)
+	case stopErr = <-managerErr:
+		// Not the node's daemon any more: stop serving, and leave the
+		// tier to the daemon that is.
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -120,6 +126,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	stopManager()
 	wg.Wait()
+	if stopErr != nil {
+		return stopErr
+	}
 	logger.Printf("stopped; the tier's content stays in %v", inf.Devices)
 	return nil
 }
