@@ -36,7 +36,15 @@ func newAdmin(r *tier.Region, m *tier.Manager, px *prefixes, cfg config, token [
 	return &admin{r: r, m: m, px: px, cfg: cfg, token: token, started: time.Now(), logger: logger, limits: newLimits(cfg.AdminRate)}
 }
 
-// limits are the admin API's rate limits: a bucket per client address for
+// Connection bounds of the admin API (see connGate): the server's own
+// limit is above the gate's, so the gate decides who gives way.
+const (
+	adminConcurrency = 256
+	adminConnsTotal  = 192
+	adminConnsPeer   = 32
+)
+
+// limits are the admin API's rate limits: a bucket per peer (peerOf) for
 // callers without the token, and one of their own for callers with it, so
 // that a local user flooding the API cannot starve the operator. Liveness
 // (/healthz) is never limited: an orchestrator whose probes got 429 from a
@@ -117,8 +125,7 @@ func (a *admin) server() *fasthttp.Server {
 		IdleTimeout:           30 * time.Second,
 		MaxRequestBodySize:    64 << 10,
 		ReadBufferSize:        8 << 10,
-		Concurrency:           256,
-		MaxConnsPerIP:         64,
+		Concurrency:           adminConcurrency,
 		NoDefaultServerHeader: true,
 		NoDefaultDate:         true,
 	}
@@ -144,7 +151,7 @@ func (a *admin) handle(ctx *fasthttp.RequestCtx) {
 	rt, ok := a.routes()[path]
 	authed := a.hasToken(ctx)
 	switch {
-	case path != "/healthz" && !a.limits.allow(ctx.RemoteIP().String(), authed, time.Now()):
+	case path != "/healthz" && !a.limits.allow(peerOf(ctx.RemoteIP()), authed, time.Now()):
 		ctx.Response.Header.Set("Retry-After", "1")
 		writeError(ctx, fasthttp.StatusTooManyRequests, "more than %v admin requests per second from %s", a.cfg.AdminRate, ctx.RemoteIP())
 	case !ok:

@@ -105,8 +105,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 
 	a := newAdmin(r, m, px, cfg, token, logger)
 	srv := a.server()
+	gate := newConnGate(ln, adminConnsPeer, adminConnsTotal)
+	srv.ConnState = gate.state
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
+	go func() { serveErr <- srv.Serve(gate) }()
 	logger.Printf("node %d (lock manager: %v); admin API on http://%s", cfg.Node, cfg.Node == cfg.ManagerNode, ln.Addr())
 
 	var stopErr error

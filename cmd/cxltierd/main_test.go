@@ -532,3 +532,76 @@ func TestFIFOsRefused(t *testing.T) {
 		}
 	}
 }
+
+// fromAlias is an HTTP client whose connections come from a loopback
+// alias (127.0.0.n), without keep-alive.
+func fromAlias(n int) *http.Client {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(n))}, Timeout: 5 * time.Second}
+	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}}
+}
+
+// TestAdminNotStarvedByIdleConnections: hundreds of idle connections, from
+// 127.0.0.1 and from other loopback addresses, no longer lock /healthz and
+// the token holder out: idle connections give way to new ones. 64 of them
+// from 127.0.0.1 used to make every request from that address fail, and
+// some 300 over other loopback addresses made the server answer 503.
+func TestAdminNotStarvedByIdleConnections(t *testing.T) {
+	const secret = "s3cret-s3cret-s3cret"
+	t.Setenv(tokenEnv, secret)
+	addr, _, _ := startInProcess(t)
+	var idle []net.Conn
+	defer func() {
+		for _, c := range idle {
+			c.Close()
+		}
+	}()
+	for i := range 364 {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(1+i/64))}}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("idle connection %d: %v", i, err)
+		}
+		idle = append(idle, c)
+	}
+	time.Sleep(100 * time.Millisecond)
+	for _, alias := range []int{1, 9} {
+		resp, err := fromAlias(alias).Get("http://" + addr + "/healthz")
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("/healthz from 127.0.0.%d behind idle connections: %v %v", alias, resp, err)
+		}
+		resp.Body.Close()
+		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/reap", nil)
+		req.Header.Set("Authorization", "Bearer "+secret)
+		resp, err = fromAlias(alias).Do(req)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("the token holder from 127.0.0.%d behind idle connections: %v %v", alias, resp, err)
+		}
+		resp.Body.Close()
+	}
+}
+
+// TestAdminRateLimitCountsLoopbackAsOnePeer: the rate limit cannot be
+// multiplied by sending from many loopback addresses.
+func TestAdminRateLimitCountsLoopbackAsOnePeer(t *testing.T) {
+	addr, _, _ := startInProcess(t, "-admin-rate", "2")
+	codes := map[int]int{}
+	for i := range 8 {
+		resp, err := fromAlias(2 + i).Get("http://" + addr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		codes[resp.StatusCode]++
+	}
+	if codes[429] == 0 {
+		t.Fatalf("8 quick requests at 2/s from 8 loopback addresses: %v", codes)
+	}
+	for _, c := range []struct {
+		ip, want string
+	}{{"127.0.0.1", "loopback"}, {"127.9.8.7", "loopback"}, {"::1", "loopback"},
+		{"10.1.2.3", "10.1.2.3"}, {"2001:db8::1", "2001:db8::/64"}, {"2001:db8::ffff:1", "2001:db8::/64"}} {
+		if got := peerOf(net.ParseIP(c.ip)); got != c.want {
+			t.Errorf("peerOf(%s) = %s, want %s", c.ip, got, c.want)
+		}
+	}
+}
