@@ -333,13 +333,7 @@ func (e *CUDA) rows(r Rows, toTier uint64) (Handle, error) {
 	if err != nil {
 		return nil, err
 	}
-	return e.Run(func(l Launch) error {
-		// Checked under the engine lock: no Unregister until the launch is queued.
-		if err := e.ranges.checkRows(&r); err != nil {
-			return err
-		}
-		return launchRows(l, Function{handle: fnHandle(e.fnRows)}, &r, uint64(db.ptr), toTier)
-	})
+	return runRows(e, &e.ranges, Function{handle: fnHandle(e.fnRows)}, &r, uint64(db.ptr), toTier)
 }
 
 func (e *CUDA) blocks(b Blocks, toTier uint64) (Handle, error) {
@@ -351,12 +345,7 @@ func (e *CUDA) blocks(b Blocks, toTier uint64) (Handle, error) {
 		}
 		chunks[c] = uint64(db.ptr) + uint64(ch.Offset)
 	}
-	return e.Run(func(l Launch) error {
-		if err := e.ranges.checkBlocks(&b); err != nil {
-			return err
-		}
-		return launchBlocks(l, Function{handle: fnHandle(e.fnBlocks)}, &b, chunks, toTier)
-	})
+	return runBlocks(e, &e.ranges, Function{handle: fnHandle(e.fnBlocks)}, &b, chunks, toTier)
 }
 
 // launch runs fn with 8-byte parameters (gorgonia.org/cu passes each

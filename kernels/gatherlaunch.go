@@ -56,6 +56,27 @@ func launchBlocks(l Launch, fn Function, b *Blocks, chunks []uint64, toTier uint
 		uint64(n), uint64(nc), uint64(b.ChunkBytes), uint64(b.PageStride), uint64(lanes), toTier)
 }
 
+// runRows and runBlocks are an engine's Gather/Scatter and
+// GatherBlocks/ScatterBlocks: in one Run, the request is checked against the
+// registered ranges (so no Unregister can come between) and launched.
+func runRows(e Launcher, ranges *rangeTable, fn Function, r *Rows, buf, toTier uint64) (Handle, error) {
+	return e.Run(func(l Launch) error {
+		if err := ranges.checkRows(r); err != nil {
+			return err
+		}
+		return launchRows(l, fn, r, buf, toTier)
+	})
+}
+
+func runBlocks(e Launcher, ranges *rangeTable, fn Function, b *Blocks, chunks []uint64, toTier uint64) (Handle, error) {
+	return e.Run(func(l Launch) error {
+		if err := ranges.checkBlocks(b); err != nil {
+			return err
+		}
+		return launchBlocks(l, fn, b, chunks, toTier)
+	})
+}
+
 // queue launches fn over threads threads, the grid capped by the engine
 // (the kernels loop over the rest).
 func queue(l Launch, fn Function, threads int, params ...uint64) error {

@@ -240,12 +240,7 @@ func (e *Sim) rows(r Rows, toTier uint64) (Handle, error) {
 	if err != nil {
 		return nil, err
 	}
-	return e.Run(func(l Launch) error {
-		if err := e.ranges.checkRows(&r); err != nil {
-			return err
-		}
-		return launchRows(l, e.fnRows, &r, b.dev, toTier)
-	})
+	return runRows(e, &e.ranges, e.fnRows, &r, b.dev, toTier)
 }
 
 func (e *Sim) blocks(bl Blocks, toTier uint64) (Handle, error) {
@@ -257,12 +252,7 @@ func (e *Sim) blocks(bl Blocks, toTier uint64) (Handle, error) {
 		}
 		chunks[c] = b.dev + uint64(ch.Offset)
 	}
-	return e.Run(func(l Launch) error {
-		if err := e.ranges.checkBlocks(&bl); err != nil {
-			return err
-		}
-		return launchBlocks(l, e.fnBlocks, &bl, chunks, toTier)
-	})
+	return runBlocks(e, &e.ranges, e.fnBlocks, &bl, chunks, toTier)
 }
 
 // Sync implements Engine: launches run to completion when queued.

@@ -268,17 +268,27 @@ func (m *machine) access(bk *block, t *thread, in *inst, addr uint64, size int) 
 
 var spaceName = [...]string{spGeneric: "generic", spGlobal: "global", spShared: "shared", spLocal: "local", spParam: "param"}
 
-func (m *machine) load(bk *block, t *thread, in *inst) error {
+// memOperand is the bytes a load or store of t reaches (checked, and
+// noted for the race check), and the size of one element.
+func (m *machine) memOperand(bk *block, t *thread, in *inst, write bool) ([]byte, int, error) {
 	size := int(in.typ.bits) / 8
 	addr := m.val(bk, t, in.addr) + uint64(in.off)
 	b, err := m.access(bk, t, in, addr, size*in.vec)
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
 	if in.sp == spShared && m.race != nil {
-		if err := m.noteShared(bk, t, in, addr-sharedBase, size*in.vec, false, false); err != nil {
-			return err
+		if err := m.noteShared(bk, t, in, addr-sharedBase, size*in.vec, write, false); err != nil {
+			return nil, 0, err
 		}
+	}
+	return b, size, nil
+}
+
+func (m *machine) load(bk *block, t *thread, in *inst) error {
+	b, size, err := m.memOperand(bk, t, in, false)
+	if err != nil {
+		return err
 	}
 	global := in.sp == spGlobal || in.sp == spGeneric
 	for i, d := range in.dst {
@@ -295,16 +305,9 @@ func (m *machine) load(bk *block, t *thread, in *inst) error {
 }
 
 func (m *machine) store(bk *block, t *thread, in *inst) error {
-	size := int(in.typ.bits) / 8
-	addr := m.val(bk, t, in.addr) + uint64(in.off)
-	b, err := m.access(bk, t, in, addr, size*in.vec)
+	b, size, err := m.memOperand(bk, t, in, true)
 	if err != nil {
 		return err
-	}
-	if in.sp == spShared && m.race != nil {
-		if err := m.noteShared(bk, t, in, addr-sharedBase, size*in.vec, true, false); err != nil {
-			return err
-		}
 	}
 	global := in.sp == spGlobal || in.sp == spGeneric
 	for i, a := range in.args {
