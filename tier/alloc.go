@@ -214,10 +214,17 @@ func (r *Region) ownsChunks(slot int) bool {
 }
 
 func (r *Region) usedChunks() int64 {
-	r.sync.refresh(r.bitmapBytes(0, (r.l.ChunkCount+63)/64))
+	words := (r.l.ChunkCount + 63) / 64
+	r.sync.refresh(r.bitmapBytes(0, words))
 	var used int
-	for w := int64(0); w < (r.l.ChunkCount+63)/64; w++ {
-		used += bits.OnesCount64(atomic.LoadUint64(r.bitmapWord(w)))
+	for w := int64(0); w < words; w++ {
+		word := atomic.LoadUint64(r.bitmapWord(w))
+		if w == words-1 && r.l.ChunkCount%64 != 0 {
+			// Bits past the last chunk are padding: set (damage), they
+			// are no chunk's, and counting them made free space negative.
+			word &= 1<<(r.l.ChunkCount%64) - 1
+		}
+		used += bits.OnesCount64(word)
 	}
 	return int64(used)
 }

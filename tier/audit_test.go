@@ -170,3 +170,46 @@ func TestOneDaemonPerNodeWhileRunning(t *testing.T) {
 	}
 	cancel()
 }
+
+// TestForgedDaemonLease: a lease that claims to be a running daemon with
+// a heartbeat time far in the future (forged, or damaged) does not block
+// a daemon's start, nor stop it once it runs. It used to block every
+// daemon start and repair, since its heartbeat never aged.
+func TestForgedDaemonLease(t *testing.T) {
+	g := testGeometry()
+	g.LeaseTimeout = 200 * time.Millisecond
+	r := formatTest(t, g, fileBacking(t))
+	forger, err := r.Attach(ClientOptions{Node: 0, Name: "cxltierd", Daemon: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forger.abandon() // no heartbeat of its own: the forged word stays
+	line := r.leaseLine(forger.Slot())
+	atomic.StoreUint64(u64At(line, 24), uint64(time.Now().Add(24*time.Hour).UnixNano()))
+	m, err := NewManager(r, ManagerOptions{})
+	if err != nil {
+		t.Fatalf("a daemon behind a forged lease: %v", err)
+	}
+	if err := m.stillTheDaemon(); err != nil {
+		t.Fatalf("the running daemon yields to a forged lease: %v", err)
+	}
+	m.Client().Close()
+}
+
+// TestFreeSpaceIgnoresBitmapPadding: bits past the last chunk in the
+// allocator bitmap (damage: no chunk is there) do not count as used; they
+// made free space negative.
+func TestFreeSpaceIgnoresBitmapPadding(t *testing.T) {
+	g := testGeometry()
+	g.DeviceSize = 20 << 20 // 80 chunks: not a multiple of 64
+	r := formatTest(t, g, fileBacking(t))
+	if r.l.ChunkCount%64 == 0 {
+		t.Skipf("%d chunks: no padding to damage", r.l.ChunkCount)
+	}
+	before := r.freeChunks()
+	last := (r.l.ChunkCount+63)/64 - 1
+	atomic.StoreUint64(r.bitmapWord(last), atomic.LoadUint64(r.bitmapWord(last))|^uint64(0)<<(r.l.ChunkCount%64))
+	if after := r.freeChunks(); after != before || after < 0 {
+		t.Fatalf("free chunks %d with padding bits set, %d before", after, before)
+	}
+}

@@ -69,13 +69,28 @@ type beatSeen struct {
 
 const keepReaped = 64
 
+// runningDaemon reports whether lease inf is a daemon of node opts.Node
+// that runs: live, its process there (checked on this host unless
+// SkipPIDCheck: a daemon that crashed leaves a fresh lease behind), and
+// heartbeating. A heartbeat time further ahead than any clock skew is a
+// damaged or forged lease, which would never age: not a daemon to yield to.
+func (r *Region) runningDaemon(inf LeaseInfo, opts ManagerOptions) bool {
+	if !inf.Daemon || inf.Node != opts.Node || inf.State != "live" {
+		return false
+	}
+	if !opts.SkipPIDCheck && !processAlive(inf.PID, inf.start) {
+		return false
+	}
+	age := time.Since(inf.LastBeat)
+	return age < r.l.LeaseTimeout && age > -r.l.LeaseTimeout-time.Minute
+}
+
 // NewManager attaches the daemon's own lease on node opts.Node.
 func NewManager(r *Region, opts ManagerOptions) (*Manager, error) {
 	for _, inf := range r.Leases() {
 		// A daemon that crashed or was killed leaves a fresh lease behind:
 		// on this host its process is checked, so a restart goes ahead.
-		gone := !opts.SkipPIDCheck && !processAlive(inf.PID, inf.start)
-		if inf.Daemon && inf.Node == opts.Node && inf.State == "live" && !gone && time.Since(inf.LastBeat) < r.l.LeaseTimeout {
+		if r.runningDaemon(inf, opts) {
 			return nil, fmt.Errorf("tier: manager: a daemon for node %d runs already (slot %d, pid %d, %q): %w",
 				opts.Node, inf.Slot, inf.PID, inf.Name, ErrExists)
 		}
@@ -138,7 +153,7 @@ func (m *Manager) stillTheDaemon() error {
 	}
 	me := m.r.readLease(m.self.slot)
 	for _, inf := range m.r.Leases() {
-		if !inf.Daemon || inf.Node != m.opts.Node || inf.State != "live" || inf.Slot == m.self.slot {
+		if inf.Slot == m.self.slot || !m.r.runningDaemon(inf, m.opts) {
 			continue
 		}
 		if inf.Attached.Before(me.Attached) || (inf.Attached.Equal(me.Attached) && inf.Slot < me.Slot) {
