@@ -365,6 +365,10 @@ func (s *Store) Publish(res []Reservation, crcs []uint32) error {
 	})
 	s.count(ctrInserts, n)
 	s.count(ctrBytesIn, bytes)
+	if errors.Is(err, tier.ErrLeaseLost) {
+		// A client without its lease has had every reservation reclaimed.
+		return fmt.Errorf("prefix: %q: publish: %w: %w", s.name, ErrLost, err)
+	}
 	if err != nil {
 		return err
 	}

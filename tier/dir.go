@@ -139,7 +139,7 @@ func (r *Region) DirLookup(name string) (DirEntry, error) {
 	for i := 0; i < r.l.DirEntries; i++ {
 		e, err := r.readDir(i)
 		if err != nil {
-			return DirEntry{}, fmt.Errorf("tier: directory entry %d: %w", i, err)
+			continue // damaged: Audit reports it; it names nothing it can be trusted for
 		}
 		if !e.empty() && !e.torn() && e.Name == name {
 			return e.DirEntry, nil
@@ -157,7 +157,7 @@ func (r *Region) DirList() ([]DirEntry, error) {
 	for i := 0; i < r.l.DirEntries; i++ {
 		e, err := r.readDir(i)
 		if err != nil {
-			return nil, fmt.Errorf("tier: directory entry %d: %w", i, err)
+			continue // damaged: Audit reports it
 		}
 		if !e.empty() && !e.torn() {
 			out = append(out, e.DirEntry)
@@ -203,7 +203,7 @@ func (r *Region) dirPutLocked(e DirEntry) error {
 	for i := 0; i < r.l.DirEntries; i++ {
 		cur, err := r.readDir(i)
 		if err != nil {
-			return err
+			continue // damaged: neither free nor comparable; Audit reports it
 		}
 		switch {
 		case cur.torn() || cur.empty():
@@ -227,7 +227,7 @@ func (c *Client) DirDelete(name string) error {
 		for i := 0; i < c.r.l.DirEntries; i++ {
 			cur, err := c.r.readDir(i)
 			if err != nil {
-				return err
+				continue // damaged: Audit reports it
 			}
 			if !cur.empty() && !cur.torn() && cur.Name == name {
 				c.r.writeDir(i, DirEntry{})

@@ -175,13 +175,6 @@ func TestOpenRefusals(t *testing.T) {
 			d[l.LockOff] ^= 0xff
 			return d
 		}, Options{}, ErrCorrupt},
-		{"damaged directory entry", func(_ string, d []byte) []byte {
-			l, _ := computeLayout(testGeometry())
-			e := d[l.DirOff+areaHeaderLen:]
-			binary.LittleEndian.PutUint32(e[4:], 9)    // kind
-			binary.LittleEndian.PutUint32(e[32:], 200) // name length
-			return d
-		}, Options{}, ErrCorrupt},
 		{"truncated below header", func(p string, _ []byte) []byte {
 			if err := os.Truncate(p, 100); err != nil {
 				t.Fatal(err)

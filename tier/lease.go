@@ -178,7 +178,7 @@ func (c *Client) fenced() error {
 	c.r.sync.refresh(line)
 	if !c.owns(line) {
 		c.lost.Store(true)
-		return fmt.Errorf("client slot %d was reaped (paused past the lease timeout?): %w", c.slot, ErrLeaseLost)
+		return fmt.Errorf("client slot %d no longer holds its lease (closed, or reaped after a pause past the lease timeout): %w", c.slot, ErrLeaseLost)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package tier
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -304,7 +305,15 @@ func (c *Client) withLock(id int, fn func() error) (err error) {
 		return err
 	}
 	defer func() {
-		if uerr := c.Unlock(id); err == nil {
+		uerr := c.Unlock(id)
+		if errors.Is(uerr, ErrLeaseLost) {
+			// Reaped inside the critical section (a long pause): what fn
+			// saw or reported after that came from a tier the reaper had
+			// changed under it. Say so first.
+			err = errors.Join(uerr, err)
+			return
+		}
+		if err == nil {
 			err = uerr
 		}
 	}()
