@@ -169,7 +169,7 @@ func (r *Region) auditLeases(reportAs func(FindingKind) func(string, ...any)) {
 		// On a tier of one host every lease's process is on this one: a
 		// process that is gone (killed mid-load, say) is dead now, not a
 		// lease timeout from now.
-		if r.l.Nodes == 1 && !processAlive(inf.PID, inf.start) {
+		if inf.Gone {
 			dead("slot %d (%q, pid %d) is marked live but its process is not running here (exited, or in another PID namespace): dead, and no daemon has reaped it",
 				inf.Slot, inf.Name, inf.PID)
 			continue

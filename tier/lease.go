@@ -39,7 +39,10 @@ type LeaseInfo struct {
 	Beat     uint64    `json:"heartbeats"`
 	LastBeat time.Time `json:"last_heartbeat"`
 	Attached time.Time `json:"attached"`
-	start    uint64
+	// Gone is set for a live lease of a one-host tier whose process no
+	// longer runs (killed with no daemon to reap it): dead, not yet reaped.
+	Gone  bool `json:"process_gone,omitempty"`
+	start uint64
 }
 
 func (r *Region) readLease(slot int) LeaseInfo {
@@ -77,6 +80,7 @@ func (r *Region) Leases() []LeaseInfo {
 	}
 	for s := 0; s < r.l.Nodes*r.l.ClientsPerNode; s++ {
 		if inf := r.readLease(s); inf.State != "free" {
+			inf.Gone = inf.State == "live" && r.l.Nodes == 1 && !processAlive(inf.PID, inf.start)
 			out = append(out, inf)
 		}
 	}

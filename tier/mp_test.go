@@ -560,4 +560,13 @@ func TestAuditFindsAKilledClient(t *testing.T) {
 	if kinds[FindDeadLease] != 1 || len(kinds) != 1 {
 		t.Fatalf("findings by kind: %v", kinds)
 	}
+	gone := 0
+	for _, l := range r.Leases() {
+		if l.Gone {
+			gone++
+		}
+	}
+	if gone != 1 {
+		t.Fatalf("%d leases shown as gone, want the killed client's", gone)
+	}
 }

@@ -148,6 +148,9 @@ func printSnapshot(w io.Writer, s tier.Snapshot) {
 		if c.Daemon {
 			role = " [daemon]"
 		}
+		if c.Gone {
+			role += " — its process is gone: dead, not yet reaped (cxltier repair, or the daemon, reaps it)"
+		}
 		fmt.Fprintf(w, "  slot %-4d %-5s pid %-8d node %d %q%s, %d heartbeats, last %s\n",
 			c.Slot, c.State, c.PID, c.Node, c.Name, role, c.Beat, c.LastBeat.Format(time.RFC3339))
 	}

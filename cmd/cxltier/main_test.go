@@ -508,3 +508,34 @@ func TestEngramHashRawIDs(t *testing.T) {
 		t.Fatalf("--raw without a table: exit %d, %q", code, errs)
 	}
 }
+
+// TestDestroyDamagedHeader: a tier whose header is damaged says how to get
+// rid of it, and destroy -force does (it used to be refused even with
+// -force, with nothing saying what would work); a file that is no tier at
+// all (bad magic) is never removed.
+func TestDestroyDamagedHeader(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tier")
+	if code, _, errs := runCLI(t, "format", "-device", "file:"+path, "-size", "16MiB"); code != 0 {
+		t.Fatalf("format: %s", errs)
+	}
+	raw, _ := os.ReadFile(path)
+	raw[100] ^= 0xff // inside the header, past the magic: its checksum fails
+	os.WriteFile(path, raw, 0o600)
+	if code, _, errs := runCLI(t, "destroy", path); code == 0 || !strings.Contains(errs, "destroy -force removes it") {
+		t.Fatalf("destroy of a damaged tier: exit %d, %q", code, errs)
+	}
+	if code, out, errs := runCLI(t, "destroy", "-force", path); code != 0 || !strings.Contains(out, "destroyed") {
+		t.Fatalf("destroy -force of a damaged tier: exit %d, %q %q", code, out, errs)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("the damaged tier is still there: %v", err)
+	}
+	other := filepath.Join(t.TempDir(), "notes.txt")
+	os.WriteFile(other, bytes.Repeat([]byte("not a tier "), 1000), 0o600)
+	if code, _, errs := runCLI(t, "destroy", "-force", other); code == 0 || !strings.Contains(errs, "not removed") {
+		t.Fatalf("destroy -force of a file that is no tier: exit %d, %q", code, errs)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Fatalf("a file that is no tier was removed: %v", err)
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -95,13 +96,21 @@ func cmdDestroy(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	r, devs, err := openArgs(fs, true)
-	if err != nil {
+	switch {
+	case err == nil:
+		live := liveClients(r)
+		r.Close()
+		if len(live) > 0 && !*force {
+			return fmt.Errorf("%d live client(s) attached (%s): stop them (and cxltierd) first, or -force", len(live), strings.Join(live, ", "))
+		}
+	case errors.Is(err, tier.ErrBadMagic):
+		return fmt.Errorf("%w\n  (not removed: it may not be a tier at all; if it was one, cxltier format -force reuses it, or remove it yourself)", err)
+	case damagedHeader(err) && *force:
+		fmt.Fprintf(stderr, "destroy: the header is damaged (%v): removing the tier without reading it, so its clients cannot be checked\n", err)
+	case damagedHeader(err):
+		return fmt.Errorf("%w\n  (the header is damaged, so nothing in the tier can be read: stop its clients and cxltierd, then cxltier destroy -force removes it without reading it)", err)
+	default:
 		return err
-	}
-	live := liveClients(r)
-	r.Close()
-	if len(live) > 0 && !*force {
-		return fmt.Errorf("%d live client(s) attached (%s): stop them (and cxltierd) first, or -force", len(live), strings.Join(live, ", "))
 	}
 	for _, d := range devs {
 		switch d.Kind {
@@ -124,6 +133,17 @@ func cmdDestroy(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "destroyed %s\n", d)
 	}
 	return nil
+}
+
+// damagedHeader reports an error of a tier whose magic is there but whose
+// header or areas are damaged.
+func damagedHeader(err error) bool {
+	for _, e := range []error{tier.ErrChecksum, tier.ErrVersion, tier.ErrCorrupt, tier.ErrTruncated, tier.ErrSizeMismatch, tier.ErrDeviceOrder} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // liveClients names the clients of r whose lease still beats.
