@@ -483,22 +483,55 @@ func randomOpsAgainstModel(t *testing.T, shards int) {
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	stores := []*Store{s, s2}
+	// The model: the length of the payload the index holds for each key,
+	// or nothing. The index is a cache, so it may have evicted a key the
+	// model holds (a miss is allowed); it must never serve a key the
+	// model lacks (deleted, never inserted) or another version of one
+	// (Set leaves a present key as it is).
+	model := map[Key]int{}
+	hits := 0
 	for step := range 3000 {
 		st := stores[rng.IntN(2)]
 		k := keyN(rng.IntN(80))
 		switch op := rng.IntN(4); op {
 		case 0, 1:
-			st.Set([]Key{k}, [][]byte{payloadFor(k, 1+rng.IntN(1024))})
+			n := 1 + rng.IntN(1024)
+			status, err := st.Set([]Key{k}, [][]byte{payloadFor(k, n)})
+			if err != nil {
+				t.Fatalf("step %d: set: %v", step, err)
+			}
+			switch _, held := model[k]; {
+			case status[0] == Reserved:
+				model[k] = n // new, or evicted since the model last saw it
+			case status[0] == Exists && !held:
+				t.Fatalf("step %d: set of %v says it exists, but it was deleted or never inserted", step, k)
+			}
 		case 2:
 			dst := [][]byte{make([]byte, 1024)}
-			if n, err := st.Get([]Key{k}, dst); err != nil {
+			n, err := st.Get([]Key{k}, dst)
+			if err != nil {
 				t.Fatalf("step %d: %v", step, err)
-			} else if n == 1 && !bytes.Equal(dst[0], payloadFor(k, len(dst[0]))) {
-				t.Fatalf("step %d: wrong payload for %v", step, k)
+			}
+			want, held := model[k]
+			switch {
+			case n == 1 && !held:
+				t.Fatalf("step %d: %v served, but it was deleted or never inserted", step, k)
+			case n == 1 && (len(dst[0]) != want || !bytes.Equal(dst[0], payloadFor(k, want))):
+				t.Fatalf("step %d: %v served %d bytes, the index holds %d", step, k, len(dst[0]), want)
+			case n == 0 && held:
+				delete(model, k) // evicted
+			case n == 1:
+				hits++
 			}
 		case 3:
-			st.Delete([]Key{k})
+			if _, err := st.Delete([]Key{k}); err != nil {
+				t.Fatalf("step %d: delete: %v", step, err)
+			}
+			delete(model, k)
 		}
+	}
+	if hits < 100 {
+		t.Fatalf("only %d hits in 3000 steps: the model was hardly checked", hits)
 	}
 	mustCheck(t, s)
 	if got := s.Stats(); got.Ready > 32 || got.UsedBlocks != got.Ready || 4*got.Tombstones > got.Entries {
