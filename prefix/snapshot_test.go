@@ -177,3 +177,64 @@ func TestRestoreChecksEachShard(t *testing.T) {
 		t.Fatalf("restore into 8 shards of 32 blocks: %+v, %v, %d present", info, err, big.countPresent(keys))
 	}
 }
+
+// swapReader serves first until the first rewind, then second: a snapshot
+// file replaced between restore's verify pass and its insert pass.
+type swapReader struct {
+	*bytes.Reader
+	second []byte
+	seeks  int
+}
+
+func (s *swapReader) Seek(off int64, whence int) (int64, error) {
+	if s.seeks++; s.seeks == 1 {
+		s.Reader = bytes.NewReader(s.second)
+	}
+	return s.Reader.Seek(off, whence)
+}
+
+// TestRestoreRollsBack drives restore's rollback itself, which the verify
+// pass otherwise shields: the file passes verification, then reads damaged
+// at its last record while the entries before it are inserted. Those are
+// removed again, and what the index held before stays.
+func TestRestoreRollsBack(t *testing.T) {
+	_, c := testTier(t, 1)
+	src := testStore(t, c, 64, 512)
+	var keys []Key
+	for i := range 40 {
+		keys = append(keys, keyN(i))
+	}
+	if _, err := src.Set(keys, payloadsFor(keys, 300)); err != nil {
+		t.Fatal(err)
+	}
+	var file bytes.Buffer
+	if _, err := src.Snapshot(&file, nil); err != nil {
+		t.Fatal(err)
+	}
+	raw := unzstd(t, file.Bytes())
+	damaged := append([]byte(nil), raw...)
+	damaged[len(raw)-13-10] ^= 0x40 // the last record's payload
+	_, c2 := testTier(t, 1)
+	dst := testStore(t, c2, 64, 512)
+	before := []Key{keyN(1000), keyN(1001), keyN(5)} // one of them in the snapshot too
+	if _, err := dst.Set(before, payloadsFor(before, 200)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := dst.Restore(&swapReader{Reader: bytes.NewReader(file.Bytes()), second: mustZstd(t, damaged)}, nil)
+	if !errors.Is(err, ErrBadSnapshot) || !strings.Contains(err.Error(), "entries it had inserted were removed") {
+		t.Fatalf("restore of a file damaged between its passes: %v", err)
+	}
+	if n := dst.Stats().Ready; n != int64(len(before)) {
+		t.Fatalf("%d entries after the rollback, want the %d there before", n, len(before))
+	}
+	if n := dst.Exists(before); n != len(before) {
+		t.Fatalf("the rollback removed %d entries that were there before", len(before)-n)
+	}
+	for _, k := range keys {
+		if k != keyN(5) {
+			if n := dst.Exists([]Key{k}); n != 0 {
+				t.Fatalf("key %v of the refused restore is still there", k)
+			}
+		}
+	}
+}
