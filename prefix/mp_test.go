@@ -74,7 +74,15 @@ func runWorker() error {
 	fmt.Sscan(os.Getenv(envSeed), &seed)
 	rng := rand.New(rand.NewPCG(seed, uint64(os.Getpid())))
 	for end := time.Now().Add(run); time.Now().Before(end); {
-		if err := workerStep(s, rng); err != nil {
+		err := workerStep(s, rng)
+		if errors.Is(err, tier.ErrLeaseLost) {
+			// Starved past the lease timeout (a loaded machine, -race) and
+			// reaped while alive: fenced, it stops, as a client of a
+			// server would before attaching again. It must not go on.
+			fmt.Fprintf(os.Stderr, "prefix worker %d: reaped while alive, stopping: %v\n", os.Getpid(), err)
+			return nil
+		}
+		if err != nil {
 			return err
 		}
 	}

@@ -82,26 +82,7 @@ func runWorker(role string, out io.Writer) error {
 	rng := rand.New(rand.NewPCG(seed, 11))
 	tolerant := os.Getenv(envDamage) != ""
 	var ops, errs int64
-	var step func() (int, error)
-	for {
-		switch role {
-		case "prefix":
-			step, err = prefixStep(c, rng)
-		case "topk":
-			step, err = topkStep(c, rng)
-		case "engram":
-			step, err = engramStep(c, rng)
-		default:
-			return fmt.Errorf("unknown role %q", role)
-		}
-		if err == nil || !tolerant {
-			break
-		}
-		// Under damage the index may refuse to open: say so, try again.
-		errs++
-		fmt.Fprintf(out, "ops %d\nerrs %d\n", ops, errs)
-		time.Sleep(100 * time.Millisecond)
-	}
+	step, err := openStep(role, c, rng, tolerant, out, &ops, &errs)
 	if err != nil {
 		return err
 	}
@@ -109,6 +90,17 @@ func runWorker(role string, out io.Writer) error {
 	for {
 		n, err := step()
 		switch {
+		case errors.Is(err, tier.ErrLeaseLost):
+			// Starved past the lease timeout (a loaded machine) and reaped
+			// while alive: fenced, it attaches again, as a server would.
+			fmt.Fprintf(os.Stderr, "soak %s worker %d: reaped while alive; attaching again: %v\n", role, os.Getpid(), err)
+			if c, err = r.Attach(tier.ClientOptions{Name: "soak-" + role}); err != nil {
+				return err
+			}
+			if step, err = openStep(role, c, rng, tolerant, out, &ops, &errs); err != nil {
+				return err
+			}
+			continue
 		case err != nil && (!tolerant || errors.Is(err, errWrongPayload)):
 			return err
 		case err != nil:
@@ -120,6 +112,32 @@ func runWorker(role string, out io.Writer) error {
 			fmt.Fprintf(out, "ops %d\nerrs %d\n", ops, errs)
 			last = time.Now()
 		}
+	}
+}
+
+// openStep opens what role works on through c and returns its step; under
+// damage (tolerant) it retries an index that refuses to open.
+func openStep(role string, c *tier.Client, rng *rand.Rand, tolerant bool, out io.Writer, ops, errs *int64) (func() (int, error), error) {
+	for {
+		var step func() (int, error)
+		var err error
+		switch role {
+		case "prefix":
+			step, err = prefixStep(c, rng)
+		case "topk":
+			step, err = topkStep(c, rng)
+		case "engram":
+			step, err = engramStep(c, rng)
+		default:
+			return nil, fmt.Errorf("unknown role %q", role)
+		}
+		if err == nil || !tolerant {
+			return step, err
+		}
+		// Under damage the index may refuse to open: say so, try again.
+		*errs++
+		fmt.Fprintf(out, "ops %d\nerrs %d\n", *ops, *errs)
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
