@@ -3,9 +3,9 @@
 package engram
 
 import (
-	"fmt"
 	"testing"
 
+	"github.com/cxltier/cxltier/internal/tiertest"
 	"github.com/cxltier/cxltier/kernels"
 )
 
@@ -16,20 +16,13 @@ import (
 // interpreter is too slow: .ci/run runs these packages once more without
 // it.
 func init() {
-	for _, seed := range []uint64{0, 1, 2, 3} {
-		name := "ptxsim"
-		if seed != 0 {
-			name = fmt.Sprintf("ptxsim-seed%d", seed)
-		}
+	for _, s := range tiertest.SimSchedules() {
 		planEngines = append(planEngines, struct {
 			name  string
 			exact bool
 			make  func(t testing.TB) kernels.Engine
-		}{name, false, func(t testing.TB) kernels.Engine {
-			e, err := kernels.NewSim(kernels.SimOptions{Seed: seed, RaceCheck: true})
-			if err != nil {
-				t.Fatal(err)
-			}
+		}{s.Name, false, func(t testing.TB) kernels.Engine {
+			e := tiertest.Sim(t, s.Seed)
 			t.Cleanup(func() { e.Close() })
 			return e
 		}})

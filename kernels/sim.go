@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"encoding/binary"
 	"fmt"
 	"sync"
 
@@ -97,9 +98,7 @@ func (e *Sim) enter() (func(), error) {
 }
 
 func (e *Sim) setBase(id RangeID, dev uint64) {
-	for i := range 8 {
-		e.bases[8*int(id)+i] = byte(dev >> (8 * i))
-	}
+	binary.LittleEndian.PutUint64(e.bases[8*int(id):], dev)
 }
 
 // Register implements Engine.
@@ -447,11 +446,7 @@ func (l *simLaunch) Stage(words []uint64) (uint64, error) {
 		return 0, fmt.Errorf("%w: a second Stage", ErrNotInRun)
 	}
 	mem := make([]byte, 8*max(len(words), 1))
-	for i, w := range words {
-		for j := range 8 {
-			mem[8*i+j] = byte(w >> (8 * j))
-		}
-	}
+	copy(mem, AsBytes(words))
 	if l.stage, err = e.space.Map(mem); err != nil {
 		return 0, err
 	}
@@ -468,7 +463,7 @@ func (l *simLaunch) Memset32(dst uint64, v uint32, n int) error {
 		return fmt.Errorf("%w: set %d words: %v", ErrBadRequest, n, err)
 	}
 	for i := 0; i < len(b); i += 4 {
-		b[i], b[i+1], b[i+2], b[i+3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
+		binary.LittleEndian.PutUint32(b[i:], v)
 	}
 	return nil
 }

@@ -92,7 +92,10 @@ func TestRestoreRefusesDamage(t *testing.T) {
 // than the index has blocks, changes nothing in the index. Restore used to
 // insert every record before the damage (61 of them, in one report) and
 // accept what followed the trailer.
-func TestRestoreAllOrNothing(t *testing.T) {
+// snapshotOf40 snapshots an index holding keys 0 to 39 (300-byte
+// payloads); it returns the keys and the snapshot file.
+func snapshotOf40(t *testing.T) ([]Key, []byte) {
+	t.Helper()
 	_, c := testTier(t, 1)
 	src := testStore(t, c, 64, 512)
 	var keys []Key
@@ -106,7 +109,11 @@ func TestRestoreAllOrNothing(t *testing.T) {
 	if _, err := src.Snapshot(&file, nil); err != nil {
 		t.Fatal(err)
 	}
-	good := file.Bytes()
+	return keys, file.Bytes()
+}
+
+func TestRestoreAllOrNothing(t *testing.T) {
+	_, good := snapshotOf40(t)
 	raw := unzstd(t, good)
 	flip := func(at int) []byte {
 		b := append([]byte(nil), raw...)
@@ -198,20 +205,8 @@ func (s *swapReader) Seek(off int64, whence int) (int64, error) {
 // at its last record while the entries before it are inserted. Those are
 // removed again, and what the index held before stays.
 func TestRestoreRollsBack(t *testing.T) {
-	_, c := testTier(t, 1)
-	src := testStore(t, c, 64, 512)
-	var keys []Key
-	for i := range 40 {
-		keys = append(keys, keyN(i))
-	}
-	if _, err := src.Set(keys, payloadsFor(keys, 300)); err != nil {
-		t.Fatal(err)
-	}
-	var file bytes.Buffer
-	if _, err := src.Snapshot(&file, nil); err != nil {
-		t.Fatal(err)
-	}
-	raw := unzstd(t, file.Bytes())
+	keys, file := snapshotOf40(t)
+	raw := unzstd(t, file)
 	damaged := append([]byte(nil), raw...)
 	damaged[len(raw)-13-10] ^= 0x40 // the last record's payload
 	_, c2 := testTier(t, 1)
@@ -220,7 +215,7 @@ func TestRestoreRollsBack(t *testing.T) {
 	if _, err := dst.Set(before, payloadsFor(before, 200)); err != nil {
 		t.Fatal(err)
 	}
-	_, err := dst.Restore(&swapReader{Reader: bytes.NewReader(file.Bytes()), second: mustZstd(t, damaged)}, nil)
+	_, err := dst.Restore(&swapReader{Reader: bytes.NewReader(file), second: mustZstd(t, damaged)}, nil)
 	if !errors.Is(err, ErrBadSnapshot) || !strings.Contains(err.Error(), "entries it had inserted were removed") {
 		t.Fatalf("restore of a file damaged between its passes: %v", err)
 	}

@@ -3,9 +3,9 @@
 package topk
 
 import (
-	"fmt"
 	"testing"
 
+	"github.com/cxltier/cxltier/internal/tiertest"
 	"github.com/cxltier/cxltier/kernels"
 )
 
@@ -14,20 +14,10 @@ import (
 // the shared-memory race check on. Not under -race, where the interpreter
 // is too slow: .ci/run runs these packages once more without it.
 func init() {
-	for _, seed := range []uint64{0, 1, 2, 3} {
-		name := "ptxsim"
-		if seed != 0 {
-			name = fmt.Sprintf("ptxsim-seed%d", seed)
-		}
+	for _, s := range tiertest.SimSchedules() {
 		planEngines = append(planEngines, struct {
 			name string
 			make func(t testing.TB) kernels.Engine
-		}{name, func(t testing.TB) kernels.Engine {
-			e, err := kernels.NewSim(kernels.SimOptions{Seed: seed, RaceCheck: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return e
-		}})
+		}{s.Name, func(t testing.TB) kernels.Engine { return tiertest.Sim(t, s.Seed) }})
 	}
 }

@@ -277,7 +277,7 @@ func (m *machine) memOperand(bk *block, t *thread, in *inst, write bool) ([]byte
 	if err != nil {
 		return nil, 0, err
 	}
-	if in.sp == spShared && m.race != nil {
+	if in.sp == spShared && m.race {
 		if err := m.noteShared(bk, t, in, addr-sharedBase, size*in.vec, write, false); err != nil {
 			return nil, 0, err
 		}
@@ -362,7 +362,7 @@ func (m *machine) atom(bk *block, t *thread, in *inst) error {
 	f := atomicFunc(in, v, c)
 	var old uint64
 	if in.sp == spShared || in.sp == spLocal {
-		if in.sp == spShared && m.race != nil {
+		if in.sp == spShared && m.race {
 			if err := m.noteShared(bk, t, in, addr-sharedBase, size, true, true); err != nil {
 				return err
 			}

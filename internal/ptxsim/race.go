@@ -2,13 +2,12 @@ package ptxsim
 
 import "fmt"
 
-// raceCheck finds shared-memory accesses that no barrier orders: two
+// The race check finds shared-memory accesses that no barrier orders: two
 // threads touching one byte between the same bar.sync releases (for lanes
-// of one warp, the same warp collectives too), at least one writing, not
-// both atomically. It keeps the last writer and the last reader of each
-// byte, so it can miss a race with an earlier reader; what it reports is
-// always a real one.
-type raceCheck struct{}
+// of one warp, the same warp collectives too), at least one a plain write,
+// or an atomic write and a plain one. A block's shadow keeps the last
+// writer and the last reader of each byte, so the check can miss a race
+// with an earlier reader; what it reports is always a real one.
 
 // cell is the shadow of one byte of shared memory: who last wrote and
 // read it, when, and where. Thread ids are stored plus one (0: nobody).
@@ -20,9 +19,9 @@ type cell struct {
 	wAtomic          bool
 }
 
-// note records an access by t of size bytes at offset off of the block's
-// shared memory and reports a race with an earlier one.
-func (r *raceCheck) note(bk *block, t *thread, in *inst, off uint64, size int, write, atomic bool) error {
+// noteAccess records an access by t of size bytes at offset off of the
+// block's shared memory and reports a race with an earlier one.
+func noteAccess(bk *block, t *thread, in *inst, off uint64, size int, write, atomic bool) error {
 	w := t.tid / 32
 	for b := off; b < off+uint64(size); b++ {
 		c := &bk.shadow[b]
@@ -58,7 +57,7 @@ func raceFault(bk *block, t *thread, in *inst, other int32, line int, what strin
 }
 
 func (m *machine) noteShared(bk *block, t *thread, in *inst, off uint64, size int, write, atomic bool) error {
-	err := m.race.note(bk, t, in, off, size, write, atomic)
+	err := noteAccess(bk, t, in, off, size, write, atomic)
 	if f, ok := err.(*Fault); ok {
 		f.Kernel = m.k.Name
 	}

@@ -37,7 +37,7 @@ type machine struct {
 	steps  uint64     // warp steps, the clock of lastRun
 	lanes  uint64     // lane-instructions, held to limit
 	limit  uint64
-	race   *raceCheck
+	race   bool // Config.RaceCheck: blocks keep a shadow of their shared memory
 }
 
 type block struct {
@@ -72,7 +72,7 @@ func (s *Space) Launch(k *Kernel, c Config) error {
 		m.rng = rand.New(rand.NewPCG(c.Seed, c.Seed^0x9e3779b97f4a7c15))
 	}
 	if c.RaceCheck {
-		m.race = &raceCheck{}
+		m.race = true
 	}
 	err := m.run()
 	s.Instructions += m.lanes
@@ -125,7 +125,7 @@ func (m *machine) newBlock(id int) *block {
 		t.regs = regs[i*m.k.regs : (i+1)*m.k.regs : (i+1)*m.k.regs]
 		t.local = local[i*m.k.local : (i+1)*m.k.local : (i+1)*m.k.local]
 	}
-	if m.race != nil {
+	if m.race {
 		bk.shadow = make([]cell, len(bk.shared))
 	}
 	return bk
@@ -511,10 +511,7 @@ func (m *machine) stuck(bk *block, kind error, why string) error {
 	b.WriteString(why)
 	for _, s := range order {
 		what := "run"
-		switch s.state {
-		case waitBar:
-			what = "wait"
-		case waitWarp:
+		if s.state != running {
 			what = "wait"
 		}
 		line, text := 0, "past the end"
