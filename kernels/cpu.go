@@ -96,6 +96,16 @@ func (e *CPU) Alloc(n int64) (Buffer, error) {
 	return &hostBuffer{eng: e, b: b}, nil
 }
 
+// WrapHost implements HostWrapper: mem becomes a buffer of this engine
+// without a copy. The caller keeps mem alive until the buffer's last call
+// is done; Free only drops the reference.
+func (e *CPU) WrapHost(mem []byte) (Buffer, error) {
+	if len(mem) == 0 {
+		return nil, fmt.Errorf("%w: host buffer of 0 bytes", ErrBadRequest)
+	}
+	return &hostBuffer{eng: e, b: mem}, nil
+}
+
 // Bytes is the memory of a CPU engine buffer (for callers that work on it
 // directly, like tests and the CPU fallback paths above this package).
 func (e *CPU) Bytes(b Buffer) ([]byte, error) {

@@ -41,6 +41,13 @@ type DeviceWrapper interface {
 	WrapDevice(ptr uintptr, n int64) (Buffer, error)
 }
 
+// HostWrapper is implemented by engines whose buffers are host memory
+// (the CPU engine): a buffer over memory allocated elsewhere (a CPU torch
+// tensor's storage), which the caller keeps alive and frees.
+type HostWrapper interface {
+	WrapHost(mem []byte) (Buffer, error)
+}
+
 // New returns the engine named by kind: "cpu", "cuda" (device 0), or
 // "auto" (CUDA when built with it, else CPU).
 //

@@ -20,5 +20,6 @@ var (
 	ErrBadSnapshot = errkind.New(errkind.Invalid, "malformed prefix snapshot")
 	ErrDenied      = errkind.New(errkind.Denied, "wrong or missing index key")
 	ErrStale       = errkind.New(errkind.Closed, "index destroyed or replaced since this handle opened it")
+	ErrIncomplete  = errkind.New(errkind.Invalid, "layer-wise load closed before its last layer")
 	ErrPoisoned    = errkind.New(errkind.Closed, "a call on this handle panicked mid-mutation; close it and open the index again")
 )

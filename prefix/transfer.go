@@ -3,6 +3,7 @@ package prefix
 import (
 	"fmt"
 	"hash/crc32"
+	"slices"
 
 	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/tier"
@@ -185,4 +186,161 @@ func wait(h kernels.Handle, err error) error {
 		return err
 	}
 	return h.Wait()
+}
+
+// A LayerLoad is a Get done a layer at a time, so that the model computes
+// layer l while later layers land (SGLang's layer-wise loading): the
+// entries are found and pinned once, then each call copies one layer's
+// chunks of every page with one launch. A page's block is its layers in
+// order, perLayer chunks each (Layout.Chunks is layer-major).
+//
+// The checksum covers a whole block, so it is accumulated a layer at a
+// time and compared after the last layer: a damaged entry fails the load
+// (its caller must not use what landed) and is dropped, so later lookups
+// miss it. A LayerLoad is for one goroutine at a time.
+type LayerLoad struct {
+	m        *Mover
+	l        Layout
+	perLayer int
+	hits     []Hit
+	pages    []int64
+	crcs     []uint32
+	next     int   // the layer the next call must copy
+	err      error // the first failure; every later call reports it
+	released bool
+}
+
+// Layers is how many layers a load of l in perLayer chunks has.
+func layersOf(l Layout, perLayer int) (int, error) {
+	if perLayer <= 0 || len(l.Chunks)%perLayer != 0 {
+		return 0, fmt.Errorf("prefix: %d chunks do not split into layers of %d: %w", len(l.Chunks), perLayer, ErrBadConfig)
+	}
+	return len(l.Chunks) / perLayer, nil
+}
+
+// StartLoad pins every entry of keys, which are to land in pages of l.
+// It is all or nothing: a key that is not ready (evicted since the caller
+// looked it up) or holds other than one block of l fails the whole load
+// with no pin kept, as a partial load would leave pages of the caller's
+// batch unfilled.
+func (m *Mover) StartLoad(keys []Key, l Layout, perLayer int, pages []int64) (*LayerLoad, error) {
+	if err := m.check(keys, l, pages); err != nil {
+		return nil, err
+	}
+	if _, err := layersOf(l, perLayer); err != nil {
+		return nil, err
+	}
+	hits, err := m.s.Lookup(keys)
+	if err != nil {
+		return nil, err
+	}
+	if len(hits) < len(keys) {
+		m.s.Release(hits)
+		return nil, fmt.Errorf("prefix: %q: load of %d pages: page %d (%v): %w", m.s.name, len(keys), len(hits), keys[len(hits)], ErrNotFound)
+	}
+	for _, h := range hits {
+		if h.Len != l.BlockBytes() {
+			m.s.Release(hits)
+			return nil, fmt.Errorf("prefix: %q: %v holds %d bytes, pages are %d: %w", m.s.name, h.Key, h.Len, l.BlockBytes(), ErrBadConfig)
+		}
+	}
+	return &LayerLoad{m: m, l: l, perLayer: perLayer, hits: hits, pages: slices.Clone(pages), crcs: make([]uint32, len(hits))}, nil
+}
+
+// Pages is how many pages the load moves.
+func (ld *LayerLoad) Pages() int { return len(ld.hits) }
+
+// Layer copies layer i of every page: layers go in order, from 0.
+func (ld *LayerLoad) Layer(i int) error {
+	if ld.err != nil {
+		return ld.err
+	}
+	layers, _ := layersOf(ld.l, ld.perLayer)
+	if i != ld.next || i >= layers || ld.released {
+		return fmt.Errorf("prefix: %q: layer %d of a %d-layer load whose next is %d: %w", ld.m.s.name, i, layers, ld.next, ErrBadConfig)
+	}
+	ld.err = ld.copyLayer(i)
+	if ld.err == nil {
+		ld.next++
+		if ld.next == layers {
+			ld.err = ld.verify()
+		}
+	}
+	return ld.err
+}
+
+func (ld *LayerLoad) copyLayer(i int) error {
+	s := ld.m.s
+	span := int64(ld.perLayer) * ld.l.ChunkBytes
+	lo := int64(i) * span
+	b := kernels.Blocks{ChunkBytes: ld.l.ChunkBytes, Chunks: ld.l.Chunks[i*ld.perLayer : (i+1)*ld.perLayer],
+		PageStride: ld.l.PageStride, Pages: ld.pages, Tier: make([]kernels.Addr, len(ld.hits))}
+	for j, h := range ld.hits {
+		a, err := ld.m.addr(h.Offset + tier.Offset(lo))
+		if err != nil {
+			return err
+		}
+		b.Tier[j] = a
+	}
+	h, err := ld.m.eng.GatherBlocks(b)
+	if err != nil {
+		return fmt.Errorf("prefix: %q: gather layer %d of %d pages: %w", s.name, i, len(ld.hits), err)
+	}
+	var crcErr error
+	if ld.m.Verify { // on the CPU while the engine copies
+		for j, hit := range ld.hits {
+			src, err := s.payload(hit.Offset+tier.Offset(lo), span)
+			if err != nil {
+				crcErr = err
+				break
+			}
+			ld.crcs[j] = crc32.Update(ld.crcs[j], castagnoli, src)
+		}
+	}
+	if err := h.Wait(); err != nil {
+		return fmt.Errorf("prefix: %q: gather layer %d of %d pages: %w", s.name, i, len(ld.hits), err)
+	}
+	s.count(ctrBytesOut, uint64(len(ld.hits))*uint64(span))
+	return crcErr
+}
+
+// verify compares the accumulated checksums; damaged entries are dropped.
+func (ld *LayerLoad) verify() error {
+	if !ld.m.Verify {
+		return nil
+	}
+	var bad []Hit
+	for j, h := range ld.hits {
+		if ld.crcs[j] != h.CRC {
+			bad = append(bad, h)
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	ld.release()
+	for _, h := range bad {
+		ld.m.s.dropCorrupt(h.Key)
+	}
+	return fmt.Errorf("prefix: %q: %d of %d pages damaged, first %v: %w", ld.m.s.name, len(bad), len(ld.hits), bad[0].Key, ErrChecksum)
+}
+
+func (ld *LayerLoad) release() {
+	if !ld.released {
+		ld.m.s.Release(ld.hits)
+		ld.released = true
+	}
+}
+
+// Close releases the pins. It reports the load's failure, or that it
+// stopped before its last layer (what landed is then incomplete).
+func (ld *LayerLoad) Close() error {
+	ld.release()
+	if ld.err != nil {
+		return ld.err
+	}
+	if layers, _ := layersOf(ld.l, ld.perLayer); ld.next < layers {
+		return fmt.Errorf("prefix: %q: load closed after %d of %d layers: %w", ld.m.s.name, ld.next, layers, ErrIncomplete)
+	}
+	return nil
 }

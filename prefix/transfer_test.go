@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/cxltier/cxltier/kernels"
+	"github.com/cxltier/cxltier/tier"
 )
 
 // TestMoverPagedRoundTrip puts pages of a paged pool (three chunks per
@@ -67,4 +68,128 @@ func TestMoverPagedRoundTrip(t *testing.T) {
 			}
 		})
 	}
+}
+
+// layeredPool is a paged pool of pages pages, layers layers of K and V
+// chunks (each in its own CPU buffer, layer-major as SGLang's pools are),
+// filled with bytes that name buffer, page and offset.
+func layeredPool(t *testing.T, eng *kernels.CPU, layers, pages int, chunk int64) (Layout, [][]byte) {
+	t.Helper()
+	l := Layout{ChunkBytes: chunk}
+	var raw [][]byte
+	for i := range 2 * layers {
+		buf, err := eng.Alloc(int64(pages) * chunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { buf.Free() })
+		b, _ := eng.Bytes(buf)
+		for j := range b {
+			b[j] = byte(i*37 + j*11 + j>>8)
+		}
+		raw = append(raw, b)
+		l.Chunks = append(l.Chunks, kernels.Span{Buf: buf})
+	}
+	return l, raw
+}
+
+// TestLayerLoad stores pages of a 3-layer K/V pool, then loads them into
+// other pages a layer at a time: after each call exactly the layers so far
+// have landed, the entries stay pinned until Close, and every way of
+// misusing a load is refused.
+func TestLayerLoad(t *testing.T) {
+	const layers, pages, chunk = 3, 8, 256
+	r, c := testTier(t, 1)
+	s := testStore(t, c, 16, 2*layers*chunk)
+	eng := kernels.NewCPU(2)
+	defer eng.Close()
+	l, raw := layeredPool(t, eng, layers, pages, chunk)
+	m, err := NewMover(s, eng, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	keys := []Key{keyN(1), keyN(2)}
+	if st, err := m.Put(keys, l, []int64{0, 1}); err != nil || st[0] != Reserved || st[1] != Reserved {
+		t.Fatalf("Put = %v, %v", st, err)
+	}
+	page := func(buf int, p int64) []byte { return raw[buf][p*chunk : (p+1)*chunk] }
+	ld, err := m.StartLoad(keys, l, 2, []int64{5, 6})
+	if err != nil || ld.Pages() != 2 {
+		t.Fatalf("StartLoad = %v, %v", ld, err)
+	}
+	if n, err := s.Delete(keys); n != 0 || !errors.Is(err, ErrPinned) {
+		t.Fatalf("delete of entries being loaded = %d, %v; want ErrPinned", n, err)
+	}
+	if err := ld.Layer(1); !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("layer 1 first: %v", err)
+	}
+	for layer := range layers {
+		if err := ld.Layer(layer); err != nil {
+			t.Fatalf("layer %d: %v", layer, err)
+		}
+		for buf := range 2 * layers {
+			landed := bytes.Equal(page(buf, 5), page(buf, 0)) && bytes.Equal(page(buf, 6), page(buf, 1))
+			if landed != (buf < 2*(layer+1)) {
+				t.Fatalf("after layer %d, buffer %d landed = %v", layer, buf, landed)
+			}
+		}
+	}
+	if err := ld.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Delete(keys[:1]); n != 1 || err != nil {
+		t.Fatalf("delete after Close = %d, %v", n, err)
+	}
+
+	// A key that is gone fails the start with no pin kept.
+	if _, err := m.StartLoad([]Key{keys[1], keys[0]}, l, 2, []int64{2, 3}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("load with a missing page: %v", err)
+	}
+	if _, err := m.StartLoad(keys[1:], l, 4, []int64{2}); !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("4 chunks a layer of 6: %v", err)
+	}
+	early, err := m.StartLoad(keys[1:], l, 2, []int64{2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := early.Layer(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := early.Close(); !errors.Is(err, ErrIncomplete) {
+		t.Fatalf("close after 1 of 3 layers: %v", err)
+	}
+
+	// Damage in the last layer of a page: the load fails at that layer and
+	// the entry is dropped.
+	hits, _ := s.Lookup(keys[1:])
+	s.Release(hits)
+	last := hits[0].Offset + tier.Offset(2*layers*chunk-3)
+	var b [1]byte
+	if err := r.ReadAt(b[:], last); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0x40
+	if err := r.WriteAt(b[:], last); err != nil {
+		t.Fatal(err)
+	}
+	bad, err := m.StartLoad(keys[1:], l, 2, []int64{7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for layer := range layers - 1 {
+		if err := bad.Layer(layer); err != nil {
+			t.Fatalf("layer %d of the damaged page: %v", layer, err)
+		}
+	}
+	if err := bad.Layer(layers - 1); !errors.Is(err, ErrChecksum) {
+		t.Fatalf("last layer of a damaged page: %v", err)
+	}
+	if err := bad.Close(); !errors.Is(err, ErrChecksum) {
+		t.Fatalf("close of a damaged load: %v", err)
+	}
+	if n := s.Exists(keys[1:]); n != 0 {
+		t.Fatal("the damaged entry is still there")
+	}
+	mustCheck(t, s)
 }

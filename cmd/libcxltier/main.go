@@ -10,7 +10,7 @@
 // handles; no Go pointer crosses the boundary, and the library only reads
 // or writes caller memory (keys, payloads, ids) during the call.
 //
-// The calls of ABI 7 (what changed between versions: docs/abi.md):
+// The calls of ABI 8 (what changed between versions: docs/abi.md):
 //
 //	cxl_attach(devices, name, &tier)           devices: comma-separated backings
 //	cxl_detach(tier)
@@ -57,6 +57,14 @@
 //	cxl_object_info(tier, name|NULL, json, json_cap)   NULL: every object
 //	cxl_object_seal(tier, name, label)  /  cxl_object_unseal(tier, name)  /  cxl_object_verify(tier, name)
 //	cxl_object_remove(tier, name, force)   refuses while live clients hold it, unless force
+//	cxl_kvpool_open(index, engine, cuda_stream, n_bufs, per_layer, ptrs, lens, chunk_bytes, page_stride, where, verify, &pool)
+//	                 an engine's paged KV buffers (layer-major, per_layer a layer): page p's chunk is
+//	                 chunk_bytes at p*page_stride in each; an entry is a page's chunks in order
+//	cxl_kvpool_close(pool)                      also closes its loads
+//	cxl_kvpool_store(pool, keys, n, pages, statuses)   pages[i] under keys[i], one scatter launch
+//	cxl_kvpool_load_start(pool, keys, n, pages, &load)   pins every entry, or CXL_ENOTFOUND
+//	cxl_kvpool_load_layer(load, layer)          layers in order; after the last, CXL_ECHECKSUM if a page was damaged
+//	cxl_kvpool_load_close(load)                 releases the pins; CXL_EINVAL if it stopped before its last layer
 //
 // GPU memory passed with where = 1 belongs to the engine's device and is
 // read and written in order on its stream (cuda_stream at open).
@@ -82,7 +90,7 @@ package main
 import "C"
 
 // abiVersion changes whenever a call's meaning or signature does.
-const abiVersion = 7
+const abiVersion = 8
 
 //export cxl_abi_version
 func cxl_abi_version() C.int { return abiVersion }

@@ -1,0 +1,122 @@
+"""KV pools (cxltier.kvpool): paged buffers stored a page per entry and
+loaded a layer at a time, against the real library and tier; the buffers
+are host memory here (the cpu engine), as on a machine without a GPU."""
+
+import ctypes
+import mmap
+
+import pytest
+
+import cxltier
+from cxltier.kvpool import KVPool
+from cxltier.prefix import part_keys, string_key
+
+LAYERS, PAGES, CHUNK = 2, 8, 64
+
+
+def buffers():
+    """K and V of each layer: PAGES pages of CHUNK bytes, each byte naming
+    its buffer, page and offset."""
+    out = []
+    for b in range(2 * LAYERS):
+        buf = (ctypes.c_uint8 * (PAGES * CHUNK))(*((b * 53 + i * 7 + i // CHUNK) % 256 for i in range(PAGES * CHUNK)))
+        out.append(buf)
+    return out
+
+
+def page(buf, p):
+    return bytes(buf[p * CHUNK : (p + 1) * CHUNK])
+
+
+def pool_on(index, bufs, **kw):
+    return KVPool(index, [(ctypes.addressof(b), len(b)) for b in bufs], 2, CHUNK, CHUNK, **kw)
+
+
+def keys(*names):
+    return part_keys([string_key(n).hex() for n in names], [string_key("mask")])
+
+
+@pytest.fixture
+def index(built, device):
+    t = cxltier.Tier(device)
+    ix = t.prefix("kv", 32, 2 * LAYERS * CHUNK)
+    yield ix
+    t.close()
+
+
+def test_store_then_load_layer_by_layer(index):
+    bufs = buffers()
+    pool = pool_on(index, bufs)
+    assert pool.layers == LAYERS and pool.page_bytes == 2 * LAYERS * CHUNK
+    assert pool.store(keys("a", "b"), [0, 1]) == ["stored", "stored"]
+    assert pool.store(keys("a"), [2]) == ["present"]
+    load = pool.load(keys("a", "b"), [5, 6])
+    for layer in range(LAYERS):
+        load.layer(layer)
+        for b, buf in enumerate(bufs):
+            landed = page(buf, 5) == page(buf, 0) and page(buf, 6) == page(buf, 1)
+            assert landed == (b < 2 * (layer + 1)), (layer, b)
+    load.close()
+    pool.close()
+
+
+def test_refusals(index):
+    bufs = buffers()
+    with pytest.raises(ValueError):
+        KVPool(index, [(ctypes.addressof(bufs[0]), len(bufs[0]))] * 3, 2, CHUNK, CHUNK)
+    with pytest.raises(cxltier.InvalidError):
+        KVPool(index, [(ctypes.addressof(b), len(b)) for b in bufs], 2, CHUNK, CHUNK // 2)
+    with pytest.raises(cxltier.InvalidError):
+        KVPool(index, [(ctypes.addressof(b), 16) for b in bufs], 2, CHUNK, CHUNK)
+    pool = pool_on(index, bufs)
+    with pytest.raises(cxltier.InvalidError):
+        pool.store(keys("a"), [PAGES])  # past the buffers' end
+    with pytest.raises(cxltier.NotFoundError):
+        pool.load(keys("missing"), [0])
+    pool.store(keys("a"), [0])
+    load = pool.load(keys("a"), [3])
+    with pytest.raises(cxltier.InvalidError):
+        load.layer(1)  # layers go in order
+    load.layer(0)
+    with pytest.raises(cxltier.InvalidError):
+        load.close()  # stopped before its last layer
+    big = cxltier.Tier(index._tier.devices)
+    try:
+        small = big.prefix("small", 8, CHUNK)
+        with pytest.raises(cxltier.InvalidError):
+            pool_on(small, bufs).store(keys("a"), [0])  # a page is larger than a block
+    finally:
+        big.close()
+    pool.close()
+
+
+def test_closing_the_pool_closes_its_loads(index):
+    bufs = buffers()
+    pool = pool_on(index, bufs)
+    pool.store(keys("a"), [0])
+    load = pool.load(keys("a"), [1])
+    pool.close()
+    with pytest.raises(cxltier.ClosedError):
+        load.layer(0)
+    load.close()
+    assert index.delete([keys("a").hex(0)]) == 1  # no pin left behind
+
+
+def test_damaged_page_fails_the_last_layer_and_is_dropped(index, device):
+    bufs = buffers()
+    pool = pool_on(index, bufs)
+    pool.store(keys("a"), [3])
+    needle = page(bufs[2 * LAYERS - 1], 3)
+    with open("/dev/shm/" + device.split(":", 1)[1], "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        at = m.find(needle)
+        assert at >= 0
+        m[at + 9] ^= 0x01
+    load = pool.load(keys("a"), [4])
+    for layer in range(LAYERS - 1):
+        load.layer(layer)
+    with pytest.raises(cxltier.ChecksumError):
+        load.layer(LAYERS - 1)
+    with pytest.raises(cxltier.ChecksumError):
+        load.close()
+    assert index.exists_block(keys("a")) == 0
+    pool.close()

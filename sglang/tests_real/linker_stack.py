@@ -1,0 +1,173 @@
+"""SGLang's serving stack for the linker tests, on CPU: real device pools
+and allocators, the real UnifiedRadixCache, and cxltier's linker built by
+SGLang's own factory from published ServerArgs, as SGLang's registry
+builds it. Nothing of SGLang is replaced.
+
+Run as a script it is one TP rank of a gloo group (the test starts one OS
+process per rank): it stores a prompt's KV through its tree, then loads it
+into a fresh stack and prints what it saw as JSON."""
+
+import array
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+LAYERS = 3
+
+
+def publish_server_args(device, page_size, index="linker", **extra):
+    """Publishes ServerArgs that enable the dynamic linker with cxltier's
+    config (SGLang's flags, as a user passes them), and returns them."""
+    from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
+    from sglang.srt.server_args import ServerArgs
+
+    config = {"linker": "CxlTierLinker", "linker_module_path": "cxltier.linker",
+              "linker_extra_config": {"devices": device, "index": index, "blocks": 256, **extra}}
+    reset_context()
+    args = ServerArgs(model_path="dummy", device="cpu", page_size=page_size,
+                      enable_unified_cache_external_linker=True, unified_cache_external_linker_backend="dynamic",
+                      unified_cache_external_linker_config=config)
+    publish(args, role="test", ranks=SpawnRanks(world_rank=0, dp_rank=None))
+    return args
+
+
+def kv_pool(kind, page_size, tokens):
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
+
+    if kind == "mla":
+        return MLATokenToKVPool(size=tokens, page_size=page_size, dtype=torch.bfloat16, kv_lora_rank=16, qk_rope_head_dim=8,
+                                layer_num=LAYERS, device="cpu", enable_memory_saver=False)
+    return MHATokenToKVPool(size=tokens, page_size=page_size, dtype=torch.bfloat16, head_num=2, head_dim=8,
+                            layer_num=LAYERS, device="cpu", enable_memory_saver=False, enable_alt_stream=False)
+
+
+def layer_buffers(pool, layer):
+    """The buffers of a layer, K then V (MHA) or the latent (MLA)."""
+    if hasattr(pool, "k_buffer"):
+        return [pool.k_buffer[layer], pool.v_buffer[layer]]
+    return [pool.kv_buffer[layer]]
+
+
+class Stack:
+    """One rank's KV pool, allocator, tree and linker."""
+
+    def __init__(self, server_args, kind, page_size, tokens=512, group=None):
+        from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+        from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+        from sglang.srt.mem_cache.unified_cache.linker_factory import (create_unified_cache_linker,
+                                                                        get_startup_linker_config)
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+        self.page_size = page_size
+        self.pool = kv_pool(kind, page_size, tokens)
+        if page_size == 1:
+            self.alloc = TokenToKVPoolAllocator(tokens, torch.bfloat16, "cpu", self.pool, False)
+        else:
+            self.alloc = PagedTokenToKVPoolAllocator(tokens, page_size, torch.bfloat16, "cpu", self.pool, False)
+        params = CacheInitParams(disable=False, req_to_token_pool=ReqToTokenPool(8, 2048, "cpu", False),
+                                 token_to_kv_pool_allocator=self.alloc, page_size=page_size,
+                                 tree_components=(ComponentType.FULL,), tp_cache_group=group)
+        self.cache = UnifiedRadixCache(params)
+        # What SGLang's registry does with --enable-unified-cache-external-linker.
+        self.cache.init_cache_linker(create_unified_cache_linker(
+            server_args, params, backend="dynamic", config=get_startup_linker_config(),
+            components=set(self.cache.components)))
+        self.pool.register_layer_transfer_counter(self.cache.linker.layer_done_counter)
+        self.linker = self.cache.linker.cache_linker
+
+    def fill(self, slots, seed):
+        """Writes KV made from seed into slots (what a forward would);
+        returns it per layer and buffer."""
+        gen = torch.Generator().manual_seed(seed)
+        out = []
+        for layer in range(LAYERS):
+            row = []
+            for buf in layer_buffers(self.pool, layer):
+                data = torch.randn((len(slots),) + tuple(buf.shape[1:]), generator=gen).to(buf.dtype)
+                buf[slots] = data
+                row.append(data)
+            out.append(row)
+        return out
+
+    def store(self, tokens, seed):
+        """A prefill's KV inserted into the tree, which offloads it through
+        the linker (write-through); waits until the offloads are committed."""
+        from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        slots = self.alloc.alloc(len(tokens))
+        kv = self.fill(slots, seed)
+        self.cache.insert(InsertParams(key=RadixKey(array.array("q", tokens)), value=slots))
+        deadline = time.monotonic() + 30
+        while self.cache.linker.pending_offloads and time.monotonic() < deadline:
+            self.cache.check_hicache_events()
+            time.sleep(0.01)
+        assert not self.cache.linker.pending_offloads, "offloads did not complete"
+        return kv
+
+    def load(self, tokens, rid="r"):
+        """A new request for tokens as the scheduler runs it: match, load
+        back into the request's own slots, a forward reading layer by layer,
+        then the load's verdict. Returns (tokens hit, slots, KV each layer
+        held when the forward reached it, failed requests)."""
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams, MatchPrefixParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        req = Req(rid, "", array.array("i", tokens), SamplingParams(max_new_tokens=1))
+        m = self.cache.match_prefix(MatchPrefixParams(key=RadixKey(array.array("q", tokens)), req=req))
+        req.last_node = m.last_device_node
+        hit, _ = self.cache.init_load_back(InitLoadBackParams(best_match_node=m.last_host_node,
+                                                              host_hit_length=m.host_hit_length, req=req))
+        slots = self.cache.linker.private_load_indices.get(rid)
+        index = self.cache.ready_to_load_host_cache()
+        self.cache.linker.layer_done_counter.set_consumer(index)
+        seen = []
+        for layer in range(LAYERS):
+            self.pool.get_key_buffer(layer)  # waits for the layer, as attention does
+            seen.append([buf[slots].clone() for buf in layer_buffers(self.pool, layer)] if slots is not None else [])
+        failed = self.cache.finish_external_linker_loads([req])
+        return hit, slots, seen, [r.rid for r in failed]
+
+    def close(self):
+        self.cache.linker.close()
+
+
+def same(a, b):
+    return all(torch.equal(x, y) for la, lb in zip(a, b) for x, y in zip(la, lb)) and len(a) == len(b)
+
+
+def rank_main(rank, world, port, device, kind, page_size):
+    """One TP rank: store a prompt (KV identical on every rank for MLA,
+    the rank's own heads for MHA), then load it into a fresh stack."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    args = publish_server_args(device, page_size)
+    tokens = list(range(1000, 1000 + 8 * page_size))
+    seed = 7 if kind == "mla" else 7 + rank
+    # The ranks come from the gloo group, as the linker reads them from
+    # SGLang's TP cache group.
+    a = Stack(args, kind, page_size, group=dist.group.WORLD)
+    kv = a.store(tokens, seed)
+    stored = dict(a.linker.stats)
+    a.close()
+    dist.barrier()
+    b = Stack(args, kind, page_size, group=dist.group.WORLD)
+    hit, slots, seen, failed = b.load(tokens)
+    b.close()
+    print(json.dumps({"rank": rank, "hit": hit, "failed": failed, "same": same(kv, seen), "stored": stored}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    rank_main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], int(sys.argv[6]))

@@ -1,0 +1,229 @@
+"""cxltier's unified-cache linker inside SGLang's own UnifiedRadixCache, on
+CPU: built by SGLang's dynamic factory from the published flags, driven
+through the tree's match, load-back, layer wait, load verdict and
+write-through offload, as SGLang's scheduler drives them."""
+
+import mmap
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import cxltier
+from linker_stack import LAYERS, Stack, layer_buffers, publish_server_args, same
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture
+def published():
+    from sglang.srt.runtime_context import reset_context
+
+    yield
+    reset_context()
+
+
+def entries(device, index="linker"):
+    t = cxltier.Tier(device)
+    try:
+        return t.prefix(index).stats()["ready"]
+    finally:
+        t.close()
+
+
+def test_factory_builds_the_linker_from_the_flags(built, device, published):
+    from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
+
+    args = publish_server_args(device, 4)
+    s = Stack(args, "mha", 4)
+    try:
+        assert isinstance(s.linker, UnifiedCacheLinker) and type(s.linker).__name__ == "CxlTierLinker"
+        assert s.linker.num_layers == LAYERS and not s.linker.rank_replicated
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_round_trip_through_the_tree(built, device, published, kind, page_size):
+    """A prompt stored by one server's tree is loaded by another's: every
+    layer holds the stored KV by the time the forward waits for it."""
+    args = publish_server_args(device, page_size)
+    tokens = list(range(500, 500 + 5 * page_size + page_size // 2))  # a partial page is never stored
+    a = Stack(args, kind, page_size)
+    kv = a.store(tokens, seed=3)
+    assert a.linker.stats["pages_written"] == 5 and a.linker.stats["offload_failures"] == 0, a.linker.stats
+    a.close()
+    assert entries(device) == 5
+
+    b = Stack(args, kind, page_size)
+    try:
+        hit, slots, seen, failed = b.load(tokens)
+        assert hit == 5 * page_size and failed == []
+        whole = [[x[: 5 * page_size] for x in layer] for layer in kv]
+        assert same(whole, seen)
+        assert b.linker.stats["load_pages"] == 5 and b.linker.stats["load_failures"] == 0
+    finally:
+        b.close()
+
+
+def test_a_miss_loads_nothing(built, device, published):
+    args = publish_server_args(device, 4)
+    s = Stack(args, "mha", 4)
+    try:
+        hit, slots, _, failed = s.load(list(range(64)))
+        assert hit == 0 and slots is None and failed == []
+        assert s.linker.stats["load_batches"] == 0
+    finally:
+        s.close()
+
+
+def test_a_longer_prompt_loads_the_stored_prefix(built, device, published):
+    args = publish_server_args(device, 4)
+    a = Stack(args, "mla", 4)
+    kv = a.store(list(range(40)), seed=5)
+    a.close()
+    b = Stack(args, "mla", 4)
+    try:
+        hit, _, seen, failed = b.load(list(range(40)) + list(range(900, 932)))
+        assert hit == 40 and failed == [] and same(kv, seen)
+    finally:
+        b.close()
+
+
+def flip_in_tier(device, needle):
+    """Flips a byte of the tier's copy of needle, found in the shm file
+    (another process damaging shared memory)."""
+    path = "/dev/shm/" + device.split(":", 1)[1]
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        at = m.find(needle)
+        assert at >= 0, "page not found in the tier"
+        m[at + 5] ^= 0x10
+
+
+def test_a_damaged_page_fails_the_load_and_is_dropped(built, device, published):
+    """Damage in the tier is caught by the checksum: SGLang aborts the
+    request (its KV is never used), the entry is dropped, and the next
+    request for the prompt misses and recomputes."""
+    args = publish_server_args(device, 4)
+    tokens = list(range(300, 324))
+    a = Stack(args, "mha", 4)
+    kv = a.store(tokens, seed=11)
+    a.close()
+    flip_in_tier(device, kv[LAYERS - 1][1][8:12].contiguous().view(torch.uint8).numpy().tobytes())
+
+    b = Stack(args, "mha", 4)
+    try:
+        hit, _, _, failed = b.load(tokens, rid="damaged")
+        assert hit == 24 and failed == ["damaged"]
+        assert b.linker.stats["load_failures"] == 1
+        assert entries(device) == 5  # of 6
+        hit, _, _, failed = b.load(tokens, rid="again")
+        assert hit == 8 and failed == []  # the pages before the dropped one
+    finally:
+        b.close()
+
+
+def test_an_evicted_page_fails_the_load(built, device, published):
+    """A page evicted between lookup and load fails the batch's load
+    (never a partial page set). The eviction is made at that moment by
+    wrapping the linker's load, which queues the request's pages, with a
+    delete of its last page."""
+    args = publish_server_args(device, 4)
+    tokens = list(range(60, 76))
+    a = Stack(args, "mla", 4)
+    a.store(tokens, seed=2)
+    a.close()
+    b = Stack(args, "mla", 4)
+    try:
+        original = b.linker.load
+
+        def load_then_evict(rid, transfers):
+            queued = original(rid, transfers)
+            keys = b.linker._pending[rid][0]
+            for _, pool, mask in b.linker._kvpools:
+                from cxltier.prefix import part_keys
+
+                block = part_keys(keys[-1:], [mask])
+                assert b.linker.index.delete([bytes(block.array)]) == 1
+            return queued
+
+        b.linker.load = load_then_evict
+        hit, _, _, failed = b.load(tokens, rid="evicted")
+        assert hit == 16 and failed == ["evicted"]
+    finally:
+        b.close()
+
+
+def test_unsupported_pools_are_refused(built, device, published):
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPoolFP4
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+    from cxltier.linker import CxlTierLinker, LinkerError
+
+    args = publish_server_args(device, 4)
+    with pytest.raises(LinkerError, match="SWA and Mamba"):
+        CxlTierLinker(args, None, components={ComponentType.FULL, ComponentType.SWA})
+
+    class Alloc:
+        def get_kvcache(self):
+            return MHATokenToKVPoolFP4.__new__(MHATokenToKVPoolFP4)
+
+    params = CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=Alloc(), page_size=4)
+    with pytest.raises(LinkerError, match="MHATokenToKVPoolFP4 KV pool is not supported"):
+        CxlTierLinker(args, params, components={ComponentType.FULL})
+
+
+def test_small_blocks_are_refused_with_the_size_needed(built, device, published):
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType  # noqa: F401
+
+    from cxltier.linker import LinkerError
+
+    t = cxltier.Tier(device)
+    t.prefix("small", 16, 256).close()
+    t.close()
+    args = publish_server_args(device, 4, index="small")
+    with pytest.raises(LinkerError, match="create an index with --block-bytes 768"):
+        Stack(args, "mha", 4)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(device, kind, world=2, page_size=4):
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE)]))
+    procs = [subprocess.Popen([sys.executable, "-W", "ignore", os.path.join(HERE, "linker_stack.py"), str(r), str(world),
+                               str(port), device, kind, str(page_size)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for r in range(world)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    import json
+
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+
+
+def test_mla_ranks_share_one_copy(built, device):
+    """Two TP ranks (OS processes in one gloo group) of an MLA model: each
+    page is written once, found by the other rank, and both load it."""
+    results = run_ranks(device, "mla")
+    assert all(r["hit"] == 32 and r["failed"] == [] and r["same"] for r in results), results
+    assert sum(r["stored"]["pages_written"] for r in results) == 8, results
+    assert sum(r["stored"]["pages_present"] for r in results) == 8, results
+    assert entries(device) == 8
+
+
+def test_mha_ranks_stay_apart(built, device):
+    """MHA ranks hold different heads: each rank's pages are its own."""
+    results = run_ranks(device, "mha")
+    assert all(r["hit"] == 32 and r["failed"] == [] and r["same"] for r in results), results
+    assert [r["stored"]["pages_written"] for r in results] == [8, 8], results
+    assert entries(device) == 16
