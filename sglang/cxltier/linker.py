@@ -201,7 +201,7 @@ class _Base:
         self._masks = [m for _, _, m in self._kvpools]
         self.layer_done_counter = LayerWiseLoadCounter(self.num_layers)
         self.stats = {"lookup": 0, "lookup_pages": 0, "load_batches": 0, "load_pages": 0, "offloads": 0,
-                      "offload_pages": 0, "pages_written": 0, "pages_present": 0, "load_failures": 0, "offload_failures": 0}
+                      "offload_pages": 0, "entries_written": 0, "entries_present": 0, "load_failures": 0, "offload_failures": 0}
         self._pending = {}  # rid -> (keys, pages), until the next start
         self._loads = queue.Queue()
         self._offloads = queue.Queue()
@@ -360,8 +360,8 @@ class _Base:
             for _, pool, mask in self._kvpools:
                 statuses = pool.store(part_keys(keys, [mask]), pages)
                 ok = ok and "no_space" not in statuses
-                self.stats["pages_written"] += statuses.count("stored")
-                self.stats["pages_present"] += statuses.count("present")
+                self.stats["entries_written"] += statuses.count("stored")
+                self.stats["entries_present"] += statuses.count("present")
             self.stats["offloads"] += 1
             self.stats["offload_pages"] += len(keys)
         except BaseException as e:

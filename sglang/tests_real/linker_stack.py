@@ -37,8 +37,12 @@ def publish_server_args(device, page_size, index="linker", **extra):
 
 
 def kv_pool(kind, page_size, tokens):
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MHATokenToKVPool, MLATokenToKVPool
 
+    if kind == "dsa":  # DeepSeek sparse attention: the latent, and the indexer's keys a row per page
+        return DSATokenToKVPool(size=tokens, page_size=page_size, kv_lora_rank=16, dtype=torch.bfloat16, qk_rope_head_dim=8,
+                                layer_num=LAYERS, device="cpu", index_head_dim=128, enable_memory_saver=False,
+                                kv_cache_dim=24)
     if kind == "mla":
         return MLATokenToKVPool(size=tokens, page_size=page_size, dtype=torch.bfloat16, kv_lora_rank=16, qk_rope_head_dim=8,
                                 layer_num=LAYERS, device="cpu", enable_memory_saver=False)
@@ -47,10 +51,18 @@ def kv_pool(kind, page_size, tokens):
 
 
 def layer_buffers(pool, layer):
-    """The buffers of a layer, K then V (MHA) or the latent (MLA)."""
+    """The buffers of a layer, K then V (MHA) or the latent (MLA; DSA adds
+    its indexer's keys), each with whether its rows are pages."""
     if hasattr(pool, "k_buffer"):
-        return [pool.k_buffer[layer], pool.v_buffer[layer]]
-    return [pool.kv_buffer[layer]]
+        return [(pool.k_buffer[layer], False), (pool.v_buffer[layer], False)]
+    out = [(pool.kv_buffer[layer], False)]
+    if hasattr(pool, "index_k_with_scale_buffer"):
+        out.append((pool.index_k_with_scale_buffer[layer], True))
+    return out
+
+
+def rows(slots, page_size, rows_are_pages):
+    return slots[::page_size] // page_size if rows_are_pages else slots
 
 
 class Stack:
@@ -90,9 +102,10 @@ class Stack:
         out = []
         for layer in range(LAYERS):
             row = []
-            for buf in layer_buffers(self.pool, layer):
-                data = torch.randn((len(slots),) + tuple(buf.shape[1:]), generator=gen).to(buf.dtype)
-                buf[slots] = data
+            for buf, paged in layer_buffers(self.pool, layer):
+                at = rows(slots, self.page_size, paged)
+                data = torch.randn((len(at),) + tuple(buf.shape[1:]), generator=gen).to(buf.dtype)
+                buf[at] = data
                 row.append(data)
             out.append(row)
         return out
@@ -134,7 +147,8 @@ class Stack:
         seen = []
         for layer in range(LAYERS):
             self.pool.get_key_buffer(layer)  # waits for the layer, as attention does
-            seen.append([buf[slots].clone() for buf in layer_buffers(self.pool, layer)] if slots is not None else [])
+            seen.append([buf[rows(slots, self.page_size, paged)].clone() for buf, paged in layer_buffers(self.pool, layer)]
+                        if slots is not None else [])
         failed = self.cache.finish_external_linker_loads([req])
         return hit, slots, seen, [r.rid for r in failed]
 
