@@ -9,8 +9,9 @@ host staging pool, and one copy of an MLA or DSA page serves every TP rank.
         "linker_extra_config": {"devices": "shm:cxltier", "index": "dsv32"}}'
 
 linker_extra_config takes the HiCache backend's keys (devices, index, key,
-blocks, block_bytes, verify, kv_dtype) and engine ("cpu", "cuda"; default:
-the pools' device). With blocks and no block_bytes a missing index is made
+blocks, block_bytes, verify, kv_dtype), engine ("cpu", "cuda"; default:
+the pools' device) and share_ranks (default 1; 0 stores MLA and DSA pages
+once per rank). With blocks and no block_bytes a missing index is made
 with blocks as large as one page.
 
 A page of a pool is one entry: its layers in order, each layer's buffers
@@ -69,6 +70,18 @@ class PoolPart:
     stride: int
 
 
+@dataclass
+class DevicePool:
+    """A pool the linker moves: its parts, the transfer whose keys and
+    slots it takes (SGLang's KV or SWA transfer), and the model layer of
+    each of its layers."""
+
+    name: str
+    parts: list
+    source: str  # "kv" or "swa"
+    layers: list
+
+
 def _part_of(name, layers, page_size, rows_are_pages):
     """The PoolPart of layers (each a list of tensors whose first dimension
     is a row: a token, or a page when rows_are_pages)."""
@@ -91,31 +104,48 @@ def _part_of(name, layers, page_size, rows_are_pages):
     return PoolPart(flat, len(layers[0]), chunk, stride)
 
 
+def _mha_parts(name, pool, page_size):
+    """K and V of an MHA pool: one part when they share a geometry, else a
+    part each."""
+    if getattr(pool, "k_scale_buffer", None) is not None or getattr(pool, "native_k_scale_buffer", None) is not None:
+        raise LinkerError("cxltier linker: scaled (fp4/mxfp8) MHA KV caches are not supported")
+    ks, vs = list(pool.k_buffer), list(pool.v_buffer)
+    if [(k.shape[1:], k.dtype) for k in ks] == [(v.shape[1:], v.dtype) for v in vs]:
+        return [_part_of(name, [[k, v] for k, v in zip(ks, vs)], page_size, False)]
+    return [_part_of(f"{name}.k", [[k] for k in ks], page_size, False), _part_of(f"{name}.v", [[v] for v in vs], page_size, False)]
+
+
 def device_pools(kvcache, page_size):
-    """{pool name: [PoolPart]} of a device KV pool, read from its buffers
-    (SGLang's resolve_hybrid_device_pool_group serves neither plain MHA nor
-    plain MLA): MHA (K and V), MLA (the latent), DSA (latent, and the
-    indexer's keys, one row per page). Anything else is refused."""
+    """([DevicePool], whether the pools are the same on every TP rank) of a
+    device KV pool, read from its buffers (SGLang's
+    resolve_hybrid_device_pool_group serves neither plain MHA nor MLA):
+    MHA (K and V), MLA (the latent), DSA (the latent, and the indexer's keys
+    a row per page), full + sliding-window MHA (SWAKVPool: the window's
+    layers a pool of their own). Anything else is refused."""
     from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MHATokenToKVPool, MLATokenToKVPool
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
     kind = type(kvcache)
     if getattr(kvcache, "page_size", page_size) != page_size:
         raise LinkerError(f"cxltier linker: KV pool page size {kvcache.page_size} is not the tree's {page_size}")
     if kind is MHATokenToKVPool:
-        if getattr(kvcache, "k_scale_buffer", None) is not None or getattr(kvcache, "native_k_scale_buffer", None) is not None:
-            raise LinkerError("cxltier linker: scaled (fp4/mxfp8) MHA KV caches are not supported")
-        ks, vs = list(kvcache.k_buffer), list(kvcache.v_buffer)
-        if [(k.shape[1:], k.dtype) for k in ks] == [(v.shape[1:], v.dtype) for v in vs]:
-            return {"kv": [_part_of("kv", [[k, v] for k, v in zip(ks, vs)], page_size, False)]}, False
-        return {"kv": [_part_of("kv.k", [[k] for k in ks], page_size, False),
-                       _part_of("kv.v", [[v] for v in vs], page_size, False)]}, False
-    if kind is MLATokenToKVPool:
-        return {"kv": [_part_of("kv", [[t] for t in kvcache.kv_buffer], page_size, False)]}, True
-    if kind is DSATokenToKVPool:
-        return {"kv": [_part_of("kv", [[t] for t in kvcache.kv_buffer], page_size, False)],
-                "indexer": [_part_of("indexer", [[t] for t in kvcache.index_k_with_scale_buffer], page_size, True)]}, True
-    raise LinkerError(f"cxltier linker: the {kind.__name__} KV pool is not supported (MHA, MLA and DSA pools are); "
-                      "use the HiCache backend (cxltier.hicache) for this model")
+        return [DevicePool("kv", _mha_parts("kv", kvcache, page_size), "kv", list(range(len(kvcache.k_buffer))))], False
+    if kind in (MLATokenToKVPool, DSATokenToKVPool):
+        layers = list(range(len(kvcache.kv_buffer)))
+        pools = [DevicePool("kv", [_part_of("kv", [[t] for t in kvcache.kv_buffer], page_size, False)], "kv", layers)]
+        if kind is DSATokenToKVPool:
+            indexer = _part_of("indexer", [[t] for t in kvcache.index_k_with_scale_buffer], page_size, True)
+            pools.append(DevicePool("indexer", [indexer], "kv", layers))
+        return pools, True
+    if kind is SWAKVPool and type(kvcache.full_kv_pool) is MHATokenToKVPool and type(kvcache.swa_kv_pool) is MHATokenToKVPool:
+        by_kind = {False: [], True: []}
+        for gid, (lid, is_swa) in sorted(kvcache.layers_mapping.items(), key=lambda kv: kv[1][0]):
+            by_kind[is_swa].append(gid - kvcache.start_layer)
+        return [DevicePool("kv", _mha_parts("kv", kvcache.full_kv_pool, page_size), "kv", by_kind[False]),
+                DevicePool("swa", _mha_parts("swa", kvcache.swa_kv_pool, page_size), "swa", by_kind[True])], False
+    inner = f" of {type(kvcache.full_kv_pool).__name__}" if isinstance(kvcache, SWAKVPool) else ""
+    raise LinkerError(f"cxltier linker: the {kind.__name__}{inner} KV pool is not supported (MHA, MLA, DSA and "
+                      "SWAKVPool of MHA pools are); use the HiCache backend (cxltier.hicache) for this model")
 
 
 def _rank(params):
@@ -157,52 +187,62 @@ class _Base:
     def __init__(self, server_args, params, *, components, extra_config=None, forward_stream=None):
         from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
-        if set(components) != {ComponentType.FULL}:
+        if set(components) - {ComponentType.FULL, ComponentType.SWA}:
             names = sorted(c.name for c in components)
-            raise LinkerError(f"cxltier linker: tree components {names}: only FULL attention is supported "
-                              "(SWA and Mamba state are not); use the HiCache backend for hybrid models")
+            raise LinkerError(f"cxltier linker: tree components {names}: FULL and SWA attention are supported, "
+                              "Mamba state is not; use the HiCache backend for this model")
         self.forward_stream = forward_stream
         self.page_size = params.page_size
         kvcache = params.token_to_kv_pool_allocator.get_kvcache()
-        parts, self.rank_replicated = device_pools(kvcache, self.page_size)
-        self.pools = {PoolName.KV if n == "kv" else PoolName.INDEXER: p for n, p in parts.items()}
-        first = parts["kv"][0].buffers[0]
-        self.on_device = first.is_cuda
-        self.num_layers = len(parts["kv"][0].buffers) // parts["kv"][0].per_layer
+        pools, replicated = device_pools(kvcache, self.page_size)
+        if (ComponentType.SWA in components) != any(p.source == "swa" for p in pools):
+            raise LinkerError(f"cxltier linker: tree components {sorted(c.name for c in components)} do not match "
+                              f"the {type(kvcache).__name__} KV pool")
+        extra = dict(extra_config or {})
+        # share_ranks 0 keys rank-replicated pools per rank too (one copy
+        # per rank, as stores without a shared tier keep them).
+        self.rank_replicated = replicated and bool(int(extra.get("share_ranks", 1)))
+        names = {"kv": PoolName.KV, "indexer": PoolName.INDEXER, "swa": PoolName.SWA}
+        self.pools = {names[p.name]: p for p in pools}  # what SGLang's wrapper reads: SWA pages are ours to restore
+        self.on_device = pools[0].parts[0].buffers[0].is_cuda
+        self.num_layers = 1 + max(layer for p in pools for layer in p.layers)
         self.tp_rank, self.tp_size = _rank(params)
         model = str(getattr(server_args, "model_path", None) or "default").replace("/", "-")
         shard = f"_pp{params.pp_rank}_{params.pp_size}_cp{params.attn_cp_rank}_{params.attn_cp_size}"
         self.key_suffix = model + shard if self.rank_replicated else f"{model}_tp{self.tp_rank}_{self.tp_size}{shard}"
-        extra = dict(extra_config or {})
         cfg = _settings(extra, model)
         dtype = _kv_dtype(extra, kvcache)
         engine = cfg["engine"] or ("cuda" if self.on_device else "cpu")
-        page_bytes = max(p.chunk * len(p.buffers) for ps in parts.values() for p in ps)
+        page_bytes = max(part.chunk * len(part.buffers) for p in pools for part in p.parts)
 
         self.tier = Tier(cfg["devices"], name=f"sglang-linker-{os.getpid()}")
-        self._kvpools = []  # (pool name, KVPool, mask)
+        self._kvpools = []  # (DevicePool, KVPool, mask) for each part
         try:
             self.index = self.tier.prefix(cfg["index"], cfg["blocks"], cfg["block_bytes"] or page_bytes, cfg["key"])
             have = self.index.stats()["block_bytes"]
             if have < page_bytes:
                 raise LinkerError(f"cxltier linker: index {cfg['index']!r} has {have}-byte blocks; a page of this "
                                   f"model is {page_bytes} bytes: create an index with --block-bytes {page_bytes} or more")
-            for name, ps in parts.items():
-                for j, p in enumerate(ps):
+            for p in pools:
+                for j, part in enumerate(p.parts):
                     buffers = [(t.data_ptr(), (t.shape[0] - 1) * t.stride(0) * t.element_size() + t[0].numel() * t.element_size())
-                               for t in p.buffers]
-                    pool = KVPool(self.index, buffers, p.per_layer, p.chunk, p.stride, engine=engine,
+                               for t in part.buffers]
+                    pool = KVPool(self.index, buffers, part.per_layer, part.chunk, part.stride, engine=engine,
                                   device=self.on_device, verify=cfg["verify"])
-                    tag = f"{self.key_suffix}/linker/v1/{name}.{j}/p{self.page_size}/L{self.num_layers}x{p.per_layer}x{p.chunk}/{dtype}"
-                    self._kvpools.append((name, pool, part_mask(tag)))
+                    tag = (f"{self.key_suffix}/linker/v1/{p.name}.{j}/p{self.page_size}/"
+                           f"L{len(p.layers)}x{part.per_layer}x{part.chunk}/{dtype}")
+                    self._kvpools.append((p, pool, part_mask(tag)))
         except BaseException:
             self.tier.close()
             raise
-        self._masks = [m for _, _, m in self._kvpools]
+        self._masks = {src: [m for p, _, m in self._kvpools if p.source == src] for src in ("kv", "swa")}
+        # Which parts copy a layer of theirs at each model layer, in order.
+        self._schedule = [[i for i, (p, _, _) in enumerate(self._kvpools) if layer in p.layers]
+                          for layer in range(self.num_layers)]
         self.layer_done_counter = LayerWiseLoadCounter(self.num_layers)
         self.stats = {"lookup": 0, "lookup_pages": 0, "load_batches": 0, "load_pages": 0, "offloads": 0,
                       "offload_pages": 0, "entries_written": 0, "entries_present": 0, "load_failures": 0, "offload_failures": 0}
-        self._pending = {}  # rid -> (keys, pages), until the next start
+        self._pending = {}  # rid -> {source: (keys, pages)}, until the next start
         self._loads = queue.Queue()
         self._offloads = queue.Queue()
         self._results = queue.Queue()
@@ -214,35 +254,60 @@ class _Base:
                     cfg["devices"], cfg["index"], type(kvcache).__name__, self.num_layers, page_bytes, engine,
                     self.tp_rank, self.tp_size, " (one copy for all ranks)" if self.rank_replicated else "")
 
-    # The transfers SGLang passes name the KV pool; the DSA indexer rides
-    # its pages (as SGLang's own pool group sources it from KV).
+    # SGLang passes a KV transfer (the full-attention pages) and, for SWA
+    # models, an SWA transfer (the trailing window's pages); the DSA
+    # indexer rides the KV pages, as SGLang's own pool group sources it.
 
     @staticmethod
-    def _kv(transfers):
+    def _by_source(transfers):
+        out = {}
         for t in transfers:
             if t.name == PoolName.KV:
-                return t
-        return None
+                out["kv"] = t
+            elif t.name == PoolName.SWA:
+                out["swa"] = t
+            else:
+                raise LinkerError(f"cxltier linker: a transfer of pool {t.name}, which this linker does not serve")
+        return out
 
     def lookup(self, rid, transfers):
-        kv = self._kv(transfers)
-        if kv is None or not kv.keys or any(t.hit_policy != PoolHitPolicy.ALL_PAGES for t in transfers):
+        """Every restorable length: full-attention pages present from the
+        start and, for SWA models, the window of SWA pages ending there
+        (present only where a node ended when it was offloaded)."""
+        by = self._by_source(transfers)
+        kv = by.get("kv")
+        if kv is None or not kv.keys:
             return []
-        n = self.index.exists_pages(list(kv.keys), self._masks)
+        keys = list(kv.keys)
+        n = self.index.exists_pages(keys, self._masks["kv"])
+        lengths = list(range(1, n + 1))
+        swa = by.get("swa")
+        if swa is not None and n:
+            window = max(1, len(swa.keys or ()))
+            have = [self.index.exists_pages([k], self._masks["swa"]) == 1 for k in keys[:n]]
+            lengths = [m for m in lengths if all(have[max(0, m - window) : m])]
         self.stats["lookup"] += 1
-        self.stats["lookup_pages"] += n
-        return list(range(1, n + 1))
+        self.stats["lookup_pages"] += lengths[-1] if lengths else 0
+        return lengths
+
+    def _pages_of(self, t):
+        pages = _pages(t.device_indices, self.page_size)
+        if len(pages) != len(t.keys):
+            raise LinkerError(f"cxltier linker: pool {t.name}: {len(t.keys)} keys for {len(pages)} pages")
+        return list(t.keys), pages
+
+    def _planned(self, transfers):
+        """{source: (keys, pages)} of the transfers that carry pages."""
+        return {src: self._pages_of(t) for src, t in self._by_source(transfers).items()
+                if t.keys and t.device_indices is not None}
 
     def load(self, rid, transfers):
-        kv = self._kv(transfers)
-        if kv is None or not kv.keys or kv.device_indices is None:
+        plan = self._planned(transfers)
+        if "kv" not in plan:
             return False
         if rid in self._pending:
             raise RuntimeError(f"cxltier linker: a load for {rid} is already queued")
-        pages = _pages(kv.device_indices, self.page_size)
-        if len(pages) != len(kv.keys):
-            raise LinkerError(f"cxltier linker: {len(kv.keys)} keys for {len(pages)} pages")
-        self._pending[rid] = (list(kv.keys), pages)
+        self._pending[rid] = plan
         return True
 
     def cancel_queued_load(self, rid):
@@ -252,25 +317,26 @@ class _Base:
         if not self._pending:
             return -1
         pending, self._pending = self._pending, {}
-        keys = [k for ks, _ in pending.values() for k in ks]
-        pages = [p for _, ps in pending.values() for p in ps]
+        batch = {}
+        for plan in pending.values():
+            for src, (keys, pages) in plan.items():
+                k, p = batch.setdefault(src, ([], []))
+                k.extend(keys)
+                p.extend(pages)
         index = self.layer_done_counter.update_producer()
-        self._loads.put((index, keys, pages, self._ready_events(offload=False)))
+        self._loads.put((index, batch, self._ready_events(offload=False)))
         self.stats["load_batches"] += 1
-        self.stats["load_pages"] += len(pages)
+        self.stats["load_pages"] += len(batch["kv"][1])
         return index
 
     def finish_layer_wise_loading(self, counter_index):
         return self.layer_done_counter.finish(counter_index)
 
     def offload(self, transfers, session_id=None):
-        kv = self._kv(transfers)
-        if kv is None or not kv.keys or kv.device_indices is None:
+        plan = self._planned(transfers)
+        if "kv" not in plan:
             return False
-        pages = _pages(kv.device_indices, self.page_size)
-        if len(pages) != len(kv.keys):
-            raise LinkerError(f"cxltier linker: {len(kv.keys)} keys for {len(pages)} pages")
-        self._offloads.put((list(kv.keys), pages, self._ready_events(offload=True)))
+        self._offloads.put((plan, self._ready_events(offload=True)))
         return True
 
     def num_completed_offloads(self):
@@ -329,44 +395,51 @@ class _Base:
             finally:
                 q.task_done()
 
-    def _load_batch(self, index, keys, pages, events):
-        loads = []
+    def _load_batch(self, index, batch, events):
+        loads = {}  # part index -> KVLoad
         try:
             for e in events:
                 e.synchronize()
-            for _, pool, mask in self._kvpools:
-                loads.append(pool.load(part_keys(keys, [mask]), pages))
-            for layer in range(self.num_layers):
-                for ld in loads:
-                    ld.layer(layer)
+            for i, (p, pool, mask) in enumerate(self._kvpools):
+                if p.source in batch:
+                    keys, pages = batch[p.source]
+                    loads[i] = (pool.load(part_keys(keys, [mask]), pages), iter(range(len(p.layers))))
+            for layer, parts in enumerate(self._schedule):
+                for i in parts:
+                    if i in loads:
+                        ld, local = loads[i]
+                        ld.layer(next(local))
                 self.layer_done_counter.complete(index, layer)
         except BaseException as e:  # a failed load never raises into the forward: finish reports it
             self.stats["load_failures"] += 1
-            logger.error("cxltier linker: load of %d pages failed: %s", len(keys), e)
+            logger.error("cxltier linker: load of %d pages failed: %s", len(batch["kv"][0]), e)
             self.layer_done_counter.fail(index, e)
         finally:
-            for ld in loads:
+            for ld, _ in loads.values():
                 try:
                     ld.close()
                 except CxlTierError:
                     pass  # reported by the layer that failed
 
-    def _offload_one(self, keys, pages, events):
+    def _offload_one(self, plan, events):
         ok = False
         try:
             for e in events:
                 e.synchronize()
             ok = True
-            for _, pool, mask in self._kvpools:
+            for p, pool, mask in self._kvpools:
+                if p.source not in plan:
+                    continue
+                keys, pages = plan[p.source]
                 statuses = pool.store(part_keys(keys, [mask]), pages)
                 ok = ok and "no_space" not in statuses
                 self.stats["entries_written"] += statuses.count("stored")
                 self.stats["entries_present"] += statuses.count("present")
             self.stats["offloads"] += 1
-            self.stats["offload_pages"] += len(keys)
+            self.stats["offload_pages"] += len(plan["kv"][0])
         except BaseException as e:
             ok = False
-            logger.error("cxltier linker: offload of %d pages failed: %s", len(keys), e)
+            logger.error("cxltier linker: offload of %d pages failed: %s", len(plan["kv"][0]), e)
         if not ok:
             self.stats["offload_failures"] += 1
         self._results.put(ok)

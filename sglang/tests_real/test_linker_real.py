@@ -144,7 +144,7 @@ def test_an_evicted_page_fails_the_load(built, device, published):
 
         def load_then_evict(rid, transfers):
             queued = original(rid, transfers)
-            keys = b.linker._pending[rid][0]
+            keys = b.linker._pending[rid]["kv"][0]
             for _, pool, mask in b.linker._kvpools:
                 from cxltier.prefix import part_keys
 
@@ -159,6 +159,42 @@ def test_an_evicted_page_fails_the_load(built, device, published):
         b.close()
 
 
+def test_sliding_window_model_round_trip(built, device, published):
+    """Full attention and a sliding window (SWAKVPool): the full layers'
+    pages and the SWA pages SGLang offloads with a node are stored and
+    loaded, the SWA layers' window landing in the request's SWA slots; a
+    length is restorable only where the window ending there is stored."""
+    from sglang.srt.mem_cache.utils import get_hash_str
+
+    from cxltier.prefix import part_keys
+
+    args = publish_server_args(device, 1)  # SGLang's SWA allocator takes single tokens
+    tokens = list(range(700, 732))  # the window is 8 tokens
+    a = Stack(args, "swa", 1, layers=4)
+    kv = a.store(tokens, seed=9)
+    assert a.linker.stats["entries_written"] == 64, a.linker.stats  # the full pages, and the node's SWA pages
+    a.close()
+    b = Stack(args, "swa", 1, layers=4)
+    try:
+        hit, slots, seen, failed = b.load(tokens)
+        assert hit == 32 and failed == []
+        for layer in range(4):
+            tail = slice(-8, None) if layer % 2 else slice(None)  # an SWA layer holds the window alone
+            for want, got in zip(kv[layer], seen[layer]):
+                assert torch.equal(want[tail], got[tail]), layer
+        # SWA pages 10..19 gone (as when the tree dropped them before the
+        # offload): a prompt of 20 has KV for all of it but no window ending
+        # at 20, so the longest restorable prefix is 10 pages (its window,
+        # pages 2..9, is there).
+        keys = get_hash_str(tokens, None, page_size=1)[10:20]
+        block = part_keys(keys, b.linker._masks["swa"])
+        assert b.linker.index.delete([block.hex(i) for i in range(block.n)]) == 10
+        hit, _, _, failed = b.load(tokens[:20] + [1, 2, 3, 4], rid="cut")
+        assert hit == 10 and failed == []
+    finally:
+        b.close()
+
+
 def test_unsupported_pools_are_refused(built, device, published):
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPoolFP4
@@ -167,8 +203,8 @@ def test_unsupported_pools_are_refused(built, device, published):
     from cxltier.linker import CxlTierLinker, LinkerError
 
     args = publish_server_args(device, 4)
-    with pytest.raises(LinkerError, match="SWA and Mamba"):
-        CxlTierLinker(args, None, components={ComponentType.FULL, ComponentType.SWA})
+    with pytest.raises(LinkerError, match="Mamba state is not"):
+        CxlTierLinker(args, None, components={ComponentType.FULL, ComponentType.MAMBA})
 
     class Alloc:
         def get_kvcache(self):
