@@ -30,9 +30,12 @@ func peerOf(ip net.IP) string {
 // total, and when a new connection would pass either bound, the oldest
 // idle connection (of that peer, else of anyone) is closed to make room.
 // Idle keep-alive connections therefore cannot lock out /healthz or the
-// token holder, whichever address they come from; a connection is refused
-// only when every one it would compete with is busy with a request (and
-// those end within the server's read and write timeouts).
+// token holder, whichever address they come from. Nor can slow ones: a
+// connection that has sent part of a request and stalled (slow-loris) is
+// treated as idle once it has been reading for slowAfter, which no
+// well-behaved client of this API comes near. A connection is refused only
+// when every one it would compete with is in a handler or has just begun a
+// request.
 type connGate struct {
 	net.Listener
 	perPeer, total int
@@ -43,9 +46,15 @@ type connGate struct {
 }
 
 type gated struct {
-	peer      string
-	idleSince time.Time // zero while a request is in progress or before the first
+	peer         string
+	idleSince    time.Time // zero while a request is in progress
+	readingSince time.Time // when the request in progress began arriving
+	handling     bool      // a handler is answering it
 }
+
+// slowAfter is how long a request may take to arrive before its
+// connection may be closed to make room for others.
+const slowAfter = 500 * time.Millisecond
 
 func newConnGate(ln net.Listener, perPeer, total int) *connGate {
 	return &connGate{Listener: ln, perPeer: perPeer, total: total, conns: map[net.Conn]*gated{}, peers: map[string]int{}}
@@ -84,18 +93,24 @@ func (g *connGate) admit(c net.Conn, peer string) bool {
 	return true
 }
 
-// evictLocked closes the oldest idle connection of peer (of anyone if
-// peer is "") and reports whether there was one. Its slot is freed now;
-// the server's closed-state callback finds it gone.
+// evictLocked closes the connection of peer (of anyone if peer is "")
+// that has given way longest — idle, or stalled partway through a request
+// for slowAfter — and reports whether there was one. Its slot is freed
+// now; the server's closed-state callback finds it gone.
 func (g *connGate) evictLocked(peer string) bool {
 	var oldest net.Conn
 	var at time.Time
+	now := time.Now()
 	for c, s := range g.conns {
-		if s.idleSince.IsZero() || (peer != "" && s.peer != peer) {
+		since := s.idleSince
+		if since.IsZero() && !s.handling && !s.readingSince.IsZero() && now.Sub(s.readingSince) >= slowAfter {
+			since = s.readingSince
+		}
+		if since.IsZero() || (peer != "" && s.peer != peer) {
 			continue
 		}
-		if oldest == nil || s.idleSince.Before(at) {
-			oldest, at = c, s.idleSince
+		if oldest == nil || since.Before(at) {
+			oldest, at = c, since
 		}
 	}
 	if oldest == nil {
@@ -104,6 +119,24 @@ func (g *connGate) evictLocked(peer string) bool {
 	g.forgetLocked(oldest)
 	oldest.Close()
 	return true
+}
+
+// wrap marks a connection as answering while h runs: a handler's time
+// never counts as a slow request.
+func (g *connGate) wrap(h fasthttp.RequestHandler) fasthttp.RequestHandler {
+	return func(ctx *fasthttp.RequestCtx) {
+		g.setHandling(ctx.Conn(), true)
+		defer g.setHandling(ctx.Conn(), false)
+		h(ctx)
+	}
+}
+
+func (g *connGate) setHandling(c net.Conn, on bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if s, ok := g.conns[c]; ok {
+		s.handling = on
+	}
 }
 
 func (g *connGate) forgetLocked(c net.Conn) {
@@ -128,8 +161,8 @@ func (g *connGate) state(c net.Conn, st fasthttp.ConnState) {
 	case !ok:
 	case st == fasthttp.StateNew || st == fasthttp.StateIdle:
 		s.idleSince = time.Now()
-	case st == fasthttp.StateActive:
-		s.idleSince = time.Time{}
+	case st == fasthttp.StateActive: // a request's first bytes are in
+		s.idleSince, s.readingSince = time.Time{}, time.Now()
 	case st == fasthttp.StateClosed || st == fasthttp.StateHijacked:
 		g.forgetLocked(c)
 	}

@@ -107,6 +107,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	srv := a.server()
 	gate := newConnGate(ln, adminConnsPeer, adminConnsTotal)
 	srv.ConnState = gate.state
+	srv.Handler = gate.wrap(srv.Handler)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(gate) }()
 	logger.Printf("node %d (lock manager: %v); admin API on http://%s", cfg.Node, cfg.Node == cfg.ManagerNode, ln.Addr())

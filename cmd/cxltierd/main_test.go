@@ -605,3 +605,43 @@ func TestAdminRateLimitCountsLoopbackAsOnePeer(t *testing.T) {
 		}
 	}
 }
+
+// TestAdminNotStarvedBySlowRequests: connections that send the start of a
+// request and stall (slow-loris) fill a peer's share of connections; once
+// they have stalled past slowAfter they give way, so /healthz and the
+// token holder still get in. They used to hold every slot until the read
+// timeout, and a client reopening them every few seconds locked loopback
+// out for good.
+func TestAdminNotStarvedBySlowRequests(t *testing.T) {
+	const secret = "s3cret-s3cret-s3cret"
+	t.Setenv(tokenEnv, secret)
+	addr, _, _ := startInProcess(t)
+	var slow []net.Conn
+	defer func() {
+		for _, c := range slow {
+			c.Close()
+		}
+	}()
+	for i := range 2 * adminConnsPeer {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("slow connection %d: %v", i, err)
+		}
+		if _, err := c.Write([]byte("GET /heal")); err != nil {
+			t.Fatalf("slow connection %d: %v", i, err)
+		}
+		slow = append(slow, c)
+	}
+	time.Sleep(slowAfter + 200*time.Millisecond)
+	resp, err := fromAlias(1).Get("http://" + addr + "/healthz")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("/healthz behind %d stalled requests: %v %v", len(slow), resp, err)
+	}
+	resp.Body.Close()
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/reap", nil)
+	req.Header.Set("Authorization", "Bearer "+secret)
+	if resp, err = fromAlias(1).Do(req); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the token holder behind stalled requests: %v %v", resp, err)
+	}
+	resp.Body.Close()
+}
