@@ -49,7 +49,7 @@ from .tier import Tier
 logger = logging.getLogger(__name__)
 
 try:  # SGLang is only there on serving machines.
-    from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName
+    from sglang.srt.mem_cache.hicache_storage import PoolName
     from sglang.srt.mem_cache.unified_cache.unified_cache_linker import LayerWiseLoadCounter, UnifiedCacheLinker
 except ImportError:  # pragma: no cover - exercised where SGLang is installed
     UnifiedCacheLinker = None
@@ -156,15 +156,37 @@ def _rank(params):
     return 0, 1
 
 
+_KEYS = ("devices", "index", "key", "blocks", "block_bytes", "verify", "kv_dtype", "engine", "share_ranks")
+
+
 def _settings(extra, model):
+    """linker_extra_config, checked: an unknown key or a malformed number
+    is refused by name rather than ignored."""
+    unknown = sorted(set(extra) - set(_KEYS))
+    if unknown:
+        raise LinkerError(f"cxltier linker: unknown linker_extra_config keys {unknown} (known: {', '.join(_KEYS)})")
+
+    def number(name, default):
+        try:
+            n = int(extra.get(name, default))
+        except (TypeError, ValueError):
+            raise LinkerError(f"cxltier linker: linker_extra_config {name!r} is {extra[name]!r}, not a number") from None
+        if n < 0:
+            raise LinkerError(f"cxltier linker: linker_extra_config {name!r} is negative ({n})")
+        return n
+
+    engine = extra.get("engine")
+    if engine is not None and not isinstance(engine, str):
+        raise LinkerError(f"cxltier linker: linker_extra_config 'engine' is {engine!r}, not a name")
     return {
         "devices": extra.get("devices") or os.environ.get("CXLTIER_DEVICES") or "shm:cxltier",
         "index": extra.get("index") or model,
         "key": extra.get("key") or os.environ.get("CXLTIER_PREFIX_KEY") or None,
-        "blocks": int(extra.get("blocks", 0)),
-        "block_bytes": int(extra.get("block_bytes", 0)),
-        "verify": bool(int(extra.get("verify", 1))),
-        "engine": extra.get("engine"),
+        "blocks": number("blocks", 0),
+        "block_bytes": number("block_bytes", 0),
+        "verify": bool(number("verify", 1)),
+        "share_ranks": bool(number("share_ranks", 1)),
+        "engine": engine,
     }
 
 
@@ -199,39 +221,22 @@ class _Base:
             raise LinkerError(f"cxltier linker: tree components {sorted(c.name for c in components)} do not match "
                               f"the {type(kvcache).__name__} KV pool")
         extra = dict(extra_config or {})
+        model = str(getattr(server_args, "model_path", None) or "default").replace("/", "-")
+        cfg = _settings(extra, model)
         # share_ranks 0 keys rank-replicated pools per rank too (one copy
         # per rank, as stores without a shared tier keep them).
-        self.rank_replicated = replicated and bool(int(extra.get("share_ranks", 1)))
+        self.rank_replicated = replicated and cfg["share_ranks"]
         names = {"kv": PoolName.KV, "indexer": PoolName.INDEXER, "swa": PoolName.SWA}
         self.pools = {names[p.name]: p for p in pools}  # what SGLang's wrapper reads: SWA pages are ours to restore
         self.on_device = pools[0].parts[0].buffers[0].is_cuda
         self.num_layers = 1 + max(layer for p in pools for layer in p.layers)
         self.tp_rank, self.tp_size = _rank(params)
-        model = str(getattr(server_args, "model_path", None) or "default").replace("/", "-")
         shard = f"_pp{params.pp_rank}_{params.pp_size}_cp{params.attn_cp_rank}_{params.attn_cp_size}"
         self.key_suffix = model + shard if self.rank_replicated else f"{model}_tp{self.tp_rank}_{self.tp_size}{shard}"
-        cfg = _settings(extra, model)
-        dtype = _kv_dtype(extra, kvcache)
         engine = cfg["engine"] or ("cuda" if self.on_device else "cpu")
-        page_bytes = max(part.chunk * len(part.buffers) for p in pools for part in p.parts)
-
         self.tier = Tier(cfg["devices"], name=f"sglang-linker-{os.getpid()}")
-        self._kvpools = []  # (DevicePool, KVPool, mask) for each part
         try:
-            self.index = self.tier.prefix(cfg["index"], cfg["blocks"], cfg["block_bytes"] or page_bytes, cfg["key"])
-            have = self.index.stats()["block_bytes"]
-            if have < page_bytes:
-                raise LinkerError(f"cxltier linker: index {cfg['index']!r} has {have}-byte blocks; a page of this "
-                                  f"model is {page_bytes} bytes: create an index with --block-bytes {page_bytes} or more")
-            for p in pools:
-                for j, part in enumerate(p.parts):
-                    buffers = [(t.data_ptr(), (t.shape[0] - 1) * t.stride(0) * t.element_size() + t[0].numel() * t.element_size())
-                               for t in part.buffers]
-                    pool = KVPool(self.index, buffers, part.per_layer, part.chunk, part.stride, engine=engine,
-                                  device=self.on_device, verify=cfg["verify"])
-                    tag = (f"{self.key_suffix}/linker/v1/{p.name}.{j}/p{self.page_size}/"
-                           f"L{len(p.layers)}x{part.per_layer}x{part.chunk}/{dtype}")
-                    self._kvpools.append((p, pool, part_mask(tag)))
+            self._open_pools(pools, cfg, engine, _kv_dtype(extra, kvcache))
         except BaseException:
             self.tier.close()
             raise
@@ -250,9 +255,29 @@ class _Base:
                          for n, q, f in (("load", self._loads, self._load_batch), ("offload", self._offloads, self._offload_one))]
         for t in self._threads:
             t.start()
-        logger.info("cxltier linker on %s, index %r: %s pool, %d layers, %d-byte pages, %s engine, rank %d/%d%s",
-                    cfg["devices"], cfg["index"], type(kvcache).__name__, self.num_layers, page_bytes, engine,
+        logger.info("cxltier linker on %s, index %r: %s pool, %d layers, %s engine, rank %d/%d%s",
+                    cfg["devices"], cfg["index"], type(kvcache).__name__, self.num_layers, engine,
                     self.tp_rank, self.tp_size, " (one copy for all ranks)" if self.rank_replicated else "")
+
+    def _open_pools(self, pools, cfg, engine, dtype):
+        """The index (made when missing and blocks are given) and a KVPool
+        with its key mask for each part of each pool."""
+        page_bytes = max(part.chunk * len(part.buffers) for p in pools for part in p.parts)
+        self.index = self.tier.prefix(cfg["index"], cfg["blocks"], cfg["block_bytes"] or page_bytes, cfg["key"])
+        have = self.index.stats()["block_bytes"]
+        if have < page_bytes:
+            raise LinkerError(f"cxltier linker: index {cfg['index']!r} has {have}-byte blocks; a page of this "
+                              f"model is {page_bytes} bytes: create an index with --block-bytes {page_bytes} or more")
+        self._kvpools = []  # (DevicePool, KVPool, mask) for each part
+        for p in pools:
+            for j, part in enumerate(p.parts):
+                buffers = [(t.data_ptr(), (t.shape[0] - 1) * t.stride(0) * t.element_size() + t[0].numel() * t.element_size())
+                           for t in part.buffers]
+                pool = KVPool(self.index, buffers, part.per_layer, part.chunk, part.stride, engine=engine,
+                              device=self.on_device, verify=cfg["verify"])
+                tag = (f"{self.key_suffix}/linker/v1/{p.name}.{j}/p{self.page_size}/"
+                       f"L{len(p.layers)}x{part.per_layer}x{part.chunk}/{dtype}")
+                self._kvpools.append((p, pool, part_mask(tag)))
 
     # SGLang passes a KV transfer (the full-attention pages) and, for SWA
     # models, an SWA transfer (the trailing window's pages); the DSA

@@ -215,6 +215,17 @@ def test_unsupported_pools_are_refused(built, device, published):
         CxlTierLinker(args, params, components={ComponentType.FULL})
 
 
+@pytest.mark.parametrize("extra,message", [({"bogus": 1}, r"unknown linker_extra_config keys \['bogus'\]"),
+                                           ({"blocks": "many"}, "'blocks' is 'many', not a number"),
+                                           ({"verify": -1}, "'verify' is negative")])
+def test_bad_config_is_refused_by_name(built, device, published, extra, message):
+    from cxltier.linker import LinkerError
+
+    args = publish_server_args(device, 4, **extra)
+    with pytest.raises(LinkerError, match=message):
+        Stack(args, "mha", 4)
+
+
 def test_small_blocks_are_refused_with_the_size_needed(built, device, published):
     from sglang.srt.mem_cache.unified_cache.component_type import ComponentType  # noqa: F401
 
