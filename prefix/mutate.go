@@ -63,7 +63,7 @@ func (s *Store) locked(sh *shard, fn func()) error {
 	}()
 	s.refreshMeta(sh.stateOff, lineSize)
 	dirty := u64At(sh.state, slDirty)
-	if atomic.LoadUint64(dirty) != 0 {
+	if atomic.LoadUint64(dirty) != 0 || !sh.countsPlausible() {
 		s.repairLocked(sh)
 	}
 	atomic.StoreUint64(dirty, s.c.Token())

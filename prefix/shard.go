@@ -48,6 +48,17 @@ func (sh *shard) add(off int, d int32) {
 
 func (sh *shard) count(off int) int64 { return int64(atomic.LoadUint32(sh.u32(off))) }
 
+// countsPlausible reports whether the shard's counts can be true: no more
+// blocks used than it has, no more entries live or dead than it has, and
+// no more live entries than blocks. A damaged word outside these bounds
+// (one bad count of used blocks made every insert evict everything and
+// then fail) is recounted from the entries by the next holder.
+func (sh *shard) countsPlausible() bool {
+	entries, blocks := sh.entries(), int64(sh.blocks)
+	live := sh.count(slReady) + sh.count(slReserved)
+	return sh.count(slUsedBlocks) <= blocks && live <= blocks && live+sh.count(slTombstones) <= entries
+}
+
 // holds reports whether entry i is one of the shard's.
 func (sh *shard) holds(i uint32) bool { return i-sh.entry0 <= sh.mask }
 
