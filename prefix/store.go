@@ -152,7 +152,8 @@ func create(c *tier.Client, cfg Config, version uint32) (*Store, error) {
 	if err := c.ShareChunks(payload, g.PayloadChunks); err != nil {
 		return undo(fmt.Errorf("prefix: create %q: %w", cfg.Name, err))
 	}
-	e := tier.DirEntry{Name: DirName(cfg.Name), Kind: DirKind, Offset: meta, Size: g.MetaChunks * chunk}
+	e := tier.DirEntry{Name: DirName(cfg.Name), Kind: DirKind, Offset: meta, Size: g.MetaChunks * chunk,
+		Run2: payload, Run2Size: g.PayloadChunks * chunk}
 	if err := c.DirPut(e); err != nil {
 		return undo(fmt.Errorf("prefix: create %q: %w", cfg.Name, err))
 	}
@@ -336,6 +337,12 @@ func open(c *tier.Client, name, key string, maint, anyLayout bool) (*Store, erro
 	}
 	if err := s.claimPins(); err != nil {
 		return nil, fmt.Errorf("prefix: open %q: %w", name, err)
+	}
+	if de.Run2Size == 0 {
+		// An index created before directory entries named a second run:
+		// its payload run is recorded now, so that audits check its chunks
+		// and reapers never free them. A failure leaves it as it was.
+		_ = c.DirSetRun2(DirName(name), DirKind, tier.Offset(g.PayloadOff), g.PayloadChunks*r.ChunkSize())
 	}
 	return s, nil
 }

@@ -906,3 +906,37 @@ func TestDamagedCountsAreRecounted(t *testing.T) {
 		})
 	}
 }
+
+// TestPayloadRunInDirectory: an index's directory entry names its payload
+// run beside its metadata, so the tier's audit checks those chunks and its
+// reapers never free them; an index whose entry predates the field gets it
+// when opened.
+func TestPayloadRunInDirectory(t *testing.T) {
+	r, c := testTier(t, 1)
+	s := testStore(t, c, 16, 4096)
+	_, _, payload, payloadBytes := s.Extent()
+	e, err := r.DirLookup(DirName("m"))
+	if err != nil || e.Run2 != payload || e.Run2Size < payloadBytes {
+		t.Fatalf("entry %+v, %v; payload at %v, %d bytes", e, err, payload, payloadBytes)
+	}
+	old := e
+	old.Run2, old.Run2Size = 0, 0
+	if err := c.DirDelete(e.Name); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DirPut(old); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s2, err := Open(c, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if got, _ := r.DirLookup(e.Name); got.Run2 != e.Run2 || got.Run2Size != e.Run2Size {
+		t.Fatalf("after opening an index without its second run: %+v, want %+v", got, e)
+	}
+	if f := r.Audit(); len(f) != 0 {
+		t.Fatalf("audit: %q", f)
+	}
+}

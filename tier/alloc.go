@@ -3,6 +3,7 @@ package tier
 import (
 	"fmt"
 	"math/bits"
+	"sort"
 	"sync/atomic"
 )
 
@@ -187,17 +188,33 @@ func (r *Region) freeOwnedBy(c *Client, slot int) (int64, error) {
 	return freed, err
 }
 
-// freeOwnedLocked frees slot's chunks; the caller holds SystemLock.
+// freeOwnedLocked frees slot's chunks; the caller holds SystemLock. A
+// chunk inside a directory object's runs is the object's whatever its
+// owner word says (one damaged word must not free a live index's payload
+// under it to the next allocation): it goes back to the shared owner.
 func (r *Region) freeOwnedLocked(slot int) int64 {
 	var freed int64
+	spans := r.auditDirectory(func(string, ...any) {})
 	r.sync.refresh(r.ownerBytes(0, r.l.ChunkCount))
 	for i := int64(0); i < r.l.ChunkCount; i++ {
-		if atomic.LoadUint32(r.ownerWord(i)) == uint32(slot+1) {
-			r.setChunks(i, 1, false, 0)
-			freed++
+		if atomic.LoadUint32(r.ownerWord(i)) != uint32(slot+1) {
+			continue
 		}
+		if inSpans(spans, i) {
+			atomic.StoreUint32(r.ownerWord(i), ownerShared)
+			r.sync.publish(r.ownerBytes(i, i+1))
+			continue
+		}
+		r.setChunks(i, 1, false, 0)
+		freed++
 	}
 	return freed
+}
+
+// inSpans reports whether chunk i lies in one of spans (sorted by first).
+func inSpans(spans []dirSpan, i int64) bool {
+	k := sort.Search(len(spans), func(k int) bool { return spans[k].first > i })
+	return k > 0 && i <= spans[k-1].last
 }
 
 // ownsChunks reports, without a lock, whether any chunk names slot as owner.

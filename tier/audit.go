@@ -96,12 +96,18 @@ func (r *Region) auditDirectory(report func(string, ...any)) []dirSpan {
 			report("directory entries %d and %d both name %q", j, i, e.Name)
 		}
 		names[e.Name] = i
-		first, err := r.chunkIndex(e.Offset)
-		if err != nil || e.Size <= 0 || e.Size%r.l.ChunkSize != 0 || first+e.Size/r.l.ChunkSize > r.l.ChunkCount {
-			report("directory entry %d (%q): object %v+%d is not a run of whole chunks in the data area", i, e.Name, e.Offset, e.Size)
-			continue
+		for k, run := range e.runs() {
+			first, err := r.chunkIndex(Offset(run[0]))
+			if err != nil || run[1] <= 0 || run[1]%r.l.ChunkSize != 0 || first+run[1]/r.l.ChunkSize > r.l.ChunkCount {
+				report("directory entry %d (%q): run %#x+%d is not a run of whole chunks in the data area", i, e.Name, run[0], run[1])
+				continue
+			}
+			name := e.Name
+			if k > 0 {
+				name += " (second run)"
+			}
+			spans = append(spans, dirSpan{name: name, first: first, last: first + run[1]/r.l.ChunkSize - 1})
 		}
-		spans = append(spans, dirSpan{name: e.Name, first: first, last: first + e.Size/r.l.ChunkSize - 1})
 		if e.Kind == ObjectKind {
 			if _, err := r.readObject(e.Name, e.DirEntry); err != nil {
 				report("directory entry %d: %v", i, err)

@@ -255,3 +255,63 @@ func TestDamagedDirectoryEntry(t *testing.T) {
 		r2.Close()
 	}
 }
+
+// TestObjectRunsAreGuarded: a directory object's second run (a prefix
+// index's payload blocks) is audited like its first, and a chunk of either
+// whose owner word was damaged to name a client is not freed when that
+// client is reaped: it goes back to the shared owner. Such a chunk used to
+// be freed and handed to the next allocation under the live object.
+func TestObjectRunsAreGuarded(t *testing.T) {
+	r := formatTest(t, testGeometry(), fileBacking(t))
+	c := attachTest(t, r, 0)
+	first, err := c.AllocChunks(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := c.AllocChunks(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, run := range []struct {
+		off Offset
+		n   int64
+	}{{first, 1}, {second, 2}} {
+		if err := c.ShareChunks(run.off, run.n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.DirPut(DirEntry{Name: "idx", Kind: 9, Offset: first, Size: r.ChunkSize(), Run2: second, Run2Size: 2 * r.ChunkSize()}); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := r.DirLookup("idx"); err != nil || e.Run2 != second || e.Run2Size != 2*r.ChunkSize() {
+		t.Fatalf("entry read back: %+v, %v", e, err)
+	}
+	if f := r.Audit(); len(f) != 0 {
+		t.Fatalf("a sound region: %q", f)
+	}
+	victim := attachTest(t, r, 0)
+	i, _ := r.chunkIndex(second)
+	atomic.StoreUint32(r.ownerWord(i+1), uint32(victim.Slot()+1))
+	found := false
+	for _, f := range r.AuditFindings() {
+		found = found || (f.Kind == FindDirectory && strings.Contains(f.Msg, `"idx (second run)"`))
+	}
+	if !found {
+		t.Fatalf("the damaged owner word of the second run: findings %+v", r.AuditFindings())
+	}
+	if _, err := r.freeOwnedBy(c, victim.Slot()); err != nil {
+		t.Fatal(err)
+	}
+	if !r.chunkUsed(i+1) || atomic.LoadUint32(r.ownerWord(i+1)) != ownerShared {
+		t.Fatalf("chunk %d after reaping: used %v, owner %#x", i+1, r.chunkUsed(i+1), atomic.LoadUint32(r.ownerWord(i+1)))
+	}
+	if f := r.Audit(); len(f) != 0 {
+		t.Fatalf("after reaping: %q", f)
+	}
+	if err := c.DirSetRun2("idx", 9, first, r.ChunkSize()); err != nil {
+		t.Fatal(err)
+	}
+	if e, _ := r.DirLookup("idx"); e.Run2 != second {
+		t.Fatalf("DirSetRun2 replaced a second run: %+v", e)
+	}
+}

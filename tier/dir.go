@@ -15,7 +15,10 @@ import (
 // torn read and retry.
 //
 // Entry layout (128 B): seq u32 · kind u32 · offset u64 · size u64 ·
-// created i64 · name length u32 · pad · name [64]byte at byte 64.
+// created i64 · name length u32 · pad · second run offset u64 at byte 40 ·
+// its size u64 at 48 · pad · name [64]byte at byte 64. The second run came
+// later into what was padding, zero in older entries (none), unread by
+// older readers.
 
 // DirEntry is one named object in the root directory.
 type DirEntry struct {
@@ -24,6 +27,21 @@ type DirEntry struct {
 	Offset  Offset    `json:"offset"`
 	Size    int64     `json:"size"`
 	Created time.Time `json:"created"`
+	// Run2 and Run2Size are a second run of chunks the object owns (a
+	// prefix index's payload blocks, apart from its metadata), so that
+	// audits and reapers know every chunk of it; 0 bytes: none.
+	Run2     Offset `json:"run2,omitempty"`
+	Run2Size int64  `json:"run2_size,omitempty"`
+}
+
+// runs are the entry's runs of chunks: its span, and the second run when
+// it has one.
+func (e DirEntry) runs() [][2]int64 {
+	out := [][2]int64{{int64(e.Offset), e.Size}}
+	if e.Run2Size > 0 {
+		out = append(out, [2]int64{int64(e.Run2), e.Run2Size})
+	}
+	return out
 }
 
 // KindTag is the kind's four characters when they are printable ASCII
@@ -89,8 +107,12 @@ func decodeDirEntry(b []byte, regionSize int64) (dirEntry, error) {
 	if err := checkDirName(e.Name); err != nil {
 		return e, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
-	if e.Size < 0 || uint64(e.Offset) > uint64(regionSize) || uint64(e.Size) > uint64(regionSize)-uint64(e.Offset) {
-		return e, fmt.Errorf("tier: %q spans %v+%d outside the %d-byte region: %w", e.Name, e.Offset, e.Size, regionSize, ErrCorrupt)
+	e.Run2 = Offset(le.Uint64(b[40:]))
+	e.Run2Size = int64(le.Uint64(b[48:]))
+	for _, run := range e.runs() {
+		if run[1] < 0 || uint64(run[0]) > uint64(regionSize) || uint64(run[1]) > uint64(regionSize)-uint64(run[0]) {
+			return e, fmt.Errorf("tier: %q spans %#x+%d outside the %d-byte region: %w", e.Name, run[0], run[1], regionSize, ErrCorrupt)
+		}
 	}
 	return e, nil
 }
@@ -103,6 +125,8 @@ func encodeDirEntry(b []byte, e DirEntry) {
 	le.PutUint64(b[16:], uint64(e.Size))
 	le.PutUint64(b[24:], uint64(e.Created.UnixNano()))
 	le.PutUint32(b[32:], uint32(len(e.Name)))
+	le.PutUint64(b[40:], uint64(e.Run2))
+	le.PutUint64(b[48:], uint64(e.Run2Size))
 	copy(b[64:], e.Name)
 }
 
@@ -188,8 +212,10 @@ func (c *Client) DirPut(e DirEntry) error {
 	if e.Kind == 0 {
 		return fmt.Errorf("tier: directory %q: kind 0 is reserved: %w", e.Name, ErrInvalidConfig)
 	}
-	if e.Size < 0 || uint64(e.Offset)+uint64(e.Size) > uint64(c.r.Size()) {
-		return fmt.Errorf("tier: directory %q: %v+%d outside region: %w", e.Name, e.Offset, e.Size, ErrOutOfBounds)
+	for _, run := range e.runs() {
+		if run[1] < 0 || uint64(run[0])+uint64(run[1]) > uint64(c.r.Size()) {
+			return fmt.Errorf("tier: directory %q: %#x+%d outside region: %w", e.Name, run[0], run[1], ErrOutOfBounds)
+		}
 	}
 	if e.Created.IsZero() {
 		e.Created = time.Now()
@@ -219,6 +245,30 @@ func (r *Region) dirPutLocked(e DirEntry) error {
 	}
 	r.writeDir(free, e)
 	return nil
+}
+
+// DirSetRun2 records the second run of an existing entry of that name and
+// kind written without one (before entries had the field), so that audits
+// and reapers learn it. An entry that has one already is left as it is.
+func (c *Client) DirSetRun2(name string, kind uint32, off Offset, size int64) error {
+	if size <= 0 || uint64(off)+uint64(size) > uint64(c.r.Size()) {
+		return fmt.Errorf("tier: directory %q: second run %v+%d outside region: %w", name, off, size, ErrOutOfBounds)
+	}
+	return c.withLock(SystemLock, func() error {
+		for i := 0; i < c.r.l.DirEntries; i++ {
+			cur, err := c.r.readDir(i)
+			if err != nil || cur.empty() || cur.torn() || cur.Name != name || cur.Kind != kind {
+				continue
+			}
+			if cur.Run2Size == 0 {
+				e := cur.DirEntry
+				e.Run2, e.Run2Size = off, size
+				c.r.writeDir(i, e)
+			}
+			return nil
+		}
+		return fmt.Errorf("tier: directory %q: %w", name, ErrNotFound)
+	})
 }
 
 // DirDelete removes a name.
