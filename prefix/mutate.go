@@ -3,6 +3,7 @@ package prefix
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -69,12 +70,18 @@ func (s *Store) locked(sh *shard, fn func()) error {
 	atomic.StoreUint64(dirty, s.c.Token())
 	s.publishMeta(sh.stateOff, lineSize)
 	sh.freed = sh.freed[:0]
+	sound := invariants && s.violations(sh) == nil
 	fn()
 	if sh.lruDamaged {
 		s.repairLocked(sh)
 	}
 	if 4*sh.count(slTombstones) > sh.entries() {
 		s.sweepTombstones(sh)
+	}
+	if sound {
+		if v := s.violations(sh); v != nil {
+			panic(fmt.Sprintf("prefix: %q: invariants: shard %d broken by a mutation: %s", s.name, sh.k, strings.Join(v, "; ")))
+		}
 	}
 	atomic.StoreUint64(dirty, 0)
 	s.publishMeta(sh.stateOff, lineSize)

@@ -78,6 +78,19 @@ func (s *Store) Check(payloads bool) ([]string, error) {
 	return bad, err
 }
 
+// violations is what checkLocked finds in shard sh (its lock held),
+// payloads aside: nil for a sound shard. Invariants builds call it around
+// every mutation.
+func (s *Store) violations(sh *shard) []string {
+	var v []string
+	s.checkLocked(sh, false, func(f string, a ...any) {
+		if len(v) < 8 {
+			v = append(v, fmt.Sprintf(f, a...))
+		}
+	})
+	return v
+}
+
 func (s *Store) checkLocked(sh *shard, payloads bool, report func(string, ...any)) {
 	keys := map[Key]uint32{}
 	owned := map[uint32]uint32{}

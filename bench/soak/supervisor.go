@@ -72,7 +72,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if o.daemon == "" {
 		o.daemon = filepath.Join(tmp, "cxltierd")
 		fmt.Fprintln(stderr, "building cxltierd...")
-		if out, err := exec.Command("go", "build", "-o", o.daemon, "./cmd/cxltierd").CombinedOutput(); err != nil {
+		if out, err := exec.Command("go", "build", "-tags", daemonTags, "-o", o.daemon, "./cmd/cxltierd").CombinedOutput(); err != nil {
 			return fmt.Errorf("build cxltierd (run from the repository root or give -daemon): %v\n%s", err, out)
 		}
 		s.o = o

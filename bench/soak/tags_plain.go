@@ -1,0 +1,6 @@
+//go:build !invariants
+
+package main
+
+// daemonTags: see tags_invariants.go.
+const daemonTags = ""
