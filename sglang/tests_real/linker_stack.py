@@ -192,6 +192,12 @@ class Stack:
     def close(self):
         self.cache.linker.close()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
 
 def same(a, b):
     return all(torch.equal(x, y) for la, lb in zip(a, b) for x, y in zip(la, lb)) and len(a) == len(b)

@@ -38,12 +38,9 @@ def test_factory_builds_the_linker_from_the_flags(built, device, published):
     from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinker
 
     args = publish_server_args(device, 4)
-    s = Stack(args, "mha", 4)
-    try:
+    with Stack(args, "mha", 4) as s:
         assert isinstance(s.linker, UnifiedCacheLinker) and type(s.linker).__name__ == "CxlTierLinker"
         assert s.linker.num_layers == LAYERS and not s.linker.rank_replicated
-    finally:
-        s.close()
 
 
 @pytest.mark.parametrize("kind,page_size", [(k, p) for k in ("mha", "mla") for p in (1, 4, 16)] + [("dsa", 64)])
@@ -59,27 +56,21 @@ def test_round_trip_through_the_tree(built, device, published, kind, page_size):
     a.close()
     assert entries(device) == 5 * pools
 
-    b = Stack(args, kind, page_size)
-    try:
+    with Stack(args, kind, page_size) as b:
         hit, slots, seen, failed = b.load(tokens)
         assert hit == 5 * page_size and failed == []
         paged = [p for _, p in layer_buffers(b.pool, 0)]
         whole = [[x[:5] if p else x[: 5 * page_size] for x, p in zip(layer, paged)] for layer in kv]
         assert same(whole, seen)
         assert b.linker.stats["load_pages"] == 5 and b.linker.stats["load_failures"] == 0
-    finally:
-        b.close()
 
 
 def test_a_miss_loads_nothing(built, device, published):
     args = publish_server_args(device, 4)
-    s = Stack(args, "mha", 4)
-    try:
+    with Stack(args, "mha", 4) as s:
         hit, slots, _, failed = s.load(list(range(64)))
         assert hit == 0 and slots is None and failed == []
         assert s.linker.stats["load_batches"] == 0
-    finally:
-        s.close()
 
 
 def test_a_longer_prompt_loads_the_stored_prefix(built, device, published):
@@ -87,12 +78,9 @@ def test_a_longer_prompt_loads_the_stored_prefix(built, device, published):
     a = Stack(args, "mla", 4)
     kv = a.store(list(range(40)), seed=5)
     a.close()
-    b = Stack(args, "mla", 4)
-    try:
+    with Stack(args, "mla", 4) as b:
         hit, _, seen, failed = b.load(list(range(40)) + list(range(900, 932)))
         assert hit == 40 and failed == [] and same(kv, seen)
-    finally:
-        b.close()
 
 
 def flip_in_tier(device, needle):
@@ -116,16 +104,13 @@ def test_a_damaged_page_fails_the_load_and_is_dropped(built, device, published):
     a.close()
     flip_in_tier(device, kv[LAYERS - 1][1][8:12].contiguous().view(torch.uint8).numpy().tobytes())
 
-    b = Stack(args, "mha", 4)
-    try:
+    with Stack(args, "mha", 4) as b:
         hit, _, _, failed = b.load(tokens, rid="damaged")
         assert hit == 24 and failed == ["damaged"]
         assert b.linker.stats["load_failures"] == 1
         assert entries(device) == 5  # of 6
         hit, _, _, failed = b.load(tokens, rid="again")
         assert hit == 8 and failed == []  # the pages before the dropped one
-    finally:
-        b.close()
 
 
 def test_an_evicted_page_fails_the_load(built, device, published):
@@ -138,8 +123,7 @@ def test_an_evicted_page_fails_the_load(built, device, published):
     a = Stack(args, "mla", 4)
     a.store(tokens, seed=2)
     a.close()
-    b = Stack(args, "mla", 4)
-    try:
+    with Stack(args, "mla", 4) as b:
         original = b.linker.load
 
         def load_then_evict(rid, transfers):
@@ -155,8 +139,6 @@ def test_an_evicted_page_fails_the_load(built, device, published):
         b.linker.load = load_then_evict
         hit, _, _, failed = b.load(tokens, rid="evicted")
         assert hit == 16 and failed == ["evicted"]
-    finally:
-        b.close()
 
 
 def test_sliding_window_model_round_trip(built, device, published):
@@ -174,8 +156,7 @@ def test_sliding_window_model_round_trip(built, device, published):
     kv = a.store(tokens, seed=9)
     assert a.linker.stats["entries_written"] == 64, a.linker.stats  # the full pages, and the node's SWA pages
     a.close()
-    b = Stack(args, "swa", 1, layers=4)
-    try:
+    with Stack(args, "swa", 1, layers=4) as b:
         hit, slots, seen, failed = b.load(tokens)
         assert hit == 32 and failed == []
         for layer in range(4):
@@ -191,8 +172,6 @@ def test_sliding_window_model_round_trip(built, device, published):
         assert b.linker.index.delete([block.hex(i) for i in range(block.n)]) == 10
         hit, _, _, failed = b.load(tokens[:20] + [1, 2, 3, 4], rid="cut")
         assert hit == 10 and failed == []
-    finally:
-        b.close()
 
 
 def test_unsupported_pools_are_refused(built, device, published):
