@@ -35,8 +35,16 @@ func (r *Region) chunkUsed(i int64) bool {
 	return atomic.LoadUint64(r.bitmapWord(i/64))&(1<<(i%64)) != 0
 }
 
+// setChunks marks chunks [first, first+n) used by owner, or free; the
+// caller holds SystemLock. Owner words and bitmap words of neighbouring
+// chunks share lines: each line is reloaded before it is changed, so that
+// the write-back carries other hosts' published words, not this host's
+// stale copies of them (without it, on a tier shared without coherence, an
+// allocation wrote back a line naming a neighbour's chunks free).
 func (r *Region) setChunks(first, n int64, used bool, owner uint32) {
 	lastWord := (first + n - 1) / 64
+	r.sync.refresh(r.ownerBytes(first, first+n))
+	r.sync.refresh(r.bitmapBytes(first/64, lastWord+1))
 	if used {
 		for i := first; i < first+n; i++ {
 			atomic.StoreUint32(r.ownerWord(i), owner)

@@ -32,11 +32,18 @@ func ParseCoherence(s string) (Coherence, bool) {
 }
 
 // syncer applies the visibility rules for one coherence mode.
-type syncer struct{ shared bool }
+type syncer struct {
+	shared bool
+	sim    *hostSim // tests only: this region's host keeps caches of its own
+}
 
 // publish makes the lines covering b visible to other hosts: write back each
 // line, then fence so later stores (such as a flag) are not seen first.
 func (s syncer) publish(b []byte) {
+	if s.sim != nil {
+		s.sim.publish(b)
+		return
+	}
 	if !s.shared || len(b) == 0 {
 		return
 	}
@@ -47,6 +54,10 @@ func (s syncer) publish(b []byte) {
 // refresh drops this host's cached copies of the lines covering b so the next
 // loads read memory, then fences so those loads are not hoisted above it.
 func (s syncer) refresh(b []byte) {
+	if s.sim != nil {
+		s.sim.refresh(b)
+		return
+	}
 	if !s.shared || len(b) == 0 {
 		return
 	}
