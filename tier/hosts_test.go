@@ -38,7 +38,8 @@ func openSimHost(t *testing.T, b Backing, node int) *simHost {
 // TestHostsWithoutSharedCaches runs two hosts whose caches the tier does
 // not keep coherent (hostSim) through the tier's shared structures in
 // turn: chunk allocation and freeing, shared objects in the directory,
-// user locks granted by node 0's lock manager. No chunk may be handed to
+// clients attaching and closing (their chunks freed with them), user
+// locks granted by node 0's lock manager. No chunk may be handed to
 // both, each sees the other's objects, every lock is granted, and a third
 // view of memory (what another host reads) holds exactly their chunks and
 // objects. Without the refresh of the owner and bitmap lines before an
@@ -72,14 +73,23 @@ func testHostsWithoutSharedCaches(t *testing.T, seed uint64) {
 	ran := make(chan error, 1)
 	go func() { ran <- m.Run(ctx) }()
 	defer func() { stop(); <-ran }()
+	// The directory's objects all name one shared chunk, set aside here.
+	objChunk, err := m.Client().AllocChunks(1)
+	if err == nil {
+		err = m.Client().ShareChunks(objChunk, 1)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
 	hosts := [2]*simHost{openSimHost(t, b, 0), openSimHost(t, b, 1)}
 	rng := rand.New(rand.NewPCG(seed, 7))
-	owner := map[int64]int{} // chunk → the host holding it
+	first, _ := third.chunkIndex(objChunk)
+	owner := map[int64]int{first: -1} // chunk → the host holding it (-1: the objects')
 	objects := map[string]bool{}
 	for step := range 400 {
 		h := rng.IntN(2)
 		s := hosts[h]
-		switch op := rng.IntN(10); {
+		switch op := rng.IntN(11); {
 		case op < 4: // allocate
 			n := 1 + rng.Int64N(3)
 			off, err := s.c.AllocChunks(n)
@@ -114,11 +124,25 @@ func testHostsWithoutSharedCaches(t *testing.T, seed uint64) {
 				delete(objects, name)
 				continue
 			}
-			e := DirEntry{Name: name, Kind: 5, Offset: s.r.ChunkOffset(0), Size: s.r.ChunkSize()}
+			e := DirEntry{Name: name, Kind: 5, Offset: objChunk, Size: s.r.ChunkSize()}
 			if err := s.c.DirPut(e); err != nil {
 				t.Fatalf("step %d: host %d puts %q: %v", step, h, name, err)
 			}
 			objects[name] = true
+		case op == 10: // a client comes and goes on this host, holding a chunk
+			extra, err := s.r.Attach(ClientOptions{Node: h, Name: "extra", Heartbeat: time.Hour, LockWait: 5 * time.Second})
+			if err != nil {
+				t.Fatalf("step %d: attach on host %d: %v", step, h, err)
+			}
+			if _, err := extra.AllocChunks(1); err != nil {
+				t.Fatalf("step %d: the extra client allocates: %v", step, err)
+			}
+			if live := liveLeases(third); live != 3 {
+				t.Fatalf("step %d: the tier shows %d live leases with the extra client, want 3", step, live)
+			}
+			if err := extra.Close(); err != nil {
+				t.Fatalf("step %d: the extra client closes: %v", step, err)
+			}
 		default: // a user lock, taken by one host and then by the other
 			for _, k := range []int{h, 1 - h} {
 				if err := hosts[k].c.Lock(FirstUserLock); err != nil {
@@ -143,6 +167,9 @@ func testHostsWithoutSharedCaches(t *testing.T, seed uint64) {
 			t.Fatalf("chunk %d: the tier's bitmap says used=%v, the hosts hold it: %v", i, third.chunkUsed(i), held)
 		}
 	}
+	if live := liveLeases(third); live != 2 {
+		t.Fatalf("the tier shows %d live leases at the end, want the 2 hosts' clients", live)
+	}
 	list, err := third.DirList()
 	if err != nil {
 		t.Fatal(err)
@@ -150,4 +177,16 @@ func testHostsWithoutSharedCaches(t *testing.T, seed uint64) {
 	if len(list) != len(objects) {
 		t.Fatalf("the tier's directory holds %d entries, the hosts put %d: %+v", len(list), len(objects), list)
 	}
+}
+
+// liveLeases counts the live leases the tier's memory shows, the lock
+// manager's own aside.
+func liveLeases(r *Region) int {
+	n := 0
+	for _, inf := range r.Leases() {
+		if inf.State == "live" && !inf.Daemon {
+			n++
+		}
+	}
+	return n
 }
