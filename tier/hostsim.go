@@ -49,25 +49,15 @@ func (h *hostSim) lines(b []byte) (lo, hi int64, ok bool) {
 }
 
 // publish writes back the lines covering b that this host changed.
-func (h *hostSim) publish(b []byte) {
-	lo, hi, ok := h.lines(b)
-	if !ok {
-		return
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for at := lo; at < hi; at += LineSize {
-		end := min(at+LineSize, hi)
-		if !bytes.Equal(h.private[at:end], h.clean[at:end]) {
-			copy(h.shared[at:end], h.private[at:end])
-			copy(h.clean[at:end], h.private[at:end])
-		}
-	}
-}
+func (h *hostSim) publish(b []byte) { h.sync(b, false) }
 
 // refresh reloads the lines covering b, writing back first those this host
 // changed.
-func (h *hostSim) refresh(b []byte) {
+func (h *hostSim) refresh(b []byte) { h.sync(b, true) }
+
+// sync writes back the changed lines covering b and, if reload, loads
+// them anew; either way they are clean after.
+func (h *hostSim) sync(b []byte, reload bool) {
 	lo, hi, ok := h.lines(b)
 	if !ok {
 		return
@@ -79,7 +69,9 @@ func (h *hostSim) refresh(b []byte) {
 		if !bytes.Equal(h.private[at:end], h.clean[at:end]) {
 			copy(h.shared[at:end], h.private[at:end])
 		}
-		copy(h.private[at:end], h.shared[at:end])
+		if reload {
+			copy(h.private[at:end], h.shared[at:end])
+		}
 		copy(h.clean[at:end], h.private[at:end])
 	}
 }

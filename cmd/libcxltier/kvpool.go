@@ -52,6 +52,17 @@ func (p *kvPool) shut() error {
 	return errors.Join(p.mover.Close(), p.a.engines.release(p.se))
 }
 
+// whileOpen runs fn under the pool's lock if the pool is still open: the
+// buffers fn reaches are the caller's, gone once it closed the pool.
+func (p *kvPool) whileOpen(fn func() error) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return fmt.Errorf("kv pool: %w", errBadHandle)
+	}
+	return fn()
+}
+
 // forget drops a closed load from the pool's set.
 func (p *kvPool) forget(h uint64) {
 	p.mu.Lock()
@@ -222,14 +233,11 @@ func cxl_kvpool_store(h C.uint64_t, keys *C.uint8_t, n C.int64_t, pages *C.int64
 		if err != nil || len(ks) == 0 {
 			return err
 		}
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		if p.closed {
-			return fmt.Errorf("kv pool: %w", errBadHandle)
-		}
-		st, err := p.mover.Put(ks, p.layout, pg)
-		writeStatuses(statuses, n, st)
-		return err
+		return p.whileOpen(func() error {
+			st, err := p.mover.Put(ks, p.layout, pg)
+			writeStatuses(statuses, n, st)
+			return err
+		})
 	}()
 	return report(err, errbuf, errlen)
 }
@@ -251,21 +259,18 @@ func cxl_kvpool_load_start(h C.uint64_t, keys *C.uint8_t, n C.int64_t, pages *C.
 		if out == nil || len(ks) == 0 {
 			return fmt.Errorf("kv pool load: %w: %d keys, output %p", errBadArg, n, out)
 		}
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		if p.closed {
-			return fmt.Errorf("kv pool: %w", errBadHandle)
-		}
-		ld, err := p.mover.StartLoad(ks, p.layout, p.perLayer, pg)
-		if err != nil {
-			return err
-		}
-		l := &kvLoad{LayerLoad: ld}
-		l.child = child{tier: p.tier, close: func() error { p.forget(l.handle); return ld.Close() }}
-		l.handle = handles.addChild(p.a, l, l.child)
-		p.loads[l.handle] = l
-		*out = C.uint64_t(l.handle)
-		return nil
+		return p.whileOpen(func() error {
+			ld, err := p.mover.StartLoad(ks, p.layout, p.perLayer, pg)
+			if err != nil {
+				return err
+			}
+			l := &kvLoad{LayerLoad: ld}
+			l.child = child{tier: p.tier, close: func() error { p.forget(l.handle); return ld.Close() }}
+			l.handle = handles.addChild(p.a, l, l.child)
+			p.loads[l.handle] = l
+			*out = C.uint64_t(l.handle)
+			return nil
+		})
 	}()
 	return report(err, errbuf, errlen)
 }
