@@ -238,6 +238,25 @@ func (r *Region) ownsChunks(slot int) bool {
 	return false
 }
 
+// PrivateChunks counts the chunks each lease slot's client owns (allocated
+// and not handed to a shared structure), read without a lock: for status
+// pages and for finding who holds memory. An owner word naming no slot
+// (damage) is not counted; Audit reports it.
+func (r *Region) PrivateChunks() map[int]int64 {
+	out := map[int]int64{}
+	if r.live("private chunks") != nil {
+		return out
+	}
+	slots := uint32(r.MaxClients())
+	r.sync.refresh(r.ownerBytes(0, r.l.ChunkCount))
+	for i := int64(0); i < r.l.ChunkCount; i++ {
+		if o := atomic.LoadUint32(r.ownerWord(i)); o != 0 && o <= slots {
+			out[int(o)-1]++
+		}
+	}
+	return out
+}
+
 func (r *Region) usedChunks() int64 {
 	words := (r.l.ChunkCount + 63) / 64
 	r.sync.refresh(r.bitmapBytes(0, words))

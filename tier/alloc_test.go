@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"strings"
 	"sync/atomic"
@@ -62,6 +63,30 @@ func TestChunkAllocExhaustionAndReuse(t *testing.T) {
 	c.Close()
 	if u := r.Usage(); u.UsedChunks != 0 {
 		t.Errorf("after close %d chunks still used", u.UsedChunks)
+	}
+}
+
+func TestPrivateChunksByOwner(t *testing.T) {
+	r := formatTest(t, testGeometry())
+	a, b := attachTest(t, r, 0), attachTest(t, r, 0)
+	if _, err := a.AllocChunks(2); err != nil {
+		t.Fatal(err)
+	}
+	off, err := b.AllocChunks(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ShareChunks(off, 1); err != nil {
+		t.Fatal(err)
+	}
+	want := map[int]int64{a.Slot(): 2, b.Slot(): 2}
+	if got := r.PrivateChunks(); !maps.Equal(got, want) {
+		t.Errorf("private chunks %v, want %v (the shared chunk counted for no one)", got, want)
+	}
+	a.Close()
+	delete(want, a.Slot())
+	if got := r.PrivateChunks(); !maps.Equal(got, want) {
+		t.Errorf("after a closed: %v, want %v", got, want)
 	}
 }
 

@@ -95,7 +95,10 @@ func NewManager(r *Region, opts ManagerOptions) (*Manager, error) {
 				opts.Node, inf.Slot, inf.PID, inf.Name, ErrExists)
 		}
 	}
-	self, err := r.Attach(ClientOptions{Node: opts.Node, Name: "cxltierd", Daemon: true})
+	// The reaper's waits are bounded by the lease timeout: a pass that
+	// cannot take the system lock gives up and the next pass tries again,
+	// rather than holding up every other reclaim for a minute.
+	self, err := r.Attach(ClientOptions{Node: opts.Node, Name: "cxltierd", Daemon: true, LockWait: r.l.LeaseTimeout})
 	if err != nil {
 		return nil, fmt.Errorf("tier: manager: %w", err)
 	}
@@ -238,7 +241,16 @@ func (m *Manager) ReapOnce() []Reaped {
 	defer m.reapMu.Unlock()
 	total := m.r.l.Nodes * m.r.l.ClientsPerNode
 	daemons := m.liveDaemons()
-	var out []Reaped
+	// Every dead lease is marked before any is finalized: finalizing takes
+	// the system lock, and a dead client of a later slot may hold it; marked
+	// dead, its lock is an orphan the wait releases (judged one by one, the
+	// pass waited on it for the whole lock wait and reaped nothing).
+	type doomed struct {
+		inf    LeaseInfo
+		node   int
+		reason string
+	}
+	var dead []doomed
 	for slot := 0; slot < total; slot++ {
 		node := slot / m.r.l.ClientsPerNode
 		if slot == m.self.slot || (node != m.opts.Node && !(m.opts.GrantLocks && !daemons[node])) {
@@ -262,7 +274,11 @@ func (m *Manager) ReapOnce() []Reaped {
 			delete(m.beats, slot)
 			continue
 		}
-		if rp, done := m.finalize(inf, node, reason); done {
+		dead = append(dead, doomed{inf, node, reason})
+	}
+	var out []Reaped
+	for _, d := range dead {
+		if rp, done := m.finalize(d.inf, d.node, d.reason); done {
 			out = append(out, rp)
 		}
 	}

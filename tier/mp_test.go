@@ -83,6 +83,8 @@ func runChild(role string) error {
 		err = childAlloc(c, iters)
 	case "holder":
 		err = childHolder(c)
+	case "sysholder":
+		err = childSystemHolder(c)
 	case "objwriter":
 		err = childObjectWriter(c, int64(iters))
 	case "objscribbler":
@@ -193,6 +195,19 @@ func childHolder(c *Client) error {
 		return err
 	}
 	if _, err := c.AllocChunks(2); err != nil {
+		return err
+	}
+	fmt.Println("locked")
+	select {}
+}
+
+// childSystemHolder owns a chunk and sits holding the system lock (a
+// client killed inside an allocation).
+func childSystemHolder(c *Client) error {
+	if _, err := c.AllocChunks(1); err != nil {
+		return err
+	}
+	if err := c.Lock(SystemLock); err != nil {
 		return err
 	}
 	fmt.Println("locked")
@@ -382,6 +397,80 @@ func TestKilledLockHolder(t *testing.T) {
 			}
 			t.Logf("lock back after %v; reaped: %s", took, found.Reason)
 		})
+	}
+}
+
+// TestReapPassNotHeldUpByALaterSlot: two clients die at once, the one in
+// the later lease slot holding the system lock. One reaper pass reclaims
+// both. (Judged slot by slot, the pass waited the whole lock wait, a
+// minute, for the system lock to free the first one's chunks; a killed
+// soak's topk workers left the tier with chunks to live-looking leases.)
+func TestReapPassNotHeldUpByALaterSlot(t *testing.T) {
+	g := testGeometry()
+	g.LeaseTimeout = 400 * time.Millisecond
+	r := formatTest(t, g)
+	m, err := NewManager(r, ManagerOptions{Node: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Client().Close() })
+	for _, role := range []string{"holder", "sysholder"} { // one after the other: both allocate
+		k := spawn(t, r, role, 0)
+		if line, err := k.out.ReadString('\n'); err != nil || line != "locked\n" {
+			t.Fatalf("child said %q, %v", line, err)
+		}
+		k.cmd.Process.Signal(syscall.SIGKILL)
+		k.cmd.Wait()
+	}
+	start := time.Now()
+	reaped := m.ReapOnce()
+	took := time.Since(start)
+	if len(reaped) != 2 {
+		t.Fatalf("one pass reaped %+v in %v, want both clients", reaped, took)
+	}
+	if used := r.Usage().UsedChunks; used != 0 {
+		t.Errorf("%d chunks still used after the pass", used)
+	}
+	if limit := 2 * g.LeaseTimeout; took > limit {
+		t.Errorf("the pass took %v, limit %v", took, limit)
+	}
+}
+
+// TestReapPassWaitIsBounded: a live client sits on the system lock while
+// a dead one's chunks wait to be freed. The pass gives up after the lease
+// timeout (not the minute of a client's lock wait) and a later pass, once
+// the lock is free, finishes.
+func TestReapPassWaitIsBounded(t *testing.T) {
+	g := testGeometry()
+	g.LeaseTimeout = 400 * time.Millisecond
+	r := formatTest(t, g)
+	m, err := NewManager(r, ManagerOptions{Node: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Client().Close() })
+	k := spawn(t, r, "holder", 0)
+	if line, err := k.out.ReadString('\n'); err != nil || line != "locked\n" {
+		t.Fatalf("child said %q, %v", line, err)
+	}
+	k.cmd.Process.Signal(syscall.SIGKILL)
+	k.cmd.Wait()
+	sitter := attachTest(t, r, 0)
+	if err := sitter.Lock(SystemLock); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if reaped := m.ReapOnce(); len(reaped) != 0 {
+		t.Fatalf("reaped %+v while the system lock was held", reaped)
+	}
+	if took, limit := time.Since(start), 3*g.LeaseTimeout; took > limit {
+		t.Errorf("the pass waited %v for the lock, limit %v", took, limit)
+	}
+	if err := sitter.Unlock(SystemLock); err != nil {
+		t.Fatal(err)
+	}
+	if reaped := m.ReapOnce(); len(reaped) != 1 || reaped[0].Chunks != 2 {
+		t.Errorf("next pass reaped %+v, want the dead client and its 2 chunks", reaped)
 	}
 }
 

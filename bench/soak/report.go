@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 	"time"
 
@@ -22,6 +23,9 @@ func (s *soak) loop(c *tier.Client, out io.Writer) error {
 	fmt.Fprintf(out, "%8s  %12s  %12s  %12s  %5s  %8s  %s\n", "elapsed", "prefix ops/s", "topk steps/s", "engram rows/s", "kills", "restarts", "checks")
 	for time.Now().Before(end) {
 		time.Sleep(50 * time.Millisecond)
+		if err := s.daemon.exited(); err != nil {
+			return err
+		}
 		now := time.Now()
 		if s.o.killEvery > 0 && now.After(nextKill) {
 			if err := s.killOne(); err != nil {
@@ -66,8 +70,7 @@ func (s *soak) loop(c *tier.Client, out io.Writer) error {
 }
 
 func (s *soak) restartDaemon() error {
-	s.daemon.Process.Kill()
-	s.daemon.Wait()
+	s.daemon.kill()
 	s.daemon = nil
 	s.mu.Lock()
 	s.restarts++
@@ -109,8 +112,8 @@ func (s *soak) check(c *tier.Client) []string {
 	// Dead clients are reaped within the lease timeout once the daemon
 	// runs; allow a restart's worth of slack.
 	for _, cl := range snap.Clients {
-		if cl.State != "live" && time.Since(cl.LastBeat) > 5*leaseTimeout+5*time.Second {
-			problems = append(problems, fmt.Sprintf("client slot %d (%s, pid %d) %s since %v", cl.Slot, cl.Name, cl.PID, cl.State, cl.LastBeat))
+		if (cl.State != "live" || cl.Gone) && time.Since(cl.LastBeat) > 5*leaseTimeout+5*time.Second {
+			problems = append(problems, fmt.Sprintf("client slot %d (%s, pid %d) %s, gone %v, not reaped since %v", cl.Slot, cl.Name, cl.PID, cl.State, cl.Gone, cl.LastBeat))
 		}
 	}
 	if s.o.damageEvery > 0 {
@@ -145,7 +148,7 @@ func (s *soak) finalCheck(c *tier.Client, out io.Writer) error {
 		snap := c.Region().Snapshot()
 		dead := 0
 		for _, cl := range snap.Clients {
-			if cl.State != "live" {
+			if cl.State != "live" || cl.Gone {
 				dead++
 			}
 		}
@@ -153,7 +156,12 @@ func (s *soak) finalCheck(c *tier.Client, out io.Writer) error {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("after the workers stopped: %d dead clients, %d chunks used of which %d shared", dead, snap.Chunks.Used, snap.Chunks.Shared)
+			daemon := s.daemon.exited()
+			if daemon == nil {
+				daemon = fmt.Errorf("cxltierd runs; its last lines:\n%s", s.daemon.lastLines())
+			}
+			return fmt.Errorf("after the workers stopped: %d dead clients, %d chunks used of which %d shared; private chunks by owner: %s\n%w",
+				dead, snap.Chunks.Used, snap.Chunks.Shared, owners(c.Region()), daemon)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -169,4 +177,26 @@ func (s *soak) finalCheck(c *tier.Client, out io.Writer) error {
 		s.mu.Unlock()
 	}
 	return nil
+}
+
+// owners names the clients that own private chunks: slot, lease and count.
+func owners(r *tier.Region) string {
+	leases := map[int]tier.LeaseInfo{}
+	for _, l := range r.Leases() {
+		leases[l.Slot] = l
+	}
+	var out []string
+	for slot, n := range r.PrivateChunks() {
+		l, ok := leases[slot]
+		desc := "free lease (leaked)"
+		if ok {
+			desc = fmt.Sprintf("%s, pid %d, %s", l.Name, l.PID, l.State)
+			if l.Gone {
+				desc += ", process gone"
+			}
+		}
+		out = append(out, fmt.Sprintf("slot %d (%s): %d", slot, desc, n))
+	}
+	sort.Strings(out)
+	return strings.Join(out, "; ")
 }

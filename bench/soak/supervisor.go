@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,7 +46,7 @@ type soak struct {
 	workers  []*worker
 	dead     map[string]int64 // ops of replaced workers, by role
 	kills    int
-	daemon   *exec.Cmd
+	daemon   *daemon
 	restarts int
 	damages  int   // bytes flipped
 	errs     int64 // errors workers tolerated under damage
@@ -99,54 +98,6 @@ func run(args []string, stdout, stderr io.Writer) error {
 		err = s.finalCheck(c, stdout)
 	}
 	return err
-}
-
-var addrRE = regexp.MustCompile(`admin API on http://(\S+)`)
-
-// startDaemon starts cxltierd on the tier (creating it the first time) and
-// waits until it serves.
-func (s *soak) startDaemon() error {
-	cmd := exec.Command(s.o.daemon, "-device", s.device, "-size", s.o.size, "-chunk", "256KiB",
-		"-listen", "127.0.0.1:0", "-lease-timeout", leaseTimeout.String(), "-prefix-blocks", "0")
-	errs, _ := cmd.StderrPipe()
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w", s.o.daemon, err)
-	}
-	ready := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(errs)
-		sent := false
-		for sc.Scan() {
-			if !sent && addrRE.MatchString(sc.Text()) {
-				ready <- true
-				sent = true
-			}
-		}
-		if !sent {
-			ready <- false
-		}
-	}()
-	select {
-	case ok := <-ready:
-		if !ok {
-			cmd.Wait()
-			return fmt.Errorf("cxltierd exited before serving")
-		}
-	case <-time.After(10 * time.Second):
-		cmd.Process.Kill()
-		cmd.Wait()
-		return fmt.Errorf("cxltierd did not start in 10 s")
-	}
-	s.daemon = cmd
-	return nil
-}
-
-func (s *soak) stopDaemon() {
-	if s.daemon != nil {
-		s.daemon.Process.Signal(syscall.SIGTERM)
-		s.daemon.Wait()
-		s.daemon = nil
-	}
 }
 
 // setup attaches the supervisor and creates the shared prefix index and
