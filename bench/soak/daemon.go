@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -15,10 +16,11 @@ import (
 // lines) rather than printed: a reap line per killed worker would bury the
 // soak's table, and the lines matter only when something fails.
 type daemon struct {
-	cmd  *exec.Cmd
-	done chan struct{} // closed once it exited
-	mu   sync.Mutex
-	tail []string
+	cmd   *exec.Cmd
+	done  chan struct{} // closed once it exited
+	mu    sync.Mutex
+	tail  []string
+	panic []string // a panic's first lines: its goroutine dump pushes them out of tail
 }
 
 const daemonTailLines = 30
@@ -64,6 +66,11 @@ func (s *soak) startDaemon() error {
 func (d *daemon) keep(line string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.panic == nil && (strings.HasPrefix(line, "panic: ") || strings.HasPrefix(line, "fatal error: ")) {
+		d.panic = []string{line}
+	} else if len(d.panic) > 0 && len(d.panic) < 8 {
+		d.panic = append(d.panic, line)
+	}
 	d.tail = append(d.tail, line)
 	if len(d.tail) > daemonTailLines {
 		d.tail = d.tail[len(d.tail)-daemonTailLines:]
@@ -73,7 +80,11 @@ func (d *daemon) keep(line string) {
 func (d *daemon) lastLines() string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return "  cxltierd: " + strings.Join(d.tail, "\n  cxltierd: ")
+	lines := d.tail
+	if d.panic != nil {
+		lines = append(append(slices.Clone(d.panic), "..."), lines...)
+	}
+	return "  cxltierd: " + strings.Join(lines, "\n  cxltierd: ")
 }
 
 // exited reports, once the daemon has gone without being told to, how.
