@@ -2,7 +2,6 @@ package prefix
 
 import (
 	"fmt"
-	"hash/crc32"
 	"sync/atomic"
 	"testing"
 )
@@ -110,7 +109,7 @@ func mustPublishZeros(t *testing.T, s *Store, res []Reservation) {
 	t.Helper()
 	crcs := make([]uint32, len(res))
 	for i, r := range res {
-		crcs[i] = crc32.Checksum(make([]byte, r.Len), castagnoli)
+		crcs[i] = s.Checksum(r.Key, make([]byte, r.Len))
 	}
 	if err := s.Publish(res, crcs); err != nil {
 		t.Fatal(err)

@@ -228,3 +228,42 @@ func BenchmarkFirstLargeLookup(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkGetByLayout is a verified Get of 32 keys per op from an index
+// of layout 4 (CRC of the payload) and one of layout 5 (CRC of key and
+// payload), side by side: the cost of covering the key.
+func BenchmarkGetByLayout(b *testing.B) {
+	const n, batch = 512, 32
+	for _, size := range []int64{512, 8 << 10} {
+		for _, version := range []uint32{4, indexVersion} {
+			b.Run(fmt.Sprintf("payload%d/layout%d", size, version), func(b *testing.B) {
+				_, c := testTier(b, 1)
+				s, err := create(c, Config{Name: "m", Blocks: 2 * n, BlockBytes: size, PinsPerClient: 256}, version)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer s.Close()
+				keys := benchKeys(n)
+				ps := make([][]byte, n)
+				for i := range ps {
+					ps[i] = make([]byte, size)
+				}
+				if _, err := s.Set(keys, ps); err != nil {
+					b.Fatal(err)
+				}
+				dst := make([][]byte, batch)
+				for i := range dst {
+					dst[i] = make([]byte, size)
+				}
+				i := 0
+				for b.Loop() {
+					if got, err := s.Get(keys[i:i+batch], dst); err != nil || got != batch {
+						b.Fatalf("get: %d, %v", got, err)
+					}
+					i = (i + batch) % n
+				}
+				b.SetBytes(batch * size)
+			})
+		}
+	}
+}

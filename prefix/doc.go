@@ -39,5 +39,8 @@
 // An entry becomes ready only after its payload is written and its CRC-32C
 // recorded (computed in the same pass as the copy); readers verify the
 // checksum on every hit unless told not to (VerifyReads) and drop an entry
-// that fails it.
+// that fails it. From layout version 5 the checksum starts from the key's
+// (it covers the key's 32 bytes, then the payload), so an entry whose
+// length, block and CRC words came from another key's entry fails it
+// rather than serving that key's payload.
 package prefix

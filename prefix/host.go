@@ -40,7 +40,7 @@ func (s *Store) SetPieces(keys []Key, pieces [][][]byte) ([]Status, error) {
 	crcs, werrs := make([]uint32, len(res)), make([]error, len(res))
 	eachInParallel(len(res), total, func(i int) {
 		if res[i].Status == Reserved {
-			crcs[i], werrs[i] = s.writePayload(res[i].Offset, sizes[i], pieces[i])
+			crcs[i], werrs[i] = s.writePayload(&res[i].Key, res[i].Offset, sizes[i], pieces[i])
 		}
 	})
 	for i, werr := range werrs {
@@ -82,7 +82,7 @@ func (s *Store) setInline(keys []Key, sizes []int64, pieces [][][]byte) ([]Statu
 				if r.Status != Reserved {
 					continue
 				}
-				crc, werr := s.writePayload(r.Offset, sizes[i], pieces[i])
+				crc, werr := s.writePayload(&r.Key, r.Offset, sizes[i], pieces[i])
 				if werr != nil {
 					s.dropLocked(r.entry)
 					r.Status = NoSpace
@@ -131,15 +131,15 @@ func statuses(res []Reservation) []Status {
 	return out
 }
 
-// writePayload copies pieces (n bytes in all) into the block at off, makes
-// them visible to other hosts, and returns the checksum of what the block
-// now holds.
-func (s *Store) writePayload(off tier.Offset, n int64, pieces [][]byte) (uint32, error) {
+// writePayload copies pieces (n bytes in all) into key k's block at off,
+// makes them visible to other hosts, and returns the entry's checksum of
+// what the block now holds.
+func (s *Store) writePayload(k *Key, off tier.Offset, n int64, pieces [][]byte) (uint32, error) {
 	dst, err := s.r.Slice(off, n)
 	if err != nil {
 		return 0, err
 	}
-	var crc uint32
+	crc := s.g.crcSeed(k)
 	for _, p := range pieces {
 		crc = copyCRC(crc, dst, p)
 		dst = dst[len(p):]
@@ -254,7 +254,7 @@ func (s *Store) readHit(h Hit, dst [][]byte, verify bool) error {
 		}
 		return nil
 	}
-	var crc uint32
+	crc := s.g.crcSeed(&h.Key)
 	for _, d := range dst {
 		crc = copyCRC(crc, d, src[:len(d)])
 		src = src[len(d):]
@@ -272,7 +272,7 @@ func (s *Store) VerifyHit(h Hit) error {
 	if err != nil {
 		return fmt.Errorf("prefix: %q: %v: %w", s.name, h.Key, err)
 	}
-	if got := crc32.Checksum(src, castagnoli); got != h.CRC {
+	if got := crc32.Update(s.g.crcSeed(&h.Key), castagnoli, src); got != h.CRC {
 		return fmt.Errorf("prefix: %q: %v: %w: stored %#x, read %#x", s.name, h.Key, ErrChecksum, h.CRC, got)
 	}
 	return nil

@@ -7,12 +7,16 @@ import (
 	"time"
 )
 
+// LayoutVersion is the index layout Create writes (Stats.LayoutVersion
+// names an open index's own; docs/abi.md lists the versions).
+const LayoutVersion = indexVersion
+
 // DirKind marks prefix indexes in the tier's root directory.
 const DirKind = 0x50465831 // "PFX1"
 
 const (
 	indexMagic   = 0x3130584650544c43 // "CLTPFX01"
-	indexVersion = 4                  // 2: tenant key digest; 3: per-client counters in the pin tables, shards; 4: owner lines per shard
+	indexVersion = 5                  // 2: tenant key digest; 3: per-client counters in the pin tables, shards; 4: owner lines per shard; 5: entry CRCs cover the key
 	lineSize     = 64
 	headerBytes  = 4096
 
@@ -181,6 +185,19 @@ func (g *geometry) ownerStride() int64 {
 	return alignUp(4*most, lineSize)
 }
 
+// crcSeed is where the checksum of key k's payload starts. From version 5
+// it is the CRC-32C of the key, so an entry's CRC covers its key and its
+// payload: an entry whose length, block and CRC words were copied from
+// another key's entry (a stray or damaged write of 12 bytes) fails its
+// check instead of serving that key's payload. Before, 0: the payload
+// alone.
+func (g *geometry) crcSeed(k *Key) uint32 {
+	if g.Version != 0 && g.Version < 5 {
+		return 0
+	}
+	return crc32.Checksum(k[:], castagnoli)
+}
+
 // ownersBytes is the size of the owner table.
 func (g *geometry) ownersBytes() int64 {
 	if stride := g.ownerStride(); stride > 0 {
@@ -249,7 +266,7 @@ func decodeGeometry(b []byte, metaBytes int64) (geometry, error) {
 	switch v {
 	case 1: // before tenant keys: no digest, and the CRC covers lines 0–1 only
 		want = crc32.Checksum(b[:hdrImmutable], castagnoli)
-	case 2, 3, indexVersion: // 3 adds per-client counters to the pin tables' headers, 4 a line-aligned owner table per shard
+	case 2, 3, 4, indexVersion: // 3 adds per-client counters to the pin tables' headers, 4 a line-aligned owner table per shard, 5 key-covering entry CRCs
 	default:
 		return g, fmt.Errorf("%w: version %d, this build reads 1 to %d", ErrBadIndex, v, indexVersion)
 	}

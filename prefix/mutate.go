@@ -3,6 +3,7 @@ package prefix
 import (
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -346,10 +347,17 @@ func (s *Store) freeBlock(sh *shard, b uint32) {
 	sh.add(slUsedBlocks, -1)
 }
 
+// Checksum is the CRC-32C that Publish takes and Hit.CRC holds for key k
+// and payload: of the key's 32 bytes then the payload on an index of
+// layout 5 or later, of the payload alone before.
+func (s *Store) Checksum(k Key, payload []byte) uint32 {
+	return crc32.Update(s.g.crcSeed(&k), castagnoli, payload)
+}
+
 // Publish makes reserved entries visible: call it after their payloads are
 // completely written (and, on a non-coherent tier, flushed), with each
-// payload's CRC-32C. It fails with ErrLost for reservations a reaper took
-// back, after publishing the others.
+// entry's checksum as Checksum computes it. It fails with ErrLost for
+// reservations a reaper took back, after publishing the others.
 func (s *Store) Publish(res []Reservation, crcs []uint32) error {
 	if len(crcs) != len(res) {
 		return fmt.Errorf("prefix: %q: publish: %d reservations but %d checksums: %w", s.name, len(res), len(crcs), ErrBadConfig)

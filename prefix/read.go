@@ -16,7 +16,7 @@ import (
 type Hit struct {
 	Key    Key
 	Len    int64       // payload bytes
-	CRC    uint32      // CRC-32C of the payload
+	CRC    uint32      // the entry's CRC-32C: of the key's 32 bytes then the payload (layout 5; the payload alone before), see Store.Checksum
 	Offset tier.Offset // payload in the tier
 	Block  uint32      // payload block index
 

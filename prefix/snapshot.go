@@ -131,7 +131,9 @@ func (s *Store) snapshotOne(out io.Writer, k Key, buf []byte) (int64, error) {
 	rec[0] = tagRecord
 	copy(rec[1:], k[:])
 	binary.LittleEndian.PutUint32(rec[33:], uint32(h.Len))
-	binary.LittleEndian.PutUint32(rec[37:], h.CRC)
+	// The file's records carry the payload's own CRC-32C whatever the
+	// index's layout (an entry's CRC covers its key from layout 5).
+	binary.LittleEndian.PutUint32(rec[37:], crc32.Checksum(buf[:h.Len], castagnoli))
 	if _, err := out.Write(rec); err != nil {
 		return 0, fmt.Errorf("prefix: snapshot: %w", err)
 	}

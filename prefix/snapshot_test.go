@@ -3,6 +3,7 @@ package prefix
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -230,6 +231,49 @@ func TestRestoreRollsBack(t *testing.T) {
 			if n := dst.Exists([]Key{k}); n != 0 {
 				t.Fatalf("key %v of the refused restore is still there", k)
 			}
+		}
+	}
+}
+
+// TestSnapshotAcrossLayouts: a snapshot of a layout-4 index restores into a
+// layout-5 one and back (the file carries payload CRCs; each index checks
+// its entries as its layout says), and every payload reads back.
+func TestSnapshotAcrossLayouts(t *testing.T) {
+	_, c := testTier(t, 1)
+	keys := keysN(20)
+	payloads := make([][]byte, len(keys))
+	for i, k := range keys {
+		payloads[i] = payloadFor(k, 100+i)
+	}
+	for _, order := range [][2]uint32{{4, indexVersion}, {indexVersion, 4}} {
+		var made []*Store
+		for j, v := range order {
+			s, err := create(c, Config{Name: fmt.Sprintf("v%d-%d", v, j), Blocks: 32, BlockBytes: 256, PinsPerClient: 16}, v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			made = append(made, s)
+		}
+		src, dst := made[0], made[1]
+		if _, err := src.Set(keys, payloads); err != nil {
+			t.Fatal(err)
+		}
+		var file bytes.Buffer
+		if _, err := src.Snapshot(&file, nil); err != nil {
+			t.Fatal(err)
+		}
+		if info, err := dst.Restore(bytes.NewReader(file.Bytes()), nil); err != nil || info.Restored != int64(len(keys)) {
+			t.Fatalf("layout %d into %d: %+v, %v", order[0], order[1], info, err)
+		}
+		for i, k := range keys {
+			dst1 := [][]byte{make([]byte, 256)}
+			if n, err := dst.Get([]Key{k}, dst1); n != 1 || err != nil || !bytes.Equal(dst1[0], payloads[i]) {
+				t.Fatalf("layout %d into %d: key %d: %d, %v", order[0], order[1], i, n, err)
+			}
+		}
+		mustCheck(t, dst)
+		for _, s := range made {
+			s.Close()
 		}
 	}
 }

@@ -136,7 +136,7 @@ func (s *Store) checkLocked(sh *shard, payloads bool, report func(string, ...any
 			scratch = append(scratch[:0], make([]byte, n)...)
 			if err := s.r.ReadAt(scratch, s.blockAt(b)); err != nil {
 				report("entry %d: read payload: %v", i, err)
-			} else if crc32.Checksum(scratch, castagnoli) != atomic.LoadUint32(u32At(e, entCRC)) {
+			} else if crc32.Update(s.g.crcSeed(&k), castagnoli, scratch) != atomic.LoadUint32(u32At(e, entCRC)) {
 				report("entry %d (%v): payload does not match its checksum", i, k)
 			}
 		}

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/cxltier/cxltier/internal/tiertest"
@@ -938,5 +939,49 @@ func TestPayloadRunInDirectory(t *testing.T) {
 	}
 	if f := r.Audit(); len(f) != 0 {
 		t.Fatalf("audit: %q", f)
+	}
+}
+
+// TestForgedEntryServesNoOtherKey: key A's entry gets the length, block and
+// CRC words of key B's (12 bytes, as a stray write could copy them). From
+// layout 5 the CRC covers the key, so the read of A fails its check and B's
+// payload is never served as A's; layout 4, whose CRC covered the payload
+// alone, served it (the hole the version closed). Both layouts still round
+// trip their own entries.
+func TestForgedEntryServesNoOtherKey(t *testing.T) {
+	for _, version := range []uint32{4, indexVersion} {
+		t.Run(fmt.Sprintf("layout %d", version), func(t *testing.T) {
+			_, c := testTier(t, 1)
+			s, err := create(c, Config{Name: "m", Blocks: 8, BlockBytes: 256, PinsPerClient: 16}, version)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			a, b := keyN(1), keyN(2)
+			if _, err := s.Set([]Key{a, b}, [][]byte{payloadFor(a, 200), payloadFor(b, 200)}); err != nil {
+				t.Fatal(err)
+			}
+			mustCheck(t, s)
+			ea, eb := s.entry(s.mustFind(t, a)), s.entry(s.mustFind(t, b))
+			for _, off := range []int{entLen, entBlock, entCRC} {
+				storeU32(ea, off, atomic.LoadUint32(u32At(eb, off)))
+			}
+			dst := [][]byte{make([]byte, 256)}
+			n, err := s.Get([]Key{a}, dst)
+			served := n == 1 && bytes.Equal(dst[0], payloadFor(b, 200))
+			if version < 5 {
+				if !served {
+					t.Fatalf("layout 4 read %d, %v: the forgery was expected to pass its payload-only CRC", n, err)
+				}
+				return
+			}
+			if served || n != 0 || !errors.Is(err, ErrChecksum) {
+				t.Fatalf("Get of the forged entry = %d, %v (B's payload served: %v); want ErrChecksum", n, err, served)
+			}
+			n, err = s.Get([]Key{b}, dst)
+			if n != 1 || err != nil || !bytes.Equal(dst[0], payloadFor(b, 200)) {
+				t.Errorf("B itself after A was dropped: %d, %v", n, err)
+			}
+		})
 	}
 }

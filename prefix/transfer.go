@@ -129,7 +129,7 @@ func (m *Mover) Put(keys []Key, l Layout, pages []int64) ([]Status, error) {
 				m.s.Abort(res)
 				return nil, rerr
 			}
-			crcs[i] = crc32.Checksum(b, castagnoli)
+			crcs[i] = crc32.Update(m.s.g.crcSeed(&r.Key), castagnoli, b)
 		}
 	}
 	if perr := m.s.Publish(res, crcs); perr != nil && err == nil {
@@ -244,7 +244,11 @@ func (m *Mover) StartLoad(keys []Key, l Layout, perLayer int, pages []int64) (*L
 			return nil, fmt.Errorf("prefix: %q: %v holds %d bytes, pages are %d: %w", m.s.name, h.Key, h.Len, l.BlockBytes(), ErrBadConfig)
 		}
 	}
-	return &LayerLoad{m: m, l: l, perLayer: perLayer, hits: hits, pages: slices.Clone(pages), crcs: make([]uint32, len(hits))}, nil
+	crcs := make([]uint32, len(hits))
+	for j := range hits {
+		crcs[j] = m.s.g.crcSeed(&hits[j].Key)
+	}
+	return &LayerLoad{m: m, l: l, perLayer: perLayer, hits: hits, pages: slices.Clone(pages), crcs: crcs}, nil
 }
 
 // Pages is how many pages the load moves.

@@ -303,7 +303,7 @@ func TestPrefixIndexCommands(t *testing.T) {
 
 	code, out, errs = runCLI(t, "prefix", "stats", "--name", "m", "-json", tierA)
 	var st prefix.Stats
-	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.Ready != 5 || st.UsedBlocks != 5 || st.LayoutVersion != 4 {
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st.Ready != 5 || st.UsedBlocks != 5 || st.LayoutVersion != prefix.LayoutVersion {
 		t.Fatalf("stats: exit %d, %q %q", code, out, errs)
 	}
 	if code, out, errs = runCLI(t, "prefix", "check", "--name", "m", tierA); code != 0 || !strings.Contains(out, "ok (5 ready entries checked)") {
