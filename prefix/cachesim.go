@@ -1,6 +1,10 @@
 package prefix
 
-import "bytes"
+import (
+	"bytes"
+
+	"github.com/cxltier/cxltier/tier"
+)
 
 // cacheSim stands in, for tests, for the caches of a host that does not
 // share them with the tier's other hosts (CXL memory without coherence):
@@ -21,6 +25,21 @@ type cacheSim struct {
 	private []byte // this host's view of device 0
 	clean   []byte // the private view as of each line's last publish or refresh
 	tier    []byte // device 0 itself
+
+	// yield, when set, hands the turn to another simulated host (an
+	// interleaving test runs its hosts one at a time): at every publish
+	// and refresh, and, with mustSwitch, while a lock this host wants is
+	// held by another.
+	yield func(mustSwitch bool)
+}
+
+// awaitLock waits, under an interleaving test, until lock id is free,
+// letting the other hosts run meanwhile (the lock's own wait would spin
+// while the holder never got the turn back).
+func (c *cacheSim) awaitLock(cl *tier.Client, id int) {
+	for c.yield != nil && cl.LockBusy(id) {
+		c.yield(true)
+	}
 }
 
 func newCacheSim(tier []byte) *cacheSim {
@@ -31,6 +50,9 @@ func newCacheSim(tier []byte) *cacheSim {
 // host changed since their last publish or refresh (clwb writes back a
 // dirty line and leaves a clean one alone).
 func (c *cacheSim) publish(abs, n int64) {
+	if c.yield != nil {
+		c.yield(false)
+	}
 	for at := abs &^ (lineSize - 1); at < abs+n && at < int64(len(c.tier)); at += lineSize {
 		if line := c.private[at : at+lineSize]; !bytes.Equal(line, c.clean[at:at+lineSize]) {
 			copy(c.tier[at:at+lineSize], line)
@@ -42,6 +64,9 @@ func (c *cacheSim) publish(abs, n int64) {
 // refresh reloads the lines covering n bytes at abs from the tier, writing
 // back first those this host changed since their last publish or refresh.
 func (c *cacheSim) refresh(abs, n int64) {
+	if c.yield != nil {
+		c.yield(false)
+	}
 	for at := abs &^ (lineSize - 1); at < abs+n && at < int64(len(c.tier)); at += lineSize {
 		line := c.private[at : at+lineSize]
 		if !bytes.Equal(line, c.clean[at:at+lineSize]) {

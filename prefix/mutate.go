@@ -49,6 +49,9 @@ type Reservation struct {
 func (s *Store) locked(sh *shard, fn func()) error {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	if s.sim != nil {
+		s.sim.awaitLock(s.c, sh.lock)
+	}
 	if err := s.c.Lock(sh.lock); err != nil {
 		return fmt.Errorf("prefix: %q: %w", s.name, err)
 	}

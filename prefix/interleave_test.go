@@ -1,0 +1,279 @@
+package prefix
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+
+	"github.com/cxltier/cxltier/tier"
+)
+
+// interleaver runs simulated hosts one at a time, handing the turn on at
+// publish and refresh points (cacheSim.yield) to a host a seeded generator
+// draws: a schedule of two hosts' steps, reproducible from its seed, in
+// which each host sees the other's metadata only as the protocol writes it
+// back. Turns pass through channels, so the race detector sees each
+// hand-over as a synchronisation.
+type interleaver struct {
+	rng      *rand.Rand
+	wake     []chan struct{}
+	finished []bool
+	switches int
+}
+
+func newInterleaver(hosts int, seed uint64) *interleaver {
+	iv := &interleaver{rng: rand.New(rand.NewPCG(seed, 0x1e4)), finished: make([]bool, hosts)}
+	for range hosts {
+		iv.wake = append(iv.wake, make(chan struct{}))
+	}
+	return iv
+}
+
+// next draws the host to run after h: any unfinished one, or, if
+// mustSwitch, any but h (h itself when no other is left).
+func (iv *interleaver) next(h int, mustSwitch bool) int {
+	var can []int
+	for i, done := range iv.finished {
+		if !done && !(mustSwitch && i == h) {
+			can = append(can, i)
+		}
+	}
+	if len(can) == 0 {
+		return h
+	}
+	return can[iv.rng.IntN(len(can))]
+}
+
+// yield is host h's turn ending at a sync point; it returns when h runs again.
+func (iv *interleaver) yield(h int, mustSwitch bool) {
+	if n := iv.next(h, mustSwitch); n != h {
+		iv.switches++
+		iv.wake[n] <- struct{}{}
+		<-iv.wake[h]
+	}
+}
+
+// run runs each host's body in its own goroutine, one at a time, and
+// returns their errors.
+func (iv *interleaver) run(bodies []func() error) []error {
+	errs := make([]error, len(bodies))
+	all := make(chan struct{})
+	for h, body := range bodies {
+		go func() {
+			<-iv.wake[h]
+			errs[h] = body()
+			iv.finished[h] = true
+			if n := iv.next(h, true); n != h {
+				iv.wake[n] <- struct{}{}
+			} else {
+				close(all)
+			}
+		}()
+	}
+	iv.wake[0] <- struct{}{}
+	<-all
+	return errs
+}
+
+// TestInterleavedHostsWithoutSharedCaches is TestHostsWithoutSharedCaches
+// with the hosts' steps interleaved at every publish and refresh point:
+// one host may stop between any two write-backs or reloads while the other
+// inserts, evicts, deletes, looks up and pins. Every payload read must be
+// its key's, a pinned payload must not change until released, and the index
+// must check clean from the tier's bytes.
+func TestInterleavedHostsWithoutSharedCaches(t *testing.T) {
+	seeds := uint64(10)
+	if testing.Short() {
+		seeds = 2
+	}
+	for _, shards := range []int{1, 2} {
+		for seed := range seeds {
+			t.Run(fmt.Sprintf("shards%d/seed%d", shards, seed), func(t *testing.T) {
+				testInterleavedHosts(t, shards, seed)
+			})
+		}
+	}
+}
+
+func testInterleavedHosts(t *testing.T, shards int, seed uint64) {
+	r, _ := testTier(t, 1)
+	nc := openNonCoherent(t, r)
+	const hostsN, steps, size = 2, 200, 128
+	var hosts [hostsN]*Store
+	for h := range hosts {
+		c, err := nc.Attach(tier.ClientOptions{Name: fmt.Sprint("host ", h)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if h == 0 {
+			hosts[h], err = Create(c, Config{Name: "m", Blocks: 16, BlockBytes: size, PinsPerClient: 64, Shards: shards})
+		} else {
+			hosts[h], err = Open(c, "m")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { hosts[h].Close() })
+	}
+	iv := newInterleaver(hostsN, seed<<8|uint64(shards))
+	for h, s := range hosts {
+		s.simulateHost(t)
+		s.sim.yield = func(mustSwitch bool) { iv.yield(h, mustSwitch) }
+	}
+	var stored []Key // shared: one host runs at a time
+	bodies := make([]func() error, hostsN)
+	for h := range hosts {
+		rng := rand.New(rand.NewPCG(seed, uint64(h)))
+		bodies[h] = func() error { return interleavedHost(hosts[h], h, rng, steps, size, &stored) }
+	}
+	for h, err := range iv.run(bodies) {
+		if err != nil {
+			t.Fatalf("host %d (seed %d, %d switches): %v", h, seed, iv.switches, err)
+		}
+	}
+	for _, s := range hosts {
+		s.sim.yield = nil
+	}
+	for h, s := range hosts {
+		if bad, err := s.Check(true); err != nil || len(bad) != 0 {
+			t.Fatalf("check by host %d: %v %v", h, bad, err)
+		}
+	}
+	c, err := nc.Attach(tier.ClientOptions{Name: "third host"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	third, err := Open(c, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer third.Close()
+	mustCheck(t, third)
+	if held := third.Stats().PinsHeld; held != 0 {
+		t.Fatalf("the third host counts %d pins, with every pin released or left by a dead holder", held)
+	}
+	t.Logf("%d switches between hosts", iv.switches)
+}
+
+// interleavedInsert stores keys' payloads: under one hold of each shard's
+// lock (Set of small payloads) or, twoHolds, as large payloads go:
+// reserve, write outside the lock, publish.
+func interleavedInsert(s *Store, keys []Key, size int64, twoHolds bool) error {
+	payloads := payloadsFor(keys, int(size))
+	if !twoHolds {
+		_, err := s.Set(keys, payloads)
+		return err
+	}
+	sizes := make([]int64, len(keys))
+	for i := range sizes {
+		sizes[i] = size
+	}
+	res, err := s.Reserve(keys, sizes)
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	crcs := make([]uint32, len(res))
+	for i, r := range res {
+		if r.Status == Reserved {
+			if crcs[i], err = s.writePayload(&res[i].Key, r.Offset, size, [][]byte{payloads[i]}); err != nil {
+				return err
+			}
+		}
+	}
+	if err := s.Publish(res, crcs); err != nil {
+		return fmt.Errorf("publish: %w", err)
+	}
+	return nil
+}
+
+// retakePins is claimPins by the next holder of s's lease slot, whose
+// previous holder died holding its pins: the table's token is another's
+// (here: none) when the new holder claims it.
+func retakePins(s *Store) error {
+	off := s.g.PinsOff + int64(s.slot)*s.g.PinStride
+	atomic.StoreUint64(u64At(s.myPins, pinHdrToken), 0)
+	s.publishMeta(off, pinHeaderSize)
+	return s.claimPins()
+}
+
+// interleavedHost is one host's steps: inserts, reads checked byte for
+// byte, lookups whose pins it holds for a few steps (their payloads must
+// stay put) and deletes.
+func interleavedHost(s *Store, h int, rng *rand.Rand, steps int, size int64, stored *[]Key) error {
+	var held []Hit
+	heldUntil := 0
+	release := func() error {
+		defer func() { s.Release(held); held = nil }()
+		for _, hit := range held {
+			got := make([]byte, hit.Len)
+			if err := s.r.ReadAt(got, hit.Offset); err != nil {
+				return err
+			}
+			if !bytes.Equal(got, payloadFor(hit.Key, int(size))) {
+				return fmt.Errorf("the payload of %v (block %d) changed while pinned", hit.Key, hit.Block)
+			}
+		}
+		return nil
+	}
+	dst := [][]byte{make([]byte, size)}
+	for step := range steps {
+		if held != nil && step >= heldUntil {
+			if err := release(); err != nil {
+				return fmt.Errorf("step %d: %w", step, err)
+			}
+		}
+		switch op := rng.IntN(10); {
+		case op < 4 || len(*stored) < 4:
+			keys := make([]Key, 1+rng.IntN(3))
+			for i := range keys {
+				keys[i] = keyN(20000 + len(*stored))
+				*stored = append(*stored, keys[i])
+			}
+			if err := interleavedInsert(s, keys, size, rng.IntN(2) == 0); err != nil {
+				return fmt.Errorf("step %d: %w", step, err)
+			}
+		case op < 7:
+			k := (*stored)[rng.IntN(len(*stored))]
+			dst[0] = dst[0][:size]
+			n, err := s.Get([]Key{k}, dst)
+			if err != nil {
+				return fmt.Errorf("step %d: get %v: %w", step, k, err)
+			}
+			if n == 1 && !bytes.Equal(dst[0], payloadFor(k, int(size))) {
+				return fmt.Errorf("step %d: got another key's payload for %v", step, k)
+			}
+		case op < 9:
+			if held != nil {
+				break
+			}
+			keys := make([]Key, 1+rng.IntN(3))
+			for i := range keys {
+				keys[i] = (*stored)[rng.IntN(len(*stored))]
+			}
+			hits, err := s.Lookup(keys)
+			if err != nil {
+				return fmt.Errorf("step %d: lookup: %w", step, err)
+			}
+			held, heldUntil = hits, step+1+rng.IntN(6)
+		case rng.IntN(4) == 0:
+			// The host's process dies with pins held and its lease slot's
+			// next client takes the pin table over: the records left
+			// behind must not count as the new holder's pins.
+			if err := retakePins(s); err != nil {
+				return fmt.Errorf("step %d: take the pin table over: %w", step, err)
+			}
+			held = nil
+		default:
+			k := (*stored)[rng.IntN(len(*stored))]
+			if _, err := s.Delete([]Key{k}); err != nil && !errors.Is(err, ErrPinned) {
+				return fmt.Errorf("step %d: delete: %w", step, err)
+			}
+		}
+	}
+	return release()
+}
