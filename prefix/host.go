@@ -135,6 +135,13 @@ func statuses(res []Reservation) []Status {
 // makes them visible to other hosts, and returns the entry's checksum of
 // what the block now holds.
 func (s *Store) writePayload(k *Key, off tier.Offset, n int64, pieces [][]byte) (uint32, error) {
+	// Outside the lock the block is this client's only while its lease
+	// is: a client reaped since it reserved (a pause past the lease
+	// timeout) had the reservation reclaimed, and the block may hold
+	// another's payload now.
+	if err := s.c.Fenced(); err != nil {
+		return 0, err
+	}
 	dst, err := s.r.Slice(off, n)
 	if err != nil {
 		return 0, err

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cxltier/cxltier/internal/tiertest"
 	"github.com/cxltier/cxltier/tier"
@@ -983,5 +984,54 @@ func TestForgedEntryServesNoOtherKey(t *testing.T) {
 				t.Errorf("B itself after A was dropped: %d, %v", n, err)
 			}
 		})
+	}
+}
+
+// TestReapedWriterDoesNotWritePayload: a client reserves a block, stalls
+// past the lease timeout and is reaped (its reservation is the reaper's to
+// reclaim, its block another's to take); when it resumes, its payload
+// write outside the lock is refused and the block keeps what it held.
+func TestReapedWriterDoesNotWritePayload(t *testing.T) {
+	r, c := testTier(t, 1)
+	testStore(t, c, 4, 64) // the index
+	z, err := r.Attach(tier.ClientOptions{Name: "zombie", Heartbeat: time.Hour}) // never beats: stalled
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer z.Close()
+	sz, err := Open(z, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sz.Close()
+	res, err := sz.Reserve([]Key{keyN(1)}, []int64{64})
+	if err != nil || res[0].Status != Reserved {
+		t.Fatalf("reserve: %v %v", res, err)
+	}
+	m, err := tier.NewManager(r, tier.ManagerOptions{SkipPIDCheck: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Client().Close()
+	for deadline := time.Now().Add(10 * time.Second); z.Fenced() == nil; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the stalled client was not reaped")
+		}
+		m.ReapOnce()
+	}
+	before := make([]byte, 64)
+	if err := r.ReadAt(before, res[0].Offset); err != nil {
+		t.Fatal(err)
+	}
+	_, err = sz.writePayload(&res[0].Key, res[0].Offset, 64, [][]byte{bytes.Repeat([]byte{0xAB}, 64)})
+	if !errors.Is(err, tier.ErrLeaseLost) {
+		t.Errorf("payload write by a reaped client: %v, want ErrLeaseLost", err)
+	}
+	after := make([]byte, 64)
+	if err := r.ReadAt(after, res[0].Offset); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(before, after) {
+		t.Error("the reaped client's payload reached the block")
 	}
 }

@@ -227,6 +227,20 @@ func (c *Client) Token() uint64 { return c.token }
 // Region is the region the client is attached to.
 func (c *Client) Region() *Region { return c.r }
 
+// Fenced reports ErrLeaseLost if the client's lease is no longer its own,
+// read from the tier now (Err reports what the heartbeat last saw): for a
+// write outside any lock, into memory a reaper may have given to another
+// client since this one was last sure of its lease.
+func (c *Client) Fenced() error {
+	if err := c.r.live("client"); err != nil {
+		return err
+	}
+	if err := c.fenced(); err != nil {
+		return fmt.Errorf("tier: %w", err)
+	}
+	return nil
+}
+
 // Err reports ErrLeaseLost once a reaper has taken the lease away (the
 // process was presumed dead, e.g. it stalled past the lease timeout).
 func (c *Client) Err() error {
