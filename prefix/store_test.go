@@ -993,8 +993,9 @@ func TestForgedEntryServesNoOtherKey(t *testing.T) {
 // write outside the lock is refused and the block keeps what it held.
 func TestReapedWriterDoesNotWritePayload(t *testing.T) {
 	r, c := testTier(t, 1)
-	testStore(t, c, 4, 64) // the index
-	z, err := r.Attach(tier.ClientOptions{Name: "zombie", Heartbeat: time.Hour}) // never beats: stalled
+	testStore(t, c, 4, 64)
+	// It never beats: a process stalled from the start.
+	z, err := r.Attach(tier.ClientOptions{Name: "zombie", Heartbeat: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
