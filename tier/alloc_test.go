@@ -346,3 +346,38 @@ func TestLockWaitEnds(t *testing.T) {
 		t.Fatalf("wait on a held lock: %v", err)
 	}
 }
+
+// TestTimedOutGrantIsResumed: on a tier of two nodes with no lock manager
+// running, Lock times out awaiting the grant, its request left posted.
+// Once a manager runs, the same client's next Lock gets the lock (it
+// failed with ErrLockHeld on every try before: the client was wedged on
+// that lock until it closed).
+func TestTimedOutGrantIsResumed(t *testing.T) {
+	g := testGeometry()
+	g.Nodes = 2
+	r := formatTest(t, g)
+	c, err := r.Attach(ClientOptions{Node: 1, Name: "waiter", LockWait: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if err := c.Lock(FirstUserLock); !errors.Is(err, ErrLockTimeout) {
+		t.Fatalf("lock with no manager: %v, want ErrLockTimeout", err)
+	}
+	if err := c.Lock(FirstUserLock); !errors.Is(err, ErrLockTimeout) {
+		t.Fatalf("again with no manager: %v, want ErrLockTimeout", err)
+	}
+	runManager(t, r, ManagerOptions{Node: 0, GrantLocks: true})
+	if err := c.Lock(FirstUserLock); err != nil {
+		t.Fatalf("lock once a manager grants: %v", err)
+	}
+	if err := c.Unlock(FirstUserLock); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Lock(FirstUserLock); err != nil {
+		t.Fatalf("a second lock after the resumed one: %v", err)
+	}
+	if err := c.Unlock(FirstUserLock); err != nil {
+		t.Fatal(err)
+	}
+}

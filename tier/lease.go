@@ -110,6 +110,7 @@ type Client struct {
 	wait  time.Duration // Lock's bound
 
 	lost    atomic.Bool
+	posted  []atomic.Bool // per lock: a request left awaiting the manager's grant by a Lock that timed out
 	stop    chan struct{}
 	done    sync.WaitGroup
 	closeMu sync.Mutex
@@ -135,7 +136,8 @@ func (r *Region) Attach(opts ClientOptions) (*Client, error) {
 		if !atomic.CompareAndSwapUint32(u32At(line, 0), leaseFree, leaseLive) {
 			continue
 		}
-		c := &Client{r: r, node: opts.Node, slot: s, stop: make(chan struct{}), wait: opts.LockWait}
+		c := &Client{r: r, node: opts.Node, slot: s, stop: make(chan struct{}), wait: opts.LockWait,
+			posted: make([]atomic.Bool, r.l.LockSlots)}
 		if c.wait <= 0 {
 			c.wait = LockWait
 		}

@@ -102,6 +102,9 @@ func (c *Client) lock(id int, lim waitLimit) error {
 		return fmt.Errorf("tier: lock %d: %w", id, err)
 	}
 	global, local := c.r.lockLines(id, c.node)
+	if c.posted[id].Load() {
+		return c.resumeGrant(id, global, local, lim)
+	}
 	if err := c.acquireLocal(&lim, global, local, true); err != nil {
 		if lim.Err() != nil {
 			return fmt.Errorf("tier: lock %d: %s: %w", id, c.r.describeHolder(local), ErrLockTimeout)
@@ -125,9 +128,34 @@ func (c *Client) lock(id int, lim waitLimit) error {
 	}
 	if !c.r.awaitGrantFor(global, limit) {
 		// The request stays posted (withdrawing it would race the grant):
-		// this client's Close or a reaper finishes the handshake.
+		// this client's next Lock of id waits for the grant again, and
+		// its Close or a reaper finishes the handshake.
+		c.posted[id].Store(true)
 		return fmt.Errorf("tier: lock %d: no grant from the lock manager within the wait (is cxltierd running?): %w", id, ErrLockTimeout)
 	}
+	return nil
+}
+
+// resumeGrant is Lock of a lock whose request an earlier Lock left posted
+// when its wait for the manager's grant ran out. The node-local word is
+// still this client's, which a fresh attempt would take for a nested Lock
+// (ErrLockHeld, on every try: the client was wedged on that lock until it
+// closed); instead it waits for the grant again.
+func (c *Client) resumeGrant(id int, global, local []byte, lim waitLimit) error {
+	c.r.sync.refresh(local)
+	if atomic.LoadUint64(u64At(local, 0)) != c.token {
+		// Released on this client's behalf meanwhile: start afresh.
+		c.posted[id].Store(false)
+		return c.lock(id, lim)
+	}
+	limit := time.Duration(0)
+	if d, ok := lim.Deadline(); ok {
+		limit = max(time.Until(d), time.Millisecond)
+	}
+	if !c.r.awaitGrantFor(global, limit) {
+		return fmt.Errorf("tier: lock %d: still no grant from the lock manager (is cxltierd running?): %w", id, ErrLockTimeout)
+	}
+	c.posted[id].Store(false)
 	return nil
 }
 
