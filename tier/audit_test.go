@@ -2,6 +2,7 @@ package tier
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
@@ -65,8 +66,8 @@ func TestAudit(t *testing.T) {
 			copy(r.dirLine(3), r.dirLine(0))
 		}},
 		{"overlapping objects", "overlap", FindDirectory, func(r *Region, c *Client, e DirEntry) {
-			copy(r.dirLine(3), r.dirLine(0))
-			r.dirLine(3)[64] = 'p' // another name ("pbj"), same span
+			e.Name = "p" + e.Name[1:] // another name ("pbj"), same span
+			encodeDirEntry(r.dirLine(3), e)
 		}},
 		{"orphaned lock", "no live client", FindOrphanLock, func(r *Region, c *Client, e DirEntry) {
 			_, local := r.lockLines(FirstUserLock, 0)
@@ -313,5 +314,53 @@ func TestObjectRunsAreGuarded(t *testing.T) {
 	}
 	if e, _ := r.DirLookup("idx"); e.Run2 != second {
 		t.Fatalf("DirSetRun2 replaced a second run: %+v", e)
+	}
+}
+
+// TestDamagedRunKeepsNoChunks: a stray write gives a directory entry a
+// second run over another client's private chunks. The entry's checksum
+// no longer matches, so the entry names nothing (the audit reports it)
+// and the reaper of that client frees its chunks; before entries had a
+// checksum, the reaper kept them for the object as shared, and they were
+// lost to everyone.
+func TestDamagedRunKeepsNoChunks(t *testing.T) {
+	r := formatTest(t, testGeometry(), fileBacking(t))
+	c := attachTest(t, r, 0)
+	off, err := c.AllocChunks(1)
+	if err == nil {
+		err = c.ShareChunks(off, 1)
+	}
+	if err == nil {
+		err = c.DirPut(DirEntry{Name: "idx", Kind: 9, Offset: off, Size: r.ChunkSize()})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := attachTest(t, r, 0)
+	theirs, err := victim.AllocChunks(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := r.dirLine(0)
+	if e, err := decodeDirEntry(line, r.l.size()); err != nil || e.Name != "idx" {
+		t.Fatalf("entry 0: %+v, %v", e, err)
+	}
+	binary.LittleEndian.PutUint64(line[40:], uint64(theirs))
+	binary.LittleEndian.PutUint64(line[48:], uint64(2*r.ChunkSize()))
+	found := false
+	for _, f := range r.AuditFindings() {
+		found = found || (f.Kind == FindDirectory && strings.Contains(f.Msg, "directory entry 0") && strings.Contains(f.Msg, "checksum"))
+	}
+	if !found {
+		t.Errorf("the damaged entry: findings %+v", r.AuditFindings())
+	}
+	if _, err := r.freeOwnedBy(c, victim.Slot()); err != nil {
+		t.Fatal(err)
+	}
+	i, _ := r.chunkIndex(theirs)
+	for k := i; k < i+2; k++ {
+		if r.chunkUsed(k) {
+			t.Errorf("chunk %d after reaping its owner: used, owner %#x (kept for the damaged entry)", k, atomic.LoadUint32(r.ownerWord(k)))
+		}
 	}
 }

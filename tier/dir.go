@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"hash/crc32"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -16,9 +17,12 @@ import (
 //
 // Entry layout (128 B): seq u32 · kind u32 · offset u64 · size u64 ·
 // created i64 · name length u32 · pad · second run offset u64 at byte 40 ·
-// its size u64 at 48 · pad · name [64]byte at byte 64. The second run came
-// later into what was padding, zero in older entries (none), unread by
-// older readers.
+// its size u64 at 48 · CRC-32C u32 at 56 · its mark u32 at 60 · name
+// [64]byte at byte 64. The second run and the checksum came later into what
+// was padding, zero in older entries (no second run, no checksum), unread
+// by older readers. The checksum covers bytes 4 to 56 and the name area:
+// an entry whose runs were damaged would otherwise name another client's
+// chunks, which a reaper then kept for it instead of freeing.
 
 // DirEntry is one named object in the root directory.
 type DirEntry struct {
@@ -76,6 +80,14 @@ const tornAfter = 10 * time.Millisecond
 func (e dirEntry) empty() bool { return e.Kind == 0 }
 func (e dirEntry) torn() bool  { return e.seq%2 == 1 }
 
+const dirCRCMark = 0x31435243 // "CRC1": the entry carries a checksum
+
+var dirCastagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func dirEntryCRC(b []byte) uint32 {
+	return crc32.Update(crc32.Checksum(b[4:56], dirCastagnoli), dirCastagnoli, b[64:dirEntryLen])
+}
+
 func checkDirName(name string) error {
 	if name == "" || len(name) > dirNameMax || !utf8.ValidString(name) {
 		return fmt.Errorf("tier: directory name %q must be 1..%d bytes of UTF-8: %w", name, dirNameMax, ErrInvalidConfig)
@@ -95,6 +107,11 @@ func decodeDirEntry(b []byte, regionSize int64) (dirEntry, error) {
 	e.Kind = le.Uint32(b[4:])
 	if e.torn() || e.empty() {
 		return e, nil // a torn entry is repaired by the next writer
+	}
+	if le.Uint32(b[60:]) == dirCRCMark {
+		if want, got := le.Uint32(b[56:]), dirEntryCRC(b); want != got {
+			return e, fmt.Errorf("tier: checksum %#x, computed %#x: %w", want, got, ErrCorrupt)
+		}
 	}
 	e.Offset = Offset(le.Uint64(b[8:]))
 	e.Size = int64(le.Uint64(b[16:]))
@@ -128,6 +145,10 @@ func encodeDirEntry(b []byte, e DirEntry) {
 	le.PutUint64(b[40:], uint64(e.Run2))
 	le.PutUint64(b[48:], uint64(e.Run2Size))
 	copy(b[64:], e.Name)
+	if e.Kind != 0 {
+		le.PutUint32(b[56:], dirEntryCRC(b))
+		le.PutUint32(b[60:], dirCRCMark)
+	}
 }
 
 // readDir reads entry i consistently, retrying while a writer is active.
