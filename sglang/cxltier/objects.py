@@ -14,6 +14,7 @@ import ctypes
 import json
 
 from . import _native
+from ._views import Views
 
 CONTIGUOUS = 1
 READ_ONLY = 1
@@ -63,6 +64,7 @@ class TierObject(_native.Child):
             _native.call("cxl_object_open", tier.handle, name.encode(), READ_ONLY if read_only else 0,
                          ctypes.byref(h), ctypes.byref(addr), ctypes.byref(size))
         self._opened(tier, h.value)
+        self._views = Views()
         self.name, self.address, self.size, self.read_only = name, addr.value, size.value, read_only and not create_bytes
 
     @classmethod
@@ -87,9 +89,20 @@ class TierObject(_native.Child):
 
     def buffer(self):
         """The payload as a ctypes array over tier memory (do not write one
-        opened read-only: the store faults)."""
+        opened read-only: the store faults). The object and the tier stay
+        mapped while it, or a tensor over it, is referenced."""
         self._check()
-        return (ctypes.c_uint8 * self.size).from_address(self.address)
+        view = (ctypes.c_uint8 * self.size).from_address(self.address)
+        self._tier._views.track(view)
+        return self._views.track(view)
+
+    def close(self):
+        """Closes the object; a read-only view's mapping goes once no
+        buffer or tensor over it is referenced."""
+        if self._h is not None and self._tier._h is not None:
+            h, self._h = self._h, None
+            self._views.after(lambda: _native.call("cxl_object_close", h))
+        self._h = None
 
     def tensor(self):
         """The payload as a flat uint8 torch tensor over tier memory."""

@@ -5,6 +5,7 @@ detached, or by the daemon if the process dies."""
 import ctypes
 
 from . import _native
+from ._views import Views
 
 
 class Region:
@@ -19,11 +20,16 @@ class Region:
         self.offset, self.address, self.size = off.value, addr.value, size.value
         self.nbytes = nbytes
         self._registered = False
+        self._views = Views()
 
     def buffer(self):
-        """The region as a writable ctypes array (a buffer-protocol object)."""
+        """The region as a writable ctypes array (a buffer-protocol object).
+        The region's chunks and the tier's mapping stay while it, or a
+        tensor over it, is referenced."""
         self._check()
-        return (ctypes.c_char * self.size).from_address(self.address)
+        view = (ctypes.c_char * self.size).from_address(self.address)
+        self._tier._views.track(view)
+        return self._views.track(view)
 
     def tensor(self, shape, dtype):
         """A torch tensor of shape and dtype over the region's memory."""
@@ -54,11 +60,20 @@ class Region:
             raise _native.ClosedError(-6, "region: released or tier detached")
 
     def release(self):
-        if self._registered:
-            import torch
+        """Frees the region: at once, or, while buffers or tensors over it
+        are referenced, when the last is collected (its chunks must not go
+        to another client under them)."""
+        if self.address is None:
+            return
+        address, registered, tier = self.address, self._registered, self._tier
+        self.address, self._registered = None, False
 
-            torch.cuda.cudart().cudaHostUnregister(self.address)
-            self._registered = False
-        if self.address is not None and self._tier._h is not None:
-            _native.call("cxl_region_free", self._tier.handle, self.offset, self.size)
-        self.address = None
+        def free():
+            if registered:
+                import torch
+
+                torch.cuda.cudart().cudaHostUnregister(address)
+            if tier._h is not None:
+                _native.call("cxl_region_free", tier.handle, self.offset, self.size)
+
+        self._views.after(free)

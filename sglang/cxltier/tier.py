@@ -3,6 +3,7 @@
 import ctypes
 
 from . import _native
+from ._views import Views
 
 
 class Tier:
@@ -20,6 +21,7 @@ class Tier:
         _native.call("cxl_attach", devices.encode(), name.encode(), ctypes.byref(h))
         self._h = h.value
         self.devices = devices
+        self._views = Views()  # of the mapping: buffers and tensors of regions and objects
 
     @property
     def handle(self):
@@ -36,10 +38,15 @@ class Tier:
         return PrefixIndex(self, name, blocks, block_bytes, key)
 
     def close(self):
-        """Detaches, closing the indexes opened through this tier."""
+        """Detaches, closing the indexes opened through this tier. New calls
+        through it fail at once; while buffers or tensors over tier memory
+        (Region.buffer, TierObject.buffer and their tensors) are still
+        referenced, the tier stays mapped under them and is detached when
+        the last one is collected (reading one after the unmap would fault
+        the process)."""
         if self._h is not None:
             h, self._h = self._h, None
-            _native.call("cxl_detach", h)
+            self._views.after(lambda: _native.call("cxl_detach", h))
 
     def __enter__(self):
         return self

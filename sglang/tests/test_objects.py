@@ -37,6 +37,7 @@ def test_object_outlives_its_process_and_is_shared(built, device):
         assert objects.object_info(t, "table")["holders"] == 1
         with pytest.raises(cxltier.ExistsError, match="live clients hold it"):
             objects.remove_object(t, "table")
+        del data  # the object stays open (and held) while a buffer over it lives
     objects.remove_object(t, "table")
     with pytest.raises(cxltier.NotFoundError):
         objects.object_info(t, "table")

@@ -3,7 +3,10 @@ library. torch is not in CI: `FakeTorch` stands in for the torch module in
 the one function that only needs torch.empty's arguments."""
 
 import ctypes
+import gc
 import json
+import sys
+import textwrap
 import os
 import subprocess
 import uuid
@@ -28,7 +31,13 @@ def test_region_memory_and_release(cli, device):
     ctypes.memmove(r.address + 1000, b"kv-row", 6)
     assert bytes(buf[1000:1006]) == b"kv-row"
     assert used_chunks(cli, device) == before + r.size // (256 << 10)
-    r.release()
+    r.release()  # buf still over it: the chunks stay until it goes
+    assert used_chunks(cli, device) == before + r.size // (256 << 10)
+    with pytest.raises(cxltier.ClosedError):
+        r.buffer()
+    assert bytes(buf[1000:1006]) == b"kv-row"
+    del buf
+    gc.collect()
     assert used_chunks(cli, device) == before
     # a region not released is freed with the tier's client
     cxltier.Region(t, 1)
@@ -60,3 +69,45 @@ class FakeTorch:
     def empty(self, shape, dtype=None, device=None, **kw):
         self.calls.append((shape, dtype, device))
         return SimpleNamespace(shape=shape)
+
+
+def test_views_outlive_a_detach(cli, device):
+    """A buffer over tier memory read after its tier was closed: the tier
+    stays mapped under it (the read faulted the process before), and is
+    detached (its client's chunks freed) once the buffer is collected. In a
+    child process, so that a fault fails this test rather than pytest."""
+    before = used_chunks(cli, device)
+    code = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {os.path.join(os.path.dirname(cxltier.__file__), "..")!r})
+        import ctypes, gc, json, subprocess, cxltier
+        from cxltier import objects
+        t = cxltier.Tier({device!r})
+        r = cxltier.Region(t, 100_000)
+        buf = r.buffer()
+        buf[7] = b"x"
+        o = objects.TierObject.create(t, "views", 4096)
+        ob = o.buffer()
+        ob[9] = 42
+        o.close()
+        t.close()
+        try:
+            r.buffer()
+            raise SystemExit("a detached tier gave out a new buffer")
+        except cxltier.ClosedError:
+            pass
+        assert buf[7] == b"x" and ob[9] == 42, "the views read wrong after the detach"
+        def used():
+            out = subprocess.run([{cli!r}, "inspect", "-json", {device!r}], capture_output=True, text=True, check=True).stdout
+            return json.loads(out)["chunks"]["used"]
+        held = used()
+        del buf, ob
+        gc.collect()
+        print(held, used())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, f"child exited {out.returncode}: {out.stderr[-2000:]}"
+    held, after = map(int, out.stdout.split())
+    # While the views lived, the region's chunks (and the object's) were
+    # held; once they went, the client detached and its region was freed.
+    assert held > after
+    assert after == before + 1  # the object (shared, named) stays; 4096 bytes: one chunk
