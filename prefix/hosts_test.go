@@ -26,28 +26,7 @@ func TestHostsWithoutSharedCaches(t *testing.T) {
 }
 
 func testHostsWithoutSharedCaches(t *testing.T, shards int, seed uint64) {
-	r, _ := testTier(t, 1)
-	nc := openNonCoherent(t, r)
-	var hosts [2]*Store
-	for h := range hosts {
-		c, err := nc.Attach(tier.ClientOptions{Name: fmt.Sprint("host ", h)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		if h == 0 {
-			hosts[h], err = Create(c, Config{Name: "m", Blocks: 24, BlockBytes: 128, PinsPerClient: 256, Shards: shards})
-		} else {
-			hosts[h], err = Open(c, "m")
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { hosts[h].Close() })
-	}
-	for _, s := range hosts {
-		s.simulateHost(t)
-	}
+	nc, hosts := simulatedHosts(t, Config{Name: "m", Blocks: 24, BlockBytes: 128, PinsPerClient: 256, Shards: shards})
 	rng := rand.New(rand.NewPCG(uint64(shards), seed))
 	var stored []Key
 	dst := make([][]byte, 4)
@@ -121,23 +100,57 @@ func testHostsWithoutSharedCaches(t *testing.T, shards int, seed uint64) {
 	for h := range hosts {
 		release(h)
 	}
+	checkFromEveryHost(t, nc, hosts[:])
+}
+
+// simulatedHosts gives two hosts of one non-coherent tier a handle each on
+// index cfg (host 0 creates it), each with caches of its own (cacheSim).
+func simulatedHosts(t *testing.T, cfg Config) (*tier.Region, [2]*Store) {
+	r, _ := testTier(t, 1)
+	nc := openNonCoherent(t, r)
+	var hosts [2]*Store
+	for h := range hosts {
+		c, err := nc.Attach(tier.ClientOptions{Name: fmt.Sprint("host ", h)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if h == 0 {
+			hosts[h], err = Create(c, cfg)
+		} else {
+			hosts[h], err = Open(c, cfg.Name)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { hosts[h].Close() })
+		hosts[h].simulateHost(t)
+	}
+	return nc, hosts
+}
+
+// checkFromEveryHost checks the index from each host's handle and from a
+// third host's, which reads the tier's bytes as they are, and returns what
+// the third host counts.
+func checkFromEveryHost(t *testing.T, nc *tier.Region, hosts []*Store) Stats {
+	t.Helper()
 	for h, s := range hosts {
 		if bad, err := s.Check(true); err != nil || len(bad) != 0 {
 			t.Fatalf("check by host %d: %v %v", h, bad, err)
 		}
 	}
-	// A third host, reading the tier's bytes as they are.
 	c, err := nc.Attach(tier.ClientOptions{Name: "third host"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	third, err := Open(c, "m")
+	third, err := Open(c, hosts[0].name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer third.Close()
 	mustCheck(t, third)
+	return third.Stats()
 }
 
 // openNonCoherent opens r's devices again as a non-coherent tier, closed

@@ -7,8 +7,6 @@ import (
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
-
-	"github.com/cxltier/cxltier/tier"
 )
 
 // interleaver runs simulated hosts one at a time, handing the turn on at
@@ -99,33 +97,14 @@ func TestInterleavedHostsWithoutSharedCaches(t *testing.T) {
 }
 
 func testInterleavedHosts(t *testing.T, shards int, seed uint64) {
-	r, _ := testTier(t, 1)
-	nc := openNonCoherent(t, r)
-	const hostsN, steps, size = 2, 200, 128
-	var hosts [hostsN]*Store
-	for h := range hosts {
-		c, err := nc.Attach(tier.ClientOptions{Name: fmt.Sprint("host ", h)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		if h == 0 {
-			hosts[h], err = Create(c, Config{Name: "m", Blocks: 16, BlockBytes: size, PinsPerClient: 64, Shards: shards})
-		} else {
-			hosts[h], err = Open(c, "m")
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { hosts[h].Close() })
-	}
-	iv := newInterleaver(hostsN, seed<<8|uint64(shards))
+	const steps, size = 200, 128
+	nc, hosts := simulatedHosts(t, Config{Name: "m", Blocks: 16, BlockBytes: size, PinsPerClient: 64, Shards: shards})
+	iv := newInterleaver(len(hosts), seed<<8|uint64(shards))
 	for h, s := range hosts {
-		s.simulateHost(t)
 		s.sim.yield = func(mustSwitch bool) { iv.yield(h, mustSwitch) }
 	}
 	var stored []Key // shared: one host runs at a time
-	bodies := make([]func() error, hostsN)
+	bodies := make([]func() error, len(hosts))
 	for h := range hosts {
 		rng := rand.New(rand.NewPCG(seed, uint64(h)))
 		bodies[h] = func() error { return interleavedHost(hosts[h], h, rng, steps, size, &stored) }
@@ -138,23 +117,7 @@ func testInterleavedHosts(t *testing.T, shards int, seed uint64) {
 	for _, s := range hosts {
 		s.sim.yield = nil
 	}
-	for h, s := range hosts {
-		if bad, err := s.Check(true); err != nil || len(bad) != 0 {
-			t.Fatalf("check by host %d: %v %v", h, bad, err)
-		}
-	}
-	c, err := nc.Attach(tier.ClientOptions{Name: "third host"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	third, err := Open(c, "m")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer third.Close()
-	mustCheck(t, third)
-	if held := third.Stats().PinsHeld; held != 0 {
+	if held := checkFromEveryHost(t, nc, hosts[:]).PinsHeld; held != 0 {
 		t.Fatalf("the third host counts %d pins, with every pin released or left by a dead holder", held)
 	}
 	t.Logf("%d switches between hosts", iv.switches)

@@ -400,12 +400,9 @@ func TestKilledLockHolder(t *testing.T) {
 	}
 }
 
-// TestReapPassNotHeldUpByALaterSlot: two clients die at once, the one in
-// the later lease slot holding the system lock. One reaper pass reclaims
-// both. (Judged slot by slot, the pass waited the whole lock wait, a
-// minute, for the system lock to free the first one's chunks; a killed
-// soak's topk workers left the tier with chunks to live-looking leases.)
-func TestReapPassNotHeldUpByALaterSlot(t *testing.T) {
+// reaperTest is a tier with a short lease timeout and a manager whose
+// passes the test runs itself (ReapOnce).
+func reaperTest(t *testing.T) (Geometry, *Region, *Manager) {
 	g := testGeometry()
 	g.LeaseTimeout = 400 * time.Millisecond
 	r := formatTest(t, g)
@@ -414,14 +411,29 @@ func TestReapPassNotHeldUpByALaterSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Client().Close() })
-	for _, role := range []string{"holder", "sysholder"} { // one after the other: both allocate
-		k := spawn(t, r, role, 0)
-		if line, err := k.out.ReadString('\n'); err != nil || line != "locked\n" {
-			t.Fatalf("child said %q, %v", line, err)
-		}
-		k.cmd.Process.Signal(syscall.SIGKILL)
-		k.cmd.Wait()
+	return g, r, m
+}
+
+// killLocked starts a child of role, waits until it holds its lock, and
+// SIGKILLs it.
+func killLocked(t *testing.T, r *Region, role string) {
+	t.Helper()
+	k := spawn(t, r, role, 0)
+	if line, err := k.out.ReadString('\n'); err != nil || line != "locked\n" {
+		t.Fatalf("child %s said %q, %v", role, line, err)
 	}
+	k.cmd.Process.Signal(syscall.SIGKILL)
+	k.cmd.Wait()
+}
+
+// TestReapPassNotHeldUpByALaterSlot: two clients die at once, the one in
+// the later lease slot holding the system lock. One reaper pass reclaims
+// both. (Judged slot by slot, the pass waited the whole lock wait, a
+// minute, for the system lock to free the first one's chunks.)
+func TestReapPassNotHeldUpByALaterSlot(t *testing.T) {
+	g, r, m := reaperTest(t)
+	killLocked(t, r, "holder") // one after the other: both allocate
+	killLocked(t, r, "sysholder")
 	start := time.Now()
 	reaped := m.ReapOnce()
 	took := time.Since(start)
@@ -441,20 +453,8 @@ func TestReapPassNotHeldUpByALaterSlot(t *testing.T) {
 // timeout (not the minute of a client's lock wait) and a later pass, once
 // the lock is free, finishes.
 func TestReapPassWaitIsBounded(t *testing.T) {
-	g := testGeometry()
-	g.LeaseTimeout = 400 * time.Millisecond
-	r := formatTest(t, g)
-	m, err := NewManager(r, ManagerOptions{Node: 0})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Client().Close() })
-	k := spawn(t, r, "holder", 0)
-	if line, err := k.out.ReadString('\n'); err != nil || line != "locked\n" {
-		t.Fatalf("child said %q, %v", line, err)
-	}
-	k.cmd.Process.Signal(syscall.SIGKILL)
-	k.cmd.Wait()
+	g, r, m := reaperTest(t)
+	killLocked(t, r, "holder")
 	sitter := attachTest(t, r, 0)
 	if err := sitter.Lock(SystemLock); err != nil {
 		t.Fatal(err)
