@@ -103,26 +103,18 @@ func (iv *interleaver) handOn(h int) {
 // inserts, evicts, deletes, looks up and pins. Every payload read must be
 // its key's, a pinned payload must not change until released, and the index
 // must check clean from the tier's bytes.
-func TestInterleavedHostsWithoutSharedCaches(t *testing.T) {
-	seeds := uint64(16)
-	if testing.Short() {
-		seeds = 2
-	}
-	for _, shards := range []int{1, 2} {
-		for seed := range seeds {
-			t.Run(fmt.Sprintf("shards%d/seed%d", shards, seed), func(t *testing.T) {
-				testInterleavedHosts(t, shards, seed, false)
-			})
-		}
-	}
-}
+func TestInterleavedHostsWithoutSharedCaches(t *testing.T) { runInterleaved(t, false) }
 
 // TestInterleavedHostDies is the interleaved simulation with host 1
 // dying at a sync point drawn from the seed (inside a mutation or
 // between): its client goes, which releases its locks as a reaper would,
 // and what it had not written back is lost with its caches. The other
 // host repairs what it left and goes on; the checks are the same.
-func TestInterleavedHostDies(t *testing.T) {
+func TestInterleavedHostDies(t *testing.T) { runInterleaved(t, true) }
+
+// runInterleaved runs the simulation for 16 seeds (2 in -short) at 1 and 2
+// shards.
+func runInterleaved(t *testing.T, dies bool) {
 	seeds := uint64(16)
 	if testing.Short() {
 		seeds = 2
@@ -130,7 +122,7 @@ func TestInterleavedHostDies(t *testing.T) {
 	for _, shards := range []int{1, 2} {
 		for seed := range seeds {
 			t.Run(fmt.Sprintf("shards%d/seed%d", shards, seed), func(t *testing.T) {
-				testInterleavedHosts(t, shards, seed, true)
+				testInterleavedHosts(t, shards, seed, dies)
 			})
 		}
 	}

@@ -81,6 +81,15 @@ func (w *waitLimit) Deadline() (time.Time, bool) {
 	return w.end, true
 }
 
+// left is the wait that remains, for the grant's stage (0: no bound; at
+// least a millisecond once bounded, so an expired bound still looks once).
+func (w *waitLimit) left() time.Duration {
+	if d, ok := w.Deadline(); ok {
+		return max(time.Until(d), time.Millisecond)
+	}
+	return 0
+}
+
 func (w *waitLimit) Err() error {
 	if w.ctx != nil {
 		return w.ctx.Err()
@@ -122,11 +131,7 @@ func (c *Client) lock(id int, lim waitLimit) error {
 		return nil
 	}
 	c.r.postRequest(global)
-	limit := time.Duration(0)
-	if d, ok := lim.Deadline(); ok {
-		limit = max(time.Until(d), time.Millisecond)
-	}
-	if !c.r.awaitGrantFor(global, limit) {
+	if !c.r.awaitGrantFor(global, lim.left()) {
 		// The request stays posted (withdrawing it would race the grant):
 		// this client's next Lock of id waits for the grant again, and
 		// its Close or a reaper finishes the handshake.
@@ -148,11 +153,7 @@ func (c *Client) resumeGrant(id int, global, local []byte, lim waitLimit) error 
 		c.posted[id].Store(false)
 		return c.lock(id, lim)
 	}
-	limit := time.Duration(0)
-	if d, ok := lim.Deadline(); ok {
-		limit = max(time.Until(d), time.Millisecond)
-	}
-	if !c.r.awaitGrantFor(global, limit) {
+	if !c.r.awaitGrantFor(global, lim.left()) {
 		return fmt.Errorf("tier: lock %d: still no grant from the lock manager (is cxltierd running?): %w", id, ErrLockTimeout)
 	}
 	c.posted[id].Store(false)

@@ -25,22 +25,16 @@ class Views:
         weakref.finalize(view, self._gone)
         return view
 
-    @property
-    def live(self):
-        return self._live
-
     def after(self, fn):
         """Runs fn now when no view is live (its errors reach the caller), or
         else when the last one goes (its errors then go nowhere: the
         resource is released on a best-effort basis, and the library frees
-        it at detach or at the client's end in any case). Reports whether fn
-        ran now."""
+        it at detach or at the client's end in any case)."""
         with self._lock:
             if self._live:
                 self._then.append(fn)
-                return False
+                return
         fn()
-        return True
 
     def _gone(self):
         with self._lock:
