@@ -75,7 +75,8 @@ type Store struct {
 	ents   []byte      // the entry table, when one is set: entry needs no call
 	shared bool        // non-coherent tier: publish and refresh metadata lines
 	hdr    []byte
-	maint  bool // opened by Maintain: counters and upkeep only, no entries
+	maint  bool   // opened by Maintain: counters and upkeep only, no entries
+	ns     string // the index's name across nodes (Namespace)
 
 	blockOff []tier.Offset // tier offset of every payload block (use blockAt)
 
@@ -318,7 +319,7 @@ func open(c *tier.Client, name, key string, maint, anyLayout bool) (*Store, erro
 			return nil, fmt.Errorf("prefix: open %q: %w", name, ErrDenied)
 		}
 	}
-	s := &Store{c: c, r: r, name: name, g: g, meta: de.Offset, hdr: hdr,
+	s := &Store{c: c, r: r, name: name, g: g, meta: de.Offset, hdr: hdr, ns: namespace(name, key),
 		shared: r.Info().Coherence == tier.Shared, maint: maint, perClient: g.Version >= 3}
 	if r.NumDevices() == 1 {
 		s.one = r.Device(0)

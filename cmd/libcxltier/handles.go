@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/cxltier/cxltier/cluster"
 	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
 )
@@ -27,8 +28,9 @@ type attached struct {
 	r        *tier.Region
 	c        *tier.Client
 	children map[uint64]func() error
-	engines  engines   // shared by the children that move data
-	guard    callGuard // the calls in flight, which detach waits for
+	engines  engines       // shared by the children that move data
+	guard    callGuard     // the calls in flight, which detach waits for
+	link     *cluster.Link // to the node's uplink; nil when switched off
 }
 
 // child is an object opened on a tier; closing it removes it from both
@@ -45,6 +47,7 @@ func (c child) tierHandle() uint64 { return c.tier }
 type index struct {
 	*prefix.Store
 	child
+	link *cluster.Link // the tier's, or nil
 }
 
 // addChild registers o, opened on tier a, as the handle it returns.

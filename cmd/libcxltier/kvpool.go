@@ -236,6 +236,9 @@ func cxl_kvpool_store(h C.uint64_t, keys *C.uint8_t, n C.int64_t, pages *C.int64
 		return p.whileOpen(func() error {
 			st, err := p.mover.Put(ks, p.layout, pg)
 			writeStatuses(statuses, n, st)
+			if ix, ierr := indexOf(p.index); ierr == nil {
+				ix.stored(ks, st)
+			}
 			return err
 		})
 	}()

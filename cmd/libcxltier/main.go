@@ -10,7 +10,7 @@
 // handles; no Go pointer crosses the boundary, and the library only reads
 // or writes caller memory (keys, payloads, ids) during the call.
 //
-// The calls of ABI 8 (what changed between versions: docs/abi.md):
+// The calls of ABI 9 (what changed between versions: docs/abi.md):
 //
 //	cxl_attach(devices, name, &tier)           devices: comma-separated backings
 //	cxl_detach(tier)
@@ -27,7 +27,17 @@
 //	cxl_prefix_exists_pages(index, text, text_len, n, masks, n_masks, &leading)   leading pages with every part stored
 //	cxl_prefix_verify_reads(index, on)                   gets check payload checksums (on by default)
 //	cxl_prefix_delete(index, keys, n, &n_deleted)
-//	cxl_prefix_stats(index, json, json_cap)
+//	cxl_prefix_stats(index, json, json_cap)             with "uplink": this process's fills and write-behind notices
+//	cxl_uplink_off(tier)                                 indexes opened on tier from now on never ask the uplink (the uplink's own)
+//	cxl_uplink_address(tier, buf, cap)                   the abstract socket name of the node's uplink (for the uplink)
+//	cxl_tier_mappings(tier, ptrs, lens, cap, &n)         each device mapping, to register with a transfer engine
+//	cxl_prefix_namespace(index, buf, cap)                the index's name across nodes (name, and a digest of its key)
+//	cxl_prefix_pin(index, keys, n, addrs, lens, wire_crcs, present, &pins)   pins each present key's payload in place
+//	cxl_prefix_unpin(pins)
+//	cxl_prefix_reserve(index, keys, n, sizes, addrs, statuses, &res)   blocks to fill in place (a network transfer)
+//	cxl_prefix_fenced(index)                             CXL_ECLOSED once the lease is gone: check before filling
+//	cxl_prefix_publish_written(res, wire_crcs, n, published)   publishes the blocks that match, aborts the rest
+//	cxl_prefix_abort(res)
 //	cxl_engram_hash(spec, layer, ids, n, out, out_cap, &n_rows) spec: preset name or JSON geometry
 //	cxl_engram_open(tier, spec, engine, cuda_stream, slots, flags, deadline_ns, &pf)   engine: cpu, cuda, auto; flags: 1 cache, 2 plan on the engine
 //	cxl_engram_prefetch(pf, layer, ids, lens, n_seqs, hist_ids|NULL, hist_lens|NULL, slots, slots_cap, &n_slots, &pending)
@@ -90,7 +100,7 @@ package main
 import "C"
 
 // abiVersion changes whenever a call's meaning or signature does.
-const abiVersion = 8
+const abiVersion = 9
 
 //export cxl_abi_version
 func cxl_abi_version() C.int { return abiVersion }

@@ -30,6 +30,7 @@ func cxl_prefix_setv(h C.uint64_t, keys *C.uint8_t, n, per C.int64_t, ptrs *unsa
 		}
 		st, err := s.SetPieces(ks, pieces)
 		writeStatuses(statuses, n, st)
+		s.stored(ks, st)
 		return err
 	}()
 	return report(err, errbuf, errlen)
@@ -52,6 +53,10 @@ func cxl_prefix_getv(h C.uint64_t, keys *C.uint8_t, n, per C.int64_t, ptrs *unsa
 			return err
 		}
 		got, err := s.GetPieces(ks, pieces)
+		if err == nil && s.fillMissing(ks, got) {
+			more, merr := s.GetPieces(ks[got:], pieces[got:])
+			got, err = got+more, merr
+		}
 		*served = C.int64_t(got)
 		return err
 	}()
@@ -114,8 +119,9 @@ func cxl_prefix_exists_pages(h C.uint64_t, text *C.char, textLen C.int64_t, n C.
 			return fmt.Errorf("prefix exists pages: %w: %d masks, leading %p", errBadArg, len(ms), leading)
 		}
 		return withJoined(unsafe.Pointer(text), int64(textLen), int64(n), func(pages []string) error {
-			*leading = C.int64_t(s.ExistsPages(pages, ms))
-			return nil
+			got, err := s.existsPages(pages, ms)
+			*leading = C.int64_t(got)
+			return err
 		})
 	}()
 	return report(err, errbuf, errlen)

@@ -42,7 +42,10 @@ func prefixOpen(h uint64, name, key string, blocks, blockBytes int64, out *C.uin
 	if err != nil {
 		return err
 	}
-	ix := &index{Store: s, child: child{tier: h, close: s.Close}}
+	handles.mu.Lock()
+	link := a.link
+	handles.mu.Unlock()
+	ix := &index{Store: s, child: child{tier: h, close: s.Close}, link: link}
 	*out = C.uint64_t(handles.addChild(a, ix, ix.child))
 	return nil
 }
@@ -121,7 +124,7 @@ func cxl_prefix_exists(h C.uint64_t, keys *C.uint8_t, n C.int64_t, leading *C.in
 		if err != nil || leading == nil {
 			return errors.Join(err, fmt.Errorf("prefix exists: %w", errBadArg))
 		}
-		*leading = C.int64_t(s.Exists(ks))
+		*leading = C.int64_t(s.exists(ks))
 		return nil
 	}()
 	return report(err, errbuf, errlen)
@@ -160,6 +163,7 @@ func cxl_prefix_set(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Poi
 		}
 		st, err := s.Set(ks, bufs)
 		writeStatuses(statuses, n, st)
+		s.stored(ks, st)
 		return err
 	}()
 	return report(err, errbuf, errlen)
@@ -182,6 +186,10 @@ func cxl_prefix_get(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Poi
 			return err
 		}
 		got, err := s.Get(ks, bufs)
+		if err == nil && s.fillMissing(ks, got) {
+			more, merr := s.Get(ks[got:], bufs[got:])
+			got, err = got+more, merr
+		}
 		*served = C.int64_t(got)
 		if lens != nil {
 			out := unsafe.Slice((*int64)(unsafe.Pointer(lens)), int(n))
@@ -221,7 +229,7 @@ func cxl_prefix_stats(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, e
 			return err
 		}
 		defer done()
-		raw, _ := json.Marshal(s.Stats())
+		raw, _ := json.Marshal(s.statsWithLink())
 		return copyString(raw, buf, bufCap)
 	}()
 	return report(err, errbuf, errlen)

@@ -46,7 +46,13 @@ func attach(devices, name string) (uint64, error) {
 		r.Close()
 		return 0, err
 	}
-	return handles.add(&attached{r: r, c: c, children: map[uint64]func() error{}}), nil
+	link, err := newLink(r, c)
+	if err != nil {
+		c.Close()
+		r.Close()
+		return 0, err
+	}
+	return handles.add(&attached{r: r, c: c, children: map[uint64]func() error{}, link: link}), nil
 }
 
 //export cxl_detach
@@ -76,6 +82,9 @@ func detach(h uint64) error {
 		}
 	}
 	handles.mu.Unlock()
+	if a.link != nil {
+		a.link.Close()
+	}
 	if cerr := a.c.Close(); err == nil {
 		err = cerr
 	}

@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 _ERRLEN = 1024
 
 
@@ -89,6 +89,16 @@ _PROTOTYPES = {
     "cxl_prefix_part_keys_joined": [ctypes.c_char_p, _i64, _i64, _bytes, _i64, _bytes] + _err,
     "cxl_prefix_delete": [_u64, _bytes, _i64, _p(_i64)] + _err,
     "cxl_prefix_stats": [_u64, ctypes.c_char_p, _int] + _err,
+    "cxl_uplink_off": [_u64] + _err,
+    "cxl_uplink_address": [_u64, ctypes.c_char_p, _int] + _err,
+    "cxl_tier_mappings": [_u64, _p(ctypes.c_void_p), _p(_i64), _i64, _p(_i64)] + _err,
+    "cxl_prefix_namespace": [_u64, ctypes.c_char_p, _int] + _err,
+    "cxl_prefix_pin": [_u64, _bytes, _i64, _p(ctypes.c_void_p), _p(_i64), _p(ctypes.c_uint32), _p(_i8), _p(_u64)] + _err,
+    "cxl_prefix_unpin": [_u64] + _err,
+    "cxl_prefix_reserve": [_u64, _bytes, _i64, _p(_i64), _p(ctypes.c_void_p), _p(_i8), _p(_u64)] + _err,
+    "cxl_prefix_fenced": [_u64] + _err,
+    "cxl_prefix_publish_written": [_u64, _p(ctypes.c_uint32), _i64, _p(_i8)] + _err,
+    "cxl_prefix_abort": [_u64] + _err,
     "cxl_kvpool_open": [_u64, _cstr, _u64, _i64, _i64, _p(ctypes.c_void_p), _p(_i64), _i64, _i64, _int, _int, _p(_u64)] + _err,
     "cxl_kvpool_close": [_u64] + _err,
     "cxl_kvpool_store": [_u64, _bytes, _i64, _p(_i64), _p(_i8)] + _err,

@@ -1,0 +1,755 @@
+"""The node's uplink: the one process per node that joins its cxltier tier to
+a cluster through Mooncake Store.
+
+    python -m cxltier.uplink --tier shm:cxltier --master 10.0.0.1:50051
+
+Every process on the node that opens a prefix index of the tier (SGLang's
+HiCache backend, the unified-cache linker, PrefixIndex) finds this process
+through the tier itself: it binds an abstract socket named after the tier's
+UUID and the node (cxl_uplink_address). Those processes then
+
+- ask it for the keys past a local miss: it checks the cluster, reserves
+  blocks through the index's crash-safe reserve/publish insert, lets
+  Mooncake write the pages straight into them (the tier mapping is
+  registered with the transfer engine: no bounce buffer), checks each
+  page's checksum and publishes it. The asking process then loads them as
+  local hits. Keys already being fetched for another process are joined,
+  not fetched again: one network fetch per page per node, however many
+  ranks and instances missed it.
+- tell it what they stored: it writes those pages behind to the cluster
+  from a bounded queue (a full queue drops and counts; it never blocks a
+  writer), reading them in place from the tier.
+
+Mooncake's Python client is the only Mooncake client that installs from the
+package index (its Go binding needs Mooncake built from source), which is
+why this part of cxltier is Python. Failures become local misses: a master
+or network that does not answer, an uplink that is gone, a damaged
+transfer.
+
+A page travels as its payload followed by a 16-byte trailer (magic, version,
+length, CRC-32C of the key then the payload), so the receiving node checks
+it before it publishes it. Cluster keys are "cxltier/<namespace>/<key hex>"
+where the namespace is the index's name and, for an index with a tenant
+key, a digest of that key: indexes of one name share pages across nodes only
+when their keys match.
+"""
+
+import argparse
+import ctypes
+import http.server
+import logging
+import mmap
+import os
+import queue
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from collections import deque
+
+logger = logging.getLogger("cxltier.uplink")
+
+TRAILER = struct.Struct("<4sHHII")  # magic, version, reserved, payload length, wire CRC-32C
+TRAILER_MAGIC = b"CXLP"
+TRAILER_BYTES = TRAILER.size  # 16
+
+_REQ_HEADER = struct.Struct("<4sBBHI")
+_REQ_MAGIC = b"CXU1"
+_REPLY = struct.Struct("<4sB3xI")
+_REPLY_MAGIC = b"CXR1"
+OP_FILL, OP_STORED = 1, 2
+KEY_BYTES = 32
+_MAX_MESSAGE = 16 + 64 + 2048 * KEY_BYTES
+
+
+class UplinkError(RuntimeError):
+    """The uplink could not start (Mooncake setup, the socket, the tier)."""
+
+
+def parse_request(msg):
+    """(op, index name, [32-byte keys]) of one client message; ValueError
+    for anything else (cluster/wire.go is the other side)."""
+    if len(msg) < _REQ_HEADER.size:
+        raise ValueError(f"uplink message of {len(msg)} bytes")
+    magic, op, _, name_len, n = _REQ_HEADER.unpack_from(msg)
+    if magic != _REQ_MAGIC or op not in (OP_FILL, OP_STORED):
+        raise ValueError("not an uplink request")
+    if len(msg) != _REQ_HEADER.size + name_len + n * KEY_BYTES or not 0 < name_len <= 64 or n == 0:
+        raise ValueError(f"uplink request of {len(msg)} bytes for a {name_len}-byte name and {n} keys")
+    name = msg[_REQ_HEADER.size : _REQ_HEADER.size + name_len].decode()
+    base = _REQ_HEADER.size + name_len
+    return op, name, [msg[base + i * KEY_BYTES : base + (i + 1) * KEY_BYTES] for i in range(n)]
+
+
+def reply(filled, failed=False):
+    return _REPLY.pack(_REPLY_MAGIC, 1 if failed else 0, filled)
+
+
+class Metrics:
+    """The uplink's counters, served as Prometheus text."""
+
+    COUNTERS = {
+        "put_pages": "pages written behind to the cluster",
+        "put_bytes": "payload bytes written behind to the cluster",
+        "put_skipped_pages": "pages the cluster held already (not sent again)",
+        "fetched_pages": "pages brought into this tier from the cluster",
+        "fetched_bytes": "payload bytes brought into this tier from the cluster",
+        "joined_pages": "pages a fill found already being fetched for another request, and waited for",
+        "dropped_pages": "write-behind pages dropped: the queue was full",
+        "denied_pages": "pages of keyed indexes this uplink holds no key for (kept local)",
+        "rejected_pages": "fetched pages that failed their checksum or length (left as misses)",
+        "remote_errors": "cluster calls that failed or were skipped while the cluster was unreachable",
+        "fill_requests": "fill requests from processes of this node",
+        "fill_failures": "fill requests answered with a failure",
+    }
+    BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.values = dict.fromkeys(self.COUNTERS, 0)
+        self._hist = [0] * (len(self.BUCKETS) + 1)
+        self._sum = 0.0
+
+    def add(self, name, n=1):
+        with self._lock:
+            self.values[name] += n
+
+    def fetch_took(self, seconds):
+        with self._lock:
+            self._sum += seconds
+            for i, b in enumerate(self.BUCKETS):
+                if seconds <= b:
+                    self._hist[i] += 1
+                    break
+            else:
+                self._hist[-1] += 1
+
+    def text(self, queue_depth, cluster_up):
+        with self._lock:
+            values, hist, total = dict(self.values), list(self._hist), self._sum
+        out = []
+        for name, doc in self.COUNTERS.items():
+            out += [f"# HELP cxltier_uplink_{name}_total {doc}", f"# TYPE cxltier_uplink_{name}_total counter",
+                    f"cxltier_uplink_{name}_total {values[name]}"]
+        out += ["# HELP cxltier_uplink_fetch_seconds time of one fetch batch from the cluster into the tier",
+                "# TYPE cxltier_uplink_fetch_seconds histogram"]
+        acc = 0
+        for b, n in zip(self.BUCKETS, hist):
+            acc += n
+            out.append(f'cxltier_uplink_fetch_seconds_bucket{{le="{b}"}} {acc}')
+        acc += hist[-1]
+        out += [f'cxltier_uplink_fetch_seconds_bucket{{le="+Inf"}} {acc}', f"cxltier_uplink_fetch_seconds_sum {total:.6f}",
+                f"cxltier_uplink_fetch_seconds_count {acc}",
+                "# HELP cxltier_uplink_queue_pages write-behind pages waiting", "# TYPE cxltier_uplink_queue_pages gauge",
+                f"cxltier_uplink_queue_pages {queue_depth}",
+                "# HELP cxltier_uplink_cluster_up 1 while the cluster store answers", "# TYPE cxltier_uplink_cluster_up gauge",
+                f"cxltier_uplink_cluster_up {1 if cluster_up else 0}"]
+        return "\n".join(out) + "\n"
+
+
+class _Slots:
+    """Registered memory for page trailers: 16-byte slots handed out and
+    given back, so a transfer reads and writes trailers without a copy."""
+
+    def __init__(self, store, n=1 << 16):
+        self._map = mmap.mmap(-1, n * TRAILER_BYTES)
+        self._buf = (ctypes.c_char * (n * TRAILER_BYTES)).from_buffer(self._map)
+        self.base = ctypes.addressof(self._buf)
+        if store is not None and store.register_buffer(self.base, n * TRAILER_BYTES) != 0:
+            raise UplinkError("mooncake: register_buffer of the trailer slots failed")
+        self._free = deque(range(n))
+        self._lock = threading.Lock()
+
+    def take(self, n):
+        with self._lock:
+            if len(self._free) < n:
+                return None
+            return [self._free.popleft() for _ in range(n)]
+
+    def give(self, slots):
+        with self._lock:
+            self._free.extend(slots)
+
+    def addr(self, slot):
+        return self.base + slot * TRAILER_BYTES
+
+    def write(self, slot, length, crc):
+        TRAILER.pack_into(self._map, slot * TRAILER_BYTES, TRAILER_MAGIC, 1, 0, length, crc)
+
+    def read(self, slot):
+        return TRAILER.unpack_from(self._map, slot * TRAILER_BYTES)
+
+
+class NodeIndex:
+    """A prefix index as the uplink uses it: pages pinned in place, blocks
+    reserved and published after a transfer fills them."""
+
+    def __init__(self, tier, name, key=None):
+        from . import _native
+
+        self._native = _native
+        self.index = tier.prefix(name, key=key)
+        buf = ctypes.create_string_buffer(256)
+        _native.call("cxl_prefix_namespace", self.index.handle, buf, len(buf))
+        self.name, self.namespace = name, buf.value.decode()
+
+    def cluster_keys(self, keys):
+        return [f"cxltier/{self.namespace}/{k.hex()}" for k in keys]
+
+    def present(self, keys):
+        """How many leading keys the local index holds."""
+        return self.index.exists(keys)
+
+    def pin(self, keys):
+        """Pins the present keys: (handle, [(i, address, length, crc)])."""
+        n = len(keys)
+        arr = (ctypes.c_uint8 * (n * KEY_BYTES)).from_buffer_copy(b"".join(keys))
+        addrs, lens = (ctypes.c_void_p * n)(), (ctypes.c_int64 * n)()
+        crcs, present, h = (ctypes.c_uint32 * n)(), (ctypes.c_int8 * n)(), ctypes.c_uint64()
+        self._native.call("cxl_prefix_pin", self.index.handle, arr, n, addrs, lens, crcs, present, ctypes.byref(h))
+        return h.value, [(i, addrs[i], lens[i], crcs[i]) for i in range(n) if present[i]]
+
+    def unpin(self, h):
+        self._native.call("cxl_prefix_unpin", h)
+
+    def reserve(self, keys, sizes):
+        """Reserves blocks: (handle, [address or None], [status])."""
+        n = len(keys)
+        arr = (ctypes.c_uint8 * (n * KEY_BYTES)).from_buffer_copy(b"".join(keys))
+        addrs, st, h = (ctypes.c_void_p * n)(), (ctypes.c_int8 * n)(), ctypes.c_uint64()
+        self._native.call("cxl_prefix_reserve", self.index.handle, arr, n, (ctypes.c_int64 * n)(*sizes), addrs, st,
+                          ctypes.byref(h))
+        return h.value, [addrs[i] if st[i] == 0 else None for i in range(n)], [st[i] for i in range(n)]
+
+    def fenced(self):
+        self._native.call("cxl_prefix_fenced", self.index.handle)
+
+    def publish(self, h, filled, crcs):
+        """Publishes the filled blocks whose checksum matches; aborts the rest."""
+        n = len(filled)
+        io = (ctypes.c_int8 * n)(*[1 if f else 0 for f in filled])
+        self._native.call("cxl_prefix_publish_written", h, (ctypes.c_uint32 * n)(*crcs), n, io)
+        return [io[i] == 1 for i in range(n)]
+
+    def abort(self, h):
+        self._native.call("cxl_prefix_abort", h)
+
+
+def _replica_size(descs):
+    """The object size a replica list names, or None."""
+    for r in descs or []:
+        try:
+            if r.is_memory_replica():
+                return int(r.get_memory_descriptor().buffer_descriptor.size)
+            if r.is_disk_replica():
+                return int(r.get_disk_descriptor().size)
+        except Exception:  # a descriptor of another kind: try the next replica
+            continue
+    return None
+
+
+class Uplink:
+    """The uplink of one node tier. store is a set-up Mooncake client, or
+    None for a node that serves fills and write-behind without a cluster
+    (everything then stays local)."""
+
+    def __init__(self, devices, store, replicas=1, admit="all", queue_pages=65536, batch=256, keys=None,
+                 fill_timeout=1.0, name="cxltier-uplink"):
+        from . import _native
+        from .tier import Tier
+
+        self._native = _native
+        self.tier = Tier(devices, name=name)
+        _native.call("cxl_uplink_off", self.tier.handle)  # the uplink never asks itself
+        self.store = store
+        self.replicas = replicas
+        self.admit = _admission(admit)
+        self.batch = batch
+        self.keys = dict(keys or {})
+        self.fill_timeout = fill_timeout
+        self.metrics = Metrics()
+        self.queue = queue.Queue(maxsize=queue_pages)
+        self._indexes = {}
+        self._index_lock = threading.Lock()
+        self._inflight = {}  # cluster key -> Event of the fetch that brings it
+        self._inflight_lock = threading.Lock()
+        self._fill_slots = threading.BoundedSemaphore(8)
+        self._cluster_down_until = 0.0
+        self._stop = threading.Event()
+        self._threads = []
+        buf = ctypes.create_string_buffer(256)
+        _native.call("cxl_uplink_address", self.tier.handle, buf, len(buf))
+        self.address = buf.value.decode()
+        self.slots = _Slots(store)
+        if store is not None:
+            self._register_tier()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._sock.bind("\0" + self.address)
+        except OSError as e:
+            self._sock.close()
+            raise UplinkError(f"uplink: cannot bind @{self.address}: {e} (another uplink serves this tier's node?)") from e
+        self._sock.listen(64)
+
+    def _register_tier(self):
+        """Registers each device mapping of the tier with the transfer
+        engine, so puts read and gets write tier memory in place."""
+        n = ctypes.c_int64()
+        ptrs, lens = (ctypes.c_void_p * 16)(), (ctypes.c_int64 * 16)()
+        self._native.call("cxl_tier_mappings", self.tier.handle, ptrs, lens, 16, ctypes.byref(n))
+        for i in range(n.value):
+            if self.store.register_buffer(ptrs[i], lens[i]) != 0:
+                raise UplinkError(f"mooncake: register_buffer of tier device {i} ({lens[i]} bytes) failed; "
+                                  "on RDMA, back the tier with huge pages or devdax (docs/operations.md)")
+
+    # The cluster's health: after a failed call, fills answer at once as
+    # failed until a health check passes again.
+
+    def cluster_up(self):
+        return self.store is not None and time.monotonic() >= self._cluster_down_until
+
+    def _cluster_failed(self, what, err=None):
+        self.metrics.add("remote_errors")
+        self._cluster_down_until = time.monotonic() + 1.0
+        logger.warning("cxltier uplink: cluster %s failed%s", what, f": {err}" if err else "")
+
+    def _watch_cluster(self):
+        while not self._stop.wait(0.5):
+            if self.store is None or time.monotonic() < self._cluster_down_until - 0.5:
+                continue
+            try:
+                ok = self.store.health_check() == 0
+            except Exception:
+                ok = False
+            if not ok:
+                self._cluster_failed("health check")
+
+    def index(self, name):
+        """The index called name, opened once (None for a keyed index this
+        uplink has no key for)."""
+        with self._index_lock:
+            ix = self._indexes.get(name)
+            if ix is None:
+                try:
+                    ix = NodeIndex(self.tier, name, self.keys.get(name))
+                except self._native.DeniedError:
+                    return None
+                self._indexes[name] = ix
+            return ix
+
+    # Serving the node's processes.
+
+    def serve_forever(self):
+        self._spawn(self._accept)
+        self._spawn(self._write_behind)
+        self._spawn(self._watch_cluster)
+        self._stop.wait()
+
+    def _spawn(self, fn, *args):
+        t = threading.Thread(target=fn, args=args, daemon=True, name=f"uplink-{fn.__name__}")
+        t.start()
+        self._threads.append(t)
+
+    def stop(self):
+        self._stop.set()
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+    def _accept(self):
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            if not _same_user(conn):
+                conn.close()
+                continue
+            threading.Thread(target=self._serve_conn, args=(conn,), daemon=True).start()
+
+    def _serve_conn(self, conn):
+        with conn:
+            while not self._stop.is_set():
+                try:
+                    msg = conn.recv(_MAX_MESSAGE)
+                except OSError:
+                    return
+                if not msg:
+                    return
+                try:
+                    op, name, keys = parse_request(msg)
+                except ValueError as e:
+                    logger.warning("cxltier uplink: %s", e)
+                    return
+                if op == OP_STORED:
+                    self._enqueue(name, keys)
+                    continue
+                filled, failed = self.fill(name, keys)
+                try:
+                    conn.send(reply(filled, failed))
+                except OSError:
+                    return
+
+    def _enqueue(self, name, keys):
+        for k in keys:
+            try:
+                self.queue.put_nowait((name, k))
+            except queue.Full:
+                self.metrics.add("dropped_pages")
+
+    # Write-behind.
+
+    def _write_behind(self):
+        while not self._stop.is_set():
+            try:
+                first = self.queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            batch = [first]
+            while len(batch) < self.batch:
+                try:
+                    batch.append(self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            by_index = {}
+            for name, k in batch:
+                by_index.setdefault(name, []).append(k)
+            for name, keys in by_index.items():
+                try:
+                    self.put(name, keys)
+                except Exception:
+                    logger.exception("cxltier uplink: write-behind of %d pages of %r failed", len(keys), name)
+
+    def put(self, name, keys):
+        """Writes keys' pages of index name to the cluster, read in place."""
+        keys = [k for k in keys if self.admit(name, k)]
+        ix = self.index(name)
+        if ix is None:
+            self.metrics.add("denied_pages", len(keys))
+            return 0
+        if not keys or self.store is None:
+            return 0
+        if not self.cluster_up():
+            self.metrics.add("remote_errors")
+            return 0
+        ckeys = ix.cluster_keys(keys)
+        try:
+            have = self.store.batch_is_exist(ckeys)
+        except Exception as e:
+            self._cluster_failed("batch_is_exist", e)
+            return 0
+        todo = [i for i, h in enumerate(have) if h != 1]
+        self.metrics.add("put_skipped_pages", len(keys) - len(todo))
+        if not todo:
+            return 0
+        h, hits = ix.pin([keys[i] for i in todo])
+        slots = self.slots.take(len(hits)) if hits else []
+        try:
+            if not hits or slots is None:
+                return 0
+            names, ptrs, sizes = [], [], []
+            for (j, addr, length, crc), slot in zip(hits, slots):
+                self.slots.write(slot, length, crc)
+                names.append(ckeys[todo[j]])
+                ptrs.append([addr, self.slots.addr(slot)])
+                sizes.append([length, TRAILER_BYTES])
+            cfg = _replicate_config(self.replicas)
+            try:
+                res = self.store.batch_put_from_multi_buffers(names, ptrs, sizes, cfg)
+            except Exception as e:
+                self._cluster_failed("batch_put_from_multi_buffers", e)
+                return 0
+            ok = [r == 0 for r in res]
+            if not all(ok):
+                self.metrics.add("remote_errors")
+            done = sum(ok)
+            self.metrics.add("put_pages", done)
+            self.metrics.add("put_bytes", sum(s[0] for s, good in zip(sizes, ok) if good))
+            return done
+        finally:
+            if slots:
+                self.slots.give(slots)
+            ix.unpin(h)
+
+    # Miss-fill.
+
+    def fill(self, name, keys):
+        """Brings keys of index name into the tier from the cluster, in
+        order; returns (leading keys present now, failed)."""
+        self.metrics.add("fill_requests")
+        ix = self.index(name)
+        if ix is None:
+            self.metrics.add("denied_pages", len(keys))
+            self.metrics.add("fill_failures")
+            return 0, True
+        have = ix.present(keys)
+        if have == len(keys):
+            return have, False
+        if not self.cluster_up():
+            self.metrics.add("fill_failures")
+            return have, True
+        if not self._fill_slots.acquire(timeout=self.fill_timeout):
+            self.metrics.add("fill_failures")
+            return have, True
+        try:
+            failed = self._fill_missing(ix, keys[have:])
+        finally:
+            self._fill_slots.release()
+        if failed:
+            self.metrics.add("fill_failures")
+        return ix.present(keys), failed
+
+    def _fill_missing(self, ix, keys):
+        ckeys = ix.cluster_keys(keys)
+        mine, theirs = [], []
+        with self._inflight_lock:
+            for i, ck in enumerate(ckeys):
+                ev = self._inflight.get(ck)
+                if ev is None:
+                    self._inflight[ck] = threading.Event()
+                    mine.append(i)
+                else:
+                    theirs.append(ev)
+        failed = False
+        try:
+            if mine:
+                failed = self._fetch(ix, [keys[i] for i in mine], [ckeys[i] for i in mine])
+        finally:
+            with self._inflight_lock:
+                for i in mine:
+                    self._inflight.pop(ckeys[i]).set()
+        if theirs:
+            self.metrics.add("joined_pages", len(theirs))
+            deadline = time.monotonic() + self.fill_timeout
+            for ev in theirs:
+                if not ev.wait(max(0.0, deadline - time.monotonic())):
+                    return True
+        return failed
+
+    def _fetch(self, ix, keys, ckeys):
+        """One fetch batch: sizes from the master, blocks reserved, pages
+        written into them by the transfer engine, checked, published. The
+        leading run of keys the cluster holds is fetched."""
+        started = time.monotonic()
+        try:
+            descs = self.store.batch_get_replica_desc(ckeys)
+        except Exception as e:
+            self._cluster_failed("batch_get_replica_desc", e)
+            return True
+        sizes = []
+        for ck in ckeys:
+            size = _replica_size(descs.get(ck))
+            if size is None or size <= TRAILER_BYTES:
+                break
+            sizes.append(size - TRAILER_BYTES)
+        if not sizes:
+            return False
+        keys, ckeys = keys[: len(sizes)], ckeys[: len(sizes)]
+        h, addrs, _ = ix.reserve(keys, sizes)
+        take = [i for i, a in enumerate(addrs) if a]
+        slots = self.slots.take(len(take)) if take else []
+        if not take or slots is None:
+            ix.abort(h)
+            return slots is None
+        filled, crcs = [False] * len(keys), [0] * len(keys)
+        try:
+            ix.fenced()  # a reaped client's blocks may be another's now
+            res = self.store.batch_get_into_multi_buffers(
+                [ckeys[i] for i in take], [[addrs[i], self.slots.addr(s)] for i, s in zip(take, slots)],
+                [[sizes[i], TRAILER_BYTES] for i in take])
+        except self._native.ClosedError:
+            ix.abort(h)
+            self.slots.give(slots)
+            raise
+        except Exception as e:
+            ix.abort(h)
+            self.slots.give(slots)
+            self._cluster_failed("batch_get_into_multi_buffers", e)
+            return True
+        for i, s, got in zip(take, slots, res):
+            magic, version, _, length, crc = self.slots.read(s)
+            if got == sizes[i] + TRAILER_BYTES and magic == TRAILER_MAGIC and version == 1 and length == sizes[i]:
+                filled[i], crcs[i] = True, crc
+            elif got < 0:
+                self.metrics.add("remote_errors")
+            else:
+                self.metrics.add("rejected_pages")
+        self.slots.give(slots)
+        _test_pause("CXLTIER_UPLINK_TEST_PAUSE_BEFORE_PUBLISH")
+        published = ix.publish(h, filled, crcs)
+        self.metrics.add("rejected_pages", sum(1 for f, p in zip(filled, published) if f and not p))
+        self.metrics.add("fetched_pages", sum(published))
+        self.metrics.add("fetched_bytes", sum(s for s, p in zip(sizes, published) if p))
+        self.metrics.fetch_took(time.monotonic() - started)
+        return False
+
+    def close(self):
+        self.stop()
+        self.tier.close()
+
+
+def _test_pause(var):
+    """A pause the tests use to kill the uplink at a known point (a crash
+    mid-fetch); unset in production."""
+    pause = os.environ.get(var)
+    if pause:
+        time.sleep(float(pause))
+
+
+def _same_user(conn):
+    """Whether the peer runs as this user or root (SO_PEERCRED)."""
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _, uid, _ = struct.unpack("3i", creds)
+    except OSError:
+        return False
+    return uid in (os.getuid(), 0)
+
+
+def _replicate_config(replicas):
+    from mooncake.store import ReplicateConfig
+
+    cfg = ReplicateConfig()
+    cfg.replica_num = replicas
+    return cfg
+
+
+def _admission(rule):
+    """The write-behind admission rule: "all" (every stored page), "none"
+    (fill only: this node reads the cluster and writes nothing to it), or
+    "index:A,B" (only the pages of those indexes)."""
+    if rule == "all":
+        return lambda name, key: True
+    if rule == "none":
+        return lambda name, key: False
+    if rule.startswith("index:") and rule[6:]:
+        allowed = set(rule[6:].split(","))
+        return lambda name, key: name in allowed
+    raise ValueError(f"--admit {rule!r}: use all, none or index:NAME[,NAME...]")
+
+
+def _keys_file(path):
+    """index=key lines (a tenant's key per keyed index); # starts a comment."""
+    if not path:
+        return {}
+    st = os.stat(path)
+    if st.st_mode & 0o077:
+        raise UplinkError(f"--keys {path}: readable by group or others (chmod 600 it)")
+    out = {}
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            name, sep, key = line.partition("=")
+            if not sep or not name.strip() or not key.strip():
+                raise UplinkError(f"--keys {path}:{n}: want INDEX=KEY")
+            out[name.strip()] = key.strip()
+    return out
+
+
+def connect_mooncake(master, protocol="tcp", metadata="P2PHANDSHAKE", hostname="127.0.0.1",
+                     segment_size=1 << 30, local_buffer=16 << 20, rdma_devices=""):
+    """A Mooncake Store client, set up; UplinkError with the reason when it
+    cannot be."""
+    try:
+        from mooncake.store import MooncakeDistributedStore
+    except ImportError as e:
+        raise UplinkError(f"mooncake is not installed ({e}): pip install mooncake-transfer-engine "
+                          "(mooncake-transfer-engine-non-cuda on machines without CUDA; it needs "
+                          "libibverbs1 and librdmacm1 even for TCP)") from e
+    store = MooncakeDistributedStore()
+    cfg = {"local_hostname": hostname, "metadata_server": metadata, "global_segment_size": segment_size,
+           "local_buffer_size": local_buffer, "protocol": protocol, "master_server_addr": master}
+    if rdma_devices:
+        cfg["rdma_devices"] = rdma_devices
+    if store.setup(cfg) != 0:
+        raise UplinkError(f"mooncake: setup against master {master} ({protocol}, metadata {metadata}) failed; "
+                          "is mooncake_master running there?")
+    return store
+
+
+def serve_metrics(uplink, addr):
+    host, _, port = addr.rpartition(":")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/metrics":
+                body = uplink.metrics.text(uplink.queue.qsize(), uplink.cluster_up()).encode()
+                ctype = "text/plain; version=0.0.4"
+            elif self.path == "/healthz":
+                body, ctype = b"ok\n", "text/plain"
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True, name="uplink-metrics").start()
+    return srv
+
+
+def _size(s):
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    s = s.strip().lower().removesuffix("ib").removesuffix("b")
+    if s and s[-1] in units:
+        return int(float(s[:-1]) * units[s[-1]])
+    return int(s)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="cxltier-uplink", description="Join this node's cxltier tier to a cluster "
+                                "through Mooncake Store (one process per node).")
+    p.add_argument("--tier", required=True, help="the tier's devices, as cxltierd takes them (shm:cxltier)")
+    p.add_argument("--master", help="mooncake_master HOST:PORT; without it the uplink serves no cluster")
+    p.add_argument("--protocol", default="tcp", choices=["tcp", "rdma"])
+    p.add_argument("--metadata", default="P2PHANDSHAKE", help="Mooncake metadata: P2PHANDSHAKE or a metadata server URL")
+    p.add_argument("--hostname", default=None, help="this node's address as other nodes reach it (default: the host's name)")
+    p.add_argument("--rdma-devices", default="", help="RDMA NICs for --protocol rdma (mlx5_0,mlx5_1)")
+    p.add_argument("--segment", default="1GiB", help="memory this node lends to the cluster store (0: none)")
+    p.add_argument("--replicas", type=int, default=1, help="copies of each page in the cluster (2 survives a node)")
+    p.add_argument("--admit", default="all", help="which stored pages go to the cluster: all, none, index:A,B")
+    p.add_argument("--queue", type=int, default=65536, help="write-behind queue, in pages (full: dropped and counted)")
+    p.add_argument("--keys", help="file of INDEX=KEY lines: tenant keys of keyed indexes to serve (mode 0600)")
+    p.add_argument("--metrics", help="HOST:PORT for Prometheus text at /metrics")
+    p.add_argument("--fill-timeout", type=float, default=1.0, help="seconds a fill waits for a fetch it joined")
+    args = p.parse_args(argv)
+    if args.replicas < 1:
+        p.error("--replicas must be at least 1")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        admit = _admission(args.admit)
+        del admit
+        keys = _keys_file(args.keys)
+        store = None
+        if args.master:
+            store = connect_mooncake(args.master, args.protocol, args.metadata, args.hostname or socket.gethostname(),
+                                     _size(args.segment), rdma_devices=args.rdma_devices)
+        up = Uplink(args.tier, store, replicas=args.replicas, admit=args.admit, queue_pages=args.queue, keys=keys,
+                    fill_timeout=args.fill_timeout)
+    except (UplinkError, ValueError, OSError) as e:
+        print(f"cxltier-uplink: {e}", file=sys.stderr)
+        return 2
+    if args.metrics:
+        serve_metrics(up, args.metrics)
+    signal.signal(signal.SIGTERM, lambda *_: up.stop())
+    signal.signal(signal.SIGINT, lambda *_: up.stop())
+    logger.info("cxltier uplink: serving %s at @%s, cluster %s", args.tier, up.address, args.master or "none")
+    print(f"cxltier-uplink: serving {args.tier} (cluster: {args.master or 'none'})", flush=True)
+    up.serve_forever()
+    up.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
