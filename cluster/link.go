@@ -310,7 +310,9 @@ func sendNow(c *net.UnixConn, msg []byte) error {
 	}
 	var werr error
 	err = raw.Write(func(fd uintptr) bool {
-		_, werr = unix.Write(int(fd), msg)
+		// MSG_NOSIGNAL: a host program that does not ignore SIGPIPE is not
+		// killed by an uplink that went away.
+		_, werr = unix.SendmsgN(int(fd), msg, nil, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
 		return true // done, whatever happened: no waiting for room
 	})
 	return errors.Join(err, werr)

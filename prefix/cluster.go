@@ -103,4 +103,3 @@ func (s *Store) PublishWritten(res []Reservation, want []uint32) ([]bool, error)
 	}
 	return ok, aerr
 }
-

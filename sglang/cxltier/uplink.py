@@ -400,75 +400,94 @@ class Uplink:
             except queue.Full:
                 self.metrics.add("dropped_pages")
 
-    # Write-behind.
+    # Write-behind. A page whose put failed (a peer's segment that died and
+    # the master has not yet dropped) is tried again after RETRY_AFTER
+    # seconds, at most RETRIES times; the retries wait beside the queue,
+    # not in it, so they never push new pages out.
+
+    RETRY_AFTER = (1.0, 4.0, 16.0)
 
     def _write_behind(self):
+        retry = deque()  # (due, name, key, tries)
         while not self._stop.is_set():
+            batch = []
+            now = time.monotonic()
+            while retry and retry[0][0] <= now and len(batch) < self.batch:
+                _, name, k, tries = retry.popleft()
+                batch.append((name, k, tries))
             try:
-                first = self.queue.get(timeout=0.2)
+                if not batch:
+                    name, k = self.queue.get(timeout=0.2)
+                    batch.append((name, k, 0))
             except queue.Empty:
                 continue
-            batch = [first]
             while len(batch) < self.batch:
                 try:
-                    batch.append(self.queue.get_nowait())
+                    name, k = self.queue.get_nowait()
                 except queue.Empty:
                     break
+                batch.append((name, k, 0))
             by_index = {}
-            for name, k in batch:
-                by_index.setdefault(name, []).append(k)
-            for name, keys in by_index.items():
+            for name, k, tries in batch:
+                by_index.setdefault(name, []).append((k, tries))
+            for name, items in by_index.items():
                 try:
-                    self.put(name, keys)
+                    failed = set(self.put(name, [k for k, _ in items]))
                 except Exception:
-                    logger.exception("cxltier uplink: write-behind of %d pages of %r failed", len(keys), name)
+                    logger.exception("cxltier uplink: write-behind of %d pages of %r failed", len(items), name)
+                    failed = {k for k, _ in items}
+                for k, tries in items:
+                    if k in failed and tries < len(self.RETRY_AFTER):
+                        retry.append((time.monotonic() + self.RETRY_AFTER[tries], name, k, tries + 1))
 
     def put(self, name, keys):
-        """Writes keys' pages of index name to the cluster, read in place."""
+        """Writes keys' pages of index name to the cluster, read in place;
+        returns the keys whose put failed and may be tried again."""
         keys = [k for k in keys if self.admit(name, k)]
         ix = self.index(name)
         if ix is None:
             self.metrics.add("denied_pages", len(keys))
-            return 0
+            return []
         if not keys or self.store is None:
-            return 0
+            return []
         if not self.cluster_up():
             self.metrics.add("remote_errors")
-            return 0
+            return keys
         ckeys = ix.cluster_keys(keys)
         try:
             have = self.store.batch_is_exist(ckeys)
         except Exception as e:
             self._cluster_failed("batch_is_exist", e)
-            return 0
+            return keys
         todo = [i for i, h in enumerate(have) if h != 1]
         self.metrics.add("put_skipped_pages", len(keys) - len(todo))
         if not todo:
-            return 0
-        h, hits = ix.pin([keys[i] for i in todo])
+            return []
+        h, hits = ix.pin([keys[i] for i in todo])  # pages evicted since are gone: nothing to put
         slots = self.slots.take(len(hits)) if hits else []
         try:
-            if not hits or slots is None:
-                return 0
+            if not hits:
+                return []
+            if slots is None:
+                return [keys[todo[j]] for j, *_ in hits]
             names, ptrs, sizes = [], [], []
             for (j, addr, length, crc), slot in zip(hits, slots):
                 self.slots.write(slot, length, crc)
                 names.append(ckeys[todo[j]])
                 ptrs.append([addr, self.slots.addr(slot)])
                 sizes.append([length, TRAILER_BYTES])
-            cfg = _replicate_config(self.replicas)
             try:
-                res = self.store.batch_put_from_multi_buffers(names, ptrs, sizes, cfg)
+                res = self.store.batch_put_from_multi_buffers(names, ptrs, sizes, _replicate_config(self.replicas))
             except Exception as e:
                 self._cluster_failed("batch_put_from_multi_buffers", e)
-                return 0
-            ok = [r == 0 for r in res]
-            if not all(ok):
+                return [keys[todo[j]] for j, *_ in hits]
+            failed = [keys[todo[j]] for (j, *_), r in zip(hits, res) if r != 0]
+            if failed:
                 self.metrics.add("remote_errors")
-            done = sum(ok)
+            done = len(hits) - len(failed)
             self.metrics.add("put_pages", done)
-            self.metrics.add("put_bytes", sum(s[0] for s, good in zip(sizes, ok) if good))
-            return done
+            self.metrics.add("put_bytes", sum(s[0] for s, r in zip(sizes, res) if r == 0))
+            return failed
         finally:
             if slots:
                 self.slots.give(slots)

@@ -1,0 +1,407 @@
+"""The cluster tier, for real: a mooncake_master on loopback, node tiers in
+/dev/shm, each node's uplink (python -m cxltier.uplink) in its own process,
+and the node's clients (this process, or several) through the library.
+Skipped without Mooncake, unless CXLTIER_REQUIRE_MOONCAKE=1 (CI) makes that
+a failure."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import cxltier
+from cxltier import uplink as up
+
+import cluster_harness as ch
+
+
+# The wire format and rules, which need no cluster.
+
+
+def test_parse_request_matches_go():
+    keys = [bytes([i]) * 32 for i in range(3)]
+    msg = up._REQ_HEADER.pack(b"CXU1", up.OP_STORED, 0, 1, 3) + b"m" + b"".join(keys)
+    assert up.parse_request(msg) == (up.OP_STORED, "m", keys)
+    for bad in (msg[:-1], msg + b"x", b"XXXX" + msg[4:], msg[:4] + bytes([9]) + msg[5:], b""):
+        with pytest.raises(ValueError):
+            up.parse_request(bad)
+
+
+def test_admission_rules():
+    assert up._admission("all")("m", b"k") and not up._admission("none")("m", b"k")
+    rule = up._admission("index:a,b")
+    assert rule("a", b"k") and not rule("c", b"k")
+    for bad in ("some", "index:", ""):
+        with pytest.raises(ValueError):
+            up._admission(bad)
+
+
+def test_keys_file(tmp_path):
+    f = tmp_path / "keys"
+    f.write_text("# tenants\nacme = k1\n\nbeta=k2\n")
+    f.chmod(0o600)
+    assert up._keys_file(str(f)) == {"acme": "k1", "beta": "k2"}
+    f.chmod(0o644)
+    with pytest.raises(up.UplinkError, match="chmod 600"):
+        up._keys_file(str(f))
+    f.chmod(0o600)
+    f.write_text("acme\n")
+    with pytest.raises(up.UplinkError, match="INDEX=KEY"):
+        up._keys_file(str(f))
+
+
+# The cluster.
+
+
+@pytest.fixture(scope="session")
+def mooncake_py():
+    py = ch.mooncake_python()
+    if py is None:
+        if os.environ.get("CXLTIER_REQUIRE_MOONCAKE") == "1":
+            pytest.fail("CXLTIER_MOONCAKE_PYTHON does not name a Python with mooncake.store")
+        pytest.skip("Mooncake is not installed (CXLTIER_MOONCAKE_PYTHON); .ci/run installs it")
+    return py
+
+
+@pytest.fixture
+def cluster(built, mooncake_py, tmp_path):
+    """make(master_ttl=None) -> master; node(name) -> Node; all torn down."""
+    masters, nodes = [], []
+
+    class Cluster:
+        def master(self, client_ttl=None):
+            m = ch.Master(mooncake_py, str(tmp_path), client_ttl).start()
+            masters.append(m)
+            return m
+
+        def node(self, name, **kw):
+            n = ch.Node(mooncake_py, built["cli"], built["lib"], str(tmp_path), name, **kw)
+            nodes.append(n)
+            return n
+
+    yield Cluster()
+    for n in nodes:
+        n.destroy()
+    for m in masters:
+        m.kill()
+
+
+PAGE = 40_000
+BLOCK = 64 << 10
+
+
+def pages(n, seed=0):
+    keys = [cxltier.string_key(f"page-{seed}-{i}") for i in range(n)]
+    payloads = [bytes((i * 7 + j + seed) % 251 for j in range(PAGE - 100 * (i % 3))) for i in range(n)]
+    return keys, payloads
+
+
+def index(node, name="m", key=None):
+    t = cxltier.Tier(node.devices)
+    return t, t.prefix(name, blocks=128, block_bytes=BLOCK, key=key)
+
+
+def read_back(ix, keys):
+    bufs = [bytearray(BLOCK) for _ in keys]
+    n, lens = ix.get(keys, bufs)
+    return [bytes(bufs[i][: lens[i]]) for i in range(n)]
+
+
+def wait_metric(node, name, value, timeout=10):
+    return ch.wait_for(lambda: node.metrics().get(name, 0) >= value, timeout, f"{node.name}: {name} >= {value}")
+
+
+def test_pages_stored_on_a_are_hits_on_b(cluster):
+    m = cluster.master()
+    a, b = cluster.node("a").start_uplink(m), cluster.node("b").start_uplink(m)
+    keys, payloads = pages(16)
+    ta, ia = index(a)
+    tb, ib = index(b)
+    try:
+        assert ia.set(keys, payloads) == ["stored"] * 16
+        wait_metric(a, "put_pages", 16)
+        assert ib.exists(keys) == 16
+        assert read_back(ib, keys) == payloads
+        assert b.metrics()["fetched_pages"] == 16
+        assert ib.exists(keys) == 16 and b.metrics()["fetch_seconds_count"] == 1  # local hits now
+        assert ib.stats()["uplink"]["filled"] == 16
+        # A get with no exists before it fills too (a third node).
+        c = cluster.node("c").start_uplink(m)
+        tc, ic = index(c)
+        assert read_back(ic, keys) == payloads
+        tc.close()
+    finally:
+        ta.close()
+        tb.close()
+
+
+CLIENT = textwrap.dedent("""
+    import os, sys, time
+    import cxltier
+    devices, go, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    t = cxltier.Tier(devices)
+    ix = t.prefix("m")
+    keys = [cxltier.string_key(f"page-0-{i}") for i in range(n)]
+    while not os.path.exists(go):
+        time.sleep(0.005)
+    print(ix.exists(keys), flush=True)
+    t.close()
+""")
+
+
+def test_eight_processes_one_fetch_per_page(cluster, built, tmp_path):
+    """Eight processes of node B miss the same pages at once: each page
+    crosses the network once, and every process gets the hit (the uplink
+    holds its fetch before publishing, so the others must join it)."""
+    m = cluster.master()
+    a = cluster.node("a").start_uplink(m)
+    b = cluster.node("b").start_uplink(m, env={"CXLTIER_UPLINK_TEST_PAUSE_BEFORE_PUBLISH": "0.4"})
+    keys, payloads = pages(12)
+    ta, ia = index(a)
+    tb, ib = index(b)  # creates B's index before the clients open it
+    try:
+        ia.set(keys, payloads)
+        wait_metric(a, "put_pages", 12)
+        go = tmp_path / "go"
+        env = dict(os.environ, CXLTIER_LIB=built["lib"], PYTHONPATH=os.path.join(ch.REPO, "sglang"))
+        procs = [subprocess.Popen([sys.executable, "-c", CLIENT, b.devices, str(go), "12"], stdout=subprocess.PIPE,
+                                  text=True, env=env) for _ in range(8)]
+        time.sleep(1.0)  # let them attach and wait
+        go.write_text("")
+        results = [int(p.communicate(timeout=30)[0].strip() or -1) for p in procs]
+        assert results == [12] * 8
+        mb = b.metrics()
+        assert mb["fetched_pages"] == 12
+        assert mb["joined_pages"] > 0
+        assert read_back(ib, keys) == payloads
+    finally:
+        ta.close()
+        tb.close()
+
+
+def test_master_down_is_a_local_miss(cluster):
+    m = cluster.master()
+    a, b = cluster.node("a").start_uplink(m), cluster.node("b").start_uplink(m)
+    keys, payloads = pages(6)
+    local, local_pay = pages(3, seed=9)
+    tb, ib = index(b)
+    try:
+        assert ib.set(local, local_pay) == ["stored"] * 3
+        m.kill()
+        for attempt in range(3):
+            started = time.monotonic()
+            assert ib.exists(keys) == 0  # never stored anywhere: the cluster must be asked, and is gone
+            took = time.monotonic() - started
+            assert took <= 1.5, f"lookup {attempt} with the master down took {took:.2f} s"
+        assert ib.exists(local) == 3 and read_back(ib, local) == local_pay  # local hits keep working
+        started = time.monotonic()
+        assert ib.set(keys[:2], payloads[:2]) == ["stored"] * 2  # writes too: write-behind never blocks them
+        assert time.monotonic() - started < 0.5
+        wait_metric(b, "remote_errors", 1)
+    finally:
+        tb.close()
+
+
+def test_uplink_killed_and_restarted(cluster):
+    m = cluster.master()
+    # B lends no memory: its death must not fail A's puts (that is the
+    # replicas test's subject).
+    a, b = cluster.node("a").start_uplink(m), cluster.node("b").start_uplink(m, segment="0")
+    keys, payloads = pages(8)
+    ta, ia = index(a)
+    tb, ib = index(b)
+    try:
+        ia.set(keys[:4], payloads[:4])
+        wait_metric(a, "put_pages", 4)
+        assert ib.exists(keys[:4]) == 4
+        b.kill_uplink()
+        ia.set(keys[4:], payloads[4:])
+        wait_metric(a, "put_pages", 8)
+        started = time.monotonic()
+        for _ in range(20):
+            assert ib.exists(keys) == 4  # local only, at once
+        assert time.monotonic() - started < 0.5
+        b.start_uplink(m, segment="0")
+        time.sleep(0.3)  # past the link's retry pause
+        assert ib.exists(keys) == 8
+        assert read_back(ib, keys) == payloads
+    finally:
+        ta.close()
+        tb.close()
+
+
+def test_peer_gone_replicas_keep_pages(cluster):
+    """A node lending its memory to the cluster goes away: with --replicas 2
+    its pages live on another node's segment; with one replica they vanish
+    after the master's client TTL, and the lookup is a plain miss."""
+    m = cluster.master(client_ttl=2)
+    a = cluster.node("a").start_uplink(m, args=["--replicas", "2"])
+    b = cluster.node("b").start_uplink(m)
+    c = cluster.node("c").start_uplink(m, segment="0")
+    keys, payloads = pages(6)
+    ta, ia = index(a)
+    tc, ic = index(c)
+    try:
+        ia.set(keys, payloads)
+        wait_metric(a, "put_pages", 6)
+        a.kill_uplink()
+        time.sleep(3.5)  # past the client TTL: A's segment is gone
+        assert ic.exists(keys) == 6
+        assert read_back(ic, keys) == payloads
+        # One replica, only D lends memory: gone with D.
+        d = cluster.node("d").start_uplink(m)
+        b.kill_uplink()
+        b.start_uplink(m, segment="0")
+        more, more_pay = pages(4, seed=5)
+        td, idd = index(d)
+        idd.set(more, more_pay)
+        wait_metric(d, "put_pages", 4)
+        d.kill_uplink()
+        time.sleep(3.5)
+        started = time.monotonic()
+        assert ic.exists(more) == 0
+        assert time.monotonic() - started <= 1.5
+        td.close()
+    finally:
+        ta.close()
+        tc.close()
+
+
+def put_raw(mooncake_py, master, key, data):
+    """Puts bytes under a cluster key with Mooncake's own client: a damaged
+    or foreign object as another node could have left it."""
+    code = textwrap.dedent("""
+        import sys, ctypes, mmap
+        from mooncake.store import MooncakeDistributedStore
+        s = MooncakeDistributedStore()
+        assert s.setup({"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE", "global_segment_size": 16 << 20,
+                        "local_buffer_size": 16 << 20, "protocol": "tcp", "master_server_addr": sys.argv[1]}) == 0
+        data = open(sys.argv[3], "rb").read()
+        assert s.put(sys.argv[2], data) == 0
+        print("ok", flush=True)
+        sys.stdin.read()  # keeps its segment until the test ends
+    """)
+    path = os.path.join(os.path.dirname(master.log), f"obj-{abs(hash(key))}")
+    with open(path, "wb") as f:
+        f.write(data)
+    p = subprocess.Popen([mooncake_py, "-c", code, master.address, key, path], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert p.stdout.readline().strip() == "ok"
+    return p
+
+
+def test_damaged_transfer_is_a_miss(cluster, mooncake_py):
+    m = cluster.master()
+    b = cluster.node("b").start_uplink(m)
+    keys, payloads = pages(3, seed=3)
+    tb, ib = index(b)
+    holders = []
+    try:
+        good = payloads[0]
+        bad_crc = up.TRAILER.pack(up.TRAILER_MAGIC, 1, 0, len(good), 0x12345678)
+        short = up.TRAILER.pack(up.TRAILER_MAGIC, 1, 0, len(good) + 5, 0)
+        holders.append(put_raw(mooncake_py, m, f"cxltier/m/{keys[0].hex()}", good + bad_crc))
+        holders.append(put_raw(mooncake_py, m, f"cxltier/m/{keys[1].hex()}", good + short))
+        assert ib.exists(keys[:1]) == 0
+        assert ib.exists(keys[1:2]) == 0
+        mb = b.metrics()
+        assert mb["rejected_pages"] == 2 and mb["fetched_pages"] == 0
+        st = ib.stats()
+        assert st["ready"] == 0 and st["reserved"] == 0 and st["used_blocks"] == 0
+    finally:
+        for h in holders:
+            h.kill()
+        tb.close()
+
+
+@pytest.fixture(scope="session")
+def daemon_bin(built, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("daemon") / "cxltierd")
+    subprocess.check_call(["go", "build", "-o", out, "./cmd/cxltierd"], cwd=ch.REPO)
+    return out
+
+
+def test_uplink_crash_mid_fetch_publishes_nothing(cluster, daemon_bin):
+    """The uplink dies after the transfer wrote the blocks and before it
+    published them: the pages are not served, the node's daemon reclaims
+    the reservations, and the next uplink fetches them whole."""
+    m = cluster.master()
+    a = cluster.node("a").start_uplink(m)
+    b = cluster.node("b").start_uplink(m, segment="0", env={"CXLTIER_UPLINK_TEST_PAUSE_BEFORE_PUBLISH": "30"})
+    keys, payloads = pages(5, seed=7)
+    ta, ia = index(a)
+    tb, ib = index(b)
+    port = ch.free_port()
+    daemon = subprocess.Popen([daemon_bin, "-device", b.devices, "-listen", f"127.0.0.1:{port}", "-lease-timeout", "1s"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        ia.set(keys, payloads)
+        wait_metric(a, "put_pages", 5)
+        assert ib.exists(keys) == 0  # the fill timed out: the uplink holds the blocks unpublished
+        ch.wait_for(lambda: ib.stats()["reserved"] == 5, 5, "the uplink's reservations")
+        b.kill_uplink()
+        assert ib.exists(keys) == 0
+        ch.wait_for(lambda: ib.stats()["reserved"] == 0, 15, "the daemon reclaiming the dead uplink's reservations")
+        b.start_uplink(m, segment="0")
+        time.sleep(0.3)
+        assert ib.exists(keys) == 5
+        assert read_back(ib, keys) == payloads
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=10)
+        ta.close()
+        tb.close()
+
+
+def test_tenant_keys_hold_across_nodes(cluster, tmp_path):
+    m = cluster.master()
+    files = {}
+    for name, key in (("k1", "tenant-one"), ("k2", "tenant-two")):
+        f = tmp_path / name
+        f.write_text(f"t={key}\n")
+        f.chmod(0o600)
+        files[name] = str(f)
+    a = cluster.node("a").start_uplink(m, args=["--keys", files["k1"]])
+    b = cluster.node("b").start_uplink(m, args=["--keys", files["k1"]])
+    c = cluster.node("c").start_uplink(m, args=["--keys", files["k2"]])
+    d = cluster.node("d").start_uplink(m)  # no key for "t"
+    keys, payloads = pages(4, seed=11)
+    opened = [index(a, "t", "tenant-one"), index(b, "t", "tenant-one"), index(c, "t", "tenant-two"),
+              index(d, "t", "tenant-one")]
+    (ta, ia), (tb, ib), (tc, ic), (td, idd) = opened
+    try:
+        ia.set(keys, payloads)
+        wait_metric(a, "put_pages", 4)
+        assert ib.exists(keys) == 4 and read_back(ib, keys) == payloads
+        assert ic.exists(keys) == 0  # another tenant's index of the same name
+        assert idd.exists(keys) == 0  # an uplink without the key serves nothing of it
+        assert d.metrics()["denied_pages"] >= 4
+        idd.set(keys[:1], payloads[:1])
+        wait_metric(d, "denied_pages", 5)
+        assert d.metrics()["put_pages"] == 0
+    finally:
+        for t, _ in opened:
+            t.close()
+
+
+def test_full_queue_drops_and_never_blocks(cluster):
+    m = cluster.master()
+    a = cluster.node("a").start_uplink(m, args=["--queue", "4"])
+    keys = [cxltier.string_key(f"small-{i}") for i in range(1500)]
+    t = cxltier.Tier(a.devices)
+    ix = t.prefix("small", blocks=2048, block_bytes=4096)
+    try:
+        started = time.monotonic()
+        assert set(ix.set(keys, [b"x" * 64] * len(keys))) == {"stored"}
+        assert time.monotonic() - started < 2.0
+        link = ix.stats()["uplink"]
+        ch.wait_for(lambda: a.metrics()["dropped_pages"] + link["dropped"] > 0, 5, "drops counted")
+        mm = ch.wait_for(lambda: (lambda x: x if x["put_pages"] + x["dropped_pages"] + link["dropped"] >= 1500 else None)(
+            a.metrics()), 20, "every page put or dropped")
+        assert mm["put_pages"] + mm["dropped_pages"] + link["dropped"] == 1500
+    finally:
+        t.close()
