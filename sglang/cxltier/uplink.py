@@ -277,6 +277,8 @@ class Uplink:
         self._inflight_lock = threading.Lock()
         self._fill_slots = threading.BoundedSemaphore(8)
         self._cluster_down_until = 0.0
+        self._calls = {}  # Mooncake calls out now -> when they started
+        self._calls_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = []
         buf = ctypes.create_string_buffer(256)
@@ -304,8 +306,14 @@ class Uplink:
                 raise UplinkError(f"mooncake: register_buffer of tier device {i} ({lens[i]} bytes) failed; "
                                   "on RDMA, back the tier with huge pages or devdax (docs/operations.md)")
 
-    # The cluster's health: after a failed call, fills answer at once as
-    # failed until a health check passes again.
+    # The cluster's health. A Mooncake call to a master that stopped
+    # answering (a partition, a stalled host) does not return for minutes,
+    # and one to a master that is gone fails at once: either way, after a
+    # failure, or while any call has been out longer than STALL seconds,
+    # the cluster counts as down and fills answer at once as failed (local
+    # misses) until a probe succeeds again.
+
+    STALL = 1.0
 
     def cluster_up(self):
         return self.store is not None and time.monotonic() >= self._cluster_down_until
@@ -315,16 +323,43 @@ class Uplink:
         self._cluster_down_until = time.monotonic() + 1.0
         logger.warning("cxltier uplink: cluster %s failed%s", what, f": {err}" if err else "")
 
+    def _call(self, what, fn, *args):
+        """A Mooncake call, timed for the stall watch; an exception is
+        counted, marks the cluster down and comes back as None."""
+        token = object()
+        with self._calls_lock:
+            self._calls[token] = time.monotonic()
+        try:
+            return fn(*args)
+        except Exception as e:
+            self._cluster_failed(what, e)
+            return None
+        finally:
+            with self._calls_lock:
+                del self._calls[token]
+
     def _watch_cluster(self):
+        """Marks the cluster down while a call is stalled."""
+        while not self._stop.wait(0.1):
+            with self._calls_lock:
+                oldest = min(self._calls.values(), default=None)
+            if oldest is not None and time.monotonic() - oldest > self.STALL:
+                if self.cluster_up():
+                    logger.warning("cxltier uplink: a cluster call is stalled for %.1f s", time.monotonic() - oldest)
+                self._cluster_down_until = time.monotonic() + 1.0
+
+    def _probe_cluster(self):
+        """Asks the master about one key every half second while the
+        cluster is down; an answer brings it back up."""
         while not self._stop.wait(0.5):
-            if self.store is None or time.monotonic() < self._cluster_down_until - 0.5:
+            if self.store is None or self.cluster_up():
                 continue
-            try:
-                ok = self.store.health_check() == 0
-            except Exception:
-                ok = False
-            if not ok:
-                self._cluster_failed("health check")
+            got = self._call("probe", self.store.batch_is_exist, ["cxltier/probe"])
+            with self._calls_lock:
+                stalled = any(time.monotonic() - t > self.STALL for t in self._calls.values())
+            if got is not None and all(r >= 0 for r in got) and not stalled:
+                self._cluster_down_until = 0.0
+                logger.info("cxltier uplink: cluster answers again")
 
     def index(self, name):
         """The index called name, opened once (None for a keyed index this
@@ -345,6 +380,7 @@ class Uplink:
         self._spawn(self._accept)
         self._spawn(self._write_behind)
         self._spawn(self._watch_cluster)
+        self._spawn(self._probe_cluster)
         self._stop.wait()
 
     def _spawn(self, fn, *args):
@@ -387,7 +423,18 @@ class Uplink:
                 if op == OP_STORED:
                     self._enqueue(name, keys)
                     continue
-                filled, failed = self.fill(name, keys)
+                try:
+                    filled, failed = self.fill(name, keys)
+                except self._native.ClosedError as e:
+                    # The lease is gone (this process was reaped while
+                    # stalled): its reservations are another's now. Stop;
+                    # the supervisor starts a fresh uplink.
+                    logger.error("cxltier uplink: %s; stopping", e)
+                    self.stop()
+                    return
+                except Exception:
+                    logger.exception("cxltier uplink: fill of %d keys of %r failed", len(keys), name)
+                    filled, failed = 0, True
                 try:
                     conn.send(reply(filled, failed))
                 except OSError:
@@ -454,10 +501,11 @@ class Uplink:
             self.metrics.add("remote_errors")
             return keys
         ckeys = ix.cluster_keys(keys)
-        try:
-            have = self.store.batch_is_exist(ckeys)
-        except Exception as e:
-            self._cluster_failed("batch_is_exist", e)
+        have = self._call("batch_is_exist", self.store.batch_is_exist, ckeys)
+        if have is None:
+            return keys
+        if any(h < 0 for h in have):
+            self._cluster_failed("batch_is_exist", f"codes {sorted(set(h for h in have if h < 0))}")
             return keys
         todo = [i for i, h in enumerate(have) if h != 1]
         self.metrics.add("put_skipped_pages", len(keys) - len(todo))
@@ -476,10 +524,9 @@ class Uplink:
                 names.append(ckeys[todo[j]])
                 ptrs.append([addr, self.slots.addr(slot)])
                 sizes.append([length, TRAILER_BYTES])
-            try:
-                res = self.store.batch_put_from_multi_buffers(names, ptrs, sizes, _replicate_config(self.replicas))
-            except Exception as e:
-                self._cluster_failed("batch_put_from_multi_buffers", e)
+            res = self._call("batch_put_from_multi_buffers", self.store.batch_put_from_multi_buffers, names, ptrs, sizes,
+                             _replicate_config(self.replicas))
+            if res is None:
                 return [keys[todo[j]] for j, *_ in hits]
             failed = [keys[todo[j]] for (j, *_), r in zip(hits, res) if r != 0]
             if failed:
@@ -549,14 +596,24 @@ class Uplink:
         return failed
 
     def _fetch(self, ix, keys, ckeys):
-        """One fetch batch: sizes from the master, blocks reserved, pages
-        written into them by the transfer engine, checked, published. The
-        leading run of keys the cluster holds is fetched."""
+        """One fetch batch: the leading run of keys the cluster holds
+        (batch_is_exist), their sizes (replica descriptors), blocks
+        reserved, pages written into them by the transfer engine, checked,
+        published. Returns whether the cluster failed."""
         started = time.monotonic()
-        try:
-            descs = self.store.batch_get_replica_desc(ckeys)
-        except Exception as e:
-            self._cluster_failed("batch_get_replica_desc", e)
+        have = self._call("batch_is_exist", self.store.batch_is_exist, ckeys)
+        if have is None:
+            return True
+        lead = next((i for i, h in enumerate(have) if h != 1), len(have))
+        if lead < len(have) and have[lead] < 0:
+            self._cluster_failed("batch_is_exist", f"code {have[lead]}")
+            if lead == 0:
+                return True
+        if lead == 0:
+            return False
+        ckeys, keys = ckeys[:lead], keys[:lead]
+        descs = self._call("batch_get_replica_desc", self.store.batch_get_replica_desc, ckeys)
+        if descs is None:
             return True
         sizes = []
         for ck in ckeys:
@@ -576,17 +633,16 @@ class Uplink:
         filled, crcs = [False] * len(keys), [0] * len(keys)
         try:
             ix.fenced()  # a reaped client's blocks may be another's now
-            res = self.store.batch_get_into_multi_buffers(
-                [ckeys[i] for i in take], [[addrs[i], self.slots.addr(s)] for i, s in zip(take, slots)],
-                [[sizes[i], TRAILER_BYTES] for i in take])
         except self._native.ClosedError:
             ix.abort(h)
             self.slots.give(slots)
             raise
-        except Exception as e:
+        res = self._call("batch_get_into_multi_buffers", self.store.batch_get_into_multi_buffers,
+                         [ckeys[i] for i in take], [[addrs[i], self.slots.addr(s)] for i, s in zip(take, slots)],
+                         [[sizes[i], TRAILER_BYTES] for i in take])
+        if res is None:
             ix.abort(h)
             self.slots.give(slots)
-            self._cluster_failed("batch_get_into_multi_buffers", e)
             return True
         for i, s, got in zip(take, slots, res):
             magic, version, _, length, crc = self.slots.read(s)

@@ -206,6 +206,41 @@ def test_master_down_is_a_local_miss(cluster):
         tb.close()
 
 
+def test_stalled_master_is_a_local_miss(cluster):
+    """A master that stops answering (SIGSTOP: a partition, a stalled host)
+    leaves Mooncake calls hanging for minutes. The first lookup gives up at
+    the link's timeout; the uplink then counts the cluster down and answers
+    at once; when the master answers again, fills work again."""
+    m = cluster.master()
+    a, b = cluster.node("a").start_uplink(m), cluster.node("b").start_uplink(m)
+    keys, payloads = pages(6)
+    local, local_pay = pages(2, seed=4)
+    ta, ia = index(a)
+    tb, ib = index(b)
+    try:
+        ia.set(keys[:3], payloads[:3])
+        wait_metric(a, "put_pages", 3)
+        ib.set(local, local_pay)
+        os.kill(m.proc.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            assert ib.exists(keys[:3]) == 0
+            assert time.monotonic() - started <= 1.5
+            ch.wait_for(lambda: b.metrics()["cluster_up"] == 0, 5, "B's uplink noticing the stall")
+            for _ in range(5):
+                started = time.monotonic()
+                assert ib.exists(keys[3:]) == 0
+                assert time.monotonic() - started <= 0.2, "a lookup waited on a cluster known to be down"
+            assert ib.exists(local) == 2 and read_back(ib, local) == local_pay
+        finally:
+            os.kill(m.proc.pid, signal.SIGCONT)
+        ch.wait_for(lambda: ib.exists(keys[:3]) == 3, 20, "fills once the master answers again")
+        assert read_back(ib, keys[:3]) == payloads[:3]
+    finally:
+        ta.close()
+        tb.close()
+
+
 def test_uplink_killed_and_restarted(cluster):
     m = cluster.master()
     # B lends no memory: its death must not fail A's puts (that is the
