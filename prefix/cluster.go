@@ -49,6 +49,30 @@ func (s *Store) Payload(h Hit) ([]byte, error) {
 	return b, nil
 }
 
+// wireIsEntry reports whether the entry checksum is the wire checksum
+// (layout 5 and later), so that one pass over a payload gives both.
+func (s *Store) wireIsEntry() bool { return s.g.Version == 0 || s.g.Version >= 5 }
+
+// WirePayload is a pinned hit's payload in place and its WireChecksum,
+// after checking the payload against the entry's own checksum (ErrChecksum
+// for a damaged one): what a page takes off the node. One pass over the
+// payload on an index of layout 5 or later, two before.
+func (s *Store) WirePayload(h Hit) ([]byte, uint32, error) {
+	b, err := s.Payload(h)
+	if err != nil {
+		return nil, 0, err
+	}
+	wire := WireChecksum(h.Key, b)
+	entry := wire
+	if !s.wireIsEntry() {
+		entry = s.Checksum(h.Key, b)
+	}
+	if entry != h.CRC {
+		return nil, 0, fmt.Errorf("prefix: %q: %v: %w: stored %#x, read %#x", s.name, h.Key, ErrChecksum, h.CRC, entry)
+	}
+	return b, wire, nil
+}
+
 // Block is the block reservation r writes into, in place in the tier
 // mapping, for a writer that fills it by other means than Set (a network
 // transfer). Check Fenced right before the write starts.
@@ -62,6 +86,12 @@ func (s *Store) Block(r Reservation) ([]byte, error) {
 	}
 	return b, nil
 }
+
+// Room is how many bytes from the start of a block belong to it: its
+// stride, at least BlockBytes. A transfer may write up to Room bytes into a
+// reserved block, and the uplink may write into a pinned block's bytes past
+// its payload (a page's trailer), which no reader reads.
+func (s *Store) Room() int64 { return s.g.BlockStride }
 
 // Fenced reports tier.ErrLeaseLost once this client's lease is gone: a
 // reservation's block may then be another's, and must not be written.
@@ -92,7 +122,11 @@ func (s *Store) PublishWritten(res []Reservation, want []uint32) ([]bool, error)
 		// layouts before 5.
 		ok[i] = true
 		good = append(good, r)
-		crcs = append(crcs, s.Checksum(r.Key, b))
+		if s.wireIsEntry() {
+			crcs = append(crcs, want[i])
+		} else {
+			crcs = append(crcs, s.Checksum(r.Key, b))
+		}
 		if err := s.r.Publish(r.Offset, r.Len); err != nil {
 			return nil, err
 		}

@@ -2,6 +2,7 @@ package prefix
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 )
 
@@ -129,5 +130,56 @@ func TestBlockOnlyWhileReserved(t *testing.T) {
 	}
 	if err := s.Fenced(); err != nil {
 		t.Errorf("fenced with a live lease: %v", err)
+	}
+}
+
+// What leaves the node is checked first: a payload damaged in the tier is
+// refused by WirePayload, on a current index and on one of layout 4,
+// whose entry checksum is not the wire's.
+func TestWirePayloadChecksTheEntry(t *testing.T) {
+	for _, version := range []uint32{4, indexVersion} {
+		t.Run(fmt.Sprintf("layout%d", version), func(t *testing.T) {
+			_, c := testTier(t, 1)
+			s, err := create(c, Config{Name: "m", Blocks: 8, BlockBytes: 4096}, version)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			keys := keysN(2)
+			if _, err := s.Set(keys, [][]byte{payloadFor(keys[0], 2000), payloadFor(keys[1], 2000)}); err != nil {
+				t.Fatal(err)
+			}
+			hits, err := s.Lookup(keys)
+			if err != nil || len(hits) != 2 {
+				t.Fatalf("lookup: %v, %d hits", err, len(hits))
+			}
+			defer s.Release(hits)
+			b, wire, err := s.WirePayload(hits[0])
+			if err != nil || wire != WireChecksum(keys[0], payloadFor(keys[0], 2000)) || len(b) != 2000 {
+				t.Fatalf("good payload: %v, wire %#x", err, wire)
+			}
+			raw, _ := s.Payload(hits[1])
+			raw[7] ^= 0x40
+			if _, _, err := s.WirePayload(hits[1]); !errors.Is(err, ErrChecksum) {
+				t.Errorf("damaged payload: %v", err)
+			}
+			// A page filled in place on this index is published with the
+			// index's own checksum, so a plain read verifies it.
+			k := keyN(99)
+			p := payloadFor(k, 1500)
+			res, err := s.Reserve([]Key{k}, []int64{1500})
+			if err != nil {
+				t.Fatal(err)
+			}
+			blk, _ := s.Block(res[0])
+			copy(blk, p)
+			if ok, err := s.PublishWritten(res, []uint32{WireChecksum(k, p)}); err != nil || !ok[0] {
+				t.Fatalf("publish written: %v %v", ok, err)
+			}
+			dst := [][]byte{make([]byte, 1500)}
+			if n, err := s.Get([]Key{k}, dst); n != 1 || err != nil {
+				t.Errorf("read back: %d, %v", n, err)
+			}
+		})
 	}
 }

@@ -212,7 +212,9 @@ type pinned struct {
 // else 0) and writes where its payload lies in this process, its length,
 // and its WireChecksum, computed now from the payload (an entry that fails
 // its own checksum is dropped and reported absent). The pins hold until
-// cxl_prefix_unpin of *out.
+// cxl_prefix_unpin of *out. The bytes of a block from its payload's end
+// to cxl_prefix_room belong to no payload: the uplink writes a page's
+// trailer there, to send page and trailer as one transfer.
 //
 //export cxl_prefix_pin
 func cxl_prefix_pin(h C.uint64_t, keys *C.uint8_t, n C.int64_t, addrs *unsafe.Pointer, lens *C.int64_t, crcs *C.uint32_t, present *C.int8_t, out *C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
@@ -258,16 +260,13 @@ func pinEach(s *index, ks []prefix.Key, addrs []unsafe.Pointer, lens []int64, cr
 			continue
 		}
 		hit := hits[before]
-		b, err := s.Payload(hit)
-		if err == nil {
-			err = s.VerifyHit(hit)
-		}
+		b, wire, err := s.WirePayload(hit)
 		if err != nil { // damaged in the tier: not for the cluster
 			s.Release(hits[before:])
 			hits = hits[:before]
 			continue
 		}
-		addrs[i], lens[i], crcs[i], present[i] = unsafe.Pointer(unsafe.SliceData(b)), hit.Len, prefix.WireChecksum(hit.Key, b), 1
+		addrs[i], lens[i], crcs[i], present[i] = unsafe.Pointer(unsafe.SliceData(b)), hit.Len, wire, 1
 	}
 	return hits, nil
 }
@@ -340,6 +339,24 @@ func reservationStatuses(res []prefix.Reservation) []prefix.Status {
 		st[i] = r.Status
 	}
 	return st
+}
+
+// cxl_prefix_room writes how many bytes each block of the index spans
+// (its stride; a transfer may fill that much of a reserved block).
+//
+//export cxl_prefix_room
+func cxl_prefix_room(h C.uint64_t, room *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_room", errbuf, errlen, &code)
+	s, done, err := use[*index](uint64(h))
+	if err != nil {
+		return report(err, errbuf, errlen)
+	}
+	defer done()
+	if room == nil {
+		return report(fmt.Errorf("prefix room: %w", errBadArg), errbuf, errlen)
+	}
+	*room = C.int64_t(s.Room())
+	return report(nil, errbuf, errlen)
 }
 
 // cxl_prefix_fenced fails with CXL_ECLOSED once this client's lease is

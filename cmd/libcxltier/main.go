@@ -35,6 +35,7 @@
 //	cxl_prefix_pin(index, keys, n, addrs, lens, wire_crcs, present, &pins)   pins each present key's payload in place
 //	cxl_prefix_unpin(pins)
 //	cxl_prefix_reserve(index, keys, n, sizes, addrs, statuses, &res)   blocks to fill in place (a network transfer)
+//	cxl_prefix_room(index, &bytes)                       a block's span: a transfer may fill that much of one
 //	cxl_prefix_fenced(index)                             CXL_ECLOSED once the lease is gone: check before filling
 //	cxl_prefix_publish_written(res, wire_crcs, n, published)   publishes the blocks that match, aborts the rest
 //	cxl_prefix_abort(res)

@@ -97,6 +97,7 @@ _PROTOTYPES = {
     "cxl_prefix_unpin": [_u64] + _err,
     "cxl_prefix_reserve": [_u64, _bytes, _i64, _p(_i64), _p(ctypes.c_void_p), _p(_i8), _p(_u64)] + _err,
     "cxl_prefix_fenced": [_u64] + _err,
+    "cxl_prefix_room": [_u64, _p(_i64)] + _err,
     "cxl_prefix_publish_written": [_u64, _p(ctypes.c_uint32), _i64, _p(_i8)] + _err,
     "cxl_prefix_abort": [_u64] + _err,
     "cxl_kvpool_open": [_u64, _cstr, _u64, _i64, _i64, _p(ctypes.c_void_p), _p(_i64), _i64, _i64, _int, _int, _p(_u64)] + _err,

@@ -263,7 +263,9 @@ class _Base:
         """The index (made when missing and blocks are given) and a KVPool
         with its key mask for each part of each pool."""
         page_bytes = max(part.chunk * len(part.buffers) for p in pools for part in p.parts)
-        self.index = self.tier.prefix(cfg["index"], cfg["blocks"], cfg["block_bytes"] or page_bytes, cfg["key"])
+        # 64 bytes past the page: room for the trailer a page carries to and
+        # from the cluster (cxltier.uplink), so it moves in one transfer.
+        self.index = self.tier.prefix(cfg["index"], cfg["blocks"], cfg["block_bytes"] or page_bytes + 64, cfg["key"])
         have = self.index.stats()["block_bytes"]
         if have < page_bytes:
             raise LinkerError(f"cxltier linker: index {cfg['index']!r} has {have}-byte blocks; a page of this "

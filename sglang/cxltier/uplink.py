@@ -194,6 +194,14 @@ class NodeIndex:
         buf = ctypes.create_string_buffer(256)
         _native.call("cxl_prefix_namespace", self.index.handle, buf, len(buf))
         self.name, self.namespace = name, buf.value.decode()
+        room = ctypes.c_int64()
+        _native.call("cxl_prefix_room", self.index.handle, ctypes.byref(room))
+        self.room = room.value  # a block's span: a page whose trailer fits moves in one transfer
+
+    def fits(self, length):
+        """Whether a page of length bytes leaves room for its trailer in
+        its block, so that page and trailer move as one piece."""
+        return length + TRAILER_BYTES <= self.room
 
     def cluster_keys(self, keys):
         return [f"cxltier/{self.namespace}/{k.hex()}" for k in keys]
@@ -518,22 +526,39 @@ class Uplink:
                 return []
             if slots is None:
                 return [keys[todo[j]] for j, *_ in hits]
-            names, ptrs, sizes = [], [], []
+            # A page whose block has room gets its trailer written right
+            # after it (bytes no reader reads) and goes as one piece; the
+            # others go as two, the trailer from registered memory.
+            one, two = [], []
             for (j, addr, length, crc), slot in zip(hits, slots):
-                self.slots.write(slot, length, crc)
-                names.append(ckeys[todo[j]])
-                ptrs.append([addr, self.slots.addr(slot)])
-                sizes.append([length, TRAILER_BYTES])
-            res = self._call("batch_put_from_multi_buffers", self.store.batch_put_from_multi_buffers, names, ptrs, sizes,
-                             _replicate_config(self.replicas))
-            if res is None:
-                return [keys[todo[j]] for j, *_ in hits]
-            failed = [keys[todo[j]] for (j, *_), r in zip(hits, res) if r != 0]
+                if ix.fits(length):
+                    ctypes.memmove(addr + length, TRAILER.pack(TRAILER_MAGIC, 1, 0, length, crc), TRAILER_BYTES)
+                    one.append((j, [addr], [length + TRAILER_BYTES], length))
+                else:
+                    self.slots.write(slot, length, crc)
+                    two.append((j, [addr, self.slots.addr(slot)], [length, TRAILER_BYTES], length))
+            cfg = _replicate_config(self.replicas)
+            failed, sent = [], 0
+            for group, fn in ((one, self.store.batch_put_from), (two, self.store.batch_put_from_multi_buffers)):
+                if not group:
+                    continue
+                names = [ckeys[todo[j]] for j, *_ in group]
+                if fn == self.store.batch_put_from:
+                    res = self._call("batch_put_from", fn, names, [p[0] for _, p, _, _ in group],
+                                     [s[0] for _, _, s, _ in group], cfg)
+                else:
+                    res = self._call("batch_put_from_multi_buffers", fn, names, [p for _, p, _, _ in group],
+                                     [s for _, _, s, _ in group], cfg)
+                res = res if res is not None else [-1] * len(group)
+                for (j, _, _, length), r in zip(group, res):
+                    if r == 0:
+                        sent += length
+                    else:
+                        failed.append(keys[todo[j]])
             if failed:
                 self.metrics.add("remote_errors")
-            done = len(hits) - len(failed)
-            self.metrics.add("put_pages", done)
-            self.metrics.add("put_bytes", sum(s[0] for s, r in zip(sizes, res) if r == 0))
+            self.metrics.add("put_pages", len(hits) - len(failed))
+            self.metrics.add("put_bytes", sent)
             return failed
         finally:
             if slots:
@@ -596,22 +621,11 @@ class Uplink:
         return failed
 
     def _fetch(self, ix, keys, ckeys):
-        """One fetch batch: the leading run of keys the cluster holds
-        (batch_is_exist), their sizes (replica descriptors), blocks
-        reserved, pages written into them by the transfer engine, checked,
-        published. Returns whether the cluster failed."""
+        """One fetch batch: the leading run of keys the cluster holds and
+        their sizes (replica descriptors, one master call), blocks reserved,
+        pages written into them by the transfer engine, checked, published.
+        Returns whether the cluster failed."""
         started = time.monotonic()
-        have = self._call("batch_is_exist", self.store.batch_is_exist, ckeys)
-        if have is None:
-            return True
-        lead = next((i for i, h in enumerate(have) if h != 1), len(have))
-        if lead < len(have) and have[lead] < 0:
-            self._cluster_failed("batch_is_exist", f"code {have[lead]}")
-            if lead == 0:
-                return True
-        if lead == 0:
-            return False
-        ckeys, keys = ckeys[:lead], keys[:lead]
         descs = self._call("batch_get_replica_desc", self.store.batch_get_replica_desc, ckeys)
         if descs is None:
             return True
@@ -622,6 +636,14 @@ class Uplink:
                 break
             sizes.append(size - TRAILER_BYTES)
         if not sizes:
+            # A master that is gone answers the descriptor query with
+            # nothing, as it does for absent keys: ask it the one way that
+            # tells the two apart.
+            have = self._call("batch_is_exist", self.store.batch_is_exist, ckeys[:1])
+            if have is None or have[0] < 0:
+                if have is not None:
+                    self._cluster_failed("batch_is_exist", f"code {have[0]}")
+                return True
             return False
         keys, ckeys = keys[: len(sizes)], ckeys[: len(sizes)]
         h, addrs, _ = ix.reserve(keys, sizes)
@@ -637,19 +659,31 @@ class Uplink:
             ix.abort(h)
             self.slots.give(slots)
             raise
-        res = self._call("batch_get_into_multi_buffers", self.store.batch_get_into_multi_buffers,
-                         [ckeys[i] for i in take], [[addrs[i], self.slots.addr(s)] for i, s in zip(take, slots)],
-                         [[sizes[i], TRAILER_BYTES] for i in take])
-        if res is None:
-            ix.abort(h)
-            self.slots.give(slots)
-            return True
-        for i, s, got in zip(take, slots, res):
-            magic, version, _, length, crc = self.slots.read(s)
-            if got == sizes[i] + TRAILER_BYTES and magic == TRAILER_MAGIC and version == 1 and length == sizes[i]:
-                filled[i], crcs[i] = True, crc
-            elif got < 0:
-                self.metrics.add("remote_errors")
+        # A page whose block has room lands with its trailer in one piece;
+        # the others in two, the trailer into registered memory.
+        one = [i for i in take if ix.fits(sizes[i])]
+        two = [(i, s) for i, s in zip(take, slots) if not ix.fits(sizes[i])]
+        got, cluster_failed = {}, False
+        if one:
+            res = self._call("batch_get_into", self.store.batch_get_into, [ckeys[i] for i in one],
+                             [addrs[i] for i in one], [sizes[i] + TRAILER_BYTES for i in one])
+            cluster_failed |= res is None
+            for i, r in zip(one, res if res is not None else [-1] * len(one)):
+                got[i] = (r, TRAILER.unpack(ctypes.string_at(addrs[i] + sizes[i], TRAILER_BYTES)) if r > 0 else None)
+        if two:
+            res = self._call("batch_get_into_multi_buffers", self.store.batch_get_into_multi_buffers,
+                             [ckeys[i] for i, _ in two], [[addrs[i], self.slots.addr(s)] for i, s in two],
+                             [[sizes[i], TRAILER_BYTES] for i, _ in two])
+            cluster_failed |= res is None
+            for (i, s), r in zip(two, res if res is not None else [-1] * len(two)):
+                got[i] = (r, self.slots.read(s) if r > 0 else None)
+        for i in take:
+            r, trailer = got[i]
+            if r == sizes[i] + TRAILER_BYTES and trailer[0] == TRAILER_MAGIC and trailer[1] == 1 and trailer[3] == sizes[i]:
+                filled[i], crcs[i] = True, trailer[4]
+            elif r < 0:
+                if not cluster_failed:
+                    self.metrics.add("remote_errors")
             else:
                 self.metrics.add("rejected_pages")
         self.slots.give(slots)
@@ -659,7 +693,7 @@ class Uplink:
         self.metrics.add("fetched_pages", sum(published))
         self.metrics.add("fetched_bytes", sum(s for s, p in zip(sizes, published) if p))
         self.metrics.fetch_took(time.monotonic() - started)
-        return False
+        return cluster_failed
 
     def close(self):
         self.stop()

@@ -129,6 +129,16 @@ def test_pages_stored_on_a_are_hits_on_b(cluster):
         assert b.metrics()["fetched_pages"] == 16
         assert ib.exists(keys) == 16 and b.metrics()["fetch_seconds_count"] == 1  # local hits now
         assert ib.stats()["uplink"]["filled"] == 16
+        # Pages that fill their blocks exactly move with their trailer apart.
+        tight_keys, tight = pages(6, seed=2)
+        tight = [p[:4096].ljust(4096, b"t") for p in tight]
+        ia_t = ta.prefix("tight", blocks=16, block_bytes=4096)
+        ib_t = tb.prefix("tight", blocks=16, block_bytes=4096)
+        assert ia_t.set(tight_keys, tight) == ["stored"] * 6
+        wait_metric(a, "put_pages", 22)
+        assert ib_t.exists(tight_keys) == 6
+        bufs = [bytearray(4096) for _ in tight_keys]
+        assert ib_t.get(tight_keys, bufs)[0] == 6 and [bytes(b) for b in bufs] == tight
         # A get with no exists before it fills too (a third node).
         c = cluster.node("c").start_uplink(m)
         tc, ic = index(c)
