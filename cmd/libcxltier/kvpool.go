@@ -262,20 +262,32 @@ func cxl_kvpool_load_start(h C.uint64_t, keys *C.uint8_t, n C.int64_t, pages *C.
 		if out == nil || len(ks) == 0 {
 			return fmt.Errorf("kv pool load: %w: %d keys, output %p", errBadArg, n, out)
 		}
-		return p.whileOpen(func() error {
-			ld, err := p.mover.StartLoad(ks, p.layout, p.perLayer, pg)
-			if err != nil {
-				return err
-			}
-			l := &kvLoad{LayerLoad: ld}
-			l.child = child{tier: p.tier, close: func() error { p.forget(l.handle); return ld.Close() }}
-			l.handle = handles.addChild(p.a, l, l.child)
-			p.loads[l.handle] = l
-			*out = C.uint64_t(l.handle)
-			return nil
-		})
+		l, err := p.startLoad(ks, pg)
+		if err == nil {
+			*out = C.uint64_t(l)
+		}
+		return err
 	}()
 	return report(err, errbuf, errlen)
+}
+
+// startLoad pins the entries of keys for a layer-wise load into pages and
+// returns the load's handle.
+func (p *kvPool) startLoad(ks []prefix.Key, pg []int64) (uint64, error) {
+	var h uint64
+	err := p.whileOpen(func() error {
+		ld, err := p.mover.StartLoad(ks, p.layout, p.perLayer, pg)
+		if err != nil {
+			return err
+		}
+		l := &kvLoad{LayerLoad: ld}
+		l.child = child{tier: p.tier, close: func() error { p.forget(l.handle); return ld.Close() }}
+		l.handle = handles.addChild(p.a, l, l.child)
+		p.loads[l.handle] = l
+		h = l.handle
+		return nil
+	})
+	return h, err
 }
 
 // cxl_kvpool_load_layer copies layer `layer` of every page of the load

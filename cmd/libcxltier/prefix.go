@@ -20,16 +20,22 @@ func cxl_prefix_open(h C.uint64_t, name, key *C.char, blocks, blockBytes C.int64
 	if key != nil {
 		k = C.GoString(key)
 	}
-	return report(prefixOpen(uint64(h), C.GoString(name), k, int64(blocks), int64(blockBytes), out), errbuf, errlen)
+	if out == nil {
+		return report(fmt.Errorf("prefix open: %w: no output handle", errBadArg), errbuf, errlen)
+	}
+	ix, err := prefixOpen(uint64(h), C.GoString(name), k, int64(blocks), int64(blockBytes))
+	if err == nil {
+		*out = C.uint64_t(ix)
+	}
+	return report(err, errbuf, errlen)
 }
 
-func prefixOpen(h uint64, name, key string, blocks, blockBytes int64, out *C.uint64_t) error {
-	if out == nil {
-		return fmt.Errorf("prefix open: %w: no output handle", errBadArg)
-	}
+// prefixOpen opens (or, with blocks > 0, creates) an index on tier h and
+// returns its handle.
+func prefixOpen(h uint64, name, key string, blocks, blockBytes int64) (uint64, error) {
 	a, done, err := use[*attached](uint64(h))
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer done()
 	s, err := prefix.OpenKey(a.c, name, key)
@@ -40,14 +46,13 @@ func prefixOpen(h uint64, name, key string, blocks, blockBytes int64, out *C.uin
 		}
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
 	handles.mu.Lock()
 	link := a.link
 	handles.mu.Unlock()
 	ix := &index{Store: s, child: child{tier: h, close: s.Close}, link: link}
-	*out = C.uint64_t(handles.addChild(a, ix, ix.child))
-	return nil
+	return handles.addChild(a, ix, ix.child), nil
 }
 
 //export cxl_prefix_close

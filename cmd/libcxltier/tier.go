@@ -4,9 +4,13 @@ package main
 import "C"
 
 import (
+	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
+	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
 )
 
@@ -74,14 +78,27 @@ func detach(h uint64) error {
 	if _, ok := handles.remove(h); !ok {
 		return fmt.Errorf("handle %d: %w", h, errBadHandle) // a concurrent detach took it
 	}
+	// The children leave the table under its lock and are closed outside
+	// it: a child's close may take the lock itself (a KV pool closes its
+	// loads through the table) and may wait on the tier (a lock another
+	// client holds), which must not hold up every other call of the
+	// process. Newest first: a load before its pool, a pool before its
+	// index.
 	handles.mu.Lock()
-	for ch, closeChild := range a.children {
+	children := a.children
+	a.children = map[uint64]func() error{}
+	for ch := range children {
 		delete(handles.objs, ch)
-		if cerr := closeChild(); err == nil {
+	}
+	handles.mu.Unlock()
+	order := slices.Sorted(maps.Keys(children))
+	for _, ch := range slices.Backward(order) {
+		// A load closed before its last layer says so to the caller of its
+		// layers; to a detach it is one more thing to close.
+		if cerr := children[ch](); err == nil && !errors.Is(cerr, prefix.ErrIncomplete) {
 			err = cerr
 		}
 	}
-	handles.mu.Unlock()
 	if a.link != nil {
 		a.link.Close()
 	}

@@ -577,7 +577,7 @@ class Uplink:
             self.metrics.add("fill_failures")
             return 0, True
         have = ix.present(keys)
-        if have == len(keys):
+        if have == len(keys) or self.store is None:  # no cluster: a plain miss
             return have, False
         if not self.cluster_up():
             self.metrics.add("fill_failures")
@@ -833,6 +833,8 @@ def main(argv=None):
     p.add_argument("--metrics", help="HOST:PORT for Prometheus text at /metrics")
     p.add_argument("--fill-timeout", type=float, default=1.0, help="seconds a fill waits for a fetch it joined")
     args = p.parse_args(argv)
+    from ._native import CxlTierError
+
     if args.replicas < 1:
         p.error("--replicas must be at least 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -846,11 +848,16 @@ def main(argv=None):
                                      _size(args.segment), rdma_devices=args.rdma_devices)
         up = Uplink(args.tier, store, replicas=args.replicas, admit=args.admit, queue_pages=args.queue, keys=keys,
                     fill_timeout=args.fill_timeout)
-    except (UplinkError, ValueError, OSError) as e:
+    except (UplinkError, ValueError, OSError, CxlTierError) as e:
         print(f"cxltier-uplink: {e}", file=sys.stderr)
         return 2
     if args.metrics:
-        serve_metrics(up, args.metrics)
+        try:
+            serve_metrics(up, args.metrics)
+        except (OSError, ValueError) as e:
+            print(f"cxltier-uplink: --metrics {args.metrics}: {e}", file=sys.stderr)
+            up.close()
+            return 2
     signal.signal(signal.SIGTERM, lambda *_: up.stop())
     signal.signal(signal.SIGINT, lambda *_: up.stop())
     logger.info("cxltier uplink: serving %s at @%s, cluster %s", args.tier, up.address, args.master or "none")

@@ -120,3 +120,36 @@ def test_damaged_page_fails_the_last_layer_and_is_dropped(index, device):
         load.close()
     assert index.exists_block(keys("a")) == 0
     pool.close()
+
+
+def test_detaching_with_an_open_load_returns(built, device):
+    """Tier.close() while a pool has a layer-wise load open closes them and
+    returns, 100 times over (it hung the whole library in about half the
+    runs: the detach held the handle table's lock while the pool's close
+    took it again). Run in a child process with a deadline, so a hang fails
+    the test instead of the suite."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import ctypes, sys
+        sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
+        import cxltier
+        from cxltier.kvpool import KVPool
+        from cxltier.prefix import part_keys, string_key
+        bufs = [(ctypes.c_uint8 * (8 * 64))() for _ in range(4)]
+        ks = part_keys([string_key("a").hex()], [string_key("mask")])
+        for run in range(100):
+            t = cxltier.Tier({device!r})
+            ix = t.prefix("detach-{{}}".format(run % 4), 8, 4 * 64)
+            pool = KVPool(ix, [(ctypes.addressof(b), len(b)) for b in bufs], 2, 64, 64)
+            pool.store(ks, [0])
+            load = pool.load(ks, [1])
+            t.close()
+        print("ok", flush=True)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, CXLTIER_LIB=built["lib"]))
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

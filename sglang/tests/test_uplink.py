@@ -450,3 +450,57 @@ def test_full_queue_drops_and_never_blocks(cluster):
         assert mm["put_pages"] + mm["dropped_pages"] + link["dropped"] == 1500
     finally:
         t.close()
+
+
+def _run_uplink(built, *args, python=sys.executable):
+    env = dict(os.environ, CXLTIER_LIB=built["lib"], PYTHONPATH=os.path.join(ch.REPO, "sglang"))
+    return subprocess.run([python, "-m", "cxltier.uplink", *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_uplink_command_errors(built, device, tmp_path):
+    """Bad input to the uplink's command line ends it with one line saying
+    what is wrong (exit 2), never a traceback."""
+    cases = [
+        (["--tier", "shm:cxltier-no-such-tier-here"], "cxltier-no-such-tier-here"),
+        (["--tier", device, "--admit", "some"], "--admit"),
+        (["--tier", device, "--replicas", "0"], "--replicas"),
+        (["--tier", device, "--keys", str(tmp_path / "missing")], "missing"),
+        (["--tier", device, "--metrics", "127.0.0.1:notaport"], "--metrics"),
+    ]
+    for args, says in cases:
+        r = _run_uplink(built, *args)
+        assert r.returncode == 2, (args, r.returncode, r.stderr[-500:])
+        assert says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-500:])
+
+
+def test_uplink_without_mooncake_says_so(built, device):
+    """--master on a Python without Mooncake: the install line, not an
+    ImportError."""
+    try:
+        import mooncake.store  # noqa: F401
+        pytest.skip("this Python has Mooncake")
+    except ImportError:
+        pass
+    r = _run_uplink(built, "--tier", device, "--master", "127.0.0.1:1")
+    assert r.returncode == 2 and "pip install mooncake-transfer-engine" in r.stderr, r.stderr[-500:]
+
+
+def test_second_uplink_for_a_node_is_refused(built, device):
+    """Two uplinks for one node's tier would split its single flight: the
+    second is refused, naming the reason."""
+    env = dict(os.environ, CXLTIER_LIB=built["lib"], PYTHONPATH=os.path.join(ch.REPO, "sglang"))
+    first = subprocess.Popen([sys.executable, "-m", "cxltier.uplink", "--tier", device], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert "serving" in first.stdout.readline() + first.stdout.readline()
+        r = _run_uplink(built, "--tier", device)
+        assert r.returncode == 2 and "another uplink" in r.stderr, r.stderr[-500:]
+        # Without a cluster the uplink still answers fills, as misses.
+        t = cxltier.Tier(device)
+        ix = t.prefix("m", blocks=8, block_bytes=4096)
+        assert ix.exists([cxltier.string_key("nothing")]) == 0
+        assert ix.stats()["uplink"]["fills"] == 1
+        t.close()
+    finally:
+        first.terminate()
+        first.wait(timeout=10)

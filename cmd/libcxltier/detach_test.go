@@ -1,0 +1,62 @@
+package main
+
+import (
+	"runtime"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/cxltier/cxltier/prefix"
+)
+
+// TestDetachWithAnOpenLoad: detaching a tier while a KV pool on it has a
+// layer-wise load open closes the load, the pool and the index and returns.
+// It hung in about half the runs: detach held the handle table's lock while
+// it closed the children, and the pool's close took that lock again to close
+// its loads (which one came first depended on map order).
+func TestDetachWithAnOpenLoad(t *testing.T) {
+	runs := 100
+	if testing.Short() {
+		runs = 20
+	}
+	for run := range runs {
+		h := attachTest(t)
+		ix, err := prefixOpen(h, "m", "", 16, 4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 4*4096)
+		for i := range buf {
+			buf[i] = byte(i * 7)
+		}
+		sp := kvPoolSpec{ptrs: []unsafe.Pointer{unsafe.Pointer(&buf[0])}, lens: []int64{int64(len(buf))}, perLayer: 1,
+			chunkBytes: 4096, pageStride: 4096, where: onHost}
+		p, err := openKVPool(ix, "cpu", 0, sp, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys := []prefix.Key{prefix.StringKey("a"), prefix.StringKey("b")}
+		if _, err := p.mover.Put(keys, p.layout, []int64{0, 1}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.startLoad(keys, []int64{2, 3}); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- detach(h) }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("run %d: detach: %v", run, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("run %d: detach with an open load hung", run)
+		}
+		for _, o := range []uint64{h, ix, p.handle} {
+			if _, err := get[any](&handles, o); err == nil {
+				t.Fatalf("run %d: handle %d still in the table after detach", run, o)
+			}
+		}
+		runtime.KeepAlive(buf)
+	}
+}
