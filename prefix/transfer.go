@@ -34,6 +34,8 @@ type Mover struct {
 	// true). It reads each payload once more from the tier; turn it off
 	// only where the tier is trusted.
 	Verify bool
+
+	afterReserve func() // tests only: a pause between Put's reserve and its scatter
 }
 
 // NewMover moves s's blocks with eng. ids are the engine ranges of the
@@ -113,7 +115,18 @@ func (m *Mover) Put(keys []Key, l Layout, pages []int64) ([]Status, error) {
 			b.Pages = append(b.Pages, pages[i])
 		}
 	}
+	if m.afterReserve != nil {
+		m.afterReserve()
+	}
 	if len(b.Tier) > 0 {
+		// Outside the lock the blocks are this client's only while its
+		// lease is: a client reaped since it reserved (stalled past the
+		// lease timeout) had the reservations reclaimed, and the blocks
+		// may hold another's payload now.
+		if ferr := m.s.c.Fenced(); ferr != nil {
+			m.s.Abort(res)
+			return nil, fmt.Errorf("prefix: %q: scatter %d pages: %w", m.s.name, len(b.Tier), ferr)
+		}
 		if werr := wait(m.eng.ScatterBlocks(b)); werr != nil {
 			m.s.Abort(res)
 			return nil, fmt.Errorf("prefix: %q: scatter %d pages: %w", m.s.name, len(b.Tier), werr)

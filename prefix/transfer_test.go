@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/tier"
@@ -192,4 +193,63 @@ func TestLayerLoad(t *testing.T) {
 		t.Fatal("the damaged entry is still there")
 	}
 	mustCheck(t, s)
+}
+
+// TestReapedMoverDoesNotScatter: a client reaped between Put's reserve and
+// its scatter (stalled past the lease timeout) writes nothing into the
+// blocks, which may be another's by then. The linker's write path (Put)
+// had no lease check at all.
+func TestReapedMoverDoesNotScatter(t *testing.T) {
+	r, c := testTier(t, 1)
+	testStore(t, c, 4, 1024)
+	z, err := r.Attach(tier.ClientOptions{Name: "zombie", Heartbeat: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer z.Close()
+	sz, err := Open(z, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sz.Close()
+	eng := kernels.NewCPU(1)
+	defer eng.Close()
+	buf, err := eng.Alloc(1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Free()
+	raw, _ := eng.Bytes(buf)
+	for i := range raw {
+		raw[i] = 0xAB
+	}
+	m, err := NewMover(sz, eng, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	m.afterReserve = func() {
+		mgr, err := tier.NewManager(r, tier.ManagerOptions{SkipPIDCheck: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer mgr.Client().Close()
+		for deadline := time.Now().Add(10 * time.Second); z.Fenced() == nil; time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the stalled client was not reaped")
+			}
+			mgr.ReapOnce()
+		}
+	}
+	_, err = m.Put([]Key{keyN(1)}, Layout{ChunkBytes: 1024, Chunks: []kernels.Span{{Buf: buf}}}, []int64{0})
+	if !errors.Is(err, tier.ErrLeaseLost) {
+		t.Fatalf("put by a reaped client: %v, want ErrLeaseLost", err)
+	}
+	got := make([]byte, sz.g.Blocks*sz.g.BlockStride) // every block of the index
+	if err := r.ReadAt(got, tier.Offset(sz.g.PayloadOff)); err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(got, bytes.Repeat([]byte{0xAB}, 64)) {
+		t.Error("the reaped client's page reached a block")
+	}
 }
