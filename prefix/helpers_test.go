@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -89,4 +90,37 @@ func unzstd(t testing.TB, data []byte) []byte {
 		t.Fatal(err)
 	}
 	return raw
+}
+
+// stalledClient attaches a client to r that never beats (a process stalled
+// from the start) and opens index "m" through it.
+func stalledClient(t *testing.T, r *tier.Region) (*tier.Client, *Store) {
+	t.Helper()
+	z, err := r.Attach(tier.ClientOptions{Name: "zombie", Heartbeat: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { z.Close() })
+	sz, err := Open(z, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sz.Close() })
+	return z, sz
+}
+
+// reapUntilFenced runs a reaper over r until client z has lost its lease.
+func reapUntilFenced(t *testing.T, r *tier.Region, z *tier.Client) {
+	t.Helper()
+	m, err := tier.NewManager(r, tier.ManagerOptions{SkipPIDCheck: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Client().Close()
+	for deadline := time.Now().Add(10 * time.Second); z.Fenced() == nil; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the stalled client was not reaped")
+		}
+		m.ReapOnce()
+	}
 }

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/cxltier/cxltier/internal/tiertest"
 	"github.com/cxltier/cxltier/tier"
@@ -994,32 +993,12 @@ func TestForgedEntryServesNoOtherKey(t *testing.T) {
 func TestReapedWriterDoesNotWritePayload(t *testing.T) {
 	r, c := testTier(t, 1)
 	testStore(t, c, 4, 64)
-	// It never beats: a process stalled from the start.
-	z, err := r.Attach(tier.ClientOptions{Name: "zombie", Heartbeat: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer z.Close()
-	sz, err := Open(z, "m")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sz.Close()
+	z, sz := stalledClient(t, r)
 	res, err := sz.Reserve([]Key{keyN(1)}, []int64{64})
 	if err != nil || res[0].Status != Reserved {
 		t.Fatalf("reserve: %v %v", res, err)
 	}
-	m, err := tier.NewManager(r, tier.ManagerOptions{SkipPIDCheck: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Client().Close()
-	for deadline := time.Now().Add(10 * time.Second); z.Fenced() == nil; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the stalled client was not reaped")
-		}
-		m.ReapOnce()
-	}
+	reapUntilFenced(t, r, z)
 	before := make([]byte, 64)
 	if err := r.ReadAt(before, res[0].Offset); err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/tier"
@@ -202,16 +201,7 @@ func TestLayerLoad(t *testing.T) {
 func TestReapedMoverDoesNotScatter(t *testing.T) {
 	r, c := testTier(t, 1)
 	testStore(t, c, 4, 1024)
-	z, err := r.Attach(tier.ClientOptions{Name: "zombie", Heartbeat: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer z.Close()
-	sz, err := Open(z, "m")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sz.Close()
+	z, sz := stalledClient(t, r)
 	eng := kernels.NewCPU(1)
 	defer eng.Close()
 	buf, err := eng.Alloc(1024)
@@ -228,19 +218,7 @@ func TestReapedMoverDoesNotScatter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	m.afterReserve = func() {
-		mgr, err := tier.NewManager(r, tier.ManagerOptions{SkipPIDCheck: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer mgr.Client().Close()
-		for deadline := time.Now().Add(10 * time.Second); z.Fenced() == nil; time.Sleep(50 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatal("the stalled client was not reaped")
-			}
-			mgr.ReapOnce()
-		}
-	}
+	m.afterReserve = func() { reapUntilFenced(t, r, z) }
 	_, err = m.Put([]Key{keyN(1)}, Layout{ChunkBytes: 1024, Chunks: []kernels.Span{{Buf: buf}}}, []int64{0})
 	if !errors.Is(err, tier.ErrLeaseLost) {
 		t.Fatalf("put by a reaped client: %v, want ErrLeaseLost", err)

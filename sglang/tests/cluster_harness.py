@@ -25,6 +25,19 @@ def mooncake_python():
     return py if ok else None
 
 
+def require_mooncake():
+    """The Mooncake Python for a test: a skip without one, or a failure
+    where CXLTIER_REQUIRE_MOONCAKE=1 (CI) says it must be there."""
+    import pytest
+
+    py = mooncake_python()
+    if py is None:
+        if os.environ.get("CXLTIER_REQUIRE_MOONCAKE") == "1":
+            pytest.fail("CXLTIER_MOONCAKE_PYTHON does not name a Python with mooncake.store")
+        pytest.skip("Mooncake is not installed (CXLTIER_MOONCAKE_PYTHON); .ci/run installs it")
+    return py
+
+
 def master_binary(py):
     """mooncake_master beside the Mooncake Python."""
     path = os.path.join(os.path.dirname(py), "mooncake_master")

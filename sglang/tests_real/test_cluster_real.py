@@ -7,7 +7,6 @@ virtualenv ($CXLTIER_MOONCAKE_PYTHON), their own processes."""
 
 import os
 import sys
-import time
 
 import pytest
 import torch
@@ -20,11 +19,7 @@ from test_hicache_real import PAGE, Op, controller, fill, host_pool, indices, pa
 
 @pytest.fixture
 def two_nodes(built, tmp_path):
-    py = ch.mooncake_python()
-    if py is None:
-        if os.environ.get("CXLTIER_REQUIRE_MOONCAKE") == "1":
-            pytest.fail("CXLTIER_MOONCAKE_PYTHON does not name a Python with mooncake.store")
-        pytest.skip("Mooncake is not installed (CXLTIER_MOONCAKE_PYTHON); .ci/run installs it")
+    py = ch.require_mooncake()
     master = ch.Master(py, str(tmp_path)).start()
     nodes = [ch.Node(py, built["cli"], built["lib"], str(tmp_path), n) for n in ("a", "b")]
     try:
@@ -98,11 +93,7 @@ def test_ranks_on_node_b_fetch_each_page_once(built, tmp_path, sglang_process_gr
     import json
     import subprocess
 
-    py = ch.mooncake_python()
-    if py is None:
-        if os.environ.get("CXLTIER_REQUIRE_MOONCAKE") == "1":
-            pytest.fail("CXLTIER_MOONCAKE_PYTHON does not name a Python with mooncake.store")
-        pytest.skip("Mooncake is not installed (CXLTIER_MOONCAKE_PYTHON); .ci/run installs it")
+    py = ch.require_mooncake()
     master = ch.Master(py, str(tmp_path)).start()
     a = ch.Node(py, built["cli"], built["lib"], str(tmp_path), "a")
     b = ch.Node(py, built["cli"], built["lib"], str(tmp_path), "b")
