@@ -251,6 +251,7 @@ def main():
     ap.add_argument("--exists", default="1000,10000,30000")
     ap.add_argument("--protocol", default="tcp", choices=["tcp", "rdma"])
     ap.add_argument("--hostname", default="127.0.0.1")
+    ap.add_argument("--verbose", action="store_true", help="node B's uplink logs where each fetch's time went")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "cluster-cpu.json"))
     args = ap.parse_args()
     if args.worker:
@@ -283,7 +284,7 @@ def main():
               "protocol": args.protocol, "rows": [], "exists": [], "network": []}
     try:
         nodes["a"].start_uplink(master, segment=f"{segment >> 20}MiB")
-        nodes["b"].start_uplink(master, segment="0")
+        nodes["b"].start_uplink(master, segment="0", args=["--verbose"] if args.verbose else [])
         common = {"backends": ["cxltier", "mooncake"], "master": master.address, "protocol": args.protocol,
                   "hostname": args.hostname, "segment": segment, "tp_size": 1, "tp_rank": 0}
         seed = 100

@@ -646,6 +646,7 @@ class Uplink:
                 return True
             return False
         keys, ckeys = keys[: len(sizes)], ckeys[: len(sizes)]
+        asked = time.monotonic()
         h, addrs, _ = ix.reserve(keys, sizes)
         take = [i for i, a in enumerate(addrs) if a]
         slots = self.slots.take(len(take)) if take else []
@@ -688,7 +689,11 @@ class Uplink:
                 self.metrics.add("rejected_pages")
         self.slots.give(slots)
         _test_pause("CXLTIER_UPLINK_TEST_PAUSE_BEFORE_PUBLISH")
+        moved = time.monotonic()
         published = ix.publish(h, filled, crcs)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("fetch of %d pages: master %.2f ms, reserve and transfer %.2f ms, check and publish %.2f ms",
+                         len(keys), (asked - started) * 1e3, (moved - asked) * 1e3, (time.monotonic() - moved) * 1e3)
         self.metrics.add("rejected_pages", sum(1 for f, p in zip(filled, published) if f and not p))
         self.metrics.add("fetched_pages", sum(published))
         self.metrics.add("fetched_bytes", sum(s for s, p in zip(sizes, published) if p))
@@ -832,12 +837,14 @@ def main(argv=None):
     p.add_argument("--keys", help="file of INDEX=KEY lines: tenant keys of keyed indexes to serve (mode 0600)")
     p.add_argument("--metrics", help="HOST:PORT for Prometheus text at /metrics")
     p.add_argument("--fill-timeout", type=float, default=1.0, help="seconds a fill waits for a fetch it joined")
+    p.add_argument("--verbose", action="store_true", help="log every fetch with where its time went")
     args = p.parse_args(argv)
     from ._native import CxlTierError
 
     if args.replicas < 1:
         p.error("--replicas must be at least 1")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         admit = _admission(args.admit)
         del admit
