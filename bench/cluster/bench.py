@@ -46,7 +46,6 @@ import hashlib
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -246,6 +245,9 @@ def main():
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--batches", default="1,64,256")
     ap.add_argument("--page-kib", default="63,2016", help="page sizes: 63 (8 tokens x 7 layers), 2016 (64 x 28)")
+    ap.add_argument("--max-batch-mib", type=int, default=256,
+                    help="skip page-size and batch pairs moving more than this per batch (memory: each node holds "
+                         "every page a run stores, in its tier, the cluster store and SGLang's host pool)")
     ap.add_argument("--ranks", type=int, default=8, help="TP ranks on node B for the network-bytes run")
     ap.add_argument("--prefix-pages", type=int, default=32, help="pages of the prefix the ranks load")
     ap.add_argument("--exists", default="1000,10000,30000")
@@ -271,7 +273,13 @@ def main():
     small = PAGE_CONFIGS[min(PAGE_CONFIGS)][0] * PAGE_CONFIGS[min(PAGE_CONFIGS)][1] * LATENT * 2
     # Every page any run stores, on a tier (each geometry an index of its
     # own) and in the cluster (both backends' copies).
-    stored = (sum(sum(batches) * args.repeat * PAGE_CONFIGS[k][0] * PAGE_CONFIGS[k][1] * LATENT * 2 for k in sizes)
+    def page_bytes_of(kib):
+        return PAGE_CONFIGS[kib][0] * PAGE_CONFIGS[kib][1] * LATENT * 2
+
+    def runs(kib):
+        return [b for b in batches if b * page_bytes_of(kib) <= args.max_batch_mib << 20]
+
+    stored = (sum(sum(runs(k)) * args.repeat * page_bytes_of(k) for k in sizes)
               + sum(int(x) for x in args.exists.split(",")) * 2 * LATENT * 2 + args.prefix_pages * small)
     tier_size = f"{(stored + stored // 4 + (256 << 20)) >> 20}MiB"
     segment = 2 * stored + stored // 4 + (256 << 20)
@@ -279,9 +287,9 @@ def main():
           f"{args.protocol} over loopback, tiers of {tier_size}", flush=True)
     master = ch.Master(py, tmp).start()
     nodes = {n: ch.Node(py, cli, lib, tmp, n, size=tier_size) for n in ("a", "b")}
-    result = {"date": datetime.date.today().isoformat(), "host": socket.gethostname(),
+    result = {"date": datetime.date.today().isoformat(),
               "machine": {"arch": platform.machine(), "cpus": os.cpu_count()}, "sglang": sglang.__version__,
-              "protocol": args.protocol, "rows": [], "exists": [], "network": []}
+              "protocol": args.protocol, "rows": [], "skipped": [], "exists": [], "network": []}
     try:
         nodes["a"].start_uplink(master, segment=f"{segment >> 20}MiB")
         nodes["b"].start_uplink(master, segment="0", args=["--verbose"] if args.verbose else [])
@@ -291,9 +299,14 @@ def main():
         for kib in sizes:
             tokens, layers = PAGE_CONFIGS[kib]
             for batch in batches:
+                if batch not in runs(kib):
+                    print(f"  page {page_bytes_of(kib) / 1024:6.0f} KiB batch {batch:3d}: skipped "
+                          f"({batch * page_bytes_of(kib) >> 20} MiB a batch, over --max-batch-mib {args.max_batch_mib})")
+                    result["skipped"].append({"page_bytes": page_bytes_of(kib), "batch": batch})
+                    continue
                 seed += 1
                 init = dict(common, page_tokens=tokens, layers=layers, pages=batch * args.repeat,
-                            blocks=sum(batches) * args.repeat + 64)
+                            blocks=sum(runs(kib)) * args.repeat + 64)
                 with Pair(env, nodes, init) as (a, b):
                     result["rows"].append(load_row(a, b, nodes, args, seed, batch, tokens * layers * LATENT * 2))
         with Pair(env, nodes, dict(common, page_tokens=1, layers=1, pages=max_exists,
