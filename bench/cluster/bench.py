@@ -346,15 +346,23 @@ class Pair:
                 p.p.kill()
 
 
-def store_both(proc, node, seed, n):
-    """Stores n pages through both backends on node A and waits for A's
-    uplink to have written the cxltier ones behind; their digests."""
+def store_both(proc, node, seed, n, behind=True):
+    """Stores n pages through both backends on node A and (behind) waits for
+    A's uplink to have written the cxltier ones behind; their digests."""
     import cluster_harness as ch
 
-    base = node.metrics()["put_pages"]
+    before = node.metrics()
     want = proc.call({"op": "store", "backend": "cxltier", "seed": seed, "n": n})["digests"]
     proc.call({"op": "store", "backend": "mooncake", "seed": seed, "n": n})
-    ch.wait_for(lambda: node.metrics()["put_pages"] >= base + n, 300, "node A's write-behind")
+    if behind:
+        def settled():
+            m = node.metrics()
+            return m if m["put_pages"] + m["dropped_pages"] >= before["put_pages"] + before["dropped_pages"] + n else None
+
+        m = ch.wait_for(settled, 300, "node A's write-behind")
+        if m["dropped_pages"] > before["dropped_pages"]:
+            raise RuntimeError(f"node A's uplink dropped {m['dropped_pages'] - before['dropped_pages']:.0f} pages "
+                               "instead of writing them behind: see its log")
     return want
 
 
@@ -383,7 +391,7 @@ def exists_run(result, a, b, args, nodes):
     (local probes), SGLang's backend asking the master."""
     for n in (int(x) for x in args.exists.split(",")):
         seed = 10_000 + n
-        store_both(a, nodes["a"], seed, n)
+        store_both(a, nodes["a"], seed, n, behind=False)  # node A's own pages: exists asks nothing of the cluster
         row = {"keys": n}
         for label, proc, backend in (("cxltier_local", a, "cxltier"), ("sglang_mooncake", b, "mooncake")):
             times = []

@@ -36,6 +36,7 @@ when their keys match.
 
 import argparse
 import ctypes
+import faulthandler
 import http.server
 import logging
 import mmap
@@ -97,7 +98,7 @@ class Metrics:
         "fetched_pages": "pages brought into this tier from the cluster",
         "fetched_bytes": "payload bytes brought into this tier from the cluster",
         "joined_pages": "pages a fill found already being fetched for another request, and waited for",
-        "dropped_pages": "write-behind pages dropped: the queue was full",
+        "dropped_pages": "write-behind pages dropped: the queue was full, or their puts still failed after retries",
         "denied_pages": "pages of keyed indexes this uplink holds no key for (kept local)",
         "rejected_pages": "fetched pages that failed their checksum or length (left as misses)",
         "remote_errors": "cluster calls that failed or were skipped while the cluster was unreachable",
@@ -322,11 +323,13 @@ class Uplink:
     # The cluster's health. A Mooncake call to a master that stopped
     # answering (a partition, a stalled host) does not return for minutes,
     # and one to a master that is gone fails at once: either way, after a
-    # failure, or while any call has been out longer than STALL seconds,
-    # the cluster counts as down and fills answer at once as failed (local
+    # failure, or while any call has been out longer than it may take (STALL
+    # seconds, and a second more for every STALL_RATE bytes it moves), the
+    # cluster counts as down and fills answer at once as failed (local
     # misses) until a probe succeeds again.
 
     STALL = 1.0
+    STALL_RATE = 100 << 20
 
     def cluster_up(self):
         return self.store is not None and time.monotonic() >= self._cluster_down_until
@@ -336,12 +339,12 @@ class Uplink:
         self._cluster_down_until = time.monotonic() + 1.0
         logger.warning("cxltier uplink: cluster %s failed%s", what, f": {err}" if err else "")
 
-    def _call(self, what, fn, *args):
-        """A Mooncake call, timed for the stall watch; an exception is
-        counted, marks the cluster down and comes back as None."""
+    def _call(self, what, fn, *args, nbytes=0):
+        """A Mooncake call moving nbytes, watched for stalls; an exception
+        is counted, marks the cluster down and comes back as None."""
         token = object()
         with self._calls_lock:
-            self._calls[token] = time.monotonic()
+            self._calls[token] = time.monotonic() + self.STALL + nbytes / self.STALL_RATE
         try:
             return fn(*args)
         except Exception as e:
@@ -351,14 +354,20 @@ class Uplink:
             with self._calls_lock:
                 del self._calls[token]
 
+    def _stalled(self):
+        """How long the most overdue Mooncake call is past its time (<= 0:
+        none is)."""
+        with self._calls_lock:
+            due = min(self._calls.values(), default=None)
+        return -1.0 if due is None else time.monotonic() - due
+
     def _watch_cluster(self):
         """Marks the cluster down while a call is stalled."""
         while not self._stop.wait(0.1):
-            with self._calls_lock:
-                oldest = min(self._calls.values(), default=None)
-            if oldest is not None and time.monotonic() - oldest > self.STALL:
+            late = self._stalled()
+            if late > 0:
                 if self.cluster_up():
-                    logger.warning("cxltier uplink: a cluster call is stalled for %.1f s", time.monotonic() - oldest)
+                    logger.warning("cxltier uplink: a cluster call is %.1f s past its time", late)
                 self._cluster_down_until = time.monotonic() + 1.0
 
     def _probe_cluster(self):
@@ -368,9 +377,7 @@ class Uplink:
             if self.store is None or self.cluster_up():
                 continue
             got = self._call("probe", self.store.batch_is_exist, ["cxltier/probe"])
-            with self._calls_lock:
-                stalled = any(time.monotonic() - t > self.STALL for t in self._calls.values())
-            if got is not None and all(r >= 0 for r in got) and not stalled:
+            if got is not None and all(r >= 0 for r in got) and self._stalled() <= 0:
                 self._cluster_down_until = 0.0
                 logger.info("cxltier uplink: cluster answers again")
 
@@ -497,8 +504,12 @@ class Uplink:
                     logger.exception("cxltier uplink: write-behind of %d pages of %r failed", len(items), name)
                     failed = {k for k, _ in items}
                 for k, tries in items:
-                    if k in failed and tries < len(self.RETRY_AFTER):
+                    if k not in failed:
+                        continue
+                    if tries < len(self.RETRY_AFTER):
                         retry.append((time.monotonic() + self.RETRY_AFTER[tries], name, k, tries + 1))
+                    else:
+                        self.metrics.add("dropped_pages")
 
     def put(self, name, keys):
         """Writes keys' pages of index name to the cluster, read in place;
@@ -548,12 +559,13 @@ class Uplink:
                 if not group:
                     continue
                 names = [ckeys[todo[j]] for j, *_ in group]
+                nbytes = sum(length for *_, length in group)
                 if fn == self.store.batch_put_from:
                     res = self._call("batch_put_from", fn, names, [p[0] for _, p, _, _ in group],
-                                     [s[0] for _, _, s, _ in group], cfg)
+                                     [s[0] for _, _, s, _ in group], cfg, nbytes=nbytes)
                 else:
                     res = self._call("batch_put_from_multi_buffers", fn, names, [p for _, p, _, _ in group],
-                                     [s for _, _, s, _ in group], cfg)
+                                     [s for _, _, s, _ in group], cfg, nbytes=nbytes)
                 res = res if res is not None else [-1] * len(group)
                 for (j, _, _, length), r in zip(group, res):
                     if r == 0:
@@ -672,14 +684,15 @@ class Uplink:
         got, cluster_failed = {}, False
         if one:
             res = self._call("batch_get_into", self.store.batch_get_into, [ckeys[i] for i in one],
-                             [addrs[i] for i in one], [sizes[i] + TRAILER_BYTES for i in one])
+                             [addrs[i] for i in one], [sizes[i] + TRAILER_BYTES for i in one],
+                             nbytes=sum(sizes[i] for i in one))
             cluster_failed |= res is None
             for i, r in zip(one, res if res is not None else [-1] * len(one)):
                 got[i] = (r, TRAILER.unpack(ctypes.string_at(addrs[i] + sizes[i], TRAILER_BYTES)) if r > 0 else None)
         if two:
             res = self._call("batch_get_into_multi_buffers", self.store.batch_get_into_multi_buffers,
                              [ckeys[i] for i, _ in two], [[addrs[i], self.slots.addr(s)] for i, s in two],
-                             [[sizes[i], TRAILER_BYTES] for i, _ in two])
+                             [[sizes[i], TRAILER_BYTES] for i, _ in two], nbytes=sum(sizes[i] for i, _ in two))
             cluster_failed |= res is None
             for (i, s), r in zip(two, res if res is not None else [-1] * len(two)):
                 got[i] = (r, self.slots.read(s) if r > 0 else None)
@@ -890,6 +903,7 @@ def main(argv=None):
             print(f"cxltier-uplink: --metrics {args.metrics}: {e}", file=sys.stderr)
             up.close()
             return 2
+    faulthandler.register(signal.SIGUSR2, all_threads=True)  # kill -USR2: every thread's stack, on stderr
     signal.signal(signal.SIGTERM, lambda *_: up.stop())
     signal.signal(signal.SIGINT, lambda *_: up.stop())
     logger.info("cxltier uplink: serving %s at @%s, cluster %s", args.tier, up.address, args.master or "none")
