@@ -310,7 +310,7 @@ def main():
                 with Pair(env, nodes, init) as (a, b):
                     result["rows"].append(load_row(a, b, nodes, args, seed, batch, tokens * layers * LATENT * 2))
         with Pair(env, nodes, dict(common, page_tokens=1, layers=1, pages=max_exists,
-                                   blocks=sum(int(x) for x in args.exists.split(",")) + 64)) as (a, b):
+                                   blocks=2 * sum(int(x) for x in args.exists.split(",")) + 64)) as (a, b):
             exists_run(result, a, b, args, nodes)
         network_run(result, args, env, nodes, master, segment)
         result["uplink_b"] = nodes["b"].metrics()
