@@ -884,8 +884,7 @@ def main(argv=None):
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        admit = _admission(args.admit)
-        del admit
+        _admission(args.admit)  # a malformed rule is refused before anything starts
         keys = _keys_file(args.keys)
         store = None
         if args.master:
