@@ -135,12 +135,10 @@ func checkPeer(c *net.UnixConn) error {
 		return cerr
 	}
 	if me := uint32(os.Getuid()); cred.Uid != me && cred.Uid != 0 {
-		return fmt.Errorf("cluster: uplink socket %s is held by uid %d, not %d: ignored", l2s(c), cred.Uid, me)
+		return fmt.Errorf("cluster: uplink socket %s is held by uid %d, not %d: ignored", c.RemoteAddr(), cred.Uid, me)
 	}
 	return nil
 }
-
-func l2s(c *net.UnixConn) string { return c.RemoteAddr().String() }
 
 // take is an idle fill connection, or a new one.
 func (l *Link) take(deadline time.Time) (*net.UnixConn, error) {
