@@ -52,7 +52,7 @@ func (s *Store) SetPieces(keys []Key, pieces [][][]byte) ([]Status, error) {
 	if perr := s.Publish(res, crcs); perr != nil && err == nil {
 		err = perr
 	}
-	return statuses(res), err
+	return Statuses(res), err
 }
 
 // inlineSetBytes: a Set whose payloads come to at most this many bytes
@@ -103,7 +103,7 @@ func (s *Store) setInline(keys []Key, sizes []int64, pieces [][][]byte) ([]Statu
 	if err == nil {
 		err = ferr
 	}
-	return statuses(res), err
+	return Statuses(res), err
 }
 
 // wholePieces views each payload as a payload of one piece.
@@ -123,7 +123,8 @@ func piecesLen(pieces [][]byte) int64 {
 	return n
 }
 
-func statuses(res []Reservation) []Status {
+// Statuses is each reservation's status, in order.
+func Statuses(res []Reservation) []Status {
 	out := make([]Status, len(res))
 	for i, r := range res {
 		out[i] = r.Status

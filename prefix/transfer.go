@@ -148,7 +148,7 @@ func (m *Mover) Put(keys []Key, l Layout, pages []int64) ([]Status, error) {
 	if perr := m.s.Publish(res, crcs); perr != nil && err == nil {
 		err = perr
 	}
-	return statuses(res), err
+	return Statuses(res), err
 }
 
 // Get gathers the longest ready prefix of keys into pages[0:n] of the pool

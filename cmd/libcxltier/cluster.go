@@ -319,7 +319,7 @@ func cxl_prefix_reserve(h C.uint64_t, keys *C.uint8_t, n C.int64_t, sizes *C.int
 				ptrs[i] = unsafe.Pointer(unsafe.SliceData(b))
 			}
 		}
-		writeStatuses(statuses, n, reservationStatuses(res))
+		writeStatuses(statuses, n, prefix.Statuses(res))
 		a, aerr := tierOf(s.tier)
 		if aerr != nil {
 			s.Abort(res)
@@ -331,14 +331,6 @@ func cxl_prefix_reserve(h C.uint64_t, keys *C.uint8_t, n C.int64_t, sizes *C.int
 		return err
 	}()
 	return report(err, errbuf, errlen)
-}
-
-func reservationStatuses(res []prefix.Reservation) []prefix.Status {
-	st := make([]prefix.Status, len(res))
-	for i, r := range res {
-		st[i] = r.Status
-	}
-	return st
 }
 
 // cxl_prefix_room writes how many bytes each block of the index spans
@@ -390,12 +382,7 @@ func cxl_prefix_publish_written(h C.uint64_t, crcs *C.uint32_t, n C.int64_t, pub
 		if int(n) != len(rv.res) || (n > 0 && (crcs == nil || published == nil)) {
 			return fmt.Errorf("prefix publish written: %w: %d checksums for %d reservations", errBadArg, n, len(rv.res))
 		}
-		handles.remove(uint64(h))
-		if a, err := tierOf(rv.tier); err == nil {
-			handles.mu.Lock()
-			delete(a.children, uint64(h))
-			handles.mu.Unlock()
-		}
+		handles.forgetChild(uint64(h), rv.child) // published or aborted below, not closed
 		out := unsafe.Slice((*int8)(unsafe.Pointer(published)), n)
 		var unfilled []prefix.Reservation
 		for i := range out {

@@ -61,13 +61,19 @@ func (t *handleTable) addChild(a *attached, o any, c child) uint64 {
 
 // closeChild closes handle h, a child of tier c.tier.
 func (t *handleTable) closeChild(h uint64, c child) error {
+	t.forgetChild(h, c)
+	return c.close()
+}
+
+// forgetChild takes handle h, a child of tier c.tier, out of the table and
+// its tier's children without closing it.
+func (t *handleTable) forgetChild(h uint64, c child) {
 	t.remove(h)
 	if a, err := tierOf(c.tier); err == nil {
 		t.mu.Lock()
 		delete(a.children, h)
 		t.mu.Unlock()
 	}
-	return c.close()
 }
 
 func (t *handleTable) add(o any) uint64 {

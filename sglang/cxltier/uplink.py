@@ -549,23 +549,18 @@ class Uplink:
             for (j, addr, length, crc), slot in zip(hits, slots):
                 if ix.fits(length):
                     ctypes.memmove(addr + length, TRAILER.pack(TRAILER_MAGIC, 1, 0, length, crc), TRAILER_BYTES)
-                    one.append((j, [addr], [length + TRAILER_BYTES], length))
+                    one.append((j, addr, length + TRAILER_BYTES, length))
                 else:
                     self.slots.write(slot, length, crc)
                     two.append((j, [addr, self.slots.addr(slot)], [length, TRAILER_BYTES], length))
             cfg = _replicate_config(self.replicas)
             failed, sent = [], 0
-            for group, fn in ((one, self.store.batch_put_from), (two, self.store.batch_put_from_multi_buffers)):
+            for group, what in ((one, "batch_put_from"), (two, "batch_put_from_multi_buffers")):
                 if not group:
                     continue
-                names = [ckeys[todo[j]] for j, *_ in group]
-                nbytes = sum(length for *_, length in group)
-                if fn == self.store.batch_put_from:
-                    res = self._call("batch_put_from", fn, names, [p[0] for _, p, _, _ in group],
-                                     [s[0] for _, _, s, _ in group], cfg, nbytes=nbytes)
-                else:
-                    res = self._call("batch_put_from_multi_buffers", fn, names, [p for _, p, _, _ in group],
-                                     [s for _, _, s, _ in group], cfg, nbytes=nbytes)
+                res = self._call(what, getattr(self.store, what), [ckeys[todo[j]] for j, *_ in group],
+                                 [p for _, p, _, _ in group], [s for _, _, s, _ in group], cfg,
+                                 nbytes=sum(length for *_, length in group))
                 res = res if res is not None else [-1] * len(group)
                 for (j, _, _, length), r in zip(group, res):
                     if r == 0:
