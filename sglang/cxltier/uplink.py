@@ -401,7 +401,11 @@ class Uplink:
         self._spawn(self._write_behind)
         self._spawn(self._watch_cluster)
         self._spawn(self._probe_cluster)
-        self._stop.wait()
+        # A timed wait: SIGTERM may land on any thread (the Go runtime's
+        # threads do not block it), and then only the main thread's return
+        # to the interpreter runs the handler; an untimed wait never returns.
+        while not self._stop.wait(0.2):
+            pass
 
     def _spawn(self, fn, *args):
         t = threading.Thread(target=fn, args=args, daemon=True, name=f"uplink-{fn.__name__}")

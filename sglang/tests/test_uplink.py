@@ -479,6 +479,35 @@ def test_uplink_without_mooncake_says_so(built, device):
     assert r.returncode == 2 and "pip install mooncake-transfer-engine" in r.stderr, r.stderr[-500:]
 
 
+def test_uplink_stops_on_sigterm_to_any_thread(built, device):
+    """The kernel hands a process-wide SIGTERM to any thread that does not
+    block it, often one of the Go runtime's: the uplink stops all the same.
+    Each try signals one thread other than the main one."""
+    import ctypes
+    import platform
+
+    SYS_tgkill = {"x86_64": 234, "aarch64": 131}.get(platform.machine())
+    if SYS_tgkill is None:
+        pytest.skip(f"tgkill's number on {platform.machine()} is not listed here")
+    libc = ctypes.CDLL(None, use_errno=True)
+    env = dict(os.environ, CXLTIER_LIB=built["lib"], PYTHONPATH=os.path.join(ch.REPO, "sglang"))
+    for attempt in range(3):
+        up = subprocess.Popen([sys.executable, "-m", "cxltier.uplink", "--tier", device], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            assert "serving" in up.stdout.readline() + up.stdout.readline()
+            time.sleep(0.5)  # the main thread is waiting by now
+            others = sorted(int(t) for t in os.listdir(f"/proc/{up.pid}/task") if int(t) != up.pid)
+            assert others, "the uplink runs more than one thread"
+            tid = others[attempt % len(others)]
+            assert libc.syscall(SYS_tgkill, up.pid, tid, signal.SIGTERM) == 0, ctypes.get_errno()
+            assert up.wait(timeout=10) == 0
+        finally:
+            if up.poll() is None:
+                up.kill()
+                up.wait()
+
+
 def test_second_uplink_for_a_node_is_refused(built, device):
     """Two uplinks for one node's tier would split its single flight: the
     second is refused, naming the reason."""
