@@ -42,6 +42,11 @@ func (s *Store) Namespace() string { return s.ns }
 // Payload is a pinned hit's payload in place in the tier mapping (fresh
 // from memory on a non-coherent tier), valid until the hit is released.
 func (s *Store) Payload(h Hit) ([]byte, error) {
+	held, herr := s.hold("payload")
+	if herr != nil {
+		return nil, herr
+	}
+	defer held.Done()
 	b, err := s.payload(h.Offset, h.Len)
 	if err != nil {
 		return nil, fmt.Errorf("prefix: %q: %v: %w", s.name, h.Key, err)
@@ -58,6 +63,11 @@ func (s *Store) wireIsEntry() bool { return s.g.Version == 0 || s.g.Version >= 5
 // for a damaged one): what a page takes off the node. One pass over the
 // payload on an index of layout 5 or later, two before.
 func (s *Store) WirePayload(h Hit) ([]byte, uint32, error) {
+	held, herr := s.hold("payload")
+	if herr != nil {
+		return nil, 0, herr
+	}
+	defer held.Done()
 	b, err := s.Payload(h)
 	if err != nil {
 		return nil, 0, err
@@ -77,6 +87,11 @@ func (s *Store) WirePayload(h Hit) ([]byte, uint32, error) {
 // mapping, for a writer that fills it by other means than Set (a network
 // transfer). Check Fenced right before the write starts.
 func (s *Store) Block(r Reservation) ([]byte, error) {
+	held, herr := s.hold("block")
+	if herr != nil {
+		return nil, herr
+	}
+	defer held.Done()
 	if r.Status != Reserved {
 		return nil, fmt.Errorf("prefix: %q: %v: %w: not reserved (%v)", s.name, r.Key, ErrBadConfig, r.Status)
 	}
@@ -95,7 +110,14 @@ func (s *Store) Room() int64 { return s.g.BlockStride }
 
 // Fenced reports tier.ErrLeaseLost once this client's lease is gone: a
 // reservation's block may then be another's, and must not be written.
-func (s *Store) Fenced() error { return s.c.Fenced() }
+func (s *Store) Fenced() error {
+	held, herr := s.hold("fenced")
+	if herr != nil {
+		return herr
+	}
+	defer held.Done()
+	return held.Fenced()
+}
 
 // PublishWritten publishes the reservations whose blocks, written in place
 // by a transfer, hold a payload matching want (each key's WireChecksum),
@@ -103,6 +125,11 @@ func (s *Store) Fenced() error { return s.c.Fenced() }
 // an entry. It reports which were published; with an error (ErrLost: the
 // client was reaped), some it reports may not have been.
 func (s *Store) PublishWritten(res []Reservation, want []uint32) ([]bool, error) {
+	held, herr := s.hold("publish written")
+	if herr != nil {
+		return nil, herr
+	}
+	defer held.Done()
 	if len(want) != len(res) {
 		return nil, fmt.Errorf("prefix: %q: publish written: %d reservations but %d checksums: %w", s.name, len(res), len(want), ErrBadConfig)
 	}

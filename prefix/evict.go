@@ -112,6 +112,11 @@ func (s *Store) eachLivePin(fn func(v uint64)) {
 // returns how many. The daemon calls it after reaping clients; inserts call
 // it when they find no space.
 func (s *Store) Reclaim() (int, error) {
+	held, herr := s.hold("reclaim")
+	if herr != nil {
+		return 0, herr
+	}
+	defer held.Done()
 	n := 0
 	err := s.eachShard(func(sh *shard) { n += s.reclaimLocked(sh) })
 	return n, err

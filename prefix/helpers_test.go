@@ -109,7 +109,8 @@ func stalledClient(t *testing.T, r *tier.Region) (*tier.Client, *Store) {
 	return z, sz
 }
 
-// reapUntilFenced runs a reaper over r until client z has lost its lease.
+// reapUntilFenced has a reaper reclaim client z's lease, as one would
+// once z had stalled past the lease timeout.
 func reapUntilFenced(t *testing.T, r *tier.Region, z *tier.Client) {
 	t.Helper()
 	m, err := tier.NewManager(r, tier.ManagerOptions{SkipPIDCheck: true})
@@ -117,10 +118,7 @@ func reapUntilFenced(t *testing.T, r *tier.Region, z *tier.Client) {
 		t.Fatal(err)
 	}
 	defer m.Client().Close()
-	for deadline := time.Now().Add(10 * time.Second); z.Fenced() == nil; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the stalled client was not reaped")
-		}
-		m.ReapOnce()
+	if _, err := m.Reap(z.Slot(), "stalled"); err != nil {
+		t.Fatal(err)
 	}
 }

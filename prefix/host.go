@@ -13,6 +13,11 @@ import (
 // flush, publish. It returns each key's status; keys present already are
 // left as they are.
 func (s *Store) Set(keys []Key, payloads [][]byte) ([]Status, error) {
+	held, herr := s.hold("set")
+	if herr != nil {
+		return nil, herr
+	}
+	defer held.Done()
 	return s.SetPieces(keys, wholePieces(payloads))
 }
 
@@ -20,6 +25,11 @@ func (s *Store) Set(keys []Key, payloads [][]byte) ([]Status, error) {
 // whose parts lie apart in host memory (an SGLang layer-first pool holds one
 // piece per layer) is stored as one payload with no staging copy.
 func (s *Store) SetPieces(keys []Key, pieces [][][]byte) ([]Status, error) {
+	held, herr := s.hold("set")
+	if herr != nil {
+		return nil, herr
+	}
+	defer held.Done()
 	if len(pieces) != len(keys) {
 		return nil, fmt.Errorf("prefix: %q: set: %d keys but %d payloads: %w", s.name, len(keys), len(pieces), ErrBadConfig)
 	}
@@ -30,7 +40,7 @@ func (s *Store) SetPieces(keys []Key, pieces [][][]byte) ([]Status, error) {
 		total += sizes[i]
 	}
 	if total <= inlineSetBytes {
-		return s.setInline(keys, sizes, pieces)
+		return s.setInline(held, keys, sizes, pieces)
 	}
 	res, err := s.Reserve(keys, sizes)
 	if err != nil && res == nil {
@@ -40,7 +50,7 @@ func (s *Store) SetPieces(keys []Key, pieces [][][]byte) ([]Status, error) {
 	crcs, werrs := make([]uint32, len(res)), make([]error, len(res))
 	eachInParallel(len(res), total, func(i int) {
 		if res[i].Status == Reserved {
-			crcs[i], werrs[i] = s.writePayload(&res[i].Key, res[i].Offset, sizes[i], pieces[i])
+			crcs[i], werrs[i] = s.writePayload(held, &res[i].Key, res[i].Offset, sizes[i], pieces[i])
 		}
 	})
 	for i, werr := range werrs {
@@ -66,7 +76,7 @@ const inlineSetBytes = 64 << 10
 // setInline is SetPieces for small payloads: reserve, write and publish
 // under one hold of each shard's lock. A writer that dies mid-copy leaves
 // its reservation to the reaper, as between two holds.
-func (s *Store) setInline(keys []Key, sizes []int64, pieces [][][]byte) ([]Status, error) {
+func (s *Store) setInline(held tier.Hold, keys []Key, sizes []int64, pieces [][][]byte) ([]Status, error) {
 	res, err := s.newReservations(keys, sizes)
 	if err != nil {
 		return nil, err
@@ -82,7 +92,7 @@ func (s *Store) setInline(keys []Key, sizes []int64, pieces [][][]byte) ([]Statu
 				if r.Status != Reserved {
 					continue
 				}
-				crc, werr := s.writePayload(&r.Key, r.Offset, sizes[i], pieces[i])
+				crc, werr := s.writePayload(held, &r.Key, r.Offset, sizes[i], pieces[i])
 				if werr != nil {
 					s.dropLocked(r.entry)
 					r.Status = NoSpace
@@ -135,12 +145,12 @@ func Statuses(res []Reservation) []Status {
 // writePayload copies pieces (n bytes in all) into key k's block at off,
 // makes them visible to other hosts, and returns the entry's checksum of
 // what the block now holds.
-func (s *Store) writePayload(k *Key, off tier.Offset, n int64, pieces [][]byte) (uint32, error) {
+func (s *Store) writePayload(h tier.Hold, k *Key, off tier.Offset, n int64, pieces [][]byte) (uint32, error) {
 	// Outside the lock the block is this client's only while its lease
 	// is: a client reaped since it reserved (a pause past the lease
 	// timeout) had the reservation reclaimed, and the block may hold
 	// another's payload now.
-	if err := s.c.Fenced(); err != nil {
+	if err := h.Fenced(); err != nil {
 		return 0, err
 	}
 	dst, err := s.r.Slice(off, n)
@@ -162,6 +172,11 @@ func (s *Store) writePayload(k *Key, off tier.Offset, n int64, pieces [][]byte) 
 // batch of megabytes is copied by several goroutines, so buffers past the
 // served prefix may have been written too.
 func (s *Store) Get(keys []Key, dst [][]byte) (int, error) {
+	held, herr := s.hold("get")
+	if herr != nil {
+		return 0, herr
+	}
+	defer held.Done()
 	if len(dst) < len(keys) {
 		return 0, fmt.Errorf("prefix: %q: get: %d keys but %d buffers: %w", s.name, len(keys), len(dst), ErrBadConfig)
 	}
@@ -179,6 +194,11 @@ func (s *Store) Get(keys []Key, dst [][]byte) (int, error) {
 // (the pieces are the places of one page in a host pool; a payload of
 // another size is a page of another layout and is refused, not cut).
 func (s *Store) GetPieces(keys []Key, dst [][][]byte) (int, error) {
+	held, herr := s.hold("get")
+	if herr != nil {
+		return 0, herr
+	}
+	defer held.Done()
 	if len(dst) < len(keys) {
 		return 0, fmt.Errorf("prefix: %q: get: %d keys but %d buffers: %w", s.name, len(keys), len(dst), ErrBadConfig)
 	}
@@ -276,6 +296,11 @@ func (s *Store) readHit(h Hit, dst [][]byte, verify bool) error {
 // VerifyHit checks a pinned hit's payload in place against its checksum,
 // for callers that move the payload with the gather engine.
 func (s *Store) VerifyHit(h Hit) error {
+	held, herr := s.hold("verify")
+	if herr != nil {
+		return herr
+	}
+	defer held.Done()
 	src, err := s.payload(h.Offset, h.Len)
 	if err != nil {
 		return fmt.Errorf("prefix: %q: %v: %w", s.name, h.Key, err)

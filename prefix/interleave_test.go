@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync/atomic"
 	"testing"
+
+	"github.com/cxltier/cxltier/tier"
 )
 
 // interleaver runs simulated hosts one at a time, handing the turn on at
@@ -58,11 +61,16 @@ func (iv *interleaver) next(h int, mustSwitch bool) int {
 
 // yield is host h's turn ending at a sync point; it returns when h runs again.
 func (iv *interleaver) yield(h int, mustSwitch bool) {
+	if iv.died[h] {
+		return // a dead host's unwinding runs in one piece (run)
+	}
 	if iv.synced[h]++; iv.synced[h] == iv.dieAt[h] {
 		iv.die(h)
 		iv.died[h] = true
-		iv.handOn(h)
-		select {} // the process is gone
+		// The process is gone. Its goroutine unwinds, so that its holds
+		// end, before the turn passes on (run): what its deferred calls
+		// still try is a reaped client's, which the fences refuse.
+		runtime.Goexit()
 	}
 	if n := iv.next(h, mustSwitch); n != h {
 		iv.switches++
@@ -77,9 +85,9 @@ func (iv *interleaver) run(bodies []func() error) []error {
 	errs := make([]error, len(bodies))
 	for h, body := range bodies {
 		go func() {
+			defer iv.handOn(h) // on return, and on death's Goexit
 			<-iv.wake[h]
 			errs[h] = body()
-			iv.handOn(h)
 		}()
 	}
 	iv.wake[0] <- struct{}{}
@@ -134,7 +142,16 @@ func testInterleavedHosts(t *testing.T, shards int, seed uint64, dies bool) {
 	iv := newInterleaver(len(hosts), seed<<8|uint64(shards))
 	if dies {
 		iv.dieAt[1] = 20 + rand.New(rand.NewPCG(seed, 0xdead)).IntN(3000)
-		iv.die = func(h int) { hosts[h].c.Close() }
+		reaper, err := tier.NewManager(nc, tier.ManagerOptions{SkipPIDCheck: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { reaper.Client().Close() })
+		iv.die = func(h int) {
+			if _, err := reaper.Reap(hosts[h].c.Slot(), "host died"); err != nil {
+				t.Errorf("reap host %d: %v", h, err)
+			}
+		}
 	}
 	for h, s := range hosts {
 		s.sim.yield = func(mustSwitch bool) { iv.yield(h, mustSwitch) }
@@ -180,10 +197,15 @@ func interleavedInsert(s *Store, keys []Key, size int64, twoHolds bool) error {
 	if err != nil {
 		return fmt.Errorf("reserve: %w", err)
 	}
+	held, err := s.hold("test")
+	if err != nil {
+		return err
+	}
+	defer held.Done()
 	crcs := make([]uint32, len(res))
 	for i, r := range res {
 		if r.Status == Reserved {
-			if crcs[i], err = s.writePayload(&res[i].Key, r.Offset, size, [][]byte{payloads[i]}); err != nil {
+			if crcs[i], err = s.writePayload(held, &res[i].Key, r.Offset, size, [][]byte{payloads[i]}); err != nil {
 				return err
 			}
 		}

@@ -111,6 +111,11 @@ func (s *Store) eachShard(fn func(sh *shard)) error {
 // evicting least recently used unpinned entries when blocks run out. Keys
 // present already (or twice in the batch) come back as Exists.
 func (s *Store) Reserve(keys []Key, sizes []int64) ([]Reservation, error) {
+	held, herr := s.hold("reserve")
+	if herr != nil {
+		return nil, herr
+	}
+	defer held.Done()
 	out, err := s.newReservations(keys, sizes)
 	if err != nil {
 		return nil, err
@@ -362,6 +367,11 @@ func (s *Store) Checksum(k Key, payload []byte) uint32 {
 // entry's checksum as Checksum computes it. It fails with ErrLost for
 // reservations a reaper took back, after publishing the others.
 func (s *Store) Publish(res []Reservation, crcs []uint32) error {
+	held, herr := s.hold("publish")
+	if herr != nil {
+		return herr
+	}
+	defer held.Done()
 	if len(crcs) != len(res) {
 		return fmt.Errorf("prefix: %q: publish: %d reservations but %d checksums: %w", s.name, len(res), len(crcs), ErrBadConfig)
 	}
@@ -422,6 +432,11 @@ func (s *Store) lost(r *Reservation) error {
 
 // Abort gives back reservations that will not be published.
 func (s *Store) Abort(res []Reservation) error {
+	held, herr := s.holdToRelease("abort")
+	if herr != nil {
+		return herr
+	}
+	defer held.Done()
 	return s.byShard(len(res), func(k int) *shard { return s.shardOfKey(&res[k].Key) }, func(sh *shard, idx []int) error {
 		return s.locked(sh, func() {
 			for _, k := range idx {
@@ -441,6 +456,11 @@ func (s *Store) Abort(res []Reservation) error {
 // Delete removes keys' ready entries. Keys not present are skipped; an
 // entry pinned by a reader is left in place and reported with ErrPinned.
 func (s *Store) Delete(keys []Key) (int, error) {
+	held, herr := s.hold("delete")
+	if herr != nil {
+		return 0, herr
+	}
+	defer held.Done()
 	if err := s.entries("delete"); err != nil {
 		return 0, err
 	}

@@ -56,11 +56,23 @@ func (s *Store) claimPins() error {
 }
 
 // Close gives up this client's pin table. Pins still held are dropped.
+//
+// The index is registered with its client when opened, so that closing the
+// client closes it; closing it first unregisters it.
 func (s *Store) Close() error {
-	if s.r.Closed() {
-		s.pinsClosed.Store(true)
-		return fmt.Errorf("prefix: %q: close: %w", s.name, tier.ErrClosed)
+	if s.unregister != nil {
+		s.unregister()
 	}
+	return s.closePins()
+}
+
+func (s *Store) closePins() error {
+	h, err := s.holdToRelease("close")
+	if err != nil {
+		s.pinsClosed.Store(true)
+		return err
+	}
+	defer h.Done()
 	if s.pinsClosed.CompareAndSwap(false, true) {
 		atomic.StoreUint64(u64At(s.myPins, pinHdrToken), 0)
 		s.publishMeta(s.g.PinsOff+int64(s.slot)*s.g.PinStride, pinHeaderSize)

@@ -123,6 +123,11 @@ func (s *Store) touchHomes(keys []Key) {
 // batch_exists). It takes no lock and pins nothing; a large batch is probed
 // by several goroutines.
 func (s *Store) Exists(keys []Key) int {
+	held, herr := s.hold("exists")
+	if herr != nil {
+		return 0
+	}
+	defer held.Done()
 	if s.maint || s.current() != nil {
 		return 0
 	}
@@ -140,6 +145,11 @@ func (s *Store) Exists(keys []Key) int {
 // probes instead of building the batch's keys first, and stops at the
 // first page with a part missing.
 func (s *Store) ExistsPages(pages []string, masks []Key) int {
+	held, herr := s.hold("exists")
+	if herr != nil {
+		return 0
+	}
+	defer held.Done()
 	if s.maint || len(masks) == 0 || s.current() != nil {
 		return 0
 	}
@@ -194,6 +204,11 @@ func (s *Store) leadingReady(keys []Key, stop func() bool) int {
 // Lookup finds the longest prefix of keys whose entries are ready, pins
 // them and returns them in order. Every hit must be given back with Release.
 func (s *Store) Lookup(keys []Key) ([]Hit, error) {
+	held, herr := s.hold("lookup")
+	if herr != nil {
+		return nil, herr
+	}
+	defer held.Done()
 	return s.LookupAppend(make([]Hit, 0, len(keys)), keys)
 }
 
@@ -201,6 +216,11 @@ func (s *Store) Lookup(keys []Key) ([]Hit, error) {
 // reusing dst allocates nothing per call. On an error dst comes back as
 // it came, with no pin taken.
 func (s *Store) LookupAppend(dst []Hit, keys []Key) ([]Hit, error) {
+	held, herr := s.hold("lookup")
+	if herr != nil {
+		return dst, herr
+	}
+	defer held.Done()
 	if err := s.entries("lookup"); err != nil {
 		return dst, err
 	}
@@ -273,6 +293,11 @@ func (s *Store) touch(e []byte) {
 
 // Release unpins hits returned by Lookup.
 func (s *Store) Release(hits []Hit) {
+	held, herr := s.holdToRelease("release")
+	if herr != nil {
+		return // the pin tables went with the client
+	}
+	defer held.Done()
 	if s.r.Closed() { // the pin tables went with the mapping
 		return
 	}

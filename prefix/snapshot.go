@@ -63,6 +63,11 @@ func (p *progress) show(done, bytes int64, final bool) {
 // while read and checked against their CRC; inserts that race with it may
 // or may not be included.
 func (s *Store) Snapshot(w io.Writer, progressTo io.Writer) (SnapshotInfo, error) {
+	held, herr := s.hold("snapshot")
+	if herr != nil {
+		return SnapshotInfo{}, herr
+	}
+	defer held.Done()
 	if err := s.entries("snapshot"); err != nil {
 		return SnapshotInfo{}, err
 	}
@@ -151,6 +156,11 @@ func (s *Store) snapshotOne(out io.Writer, k Key, buf []byte) (int64, error) {
 // inserted are deleted again. A bad file is ErrBadSnapshot and changes
 // nothing.
 func (s *Store) Restore(r io.ReadSeeker, progressTo io.Writer) (SnapshotInfo, error) {
+	held, herr := s.hold("restore")
+	if herr != nil {
+		return SnapshotInfo{}, herr
+	}
+	defer held.Done()
 	if err := s.entries("restore"); err != nil {
 		return SnapshotInfo{}, err
 	}

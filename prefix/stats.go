@@ -41,9 +41,11 @@ func (st Stats) HitRate() float64 {
 
 // Stats reads the index's counts.
 func (s *Store) Stats() Stats {
-	if s.r.Closed() {
+	h, err := s.hold("stats")
+	if err != nil { // the geometry only: the counts went with the mapping
 		return Stats{Name: s.name, Entries: s.g.Entries, Blocks: s.g.Blocks, BlockBytes: s.g.BlockBytes, Shards: s.g.Shards, LayoutVersion: s.g.Version}
 	}
+	defer h.Done()
 	s.refreshMeta(0, 256)
 	c := s.counters()
 	st := Stats{Name: s.name, Entries: s.g.Entries, Blocks: s.g.Blocks, BlockBytes: s.g.BlockBytes, Shards: s.g.Shards, LayoutVersion: s.g.Version,
@@ -68,6 +70,11 @@ func (s *Store) Stats() Stats {
 // shard's ready entries with consistent links, the counts matching, and
 // (if payloads) every ready payload matching its checksum.
 func (s *Store) Check(payloads bool) ([]string, error) {
+	held, herr := s.hold("check")
+	if herr != nil {
+		return nil, herr
+	}
+	defer held.Done()
 	var bad []string
 	report := func(f string, a ...any) {
 		if len(bad) < 100 {

@@ -95,6 +95,7 @@ type Store struct {
 	pinsClosed atomic.Bool  // Close gave the pin table up
 	poisoned   atomic.Bool  // a mutation panicked: this handle's state is not to be trusted
 	skipVerify atomic.Bool  // VerifyReads(false)
+	unregister func() bool  // takes the index off its client's closers
 
 	sim *cacheSim // tests only: this handle's host keeps caches of its own
 }
@@ -280,6 +281,11 @@ func OpenToMove(c *tier.Client, name, key string) (*Store, error) {
 func Maintain(c *tier.Client, name string) (*Store, error) { return open(c, name, "", true, true) }
 
 func open(c *tier.Client, name, key string, maint, anyLayout bool) (*Store, error) {
+	h, err := c.Hold()
+	if err != nil {
+		return nil, fmt.Errorf("prefix: open %q: %w", name, err)
+	}
+	defer h.Done()
 	r := c.Region()
 	de, err := r.DirLookup(DirName(name))
 	if err != nil {
@@ -345,7 +351,29 @@ func open(c *tier.Client, name, key string, maint, anyLayout bool) (*Store, erro
 		// and reapers never free them. A failure leaves it as it was.
 		_ = c.DirSetRun2(DirName(name), DirKind, tier.Offset(g.PayloadOff), g.PayloadChunks*r.ChunkSize())
 	}
+	s.unregister = c.OnClose(s.closePins)
 	return s, nil
+}
+
+// hold is the gate (tier.Hold) that every method touching the tier passes
+// first: the mapping stays while it is held, and it carries the lease
+// check of writes outside a lock.
+func (s *Store) hold(op string) (tier.Hold, error) {
+	h, err := s.c.Hold()
+	if err != nil {
+		return h, fmt.Errorf("prefix: %q: %s: %w", s.name, op, err)
+	}
+	return h, nil
+}
+
+// holdToRelease is hold for giving back pins and reservations, which the
+// client's Close does too.
+func (s *Store) holdToRelease(op string) (tier.Hold, error) {
+	h, err := s.c.HoldToRelease()
+	if err != nil {
+		return h, fmt.Errorf("prefix: %q: %s: %w", s.name, op, err)
+	}
+	return h, nil
 }
 
 // entries fails for a maintenance handle.
@@ -380,6 +408,11 @@ func (s *Store) current() error {
 // directory calls by its name: destroyed, or destroyed and created again
 // (a long-lived holder such as the daemon drops the handle and reopens).
 func (s *Store) Valid() error {
+	held, herr := s.hold("valid")
+	if herr != nil {
+		return herr
+	}
+	defer held.Done()
 	if err := s.current(); err != nil {
 		return err
 	}

@@ -370,13 +370,9 @@ func TestDeadClientsReservationReclaimed(t *testing.T) {
 func TestPublishAfterReclaimIsLost(t *testing.T) {
 	r, c := testTier(t, 1)
 	s := testStore(t, c, 4, 64)
-	other, _ := r.Attach(tier.ClientOptions{Name: "other"})
-	so, err := Open(other, "m")
-	if err != nil {
-		t.Fatal(err)
-	}
+	other, so := stalledClient(t, r)
 	res, _ := so.Reserve([]Key{keyN(1)}, []int64{64})
-	other.Close()
+	reapUntilFenced(t, r, other)
 	s.Reclaim()
 	if err := so.Publish(res, []uint32{0}); !errors.Is(err, ErrLost) {
 		t.Fatalf("Publish of a reclaimed reservation = %v, want ErrLost", err)
@@ -1003,7 +999,12 @@ func TestReapedWriterDoesNotWritePayload(t *testing.T) {
 	if err := r.ReadAt(before, res[0].Offset); err != nil {
 		t.Fatal(err)
 	}
-	_, err = sz.writePayload(&res[0].Key, res[0].Offset, 64, [][]byte{bytes.Repeat([]byte{0xAB}, 64)})
+	held, err := sz.hold("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Done()
+	_, err = sz.writePayload(held, &res[0].Key, res[0].Offset, 64, [][]byte{bytes.Repeat([]byte{0xAB}, 64)})
 	if !errors.Is(err, tier.ErrLeaseLost) {
 		t.Errorf("payload write by a reaped client: %v, want ErrLeaseLost", err)
 	}

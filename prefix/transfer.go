@@ -92,6 +92,11 @@ func (m *Mover) check(keys []Key, l Layout, pages []int64) error {
 // Put stores pages[i] of the pool under keys[i]: reserve, one scatter
 // launch for the batch, wait, checksum the blocks, publish.
 func (m *Mover) Put(keys []Key, l Layout, pages []int64) ([]Status, error) {
+	held, herr := m.s.hold("put")
+	if herr != nil {
+		return nil, herr
+	}
+	defer held.Done()
 	if err := m.check(keys, l, pages); err != nil {
 		return nil, err
 	}
@@ -123,7 +128,7 @@ func (m *Mover) Put(keys []Key, l Layout, pages []int64) ([]Status, error) {
 		// lease is: a client reaped since it reserved (stalled past the
 		// lease timeout) had the reservations reclaimed, and the blocks
 		// may hold another's payload now.
-		if ferr := m.s.c.Fenced(); ferr != nil {
+		if ferr := held.Fenced(); ferr != nil {
 			m.s.Abort(res)
 			return nil, fmt.Errorf("prefix: %q: scatter %d pages: %w", m.s.name, len(b.Tier), ferr)
 		}
@@ -154,6 +159,11 @@ func (m *Mover) Put(keys []Key, l Layout, pages []int64) ([]Status, error) {
 // Get gathers the longest ready prefix of keys into pages[0:n] of the pool
 // with one launch and returns n. Hits are pinned until the copy is done.
 func (m *Mover) Get(keys []Key, l Layout, pages []int64) (int, error) {
+	held, herr := m.s.hold("get")
+	if herr != nil {
+		return 0, herr
+	}
+	defer held.Done()
 	if err := m.check(keys, l, pages); err != nil {
 		return 0, err
 	}
@@ -237,6 +247,11 @@ func layersOf(l Layout, perLayer int) (int, error) {
 // with no pin kept, as a partial load would leave pages of the caller's
 // batch unfilled.
 func (m *Mover) StartLoad(keys []Key, l Layout, perLayer int, pages []int64) (*LayerLoad, error) {
+	held, herr := m.s.hold("load")
+	if herr != nil {
+		return nil, herr
+	}
+	defer held.Done()
 	if err := m.check(keys, l, pages); err != nil {
 		return nil, err
 	}
@@ -269,6 +284,11 @@ func (ld *LayerLoad) Pages() int { return len(ld.hits) }
 
 // Layer copies layer i of every page: layers go in order, from 0.
 func (ld *LayerLoad) Layer(i int) error {
+	held, herr := ld.m.s.hold("load")
+	if herr != nil {
+		return herr
+	}
+	defer held.Done()
 	if ld.err != nil {
 		return ld.err
 	}

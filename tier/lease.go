@@ -96,6 +96,9 @@ type ClientOptions struct {
 	Heartbeat time.Duration
 	// LockWait bounds Lock's wait; 0 means LockWait.
 	LockWait time.Duration
+	// CloseWait bounds how long Close waits for holds in flight; 0 means
+	// CloseWait.
+	CloseWait time.Duration
 }
 
 // Client is one attached process (or one daemon): it holds a lease slot,
@@ -109,12 +112,19 @@ type Client struct {
 	hint  int64         // next-fit start for chunk searches; used under SystemLock
 	wait  time.Duration // Lock's bound
 
+	closeWait time.Duration // Close's bound on the holds in flight
+
 	lost    atomic.Bool
 	posted  []atomic.Bool // per lock: a request left awaiting the manager's grant by a Lock that timed out
 	stop    chan struct{}
 	done    sync.WaitGroup
 	closeMu sync.Mutex
 	closed  bool
+
+	gate       gate // the holds in flight (hold.go)
+	closersMu  sync.Mutex
+	closers    map[uint64]func() error // OnClose's, by registration order
+	nextCloser uint64
 }
 
 // Attach takes a lease slot on the given node and starts its heartbeat.
@@ -140,6 +150,10 @@ func (r *Region) Attach(opts ClientOptions) (*Client, error) {
 			posted: make([]atomic.Bool, r.l.LockSlots)}
 		if c.wait <= 0 {
 			c.wait = LockWait
+		}
+		c.closeWait = opts.CloseWait
+		if c.closeWait <= 0 {
+			c.closeWait = CloseWait
 		}
 		c.gen = atomic.AddUint32(u32At(line, 4), 1)
 		c.token = uint64(c.gen)<<32 | uint64(s+1)
@@ -229,20 +243,6 @@ func (c *Client) Token() uint64 { return c.token }
 // Region is the region the client is attached to.
 func (c *Client) Region() *Region { return c.r }
 
-// Fenced reports ErrLeaseLost if the client's lease is no longer its own,
-// read from the tier now (Err reports what the heartbeat last saw): for a
-// write outside any lock, into memory a reaper may have given to another
-// client since this one was last sure of its lease.
-func (c *Client) Fenced() error {
-	if err := c.r.live("client"); err != nil {
-		return err
-	}
-	if err := c.fenced(); err != nil {
-		return fmt.Errorf("tier: %w", err)
-	}
-	return nil
-}
-
 // Err reports ErrLeaseLost once a reaper has taken the lease away (the
 // process was presumed dead, e.g. it stalled past the lease timeout).
 func (c *Client) Err() error {
@@ -272,12 +272,30 @@ func (c *Client) abandon() {
 // Locks still held are released too. If the lock manager does not answer
 // within the lease timeout, the client leaves its lease marked dead for the
 // reaper to finish, and says so.
+//
+// First it turns new holds away and waits up to CloseWait for those in
+// flight; if they do not finish it reports ErrHoldsInFlight and the client
+// stays as it was. Then it runs the closers registered with OnClose.
 func (c *Client) Close() error {
 	c.closeMu.Lock()
 	defer c.closeMu.Unlock()
 	if c.closed {
 		return fmt.Errorf("tier: client slot %d: %w", c.slot, ErrClosed)
 	}
+	if err := c.gate.shut(gateClosing, c.closeWait); err != nil {
+		return fmt.Errorf("tier: close client slot %d: %w", c.slot, err)
+	}
+	cerr := c.runClosers()
+	c.gate.state.Store(gateClosed)
+	if err := c.release(); err != nil {
+		return err
+	}
+	return cerr
+}
+
+// release stops the heartbeat, frees what the client owns and gives its
+// lease back.
+func (c *Client) release() error {
 	c.closed = true
 	close(c.stop)
 	c.done.Wait()

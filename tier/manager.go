@@ -286,6 +286,33 @@ func (m *Manager) ReapOnce() []Reaped {
 	return out
 }
 
+// Reap reclaims the client in lease slot slot now, whatever its
+// heartbeat says: for an operator who knows the process is gone (its host
+// powered off) and will not wait out the lease, and for tests that stand
+// in for a crash. A slot that holds no lease is ErrNotFound.
+func (m *Manager) Reap(slot int, reason string) (Reaped, error) {
+	m.reapMu.Lock()
+	defer m.reapMu.Unlock()
+	if slot < 0 || slot >= m.r.l.Nodes*m.r.l.ClientsPerNode || slot == m.self.slot {
+		return Reaped{}, fmt.Errorf("tier: reap slot %d: %w: not a client's slot", slot, ErrInvalidConfig)
+	}
+	inf := m.r.readLease(slot)
+	line := m.r.leaseLine(slot)
+	switch {
+	case inf.State == "live" && atomic.CompareAndSwapUint32(u32At(line, 0), leaseLive, leaseDead):
+		m.r.sync.publish(line)
+	case inf.State == "dead":
+	default:
+		return Reaped{}, fmt.Errorf("tier: reap slot %d: %w: no lease there", slot, ErrNotFound)
+	}
+	rp, done := m.finalize(inf, slot/m.r.l.ClientsPerNode, reason)
+	if !done {
+		return Reaped{}, fmt.Errorf("tier: reap slot %d: marked dead; %w: its locks or chunks wait for the next pass", slot, ErrLockTimeout)
+	}
+	m.r.releaseOrphans(m.opts.Node, m.self.token)
+	return rp, nil
+}
+
 func (m *Manager) liveDaemons() []bool {
 	live := make([]bool, m.r.l.Nodes)
 	for _, inf := range m.r.Leases() {

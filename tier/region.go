@@ -212,6 +212,11 @@ func (r *Region) checkDevice(i int, m *mapping, l layout, expect int64) error {
 // Afterwards calls that return an error return ErrClosed, and the others
 // zero values (no lease, no lock, no device): the mapping is gone, and a
 // method must not fault on it.
+//
+// It first turns away new holds on every client and waits up to CloseWait
+// for those in flight: an operation still reading the mapping would fault,
+// which no recover catches. If they do not finish, it reports
+// ErrHoldsInFlight and the region stays mapped and usable.
 func (r *Region) Close() error {
 	if !r.closed.CompareAndSwap(false, true) {
 		return fmt.Errorf("tier: close: %w", ErrClosed)
@@ -222,6 +227,17 @@ func (r *Region) Close() error {
 		left = append(left, c)
 	}
 	r.clientsMu.Unlock()
+	was := make([]uint32, len(left))
+	for i, c := range left {
+		was[i] = c.gate.state.Load()
+		if err := c.gate.shut(gateClosed, c.closeWait); err != nil {
+			for j, done := range left[:i] {
+				done.gate.state.Store(was[j])
+			}
+			r.closed.Store(false)
+			return fmt.Errorf("tier: close: client slot %d: %w", c.slot, err)
+		}
+	}
 	for _, c := range left {
 		c.abandon()
 	}

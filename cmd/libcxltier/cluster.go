@@ -128,10 +128,10 @@ func cxl_uplink_off(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 		return report(err, errbuf, errlen)
 	}
 	defer done()
-	handles.mu.Lock()
+	a.mu.Lock()
 	link := a.link
 	a.link = nil
-	handles.mu.Unlock()
+	a.mu.Unlock()
 	if link != nil {
 		link.Close()
 	}

@@ -131,7 +131,7 @@ func TestCodes(t *testing.T) {
 		{tier.ErrLockTimeout, codeBusy},
 		{prefix.ErrPinned, codeBusy},
 		{tier.ErrCorrupt, codeDamaged},
-		{errCallsRunning, codeBusy},
+		{tier.ErrHoldsInFlight, codeBusy},
 		{errBadHandle, codeNotFound},
 		{errors.New("plain"), codeOther},
 	} {

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cxltier/cxltier/cluster"
 	"github.com/cxltier/cxltier/prefix"
@@ -12,29 +14,39 @@ import (
 // A C caller holds numbers, not Go pointers, so the library keeps the
 // objects it handed out in one table for the life of the process. This is
 // the library's only package-level state: a C ABI has no other place to
-// keep it.
-var handles = handleTable{objs: map[uint64]any{}}
+// keep it. The table is only a table: whether a tier's memory may be
+// touched is the tier's rule (tier.Hold), which every call takes.
+var handles handleTable
 
+// handleTable maps handles to objects. Lookups, one or two a call, take no
+// lock and write no shared word (a sync.Map's read path), so threads
+// calling on one tier do not contend here.
 type handleTable struct {
-	mu   sync.Mutex
-	next uint64
-	objs map[uint64]any
+	next atomic.Uint64
+	objs sync.Map // uint64 -> any
 }
 
-// attached is a tier opened and attached by the library, with the objects
-// opened on it (prefix indexes, Engram prefetchers) and how to close each:
-// they read the mapping and must close before it goes.
+// attached is a tier opened and attached by the library.
 type attached struct {
-	r        *tier.Region
-	c        *tier.Client
-	children map[uint64]func() error
-	engines  engines       // shared by the children that move data
-	guard    callGuard     // the calls in flight, which detach waits for
-	link     *cluster.Link // to the node's uplink; nil when switched off
+	r       *tier.Region
+	c       *tier.Client
+	engines engines // shared by the children that move data
+
+	detaching atomic.Bool // one detach at a time
+
+	mu       sync.Mutex
+	link     *cluster.Link          // to the node's uplink; nil when switched off
+	children map[uint64]func() bool // child handle -> unregisters its closer from c
 }
 
-// child is an object opened on a tier; closing it removes it from both
-// the handle table and its tier's children.
+func (a *attached) uplink() *cluster.Link {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.link
+}
+
+// child is an object opened on a tier; closing it removes it from the
+// handle table and from the closers of its tier's client.
 type child struct {
 	tier   uint64
 	handle uint64 // its own, once added
@@ -50,46 +62,61 @@ type index struct {
 	link *cluster.Link // the tier's, or nil
 }
 
-// addChild registers o, opened on tier a, as the handle it returns.
+// addChild registers o, opened on tier a, as the handle it returns. Its
+// close is registered with a's client, so that a detach closes it (after
+// the calls in flight, newest first, outside any lock of this table).
 func (t *handleTable) addChild(a *attached, o any, c child) uint64 {
 	h := t.add(o)
-	t.mu.Lock()
-	a.children[h] = c.close
-	t.mu.Unlock()
+	unregister := a.c.OnClose(func() error {
+		t.remove(h)
+		a.mu.Lock()
+		delete(a.children, h)
+		a.mu.Unlock()
+		// A load closed before its last layer says so to the caller of
+		// its layers; to a detach it is one more thing to close.
+		if err := c.close(); !errors.Is(err, prefix.ErrIncomplete) {
+			return err
+		}
+		return nil
+	})
+	a.mu.Lock()
+	a.children[h] = unregister
+	a.mu.Unlock()
 	return h
 }
 
-// closeChild closes handle h, a child of tier c.tier.
+// closeChild closes handle h, a child of tier c.tier, unless a detach of
+// the tier is closing it already.
 func (t *handleTable) closeChild(h uint64, c child) error {
-	t.forgetChild(h, c)
+	if !t.forgetChild(h, c) {
+		return nil
+	}
 	return c.close()
 }
 
 // forgetChild takes handle h, a child of tier c.tier, out of the table and
-// its tier's children without closing it.
-func (t *handleTable) forgetChild(h uint64, c child) {
+// its client's closers without closing it. False: a detach runs its close.
+func (t *handleTable) forgetChild(h uint64, c child) bool {
 	t.remove(h)
-	if a, err := tierOf(c.tier); err == nil {
-		t.mu.Lock()
-		delete(a.children, h)
-		t.mu.Unlock()
+	a, err := tierOf(c.tier)
+	if err != nil {
+		return true
 	}
+	a.mu.Lock()
+	unregister := a.children[h]
+	delete(a.children, h)
+	a.mu.Unlock()
+	return unregister == nil || unregister()
 }
 
 func (t *handleTable) add(o any) uint64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.next++
-	t.objs[t.next] = o
-	return t.next
+	h := t.next.Add(1)
+	t.objs.Store(h, o)
+	return h
 }
 
 func (t *handleTable) remove(h uint64) (any, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	o, ok := t.objs[h]
-	delete(t.objs, h)
-	return o, ok
+	return t.objs.LoadAndDelete(h)
 }
 
 // errBadHandle is reported for a handle the table does not hold (or one of
@@ -97,39 +124,38 @@ func (t *handleTable) remove(h uint64) (any, bool) {
 var errBadHandle = fmt.Errorf("%w: unknown handle", tier.ErrNotFound)
 
 func get[T any](t *handleTable, h uint64) (T, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	o, ok := t.objs[h].(T)
+	v, _ := t.objs.Load(h)
+	o, ok := v.(T)
 	if !ok {
 		return o, fmt.Errorf("handle %d: %w", h, errBadHandle)
 	}
 	return o, nil
 }
 
-// use is handle h as a T, with its tier's guard entered so the tier stays
+// use is handle h as a T, with a hold on its tier taken so the tier stays
 // mapped until done is called (once the call is over).
 func use[T any](h uint64) (o T, done func(), err error) {
-	handles.mu.Lock()
-	o, ok := handles.objs[h].(T)
+	v, _ := handles.objs.Load(h)
+	o, ok := v.(T)
 	var a *attached
 	if ok {
 		switch x := any(o).(type) {
 		case *attached:
 			a = x
 		case interface{ tierHandle() uint64 }:
-			a, _ = handles.objs[x.tierHandle()].(*attached)
+			a, _ = get[*attached](&handles, x.tierHandle())
 		}
 	}
-	handles.mu.Unlock()
 	if !ok || a == nil {
 		var zero T
 		return zero, nil, fmt.Errorf("handle %d: %w", h, errBadHandle)
 	}
-	if err := a.guard.enter(); err != nil {
+	hold, err := a.c.Hold()
+	if err != nil {
 		var zero T
 		return zero, nil, err
 	}
-	return o, a.guard.leave, nil
+	return o, hold.Done, nil
 }
 
 func tierOf(h uint64) (*attached, error) { return get[*attached](&handles, h) }

@@ -48,10 +48,7 @@ func prefixOpen(h uint64, name, key string, blocks, blockBytes int64) (uint64, e
 	if err != nil {
 		return 0, err
 	}
-	handles.mu.Lock()
-	link := a.link
-	handles.mu.Unlock()
-	ix := &index{Store: s, child: child{tier: h, close: s.Close}, link: link}
+	ix := &index{Store: s, child: child{tier: h, close: s.Close}, link: a.uplink()}
 	return handles.addChild(a, ix, ix.child), nil
 }
 

@@ -6,11 +6,9 @@ import "C"
 import (
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
+	"time"
 
-	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
 )
 
@@ -29,7 +27,11 @@ func cxl_attach(devices, name *C.char, out *C.uint64_t, errbuf *C.char, errlen C
 
 // attach opens the tier on devices (comma-separated backings) and attaches
 // a client called name; it returns the tier's handle.
-func attach(devices, name string) (uint64, error) {
+func attach(devices, name string) (uint64, error) { return attachWaiting(devices, name, 0) }
+
+// attachWaiting is attach with the bound a detach waits for calls in
+// flight (0: tier.CloseWait).
+func attachWaiting(devices, name string, closeWait time.Duration) (uint64, error) {
 	if devices == "" {
 		return 0, fmt.Errorf("attach: %w: no devices", errBadArg)
 	}
@@ -45,7 +47,7 @@ func attach(devices, name string) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	c, err := r.Attach(tier.ClientOptions{Name: name})
+	c, err := r.Attach(tier.ClientOptions{Name: name, CloseWait: closeWait})
 	if err != nil {
 		r.Close()
 		return 0, err
@@ -56,7 +58,7 @@ func attach(devices, name string) (uint64, error) {
 		r.Close()
 		return 0, err
 	}
-	return handles.add(&attached{r: r, c: c, children: map[uint64]func() error{}, link: link}), nil
+	return handles.add(&attached{r: r, c: c, children: map[uint64]func() bool{}, link: link}), nil
 }
 
 //export cxl_detach
@@ -65,45 +67,26 @@ func cxl_detach(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	return report(detach(uint64(h)), errbuf, errlen)
 }
 
-// detach waits for the calls in flight on the tier (new ones are turned
-// away), then closes what was opened on it and unmaps it.
+// detach closes the tier's client, which turns new calls away, waits for
+// those in flight, and closes what was opened on the tier (tier.Client's
+// Close); then it unmaps the tier. Calls that do not finish in time leave
+// the tier attached and usable, and the detach reports ErrHoldsInFlight.
 func detach(h uint64) error {
 	a, err := tierOf(h)
 	if err != nil {
 		return err
 	}
-	if err := a.guard.drain(detachWait); err != nil {
-		return err
+	if !a.detaching.CompareAndSwap(false, true) {
+		return fmt.Errorf("handle %d: %w: another detach runs", h, tier.ErrClosed)
 	}
-	if _, ok := handles.remove(h); !ok {
-		return fmt.Errorf("handle %d: %w", h, errBadHandle) // a concurrent detach took it
+	err = a.c.Close()
+	if errors.Is(err, tier.ErrHoldsInFlight) {
+		a.detaching.Store(false)
+		return fmt.Errorf("detach: %w; the tier stays attached", err)
 	}
-	// The children leave the table under its lock and are closed outside
-	// it: a child's close may take the lock itself (a KV pool closes its
-	// loads through the table) and may wait on the tier (a lock another
-	// client holds), which must not hold up every other call of the
-	// process. Newest first: a load before its pool, a pool before its
-	// index.
-	handles.mu.Lock()
-	children := a.children
-	a.children = map[uint64]func() error{}
-	for ch := range children {
-		delete(handles.objs, ch)
-	}
-	handles.mu.Unlock()
-	order := slices.Sorted(maps.Keys(children))
-	for _, ch := range slices.Backward(order) {
-		// A load closed before its last layer says so to the caller of its
-		// layers; to a detach it is one more thing to close.
-		if cerr := children[ch](); err == nil && !errors.Is(cerr, prefix.ErrIncomplete) {
-			err = cerr
-		}
-	}
-	if a.link != nil {
-		a.link.Close()
-	}
-	if cerr := a.c.Close(); err == nil {
-		err = cerr
+	handles.remove(h)
+	if link := a.uplink(); link != nil {
+		link.Close()
 	}
 	if cerr := a.r.Close(); err == nil {
 		err = cerr
