@@ -67,11 +67,11 @@ func newPlanPairGeometry(t testing.TB, r *tier.Region, c *tier.Client, g Geometr
 	pp := &planPair{h: h, hEng: kernels.NewCPU(1), dEng: dEng, exact: exact}
 	t.Cleanup(func() { pp.hEng.Close(); pp.dEng.Close() })
 	opts.Planner = PlanHost
-	if pp.host, err = NewPrefetcher(pp.hEng, r, h, tables, opts); err != nil {
+	if pp.host, err = NewPrefetcher(pp.hEng, c, h, tables, opts); err != nil {
 		t.Fatal(err)
 	}
 	opts.Planner = PlanEngine
-	if pp.dev, err = NewPrefetcher(pp.dEng, r, h, tables, opts); err != nil {
+	if pp.dev, err = NewPrefetcher(pp.dEng, c, h, tables, opts); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pp.host.Close(); pp.dev.Close() })

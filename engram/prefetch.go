@@ -56,10 +56,14 @@ type Prefetcher struct {
 	devIDs []kernels.RangeID // engine range of each tier device
 	// ownRanges: NewPrefetcher registered devIDs, and Close unregisters them.
 	ownRanges bool
+	c         *tier.Client
 	r         *tier.Region
-	opts      PrefetchOptions
-	layers    map[int]*layerCache
-	metrics   Metrics
+	// unregister takes the prefetcher off its client's closers.
+	unregister func() bool
+	closed     atomic.Bool
+	opts       PrefetchOptions
+	layers     map[int]*layerCache
+	metrics    Metrics
 }
 
 // Metrics are cumulative counters, safe to read at any time.
@@ -89,7 +93,16 @@ type layerPlanner interface {
 
 // NewPrefetcher registers every tier device with the engine and allocates a
 // cache of opts.Slots rows for each table's layer.
-func NewPrefetcher(eng kernels.Engine, r *tier.Region, h *Hasher, tables []*Table, opts PrefetchOptions) (*Prefetcher, error) {
+//
+// The prefetcher is registered with client c, so that closing the client
+// closes it (after the copies in flight) before the tier goes.
+func NewPrefetcher(eng kernels.Engine, c *tier.Client, h *Hasher, tables []*Table, opts PrefetchOptions) (*Prefetcher, error) {
+	held, err := c.Hold()
+	if err != nil {
+		return nil, fmt.Errorf("engram: prefetcher: %w", err)
+	}
+	defer held.Done()
+	r := c.Region()
 	if opts.Slots <= 0 {
 		return nil, fmt.Errorf("%w: %d cache slots", ErrGeometry, opts.Slots)
 	}
@@ -103,7 +116,7 @@ func NewPrefetcher(eng kernels.Engine, r *tier.Region, h *Hasher, tables []*Tabl
 	default:
 		return nil, fmt.Errorf("%w: %v", ErrInput, opts.Planner)
 	}
-	p := &Prefetcher{h: h, eng: eng, r: r, opts: opts, layers: map[int]*layerCache{}, devIDs: opts.Ranges}
+	p := &Prefetcher{h: h, eng: eng, c: c, r: r, opts: opts, layers: map[int]*layerCache{}, devIDs: opts.Ranges}
 	switch {
 	case opts.Ranges == nil:
 		var err error
@@ -137,6 +150,7 @@ func NewPrefetcher(eng kernels.Engine, r *tier.Region, h *Hasher, tables []*Tabl
 			return nil, err
 		}
 	}
+	p.unregister = c.OnClose(p.close)
 	return p, nil
 }
 
@@ -223,8 +237,13 @@ func (pd *Pending) Wait() (time.Duration, error) {
 // starts fetching the rows that are not cached.
 func (p *Prefetcher) Prefetch(layer int, histories, seqs [][]int64) (*Pending, error) {
 	start := time.Now()
-	if p.r.Closed() { // the tables went with the mapping: a copy would fault
-		return nil, fmt.Errorf("engram: prefetch: %w", tier.ErrClosed)
+	held, err := p.c.Hold()
+	if err != nil { // the tables go with the mapping: a copy would fault
+		return nil, fmt.Errorf("engram: prefetch: %w", err)
+	}
+	defer held.Done()
+	if p.closed.Load() {
+		return nil, fmt.Errorf("engram: prefetch: the prefetcher is closed: %w", tier.ErrClosed)
 	}
 	lc, ok := p.layers[layer]
 	if !ok {
@@ -375,8 +394,21 @@ func firstSlots(n int) []int32 {
 	return s
 }
 
-// Close frees the caches and unregisters the tier.
+// Close waits for the copies in flight, frees the caches and unregisters
+// the tier. Closing it first takes it off its client's closers.
 func (p *Prefetcher) Close() error {
+	if p.unregister != nil {
+		p.unregister()
+	}
+	return p.close()
+}
+
+func (p *Prefetcher) close() error {
+	if !p.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	// Engine memory only: no hold, so that a prefetcher outliving its tier
+	// still gives its caches back.
 	first := p.eng.Sync()
 	for _, lc := range p.layers {
 		if err := lc.buf.Free(); err != nil && first == nil {

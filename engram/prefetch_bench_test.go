@@ -16,7 +16,7 @@ func BenchmarkPrefetch(b *testing.B) {
 			name = "cache"
 		}
 		b.Run(name, func(b *testing.B) {
-			r, c := testTier(b, 1)
+			_, c := testTier(b, 1)
 			g := tinyGeometry()
 			g.BaseSizes = []int64{4000, 4000}
 			g.Vocab = 100000
@@ -27,7 +27,7 @@ func BenchmarkPrefetch(b *testing.B) {
 			}
 			eng := kernels.NewCPU(1)
 			defer eng.Close()
-			p, err := NewPrefetcher(eng, r, h, []*Table{tb}, PrefetchOptions{Slots: 1 << 16, Cache: cache})
+			p, err := NewPrefetcher(eng, c, h, []*Table{tb}, PrefetchOptions{Slots: 1 << 16, Cache: cache})
 			if err != nil {
 				b.Fatal(err)
 			}

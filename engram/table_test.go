@@ -73,7 +73,7 @@ func TestTablesAndPrefetch(t *testing.T) {
 			}
 			eng := kernels.NewCPU(0)
 			defer eng.Close()
-			plain, err := NewPrefetcher(eng, r, h, tables, PrefetchOptions{Slots: 512})
+			plain, err := NewPrefetcher(eng, c, h, tables, PrefetchOptions{Slots: 512})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -92,7 +92,7 @@ func TestTablesAndPrefetch(t *testing.T) {
 				t.Errorf("without the cache: %d hits, %d of %d rows fetched", m.Hits.Load(), m.Fetched.Load(), m.Rows.Load())
 			}
 			plain.Close()
-			p, err := NewPrefetcher(eng, r, h, tables, PrefetchOptions{Slots: 512, Deadline: time.Second, Cache: true})
+			p, err := NewPrefetcher(eng, c, h, tables, PrefetchOptions{Slots: 512, Deadline: time.Second, Cache: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -164,7 +164,7 @@ func checkRowsAfter(t testing.TB, p *Prefetcher, h *Hasher, layer int, hists, se
 }
 
 func TestCacheTooSmall(t *testing.T) {
-	r, c := testTier(t, 1)
+	_, c := testTier(t, 1)
 	g := tinyGeometry()
 	h, _ := NewHasher(g)
 	tb, err := CreateTable(c, g, h, 1, nil, nil)
@@ -173,7 +173,7 @@ func TestCacheTooSmall(t *testing.T) {
 	}
 	eng := kernels.NewCPU(1)
 	defer eng.Close()
-	p, err := NewPrefetcher(eng, r, h, []*Table{tb}, PrefetchOptions{Slots: 10, Cache: true})
+	p, err := NewPrefetcher(eng, c, h, []*Table{tb}, PrefetchOptions{Slots: 10, Cache: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +276,7 @@ func TestPrefetchAfterRegionClose(t *testing.T) {
 	}
 	eng := kernels.NewCPU(0)
 	defer eng.Close()
-	p, err := NewPrefetcher(eng, r, h, tables, PrefetchOptions{Slots: 512, Cache: true})
+	p, err := NewPrefetcher(eng, c, h, tables, PrefetchOptions{Slots: 512, Cache: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -84,6 +84,8 @@ type Pool struct {
 	recOff   tier.Offset // (nil: not exported)
 	stats    Stats
 	closed   bool
+
+	unregister func() bool // takes the pool off its client's closers
 }
 
 // New makes a pool that stores sequences in c's tier and keeps buffers in
@@ -94,6 +96,11 @@ func New(c *tier.Client, eng kernels.Engine, ids []kernels.RangeID, cfg Config) 
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
+	held, err := c.Hold()
+	if err != nil {
+		return nil, fmt.Errorf("topk: new pool: %w", err)
+	}
+	defer held.Done()
 	r := c.Region()
 	p := &Pool{c: c, r: r, eng: eng, ids: ids, cfg: cfg, seqs: make([]*seq, cfg.MaxRequests),
 		extentEntries: r.ChunkSize() / cfg.EntryBytes}
@@ -110,7 +117,6 @@ func New(c *tier.Client, eng kernels.Engine, ids []kernels.RangeID, cfg Config) 
 		}
 		p.owned = true
 	}
-	var err error
 	if p.rec, p.recOff, err = statsRecord(c); err != nil {
 		p.Close()
 		return nil, err
@@ -128,6 +134,7 @@ func New(c *tier.Client, eng kernels.Engine, ids []kernels.RangeID, cfg Config) 
 		p.Close()
 		return nil, err
 	}
+	p.unregister = c.OnClose(p.close)
 	return p, nil
 }
 
@@ -141,8 +148,44 @@ func (p *Pool) Buffer(layer int) kernels.Buffer { return p.bufs[layer] }
 // Row is the row of request req's slot s in every layer's buffer.
 func (p *Pool) Row(req, slot int) int64 { return int64(req)*int64(p.cfg.Slots+1) + int64(slot) }
 
-// Close frees the sequences' extents and the buffers.
+// hold is the gate (tier.Hold) that every method touching the tier passes
+// first: the mapping stays while it is held, and it carries the lease
+// check made before a write or a read of the pool's extents.
+func (p *Pool) hold(op string) (tier.Hold, error) {
+	h, err := p.c.Hold()
+	if err != nil {
+		return h, fmt.Errorf("%w: %s: %w", ErrClosed, op, err)
+	}
+	return h, nil
+}
+
+// holdToRelease is hold for giving extents back, which the client's Close
+// does too.
+func (p *Pool) holdToRelease(op string) (tier.Hold, error) {
+	h, err := p.c.HoldToRelease()
+	if err != nil {
+		return h, fmt.Errorf("%w: %s: %w", ErrClosed, op, err)
+	}
+	return h, nil
+}
+
+// Close frees the sequences' extents and the buffers. The pool is
+// registered with its client when made, so that closing the client closes
+// it; closing it first unregisters it.
 func (p *Pool) Close() error {
+	if p.unregister != nil {
+		p.unregister()
+	}
+	return p.close()
+}
+
+func (p *Pool) close() error {
+	// Without a hold (the tier is gone) the extents went with it; the
+	// engine buffers are still given back, and the tier's own checks
+	// refuse the rest.
+	if held, err := p.holdToRelease("close"); err == nil {
+		defer held.Done()
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {

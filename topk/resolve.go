@@ -31,6 +31,14 @@ type Step struct {
 // beyond what was appended, a position ≥ the length or < -1 — is reported
 // before anything changes.
 func (p *Pool) Resolve(layer int, reqs []int, seqLens []int64, topk, out []int32) (Step, error) {
+	held, herr := p.hold("resolve")
+	if herr != nil {
+		return Step{}, herr
+	}
+	defer held.Done()
+	if ferr := held.Fenced(); ferr != nil {
+		return Step{}, ferr
+	}
 	start := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -216,6 +224,11 @@ func (p *Pool) checkRequests(layer int, reqs []int, seqLens []int64) ([]*seq, er
 // straight into slot i (selection i) of its request, with no slot table:
 // what fetching without a buffer costs. Benchmarks use it as a baseline.
 func (p *Pool) SelectionRows(layer int, reqs []int, topk []int32) (kernels.Rows, error) {
+	held, herr := p.hold("selection")
+	if herr != nil {
+		return kernels.Rows{}, herr
+	}
+	defer held.Done()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	k := p.cfg.TopK

@@ -52,6 +52,11 @@ func (p *Pool) lookup(req int) (*seq, error) {
 // resets that request's buffer state as SGLang does when it admits a
 // request: slot s holds token s, LRU order is slot order.
 func (p *Pool) Register(req int, spec Sequence) error {
+	held, herr := p.hold("register")
+	if herr != nil {
+		return herr
+	}
+	defer held.Done()
 	switch {
 	case spec.Layers != p.cfg.Layers:
 		return fmt.Errorf("%w: request %d has %d layers, the pool %d", ErrBadEntry, req, spec.Layers, p.cfg.Layers)
@@ -108,6 +113,11 @@ func (p *Pool) grow(ls *layerSeq, n int64) error {
 
 // Free drops request req's sequence and gives its extents back.
 func (p *Pool) Free(req int) error {
+	held, herr := p.holdToRelease("free")
+	if herr != nil {
+		return herr
+	}
+	defer held.Done()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s, err := p.lookup(req)
@@ -185,6 +195,14 @@ func (p *Pool) appendTarget(req, layer int, n int64) (*layerSeq, error) {
 // Append adds entries (a whole number of EntryBytes) to layer of request
 // req from host memory.
 func (p *Pool) Append(req, layer int, entries []byte) error {
+	held, herr := p.hold("append")
+	if herr != nil {
+		return herr
+	}
+	defer held.Done()
+	if ferr := held.Fenced(); ferr != nil {
+		return ferr
+	}
 	if int64(len(entries))%p.cfg.EntryBytes != 0 {
 		return fmt.Errorf("%w: request %d: %d bytes is not a whole number of %d-byte entries", ErrBadEntry, req, len(entries), p.cfg.EntryBytes)
 	}
@@ -216,6 +234,14 @@ func (p *Pool) Append(req, layer int, entries []byte) error {
 // AppendFrom adds n entries to layer of request req from engine memory:
 // rows [first, first+n) of src (RowBytes = EntryBytes), in one scatter.
 func (p *Pool) AppendFrom(req, layer int, src kernels.Buffer, first, n int64) error {
+	held, herr := p.hold("append")
+	if herr != nil {
+		return herr
+	}
+	defer held.Done()
+	if ferr := held.Fenced(); ferr != nil {
+		return ferr
+	}
 	if n < 0 || first < 0 {
 		return fmt.Errorf("%w: request %d: rows %d+%d", ErrBadInput, req, first, n)
 	}

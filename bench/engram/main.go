@@ -268,7 +268,7 @@ func prefetchCases(eng kernels.Engine, name string, g engram.Geometry, h *engram
 	}
 	var out []PrefetchResult
 	for _, bc := range cases {
-		res, err := prefetchCase(eng, r, h, t, bc, o)
+		res, err := prefetchCase(eng, c, h, t, bc, o)
 		if err != nil {
 			return nil, fmt.Errorf("%s %+v: %w", name, bc, err)
 		}
@@ -294,10 +294,10 @@ func tierFor(bytes int64) (*tier.Region, *tier.Client, error) {
 	return r, c, nil
 }
 
-func prefetchCase(eng kernels.Engine, r *tier.Region, h *engram.Hasher, t *engram.Table, bc benchCase, o caseOpts) (PrefetchResult, error) {
+func prefetchCase(eng kernels.Engine, c *tier.Client, h *engram.Hasher, t *engram.Table, bc benchCase, o caseOpts) (PrefetchResult, error) {
 	g := h.Geometry()
 	opts := engram.PrefetchOptions{Slots: o.slots, Deadline: o.deadline, Cache: bc.cache, Planner: bc.planner}
-	p, err := engram.NewPrefetcher(eng, r, h, []*engram.Table{t}, opts)
+	p, err := engram.NewPrefetcher(eng, c, h, []*engram.Table{t}, opts)
 	if err != nil {
 		return PrefetchResult{}, err
 	}

@@ -272,7 +272,7 @@ func engramStep(c *tier.Client, rng *rand.Rand) (func() (int, error), error) {
 	if rng.IntN(2) == 0 {
 		planner = engram.PlanEngine
 	}
-	pf, err := engram.NewPrefetcher(eng, c.Region(), h, []*engram.Table{t}, engram.PrefetchOptions{Slots: 2048, Cache: true, Planner: planner})
+	pf, err := engram.NewPrefetcher(eng, c, h, []*engram.Table{t}, engram.PrefetchOptions{Slots: 2048, Cache: true, Planner: planner})
 	if err != nil {
 		return nil, err
 	}

@@ -127,7 +127,7 @@ func openEngram(h uint64, spec, engine string, stream uintptr, slots, flags int,
 	if err != nil {
 		return nil, err
 	}
-	p, err := engram.NewPrefetcher(se.eng, a.r, hs, tables, engram.PrefetchOptions{Slots: slots,
+	p, err := engram.NewPrefetcher(se.eng, a.c, hs, tables, engram.PrefetchOptions{Slots: slots,
 		Cache: flags&engramCache != 0, Planner: plannerOf(C.int(flags)), Deadline: deadline, Ranges: se.ids})
 	if err != nil {
 		return nil, errors.Join(err, a.engines.release(se))
