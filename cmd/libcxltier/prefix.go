@@ -138,11 +138,13 @@ func cxl_prefix_exists(h C.uint64_t, keys *C.uint8_t, n C.int64_t, leading *C.in
 //export cxl_prefix_verify_reads
 func cxl_prefix_verify_reads(h C.uint64_t, on C.int, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_prefix_verify_reads", errbuf, errlen, &code)
-	s, err := indexOf(uint64(h))
-	if err == nil {
-		s.VerifyReads(on != 0)
+	s, done, err := use[*index](uint64(h))
+	if err != nil {
+		return report(err, errbuf, errlen)
 	}
-	return report(err, errbuf, errlen)
+	defer done()
+	s.VerifyReads(on != 0)
+	return report(nil, errbuf, errlen)
 }
 
 // buffersArg views n caller buffers: ptrs[i] with sizes[i] bytes.

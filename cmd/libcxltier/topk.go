@@ -37,7 +37,6 @@ func (p *topkPool) shut() error {
 	return errors.Join(p.Pool.Close(), p.a.engines.release(p.se))
 }
 
-func topkOf(h C.uint64_t) (*topkPool, error) { return get[*topkPool](&handles, uint64(h)) }
 
 //export cxl_topk_open
 func cxl_topk_open(h C.uint64_t, engine *C.char, stream C.uint64_t, layers C.int, entryBytes C.int64_t, slots, k, maxRequests C.int,
@@ -114,11 +113,12 @@ func cxl_topk_register(h C.uint64_t, req C.int, capacity C.int64_t, errbuf *C.ch
 //export cxl_topk_free
 func cxl_topk_free(h C.uint64_t, req C.int, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_topk_free", errbuf, errlen, &code)
-	p, err := topkOf(h)
-	if err == nil {
-		err = p.Free(int(req))
+	p, done, err := use[*topkPool](uint64(h))
+	if err != nil {
+		return report(err, errbuf, errlen)
 	}
-	return report(err, errbuf, errlen)
+	defer done()
+	return report(p.Free(int(req)), errbuf, errlen)
 }
 
 //export cxl_topk_len
