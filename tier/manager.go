@@ -41,6 +41,9 @@ type Reaped struct {
 type ManagerStats struct {
 	Reaped uint64
 	Grants uint64
+	// Quarantined counts reap passes that found a process of this host
+	// alive past its lease and could not end it: its memory stayed its own.
+	Quarantined uint64
 }
 
 // Manager runs a node's lock manager and lease reaper. The manager holds a
@@ -57,8 +60,13 @@ type Manager struct {
 	mu     sync.Mutex
 	reaped []Reaped // most recent last, bounded
 
-	nReaped atomic.Uint64
-	nGrants atomic.Uint64
+	nReaped      atomic.Uint64
+	nGrants      atomic.Uint64
+	nQuarantined atomic.Uint64
+
+	// stop ends a process of this host alive past its lease (stopProcess;
+	// tests put one that fails).
+	stop func(pid int, start uint64, wait time.Duration) error
 }
 
 type beatSeen struct {
@@ -108,7 +116,7 @@ func NewManager(r *Region, opts ManagerOptions) (*Manager, error) {
 	if opts.Logf == nil {
 		opts.Logf = func(string, ...any) {}
 	}
-	m := &Manager{r: r, self: self, opts: opts, beats: map[int]beatSeen{}, lastGrant: make([]int, r.l.LockSlots)}
+	m := &Manager{r: r, self: self, opts: opts, beats: map[int]beatSeen{}, lastGrant: make([]int, r.l.LockSlots), stop: stopProcess}
 	return m, nil
 }
 
@@ -172,7 +180,7 @@ func (m *Manager) Client() *Client { return m.self }
 
 // Stats returns cumulative counters.
 func (m *Manager) Stats() ManagerStats {
-	return ManagerStats{Reaped: m.nReaped.Load(), Grants: m.nGrants.Load()}
+	return ManagerStats{Reaped: m.nReaped.Load(), Grants: m.nGrants.Load(), Quarantined: m.nQuarantined.Load()}
 }
 
 // Reaped returns the most recently reclaimed clients, oldest first.
@@ -263,6 +271,9 @@ func (m *Manager) ReapOnce() []Reaped {
 			if reason = m.judge(inf, node == m.opts.Node); reason == "" {
 				continue
 			}
+			if !m.ended(inf, node, &reason) {
+				continue
+			}
 			line := m.r.leaseLine(slot)
 			if !atomic.CompareAndSwapUint32(u32At(line, 0), leaseLive, leaseDead) {
 				continue
@@ -289,7 +300,8 @@ func (m *Manager) ReapOnce() []Reaped {
 // Reap reclaims the client in lease slot slot now, whatever its
 // heartbeat says: for an operator who knows the process is gone (its host
 // powered off) and will not wait out the lease, and for tests that stand
-// in for a crash. A slot that holds no lease is ErrNotFound.
+// in for a crash. A process of this host that still runs is ended first,
+// as a reap pass would. A slot that holds no lease is ErrNotFound.
 func (m *Manager) Reap(slot int, reason string) (Reaped, error) {
 	m.reapMu.Lock()
 	defer m.reapMu.Unlock()
@@ -298,6 +310,9 @@ func (m *Manager) Reap(slot int, reason string) (Reaped, error) {
 	}
 	inf := m.r.readLease(slot)
 	line := m.r.leaseLine(slot)
+	if inf.State == "live" && !m.ended(inf, slot/m.r.l.ClientsPerNode, &reason) {
+		return Reaped{}, fmt.Errorf("tier: reap slot %d: process %d is alive and could not be ended: %w", slot, inf.PID, ErrLockTimeout)
+	}
 	switch {
 	case inf.State == "live" && atomic.CompareAndSwapUint32(u32At(line, 0), leaseLive, leaseDead):
 		m.r.sync.publish(line)
@@ -321,6 +336,27 @@ func (m *Manager) liveDaemons() []bool {
 		}
 	}
 	return live
+}
+
+// ended makes sure a client judged dead can no longer write. On this host
+// a process alive past its lease (stopped, frozen, paused) is killed and
+// waited for: memory of a process that may still run is never handed to
+// another client. One that cannot be ended in time keeps its lease, and
+// its memory, until a later pass ends it (counted as Quarantined). A
+// client of another host is judged by the lease alone; its own daemon,
+// when it runs, does this there.
+func (m *Manager) ended(inf LeaseInfo, node int, reason *string) bool {
+	if node != m.opts.Node || m.opts.SkipPIDCheck || !processAlive(inf.PID, inf.start) {
+		return true
+	}
+	if err := m.stop(inf.PID, inf.start, m.r.l.LeaseTimeout); err != nil {
+		m.nQuarantined.Add(1)
+		m.opts.Logf("client slot %d pid %d (%q) is alive past its lease (%s) and could not be ended: %v; its memory stays its own",
+			inf.Slot, inf.PID, inf.Name, *reason, err)
+		return false
+	}
+	*reason += fmt.Sprintf("; process %d was alive and is killed", inf.PID)
+	return true
 }
 
 // judge returns why a live lease is dead, or "" if it is not.

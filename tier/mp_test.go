@@ -2,6 +2,7 @@ package tier
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -91,6 +92,8 @@ func runChild(role string) error {
 		err = childObjectScribbler(c)
 	case "zombie":
 		err = childZombie(c, Offset(off))
+	case "rawwriter":
+		err = childRawWriter(c)
 	case "contender":
 		for {
 			if err := c.Lock(FirstUserLock); err != nil {
@@ -230,6 +233,8 @@ func spawn(t testing.TB, r *Region, role string, node int, extra ...string) *chi
 		envNode+"="+strconv.Itoa(node))
 	cmd.Env = append(cmd.Env, extra...)
 	cmd.Stderr = os.Stderr
+	// A child outlives no test binary, even one that times out.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -550,16 +555,156 @@ func childZombie(c *Client, off Offset) error {
 	}
 }
 
+// childRawWriter allocates a chunk of its own, says where, and fills it
+// with 0xEE over and over with plain stores, outside any lock: a region's
+// user writing its private memory, which no fence can guard between the
+// check and the store.
+func childRawWriter(c *Client) error {
+	off, err := c.AllocChunks(1)
+	if err != nil {
+		return err
+	}
+	pattern := bytes.Repeat([]byte{0xEE}, int(c.Region().ChunkSize()))
+	if err := c.Region().WriteAt(pattern, off); err != nil {
+		return err
+	}
+	fmt.Printf("ready %d\n", off)
+	for {
+		if err := c.Region().WriteAt(pattern, off); err != nil {
+			return err
+		}
+	}
+}
+
+// TestStoppedWriterIsEndedBeforeItsMemoryMoves: a raw writer of this host
+// stopped (SIGSTOP) past its lease is killed by the reaper, and waited
+// for, before its chunk is freed. The chunk then goes to another client,
+// whose bytes stay as written after the stopped writer is told to go on
+// (SIGCONT). The reaper used to free the chunk of the live process, which
+// on resuming wrote into the new owner's memory.
+func TestStoppedWriterIsEndedBeforeItsMemoryMoves(t *testing.T) {
+	g := testGeometry()
+	g.LeaseTimeout = 300 * time.Millisecond
+	r := formatTest(t, g)
+	m := runManager(t, r, ManagerOptions{Node: 0, GrantLocks: true})
+	k := spawn(t, r, "rawwriter", 0)
+	line, err := k.out.ReadString('\n')
+	var off Offset
+	if _, serr := fmt.Sscanf(line, "ready %d", &off); err != nil || serr != nil {
+		t.Fatalf("writer said %q: %v %v", line, err, serr)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if err := k.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer k.cmd.Process.Signal(syscall.SIGCONT)
+	waitReaped(t, r, k.cmd.Process.Pid, 30*g.LeaseTimeout)
+	owner := attachTest(t, r, 0)
+	for n := int64(0); ; n++ {
+		got, err := owner.AllocChunks(1)
+		if err != nil || n > r.Usage().Chunks {
+			t.Fatalf("the writer's chunk %v was not handed on: %v", off, err)
+		}
+		if got == off {
+			break
+		}
+	}
+	mine := bytes.Repeat([]byte{0x11}, int(r.ChunkSize()))
+	if err := r.WriteAt(mine, off); err != nil {
+		t.Fatal(err)
+	}
+	k.cmd.Process.Signal(syscall.SIGCONT)
+	exited := make(chan error, 1)
+	go func() { exited <- k.cmd.Wait() }()
+	var waitErr error
+	select {
+	case waitErr = <-exited:
+	case <-time.After(5 * time.Second):
+		waitErr = errors.New("still running 5 s after SIGCONT")
+	}
+	time.Sleep(100 * time.Millisecond) // a resumed writer has had its time
+	now := make([]byte, len(mine))
+	if err := r.ReadAt(now, off); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(now, mine) {
+		t.Fatalf("the reaped writer wrote into the new owner's chunk (%d bytes changed)", countDiff(now, mine))
+	}
+	if waitErr == nil || !strings.Contains(waitErr.Error(), "killed") {
+		t.Fatalf("the stopped writer: %v, want killed", waitErr)
+	}
+	if rs := m.Reaped(); len(rs) == 0 || !strings.Contains(rs[len(rs)-1].Reason, "killed") {
+		t.Fatalf("reaped %+v, want the reason to say the process was killed", rs)
+	}
+}
+
+func countDiff(a, b []byte) (n int) {
+	for i := range a {
+		if a[i] != b[i] {
+			n++
+		}
+	}
+	return n
+}
+
+// waitReaped waits until no live lease names pid.
+func waitReaped(t *testing.T, r *Region, pid int, limit time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(limit); ; time.Sleep(20 * time.Millisecond) {
+		live := false
+		for _, l := range r.Leases() {
+			live = live || (l.PID == pid && l.State == "live")
+		}
+		if !live {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the lease of pid %d was not reaped in %v", pid, limit)
+		}
+	}
+}
+
+// TestLiveProcessPastItsLeaseIsQuarantined: a process of this host that
+// the reaper cannot end keeps its lease and chunks, pass after pass, and
+// is counted; once it can be ended, it is reaped.
+func TestLiveProcessPastItsLeaseIsQuarantined(t *testing.T) {
+	g, r, m := reaperTest(t)
+	failing := errors.New("operation not permitted")
+	m.stop = func(int, uint64, time.Duration) error { return failing }
+	k := spawn(t, r, "rawwriter", 0)
+	if line, err := k.out.ReadString('\n'); err != nil || !strings.HasPrefix(line, "ready ") {
+		t.Fatalf("writer said %q, %v", line, err)
+	}
+	if err := k.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	used := r.Usage().UsedChunks
+	for range 4 {
+		if reaped := m.ReapOnce(); len(reaped) != 0 {
+			t.Fatalf("reaped %+v, a live process that could not be ended", reaped)
+		}
+		time.Sleep(g.LeaseTimeout)
+	}
+	if r.Usage().UsedChunks != used || m.Stats().Quarantined == 0 {
+		t.Fatalf("chunks %d -> %d, quarantined %d", used, r.Usage().UsedChunks, m.Stats().Quarantined)
+	}
+	m.stop = stopProcess
+	if reaped := m.ReapOnce(); len(reaped) != 1 || reaped[0].Chunks != 1 {
+		t.Fatalf("once it can be ended: reaped %+v", reaped)
+	}
+}
+
 // TestReapedClientIsFenced: a writer stopped (SIGSTOP) past the lease
 // timeout is reaped while alive; when it resumes, its next lock, unlock or
 // allocation fails with ErrLeaseLost instead of going on with locks the
-// reaper gave away and memory it freed. It used to carry on: memory freed
-// at reaping went to others and the resumed writer wrote into it.
+// reaper gave away and memory it freed. The reaper judges it as it judges
+// a client of another host (SkipPIDCheck), which it cannot kill: on its
+// own host it would end the process first (the test above).
 func TestReapedClientIsFenced(t *testing.T) {
 	g := testGeometry()
 	g.LeaseTimeout = 300 * time.Millisecond
 	r := formatTest(t, g)
-	runManager(t, r, ManagerOptions{Node: 0, GrantLocks: true})
+	runManager(t, r, ManagerOptions{Node: 0, GrantLocks: true, SkipPIDCheck: true})
 	owner := attachTest(t, r, 0)
 	off, err := owner.AllocChunks(1)
 	if err != nil {

@@ -2,9 +2,13 @@ package tier
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // procStartTime reads a process's start time (clock ticks since boot) from
@@ -44,4 +48,45 @@ func parseProcStat(raw []byte) (uint64, bool) {
 func processAlive(pid int, start uint64) bool {
 	got, ok := procStartTime(pid)
 	return ok && (start == 0 || got == start)
+}
+
+// stopProcess ends process pid (started at start) and waits up to wait for
+// it to be gone. The reaper calls it for a process of its own host that is
+// alive past its lease (stopped, frozen, paused in a debugger): its memory
+// may be handed to another client only once it can no longer write there.
+// The signal goes through a pidfd, which names that process and no other,
+// so a pid reused since the check is never signalled.
+func stopProcess(pid int, start uint64, wait time.Duration) error {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return nil // gone already
+	}
+	if err != nil {
+		return fmt.Errorf("pidfd_open %d: %w", pid, err)
+	}
+	defer unix.Close(fd)
+	if !processAlive(pid, start) {
+		return nil // exited (or the pid is another process's now)
+	}
+	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return nil
+		}
+		return fmt.Errorf("kill %d: %w", pid, err)
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("process %d did not exit within %v of SIGKILL", pid, wait)
+		}
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, int(left/time.Millisecond)+1)
+		if n > 0 {
+			return nil // the pidfd reads ready once the process has exited
+		}
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return fmt.Errorf("wait for process %d: %w", pid, err)
+		}
+	}
 }
