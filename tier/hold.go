@@ -56,8 +56,8 @@ var ErrHoldsInFlight = errkind.New(errkind.Busy, "operations still in flight on 
 // at most).
 const CloseWait = 2 * time.Minute
 
-// Hold is one operation's claim on a client's tier memory. The zero Hold
-// is not valid; Done must be called exactly once.
+// Hold is one operation's claim on a client's tier memory. Done must be
+// called exactly once.
 type Hold struct {
 	c     *Client
 	shard *atomic.Int64
@@ -90,8 +90,13 @@ func gateStateName(st uint32) string {
 	return "the client is closed"
 }
 
-// Done ends the hold.
-func (h Hold) Done() { h.shard.Add(-1) }
+// Done ends the hold; on the zero Hold (what a refused Hold returns) it
+// does nothing, so that a caller may defer it before checking the error.
+func (h Hold) Done() {
+	if h.shard != nil {
+		h.shard.Add(-1)
+	}
+}
 
 // Client is the client the hold was taken from.
 func (h Hold) Client() *Client { return h.c }

@@ -127,7 +127,7 @@ func cxl_uplink_off(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	if err != nil {
 		return report(err, errbuf, errlen)
 	}
-	defer done()
+	defer done.Done()
 	a.mu.Lock()
 	link := a.link
 	a.link = nil
@@ -149,7 +149,7 @@ func cxl_uplink_address(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char,
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		return copyString([]byte(cluster.Address(a.r.Info().UUID, a.c.Node())), buf, bufCap)
 	}()
 	return report(err, errbuf, errlen)
@@ -167,7 +167,7 @@ func cxl_tier_mappings(h C.uint64_t, ptrs *unsafe.Pointer, lens *C.int64_t, capa
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		if n == nil || capacity < 0 || (capacity > 0 && (ptrs == nil || lens == nil)) {
 			return fmt.Errorf("tier mappings: %w", errBadArg)
 		}
@@ -196,7 +196,7 @@ func cxl_prefix_namespace(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.cha
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		return copyString([]byte(s.Namespace()), buf, bufCap)
 	}()
 	return report(err, errbuf, errlen)
@@ -221,7 +221,7 @@ func cxl_prefix_pin(h C.uint64_t, keys *C.uint8_t, n C.int64_t, addrs *unsafe.Po
 	defer recoverCall("cxl_prefix_pin", errbuf, errlen, &code)
 	err := func() error {
 		s, ks, done, err := indexKeys(h, keys, n)
-		defer done()
+		defer done.Done()
 		if err != nil {
 			return err
 		}
@@ -278,7 +278,7 @@ func cxl_prefix_unpin(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	if err != nil {
 		return report(err, errbuf, errlen)
 	}
-	defer done()
+	defer done.Done()
 	return report(handles.closeChild(uint64(h), p.child), errbuf, errlen)
 }
 
@@ -301,7 +301,7 @@ func cxl_prefix_reserve(h C.uint64_t, keys *C.uint8_t, n C.int64_t, sizes *C.int
 	defer recoverCall("cxl_prefix_reserve", errbuf, errlen, &code)
 	err := func() error {
 		s, ks, done, err := indexKeys(h, keys, n)
-		defer done()
+		defer done.Done()
 		if err != nil {
 			return err
 		}
@@ -343,7 +343,7 @@ func cxl_prefix_room(h C.uint64_t, room *C.int64_t, errbuf *C.char, errlen C.int
 	if err != nil {
 		return report(err, errbuf, errlen)
 	}
-	defer done()
+	defer done.Done()
 	if room == nil {
 		return report(fmt.Errorf("prefix room: %w", errBadArg), errbuf, errlen)
 	}
@@ -361,7 +361,7 @@ func cxl_prefix_fenced(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) 
 	if err != nil {
 		return report(err, errbuf, errlen)
 	}
-	defer done()
+	defer done.Done()
 	return report(s.Fenced(), errbuf, errlen)
 }
 
@@ -378,7 +378,7 @@ func cxl_prefix_publish_written(h C.uint64_t, crcs *C.uint32_t, n C.int64_t, pub
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		if int(n) != len(rv.res) || (n > 0 && (crcs == nil || published == nil)) {
 			return fmt.Errorf("prefix publish written: %w: %d checksums for %d reservations", errBadArg, n, len(rv.res))
 		}
@@ -412,6 +412,6 @@ func cxl_prefix_abort(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	if err != nil {
 		return report(err, errbuf, errlen)
 	}
-	defer done()
+	defer done.Done()
 	return report(handles.closeChild(uint64(h), rv.child), errbuf, errlen)
 }

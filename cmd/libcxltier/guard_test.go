@@ -72,7 +72,7 @@ func TestDetachWaitsForCalls(t *testing.T) {
 		t.Fatalf("a new call while detaching: %v", err)
 	}
 	readTier(a) // still mapped
-	done()
+	done.Done()
 	select {
 	case err := <-detached:
 		if err != nil {
@@ -112,7 +112,7 @@ func TestDetachDuringCalls(t *testing.T) {
 						return
 					}
 					readTier(a)
-					done()
+					done.Done()
 					mu.Lock()
 					served++
 					mu.Unlock()
@@ -146,8 +146,8 @@ func TestDetachGivesUpOnAStuckCall(t *testing.T) {
 		t.Fatalf("the tier was left turning calls away: %v", err)
 	}
 	readTier(a)
-	done2()
-	done()
+	done2.Done()
+	done.Done()
 	if err := detach(h); err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func BenchmarkHandleLookup(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			done()
+			done.Done()
 		}
 	})
 	// Several threads calling on one tier, as SGLang's scheduler and cache
@@ -185,7 +185,7 @@ func BenchmarkHandleLookup(b *testing.B) {
 					b.Error(err)
 					return
 				}
-				done()
+				done.Done()
 			}
 		})
 	})

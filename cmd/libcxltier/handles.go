@@ -133,8 +133,10 @@ func get[T any](t *handleTable, h uint64) (T, error) {
 }
 
 // use is handle h as a T, with a hold on its tier taken so the tier stays
-// mapped until done is called (once the call is over).
-func use[T any](h uint64) (o T, done func(), err error) {
+// mapped until done.Done is called (once the call is over). The hold is
+// returned as a value, not a bound method: a func value would cost an
+// allocation a call.
+func use[T any](h uint64) (o T, done tier.Hold, err error) {
 	v, _ := handles.objs.Load(h)
 	o, ok := v.(T)
 	var a *attached
@@ -148,14 +150,14 @@ func use[T any](h uint64) (o T, done func(), err error) {
 	}
 	if !ok || a == nil {
 		var zero T
-		return zero, nil, fmt.Errorf("handle %d: %w", h, errBadHandle)
+		return zero, tier.Hold{}, fmt.Errorf("handle %d: %w", h, errBadHandle)
 	}
 	hold, err := a.c.Hold()
 	if err != nil {
 		var zero T
-		return zero, nil, err
+		return zero, hold, err
 	}
-	return o, hold.Done, nil
+	return o, hold, nil
 }
 
 func tierOf(h uint64) (*attached, error) { return get[*attached](&handles, h) }

@@ -6,6 +6,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"github.com/cxltier/cxltier/tier"
 	"sync"
 	"unsafe"
 
@@ -164,7 +165,7 @@ func openKVPool(ixh uint64, engine string, stream uintptr, sp kvPoolSpec, verify
 	if err != nil {
 		return nil, err
 	}
-	defer done()
+	defer done.Done()
 	a, err := tierOf(ix.tier)
 	if err != nil {
 		return nil, err
@@ -196,17 +197,17 @@ func cxl_kvpool_close(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	if err != nil {
 		return report(err, errbuf, errlen)
 	}
-	defer done()
+	defer done.Done()
 	return report(handles.closeChild(uint64(h), p.child), errbuf, errlen)
 }
 
 // poolPages is the start of the keyed pool calls: the pool, its n keys and
 // their n pages, with the tier's guard entered until done (never nil), and
 // the pool's index checked still open.
-func poolPages(h C.uint64_t, keys *C.uint8_t, n C.int64_t, pages *C.int64_t) (*kvPool, []prefix.Key, []int64, func(), error) {
+func poolPages(h C.uint64_t, keys *C.uint8_t, n C.int64_t, pages *C.int64_t) (*kvPool, []prefix.Key, []int64, tier.Hold, error) {
 	p, done, err := use[*kvPool](uint64(h))
 	if err != nil {
-		return nil, nil, nil, func() {}, err
+		return nil, nil, nil, tier.Hold{}, err
 	}
 	if _, err := indexOf(p.index); err != nil {
 		return nil, nil, nil, done, fmt.Errorf("kv pool: its prefix index: %w", err)
@@ -229,7 +230,7 @@ func cxl_kvpool_store(h C.uint64_t, keys *C.uint8_t, n C.int64_t, pages *C.int64
 	defer recoverCall("cxl_kvpool_store", errbuf, errlen, &code)
 	err := func() error {
 		p, ks, pg, done, err := poolPages(h, keys, n, pages)
-		defer done()
+		defer done.Done()
 		if err != nil || len(ks) == 0 {
 			return err
 		}
@@ -255,7 +256,7 @@ func cxl_kvpool_load_start(h C.uint64_t, keys *C.uint8_t, n C.int64_t, pages *C.
 	defer recoverCall("cxl_kvpool_load_start", errbuf, errlen, &code)
 	err := func() error {
 		p, ks, pg, done, err := poolPages(h, keys, n, pages)
-		defer done()
+		defer done.Done()
 		if err != nil {
 			return err
 		}
@@ -303,7 +304,7 @@ func cxl_kvpool_load_layer(h C.uint64_t, layer C.int, errbuf *C.char, errlen C.i
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		return l.Layer(int(layer))
@@ -321,7 +322,7 @@ func cxl_kvpool_load_close(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.i
 	if err != nil {
 		return report(err, errbuf, errlen)
 	}
-	defer done()
+	defer done.Done()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return report(handles.closeChild(uint64(h), l.child), errbuf, errlen)

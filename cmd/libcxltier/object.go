@@ -43,7 +43,7 @@ func cxl_object_create(h C.uint64_t, name *C.char, bytes C.int64_t, flags C.int,
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		if out == nil || addr == nil || size == nil || flags&^objectContiguous != 0 {
 			return fmt.Errorf("object create: %w: null output or unknown flags %#x", errBadArg, int(flags))
 		}
@@ -64,7 +64,7 @@ func cxl_object_open(h C.uint64_t, name *C.char, flags C.int, out *C.uint64_t, a
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		if out == nil || addr == nil || size == nil || flags&^objectReadOnly != 0 {
 			return fmt.Errorf("object open: %w: null output or unknown flags %#x", errBadArg, int(flags))
 		}
@@ -117,7 +117,7 @@ func cxl_object_close(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		return handles.closeChild(uint64(h), o.child)
 	}()
 	return report(err, errbuf, errlen)
@@ -136,7 +136,7 @@ func cxl_object_gather(h C.uint64_t, nPlanes C.int, planes, rowBytes *C.int64_t,
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		if nPlanes < 1 || nPlanes > 16 || planes == nil || rowBytes == nil || outs == nil || outCaps == nil || n < 0 || (n > 0 && ids == nil) {
 			return fmt.Errorf("object gather: %w: %d planes, %d ids", errBadArg, nPlanes, n)
 		}
@@ -231,7 +231,7 @@ func cxl_object_info(h C.uint64_t, name *C.char, buf *C.char, bufCap C.int, errb
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		var v any
 		if name == nil {
 			v, err = a.r.Objects()
@@ -288,6 +288,6 @@ func objectCall(h C.uint64_t, fn func(*attached) error) error {
 	if err != nil {
 		return err
 	}
-	defer done()
+	defer done.Done()
 	return fn(a)
 }

@@ -20,7 +20,7 @@ func cxl_prefix_setv(h C.uint64_t, keys *C.uint8_t, n, per C.int64_t, ptrs *unsa
 	defer recoverCall("cxl_prefix_setv", errbuf, errlen, &code)
 	err := func() error {
 		s, ks, done, err := indexKeys(h, keys, n)
-		defer done()
+		defer done.Done()
 		if err != nil {
 			return err
 		}
@@ -41,7 +41,7 @@ func cxl_prefix_getv(h C.uint64_t, keys *C.uint8_t, n, per C.int64_t, ptrs *unsa
 	defer recoverCall("cxl_prefix_getv", errbuf, errlen, &code)
 	err := func() error {
 		s, ks, done, err := indexKeys(h, keys, n)
-		defer done()
+		defer done.Done()
 		if err != nil {
 			return err
 		}
@@ -110,7 +110,7 @@ func cxl_prefix_exists_pages(h C.uint64_t, text *C.char, textLen C.int64_t, n C.
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		ms, err := keysAt(unsafe.Pointer(masks), int64(nMasks))
 		if err != nil {
 			return err

@@ -35,14 +35,14 @@ func (p *prefetcher) shut() error {
 
 // cacheOf is prefetcher h and its cache buffer for layer, with the tier's
 // guard entered until done.
-func cacheOf(h C.uint64_t, layer C.int) (p *prefetcher, buf kernels.Buffer, done func(), err error) {
+func cacheOf(h C.uint64_t, layer C.int) (p *prefetcher, buf kernels.Buffer, done tier.Hold, err error) {
 	p, done, err = use[*prefetcher](uint64(h))
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, tier.Hold{}, err
 	}
 	if buf, err = p.CacheBuffer(int(layer)); err != nil {
-		done()
-		return nil, nil, nil, err
+		done.Done()
+		return nil, nil, tier.Hold{}, err
 	}
 	return p, buf, done, nil
 }
@@ -94,7 +94,7 @@ func openEngram(h uint64, spec, engine string, stream uintptr, slots, flags int,
 	if err != nil {
 		return nil, err
 	}
-	defer done()
+	defer done.Done()
 	g, err := geometryOf(spec)
 	if err != nil {
 		return nil, err
@@ -146,7 +146,7 @@ func cxl_engram_compress(h C.uint64_t, ids *C.int64_t, n C.int64_t, errbuf *C.ch
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		if p.comp == nil {
 			return fmt.Errorf("engram compress: %w: geometry %q has no lookup table (set \"lookup\")", errBadArg, p.g.Name)
 		}
@@ -166,7 +166,7 @@ func cxl_engram_close(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	if err != nil {
 		return report(err, errbuf, errlen)
 	}
-	defer done()
+	defer done.Done()
 	return report(handles.closeChild(uint64(h), p.child), errbuf, errlen)
 }
 
@@ -184,7 +184,7 @@ func cxl_engram_prefetch(h C.uint64_t, layer C.int, ids, lens *C.int64_t, nseq C
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		if nSlots == nil || pending == nil {
 			return fmt.Errorf("engram prefetch: %w: no outputs", errBadArg)
 		}
@@ -250,7 +250,7 @@ func cxl_engram_buffer(h C.uint64_t, layer C.int, ptr *C.uint64_t, size, rowByte
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		dp, ok := buf.(kernels.DeviceBuffer)
 		if !ok {
 			return fmt.Errorf("engram buffer: %w: the %s engine's cache is host memory owned by Go; read rows with cxl_engram_read (Python: EngramPrefetcher.read_row)", errBadArg, p.eng.Name())
@@ -272,7 +272,7 @@ func cxl_engram_read(h C.uint64_t, layer C.int, slot C.int64_t, out unsafe.Point
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		rb := p.g.RowBytes
 		if out == nil || int64(outCap) < rb || slot < 0 || (int64(slot)+1)*rb > buf.Len() {
 			return fmt.Errorf("engram read: %w: slot %d, %d-byte rows, room for %d", errBadArg, slot, rb, outCap)
@@ -290,7 +290,7 @@ func cxl_engram_stats(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, e
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		m := p.Metrics()
 		raw, _ := json.Marshal(map[string]any{"calls": m.Calls.Load(), "rows": m.Rows.Load(), "hits": m.Hits.Load(),
 			"fetched": m.Fetched.Load(), "deadline_misses": m.DeadlineMisses.Load(), "ready_ns": m.ReadyNanos.Load(),

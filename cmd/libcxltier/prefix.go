@@ -37,7 +37,7 @@ func prefixOpen(h uint64, name, key string, blocks, blockBytes int64) (uint64, e
 	if err != nil {
 		return 0, err
 	}
-	defer done()
+	defer done.Done()
 	s, err := prefix.OpenKey(a.c, name, key)
 	if errors.Is(err, tier.ErrNotFound) && blocks > 0 {
 		s, err = prefix.Create(a.c, prefix.Config{Name: name, Blocks: blocks, BlockBytes: blockBytes, Key: key})
@@ -59,7 +59,7 @@ func cxl_prefix_close(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	if err != nil {
 		return report(err, errbuf, errlen)
 	}
-	defer done()
+	defer done.Done()
 	return report(handles.closeChild(uint64(h), ix.child), errbuf, errlen)
 }
 
@@ -105,10 +105,10 @@ func prefixKeys(pageSize int, tokens *C.int64_t, n C.int64_t, prior, out *C.uint
 
 // indexKeys is the start of every keyed call: the index and its n keys,
 // with the tier's guard entered until done (never nil).
-func indexKeys(h C.uint64_t, keys *C.uint8_t, n C.int64_t) (*index, []prefix.Key, func(), error) {
+func indexKeys(h C.uint64_t, keys *C.uint8_t, n C.int64_t) (*index, []prefix.Key, tier.Hold, error) {
 	s, done, err := use[*index](uint64(h))
 	if err != nil {
-		return nil, nil, func() {}, err
+		return nil, nil, tier.Hold{}, err
 	}
 	ks, err := keysArg(keys, n)
 	return s, ks, done, err
@@ -119,7 +119,7 @@ func cxl_prefix_exists(h C.uint64_t, keys *C.uint8_t, n C.int64_t, leading *C.in
 	defer recoverCall("cxl_prefix_exists", errbuf, errlen, &code)
 	err := func() error {
 		s, ks, done, err := indexKeys(h, keys, n)
-		defer done()
+		defer done.Done()
 		if s == nil {
 			return err
 		}
@@ -142,7 +142,7 @@ func cxl_prefix_verify_reads(h C.uint64_t, on C.int, errbuf *C.char, errlen C.in
 	if err != nil {
 		return report(err, errbuf, errlen)
 	}
-	defer done()
+	defer done.Done()
 	s.VerifyReads(on != 0)
 	return report(nil, errbuf, errlen)
 }
@@ -157,7 +157,7 @@ func cxl_prefix_set(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Poi
 	defer recoverCall("cxl_prefix_set", errbuf, errlen, &code)
 	err := func() error {
 		s, ks, done, err := indexKeys(h, keys, n)
-		defer done()
+		defer done.Done()
 		if err != nil {
 			return err
 		}
@@ -178,7 +178,7 @@ func cxl_prefix_get(h C.uint64_t, keys *C.uint8_t, n C.int64_t, ptrs *unsafe.Poi
 	defer recoverCall("cxl_prefix_get", errbuf, errlen, &code)
 	err := func() error {
 		s, ks, done, err := indexKeys(h, keys, n)
-		defer done()
+		defer done.Done()
 		if s == nil {
 			return err
 		}
@@ -211,7 +211,7 @@ func cxl_prefix_delete(h C.uint64_t, keys *C.uint8_t, n C.int64_t, deleted *C.in
 	defer recoverCall("cxl_prefix_delete", errbuf, errlen, &code)
 	err := func() error {
 		s, ks, done, err := indexKeys(h, keys, n)
-		defer done()
+		defer done.Done()
 		if err != nil {
 			return err
 		}
@@ -232,7 +232,7 @@ func cxl_prefix_stats(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, e
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		raw, _ := json.Marshal(s.statsWithLink())
 		return copyString(raw, buf, bufCap)
 	}()

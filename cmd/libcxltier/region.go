@@ -24,7 +24,7 @@ func cxl_region_alloc(h C.uint64_t, bytes C.int64_t, offset *C.uint64_t, addr *u
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		if bytes <= 0 || offset == nil || addr == nil || size == nil {
 			return fmt.Errorf("region alloc: %w: %d bytes", errBadArg, bytes)
 		}
@@ -57,7 +57,7 @@ func cxl_region_free(h C.uint64_t, offset C.uint64_t, size C.int64_t, errbuf *C.
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		chunk := a.r.ChunkSize()
 		if size <= 0 || int64(size)%chunk != 0 {
 			return fmt.Errorf("region free: %w: %d bytes is not the size cxl_region_alloc returned", errBadArg, size)

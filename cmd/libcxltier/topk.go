@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/cxltier/cxltier/tier"
 	"sync"
 	"unsafe"
 
@@ -36,7 +37,6 @@ type topkPool struct {
 func (p *topkPool) shut() error {
 	return errors.Join(p.Pool.Close(), p.a.engines.release(p.se))
 }
-
 
 //export cxl_topk_open
 func cxl_topk_open(h C.uint64_t, engine *C.char, stream C.uint64_t, layers C.int, entryBytes C.int64_t, slots, k, maxRequests C.int,
@@ -69,7 +69,7 @@ func openTopk(h uint64, engine string, stream uintptr, cfg topk.Config) (*topkPo
 	if err != nil {
 		return nil, err
 	}
-	defer done()
+	defer done.Done()
 	se, err := a.engines.acquire(engine, stream, a.r.NumDevices(), a.r.Device)
 	if err != nil {
 		return nil, err
@@ -91,7 +91,7 @@ func cxl_topk_close(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	if err != nil {
 		return report(err, errbuf, errlen)
 	}
-	defer done()
+	defer done.Done()
 	return report(handles.closeChild(uint64(h), p.child), errbuf, errlen)
 }
 
@@ -103,7 +103,7 @@ func cxl_topk_register(h C.uint64_t, req C.int, capacity C.int64_t, errbuf *C.ch
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		c := p.Config()
 		return p.Register(int(req), topk.Sequence{Layers: c.Layers, EntryBytes: c.EntryBytes, Capacity: int64(capacity)})
 	}()
@@ -117,7 +117,7 @@ func cxl_topk_free(h C.uint64_t, req C.int, errbuf *C.char, errlen C.int) (code 
 	if err != nil {
 		return report(err, errbuf, errlen)
 	}
-	defer done()
+	defer done.Done()
 	return report(p.Free(int(req)), errbuf, errlen)
 }
 
@@ -129,7 +129,7 @@ func cxl_topk_len(h C.uint64_t, req, layer C.int, n *C.int64_t, errbuf *C.char, 
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		if n == nil {
 			return fmt.Errorf("topk len: %w: no output", errBadArg)
 		}
@@ -148,7 +148,7 @@ func cxl_topk_append(h C.uint64_t, req, layer C.int, src unsafe.Pointer, n C.int
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		eb := p.Config().EntryBytes
 		if n < 0 || int64(n) > maxBuffer/eb || (n > 0 && src == nil) {
 			return fmt.Errorf("topk append: %w: %d entries at %p", errBadArg, n, src)
@@ -190,7 +190,7 @@ func cxl_topk_resolve(h C.uint64_t, layer C.int, reqs, seqLens *C.int64_t, batch
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		k := p.Config().TopK
 		rs, lens, err := stepAt(unsafe.Pointer(reqs), unsafe.Pointer(seqLens), int64(batch), p.Config().MaxRequests)
 		if err != nil {
@@ -269,7 +269,7 @@ func cxl_topk_buffer(h C.uint64_t, layer C.int, ptr *C.uint64_t, size, rowBytes,
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		dp, ok := buf.(kernels.DeviceBuffer)
 		if !ok {
 			return fmt.Errorf("topk buffer: %w: the %s engine's buffer is host memory owned by Go; read slots with cxl_topk_read (Python: TopKPool.read_slot)", errBadArg, p.eng.Name())
@@ -286,14 +286,14 @@ func cxl_topk_buffer(h C.uint64_t, layer C.int, ptr *C.uint64_t, size, rowBytes,
 
 // topkBuffer is pool h and its layer's buffer, with the tier's guard
 // entered until done.
-func topkBuffer(h C.uint64_t, layer C.int) (p *topkPool, buf kernels.Buffer, done func(), err error) {
+func topkBuffer(h C.uint64_t, layer C.int) (p *topkPool, buf kernels.Buffer, done tier.Hold, err error) {
 	p, done, err = use[*topkPool](uint64(h))
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, tier.Hold{}, err
 	}
 	if layer < 0 || int(layer) >= p.Config().Layers {
-		done()
-		return nil, nil, nil, fmt.Errorf("topk: %w: layer %d of %d", errBadArg, layer, p.Config().Layers)
+		done.Done()
+		return nil, nil, tier.Hold{}, fmt.Errorf("topk: %w: layer %d of %d", errBadArg, layer, p.Config().Layers)
 	}
 	return p, p.Buffer(int(layer)), done, nil
 }
@@ -306,7 +306,7 @@ func cxl_topk_read(h C.uint64_t, layer, req, slot C.int, out unsafe.Pointer, out
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		c := p.Config()
 		if out == nil || int64(outCap) < c.EntryBytes || req < 0 || int(req) >= c.MaxRequests || slot < 0 || int(slot) > c.Slots {
 			return fmt.Errorf("topk read: %w: request %d slot %d (of %d+1), room for %d of %d bytes", errBadArg, req, slot, c.Slots, outCap, c.EntryBytes)
@@ -324,7 +324,7 @@ func cxl_topk_stats(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, err
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer done.Done()
 		raw, _ := json.Marshal(struct {
 			topk.Stats
 			Planner string `json:"planner"`
