@@ -187,7 +187,32 @@ func openDevices(args []string, readOnly bool) (*tier.Region, []tier.Backing, er
 		return nil, nil, err
 	}
 	r, err := tier.Open(tier.Options{Devices: devs, ReadOnly: readOnly})
+	if err != nil && len(devs) > 1 {
+		if whole := wholeTiers(devs); len(whole) > 0 {
+			what := " is a whole tier of its own"
+			if len(whole) > 1 {
+				what = " are each a whole tier of their own"
+			}
+			return nil, devs, fmt.Errorf("%w: %s%s, not a device of one tier striped over the %d given: name one tier per command",
+				errArgs, strings.Join(whole, " and "), what, len(devs))
+		}
+	}
 	return r, devs, err
+}
+
+// wholeTiers names the devices among devs that are each a whole tier of
+// one device: several separate tiers given as the devices of one, which a
+// command must refuse rather than act on (destroy -force removed them all,
+// as the parts of one damaged tier).
+func wholeTiers(devs []tier.Backing) []string {
+	var whole []string
+	for _, d := range devs {
+		if r, err := tier.Open(tier.Options{Devices: []tier.Backing{d}, ReadOnly: true}); err == nil {
+			r.Close()
+			whole = append(whole, d.String())
+		}
+	}
+	return whole
 }
 
 // kindName names a directory kind: the packages' own kinds by what they

@@ -58,6 +58,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case errors.Is(err, errUsage):
 		return 2
+	case errors.Is(err, errArgs):
+		fmt.Fprintf(stderr, "cxltier %s: %v\n", args[0], err)
+		return 2
 	}
 	msg := err.Error()
 	if errors.Is(err, tier.ErrExhausted) {
@@ -68,8 +71,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 1
 }
 
-// errUsage marks an error the flag package already reported.
-var errUsage = errors.New("usage")
+// errUsage marks an error the flag package already reported; errArgs one
+// of the command line that the command reports (exit status 2 for both).
+var (
+	errUsage = errors.New("usage")
+	errArgs  = errors.New("usage")
+)
 
 func newFlags(name string, stderr io.Writer, synopsis string) *flag.FlagSet {
 	fs := flag.NewFlagSet("cxltier "+name, flag.ContinueOnError)

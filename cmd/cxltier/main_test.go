@@ -513,6 +513,33 @@ func TestEngramHashRawIDs(t *testing.T) {
 // rid of it, and destroy -force does (it used to be refused even with
 // -force, with nothing saying what would work); a file that is no tier at
 // all (bad magic) is never removed.
+// TestSeparateTiersAreAUsageError: two separate tiers given as the devices
+// of one are refused by every command that takes one tier (exit 2, naming
+// them), and destroy -force removes neither. It used to call them one
+// damaged tier, and -force deleted both.
+func TestSeparateTiersAreAUsageError(t *testing.T) {
+	dir := t.TempDir()
+	var devs []string
+	for _, name := range []string{"small", "kv"} {
+		path := filepath.Join(dir, name)
+		if code, _, errs := runCLI(t, "format", "-device", "file:"+path, "-size", "16MiB", "-chunk", "256KiB"); code != 0 {
+			t.Fatalf("format: %s", errs)
+		}
+		devs = append(devs, "file:"+path)
+	}
+	for _, args := range [][]string{{"destroy", "-force"}, {"destroy"}, {"inspect"}, {"repair"}} {
+		code, _, errs := runCLI(t, append(args, devs...)...)
+		if code != 2 || !strings.Contains(errs, "whole tier of their own") || !strings.Contains(errs, devs[1]) {
+			t.Errorf("%v on two separate tiers: exit %d, %q", args, code, errs)
+		}
+	}
+	for _, d := range devs {
+		if _, err := os.Stat(strings.TrimPrefix(d, "file:")); err != nil {
+			t.Fatalf("%s is gone: %v", d, err)
+		}
+	}
+}
+
 func TestDestroyDamagedHeader(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "tier")
 	if code, _, errs := runCLI(t, "format", "-device", "file:"+path, "-size", "16MiB"); code != 0 {
