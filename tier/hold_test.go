@@ -291,3 +291,25 @@ func BenchmarkHoldOneCounter(b *testing.B) {
 		}
 	})
 }
+
+// TestLockRechecksTheLeaseAfterWinning: a client reaped between winning a
+// lock's local word and returning (a pause there) gets ErrLeaseLost, and
+// the lock is free for others, not held by a client that lost its lease.
+func TestLockRechecksTheLeaseAfterWinning(t *testing.T) {
+	g := testGeometry()
+	g.LeaseTimeout = 300 * time.Millisecond
+	r := formatTest(t, g, shmBacking(t))
+	z, err := r.Attach(ClientOptions{Name: "paused", Heartbeat: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	z.afterLocalAcquire = func() { reapForTest(t, r, z) }
+	if err := z.Lock(FirstUserLock); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("lock by a client reaped after winning it: %v", err)
+	}
+	other := attachTest(t, r, 0)
+	if !other.lockWithin(FirstUserLock, time.Second) {
+		t.Fatal("the lock is still held for the reaped client")
+	}
+	other.Unlock(FirstUserLock)
+}

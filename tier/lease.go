@@ -121,6 +121,10 @@ type Client struct {
 	closeMu sync.Mutex
 	closed  bool
 
+	// afterLocalAcquire, in tests, runs between winning a lock's local
+	// word and the lease re-check that follows.
+	afterLocalAcquire func()
+
 	gate       gate // the holds in flight (hold.go)
 	closersMu  sync.Mutex
 	closers    map[uint64]func() error // OnClose's, by registration order

@@ -120,6 +120,9 @@ func (c *Client) lock(id int, lim waitLimit) error {
 		}
 		return fmt.Errorf("tier: lock %d: %w", id, err)
 	}
+	if c.afterLocalAcquire != nil {
+		c.afterLocalAcquire()
+	}
 	// A client paused past the lease timeout (SIGSTOP, a frozen
 	// container, a debugger) was reaped while it waited: its memory freed,
 	// its locks given away. It must not go on as if it held anything.
