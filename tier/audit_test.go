@@ -74,7 +74,8 @@ func TestAudit(t *testing.T) {
 			atomic.StoreUint64(u64At(local, 0), 0x0101010101010101)
 		}},
 		{"silent live lease", "has not heartbeated", FindDeadLease, func(r *Region, c *Client, e DirEntry) {
-			c.abandon() // stops the heartbeat, keeps the lease
+			c.abandon() // stops the heartbeat (and marks the lease dead: put it back live)
+			atomic.StoreUint32(u32At(r.leaseLine(c.Slot()), 0), leaseLive)
 			atomic.StoreUint64(u64At(r.leaseLine(c.Slot()), 24), 1)
 		}},
 	} {

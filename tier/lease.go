@@ -259,8 +259,9 @@ func (c *Client) Err() error {
 	return nil
 }
 
-// abandon stops the client's heartbeat without touching its lease, for a
-// region closing under it: later calls report ErrClosed.
+// abandon stops the client's heartbeat and marks its lease dead for a
+// reaper to reclaim, for a region closing under it: later calls report
+// ErrClosed.
 func (c *Client) abandon() {
 	c.closeMu.Lock()
 	defer c.closeMu.Unlock()
@@ -270,6 +271,16 @@ func (c *Client) abandon() {
 	c.closed = true
 	close(c.stop)
 	c.done.Wait()
+	// Marked dead, not left live without a heartbeat: the reaper then
+	// reclaims it as it finds it, and does not take the process, which
+	// lives on but can no longer write (the mapping goes next), for a
+	// stalled one to end. One compare-and-swap of state and generation
+	// together, so a slot reaped and taken again meanwhile is left alone.
+	line := c.r.leaseLine(c.slot)
+	gen := uint64(c.gen) << 32
+	if atomic.CompareAndSwapUint64(u64At(line, 0), gen|uint64(leaseLive), gen|uint64(leaseDead)) {
+		c.r.sync.publish(line)
+	}
 }
 
 // Close frees the chunks the client still owns and releases its lease.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -347,6 +348,12 @@ func (m *Manager) liveDaemons() []bool {
 // when it runs, does this there.
 func (m *Manager) ended(inf LeaseInfo, node int, reason *string) bool {
 	if node != m.opts.Node || m.opts.SkipPIDCheck || !processAlive(inf.PID, inf.start) {
+		return true
+	}
+	if inf.PID == os.Getpid() {
+		// A client of this very process whose heartbeat stopped: one
+		// closed with its region (which ends its writes) or a test's
+		// stand-in for a stalled one. Never a reason to kill the reaper.
 		return true
 	}
 	if err := m.stop(inf.PID, inf.start, m.r.l.LeaseTimeout); err != nil {

@@ -94,6 +94,11 @@ func runChild(role string) error {
 		err = childZombie(c, Offset(off))
 	case "rawwriter":
 		err = childRawWriter(c)
+	case "unmapper":
+		if err = c.Region().Close(); err == nil {
+			fmt.Println("closed")
+			select {} // lives on without the tier, until the test ends it
+		}
 	case "contender":
 		for {
 			if err := c.Lock(FirstUserLock); err != nil {
@@ -661,6 +666,31 @@ func waitReaped(t *testing.T, r *Region, pid int, limit time.Duration) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the lease of pid %d was not reaped in %v", pid, limit)
 		}
+	}
+}
+
+// TestProcessThatClosedItsTierIsNotKilled: a process that closed its
+// region with a client still attached lives on without the tier; its
+// lease, marked dead by the close, is reaped and the process is left
+// alone (it can no longer write: it is no stalled writer to end).
+func TestProcessThatClosedItsTierIsNotKilled(t *testing.T) {
+	g, r, m := reaperTest(t)
+	k := spawn(t, r, "unmapper", 0)
+	if line, err := k.out.ReadString('\n'); err != nil || line != "closed\n" {
+		t.Fatalf("child said %q, %v", line, err)
+	}
+	var reaped []Reaped
+	for deadline := time.Now().Add(20 * g.LeaseTimeout); len(reaped) == 0; time.Sleep(g.LeaseTimeout / 4) {
+		if time.Now().After(deadline) {
+			t.Fatal("the closed client's lease was not reaped")
+		}
+		reaped = m.ReapOnce()
+	}
+	if strings.Contains(reaped[0].Reason, "killed") {
+		t.Fatalf("reaped %+v", reaped)
+	}
+	if err := k.cmd.Process.Signal(syscall.Signal(0)); err != nil {
+		t.Fatalf("the process that closed its tier is gone: %v", err)
 	}
 }
 
