@@ -174,14 +174,11 @@ func (ep *enginePlanner) grown(req, layer int, ls *layerSeq, from int) error {
 // and length errors are found on the host; a bad selection is found by the
 // engine, reported with its request and position, and changes nothing.
 func (p *Pool) ResolveIn(layer int, reqs []int, seqLens []int64, sel, out kernels.Span) (Step, error) {
-	held, herr := p.hold("resolve")
+	held, herr := p.holdFenced("resolve")
 	if herr != nil {
 		return Step{}, herr
 	}
 	defer held.Done()
-	if ferr := held.Fenced(); ferr != nil {
-		return Step{}, ferr
-	}
 	start := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -159,6 +159,21 @@ func (p *Pool) hold(op string) (tier.Hold, error) {
 	return h, nil
 }
 
+// holdFenced is hold with the lease checked on it, for the methods that
+// write or read the pool's extents: a pool reaped while its process was
+// stalled has them no more.
+func (p *Pool) holdFenced(op string) (tier.Hold, error) {
+	h, err := p.hold(op)
+	if err != nil {
+		return h, err
+	}
+	if err := h.Fenced(); err != nil {
+		h.Done()
+		return tier.Hold{}, fmt.Errorf("topk: %s: %w", op, err)
+	}
+	return h, nil
+}
+
 // holdToRelease is hold for giving extents back, which the client's Close
 // does too.
 func (p *Pool) holdToRelease(op string) (tier.Hold, error) {

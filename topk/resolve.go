@@ -31,14 +31,11 @@ type Step struct {
 // beyond what was appended, a position ≥ the length or < -1 — is reported
 // before anything changes.
 func (p *Pool) Resolve(layer int, reqs []int, seqLens []int64, topk, out []int32) (Step, error) {
-	held, herr := p.hold("resolve")
+	held, herr := p.holdFenced("resolve")
 	if herr != nil {
 		return Step{}, herr
 	}
 	defer held.Done()
-	if ferr := held.Fenced(); ferr != nil {
-		return Step{}, ferr
-	}
 	start := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -195,14 +195,11 @@ func (p *Pool) appendTarget(req, layer int, n int64) (*layerSeq, error) {
 // Append adds entries (a whole number of EntryBytes) to layer of request
 // req from host memory.
 func (p *Pool) Append(req, layer int, entries []byte) error {
-	held, herr := p.hold("append")
+	held, herr := p.holdFenced("append")
 	if herr != nil {
 		return herr
 	}
 	defer held.Done()
-	if ferr := held.Fenced(); ferr != nil {
-		return ferr
-	}
 	if int64(len(entries))%p.cfg.EntryBytes != 0 {
 		return fmt.Errorf("%w: request %d: %d bytes is not a whole number of %d-byte entries", ErrBadEntry, req, len(entries), p.cfg.EntryBytes)
 	}
@@ -234,14 +231,11 @@ func (p *Pool) Append(req, layer int, entries []byte) error {
 // AppendFrom adds n entries to layer of request req from engine memory:
 // rows [first, first+n) of src (RowBytes = EntryBytes), in one scatter.
 func (p *Pool) AppendFrom(req, layer int, src kernels.Buffer, first, n int64) error {
-	held, herr := p.hold("append")
+	held, herr := p.holdFenced("append")
 	if herr != nil {
 		return herr
 	}
 	defer held.Done()
-	if ferr := held.Fenced(); ferr != nil {
-		return ferr
-	}
 	if n < 0 || first < 0 {
 		return fmt.Errorf("%w: request %d: rows %d+%d", ErrBadInput, req, first, n)
 	}
