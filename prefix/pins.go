@@ -60,8 +60,8 @@ func (s *Store) claimPins() error {
 // The index is registered with its client when opened, so that closing the
 // client closes it; closing it first unregisters it.
 func (s *Store) Close() error {
-	if s.unregister != nil {
-		s.unregister()
+	if s.unregister != nil && !s.unregister() && s.pinsClosed.Load() {
+		return nil // closed with its client already
 	}
 	return s.closePins()
 }

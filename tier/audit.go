@@ -164,6 +164,14 @@ func (r *Region) auditLeases(reportAs func(FindingKind) func(string, ...any)) {
 	dead := reportAs(FindDeadLease)
 	daemons := map[int][]int{}
 	for _, inf := range r.Leases() {
+		if inf.State == "dead" {
+			// Given up by its client (a region closed with it attached, a
+			// close that got no lock grant) or marked by a reaper that
+			// could not finish: its locks and chunks wait for a reap.
+			dead("slot %d (%q, pid %d) is marked dead and still holds its locks and chunks: no daemon has reaped it",
+				inf.Slot, inf.Name, inf.PID)
+			continue
+		}
 		if inf.State != "live" {
 			continue
 		}
