@@ -151,15 +151,18 @@ func (r *Region) checkRun(off Offset, n int64, owners ...uint32) (int64, error) 
 
 // FreeChunks frees n chunks at off, which this client owns or which are shared.
 func (c *Client) FreeChunks(off Offset, n int64) error {
-	return c.withLock(SystemLock, func() error {
-		c.r.sync.refresh(c.r.ownerBytes(0, c.r.l.ChunkCount))
-		first, err := c.r.checkRun(off, n, uint32(c.slot+1), ownerShared)
-		if err != nil {
-			return err
-		}
-		c.r.setChunks(first, n, false, 0)
-		return nil
-	})
+	return c.withLock(SystemLock, func() error { return c.freeChunksLocked(off, n) })
+}
+
+// freeChunksLocked is FreeChunks for a caller holding the system lock.
+func (c *Client) freeChunksLocked(off Offset, n int64) error {
+	c.r.sync.refresh(c.r.ownerBytes(0, c.r.l.ChunkCount))
+	first, err := c.r.checkRun(off, n, uint32(c.slot+1), ownerShared)
+	if err != nil {
+		return err
+	}
+	c.r.setChunks(first, n, false, 0)
+	return nil
 }
 
 // ShareChunks hands n chunks this client owns to shared structures: they

@@ -294,17 +294,20 @@ func (c *Client) DirSetRun2(name string, kind uint32, off Offset, size int64) er
 
 // DirDelete removes a name.
 func (c *Client) DirDelete(name string) error {
-	return c.withLock(SystemLock, func() error {
-		for i := 0; i < c.r.l.DirEntries; i++ {
-			cur, err := c.r.readDir(i)
-			if err != nil {
-				continue // damaged: Audit reports it
-			}
-			if !cur.empty() && !cur.torn() && cur.Name == name {
-				c.r.writeDir(i, DirEntry{})
-				return nil
-			}
+	return c.withLock(SystemLock, func() error { return c.dirDeleteLocked(name) })
+}
+
+// dirDeleteLocked is DirDelete for a caller holding the system lock.
+func (c *Client) dirDeleteLocked(name string) error {
+	for i := 0; i < c.r.l.DirEntries; i++ {
+		cur, err := c.r.readDir(i)
+		if err != nil {
+			continue // damaged: Audit reports it
 		}
-		return fmt.Errorf("tier: directory %q: %w", name, ErrNotFound)
-	})
+		if !cur.empty() && !cur.torn() && cur.Name == name {
+			c.r.writeDir(i, DirEntry{})
+			return nil
+		}
+	}
+	return fmt.Errorf("tier: directory %q: %w", name, ErrNotFound)
 }

@@ -124,6 +124,9 @@ type Client struct {
 	// afterLocalAcquire, in tests, runs between winning a lock's local
 	// word and the lease re-check that follows.
 	afterLocalAcquire func()
+	// afterHolderCheck, in tests, runs in RemoveObject between its check
+	// of the holders and the removal.
+	afterHolderCheck func()
 
 	gate       gate // the holds in flight (hold.go)
 	closersMu  sync.Mutex

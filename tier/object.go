@@ -392,26 +392,49 @@ func (c *Client) SealObject(name, label string) (Object, error) {
 	if err != nil {
 		return Object{}, err
 	}
-	return c.updateSeal(name, func(o *Object) {
+	return c.updateSeal(name, func(o *Object) error {
 		o.State, o.Sum, o.Label, o.Sealed = ObjectSealed, sum, label, time.Now()
 		o.Seals++
+		return nil
 	})
 }
 
 // UnsealObject marks the payload as being rewritten: until the next seal,
-// no reader takes it for a finished load.
+// no reader takes it for a finished load. It refuses with ErrObjectBusy
+// while other live clients hold the object: they read it, and a rewrite
+// under them would hand them a mixture. The check and the unseal are one
+// hold of the system lock, which HoldObject takes too.
 func (c *Client) UnsealObject(name string) (Object, error) {
-	return c.updateSeal(name, func(o *Object) { o.State, o.Sum = ObjectUnsealed, 0 })
+	return c.updateSeal(name, func(o *Object) error {
+		if n := c.otherHolders(*o); n > 0 {
+			return fmt.Errorf("tier: unseal object %q: %d other live clients hold it (stop them first): %w", name, n, ErrObjectBusy)
+		}
+		o.State, o.Sum = ObjectUnsealed, 0
+		return nil
+	})
 }
 
-func (c *Client) updateSeal(name string, change func(*Object)) (Object, error) {
+// otherHolders counts the live clients other than c that hold o.
+func (c *Client) otherHolders(o Object) int {
+	n := 0
+	for i := 0; i < objectHolders; i++ {
+		if t := atomic.LoadUint64(c.holderWord(o, i)); t != 0 && t != c.token && c.r.tokenLive(t) {
+			n++
+		}
+	}
+	return n
+}
+
+func (c *Client) updateSeal(name string, change func(*Object) error) (Object, error) {
 	var out Object
 	err := c.withLock(SystemLock, func() error {
 		o, err := c.r.OpenObject(name)
 		if err != nil {
 			return err
 		}
-		change(&o)
+		if err := change(&o); err != nil {
+			return err
+		}
 		o.StateName = o.State.String()
 		out = o
 		return c.r.writeSeal(o)
@@ -507,19 +530,28 @@ func (r *Region) liveHolders(words []byte) int {
 // RemoveObject deletes a named object and frees its chunks. It refuses
 // with ErrObjectBusy while live clients hold it, unless force (their
 // mappings then read chunks that later allocations reuse).
+//
+// The check of the holders and the removal are one hold of the system
+// lock, which HoldObject takes too: a client cannot start holding the
+// object between the check and the removal.
 func (c *Client) RemoveObject(name string, force bool) error {
-	o, err := c.r.OpenObject(name)
-	if err != nil {
-		return err
-	}
-	if o.Holders > 0 && !force {
-		return fmt.Errorf("tier: remove object %q: %d live clients hold it (stop them, or force): %w", name, o.Holders, ErrObjectBusy)
-	}
-	if err := c.DirDelete(name); err != nil {
-		return fmt.Errorf("tier: remove object %q: %w", name, err)
-	}
-	if err := c.FreeChunks(o.Offset, o.Chunks); err != nil {
-		return fmt.Errorf("tier: remove object %q: %w", name, err)
-	}
-	return nil
+	return c.withLock(SystemLock, func() error {
+		o, err := c.r.OpenObject(name)
+		if err != nil {
+			return err
+		}
+		if o.Holders > 0 && !force {
+			return fmt.Errorf("tier: remove object %q: %d live clients hold it (stop them, or force): %w", name, o.Holders, ErrObjectBusy)
+		}
+		if c.afterHolderCheck != nil {
+			c.afterHolderCheck()
+		}
+		if err := c.dirDeleteLocked(name); err != nil {
+			return fmt.Errorf("tier: remove object %q: %w", name, err)
+		}
+		if err := c.freeChunksLocked(o.Offset, o.Chunks); err != nil {
+			return fmt.Errorf("tier: remove object %q: %w", name, err)
+		}
+		return nil
+	})
 }

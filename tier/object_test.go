@@ -378,3 +378,62 @@ func TestPanicUnderSystemLockReleasesIt(t *testing.T) {
 		t.Fatalf("the next allocation waited %v", took)
 	}
 }
+
+// TestRemoveObjectRefusesAHolderArrivingLate: a client that starts
+// holding an object while its removal runs either holds it before the
+// check (and the removal refuses) or finds it gone: never holds an object
+// removed under it. The check and the removal were separate, and a hold
+// taken between them was lost with the object.
+func TestRemoveObjectRefusesAHolderArrivingLate(t *testing.T) {
+	r := formatTest(t, testGeometry(), shmBacking(t))
+	c := attachTest(t, r, 0)
+	other := attachTest(t, r, 0)
+	if _, err := c.CreateObject("held-late", 4096, ObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan error, 1)
+	c.afterHolderCheck = func() {
+		go func() { held <- other.HoldObject("held-late") }()
+		time.Sleep(100 * time.Millisecond) // the holder has had its chance
+	}
+	if err := c.RemoveObject("held-late", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-held; !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a hold taken while the object was being removed: %v, want ErrNotFound", err)
+	}
+}
+
+// TestUnsealRefusesWhileOthersHold: a sealed object held by another live
+// client is not unsealed for a rewrite under it (engram load --force while
+// a server reads the table); its own holder may, and so may anyone once
+// the other lets go.
+func TestUnsealRefusesWhileOthersHold(t *testing.T) {
+	r := formatTest(t, testGeometry(), shmBacking(t))
+	c := attachTest(t, r, 0)
+	reader := attachTest(t, r, 0)
+	if _, err := c.CreateObject("table", 4096, ObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SealObject("table", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := reader.HoldObject("table"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.HoldObject("table"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.UnsealObject("table"); !errors.Is(err, ErrObjectBusy) {
+		t.Fatalf("unseal while another client holds it: %v, want ErrObjectBusy", err)
+	}
+	if o, _ := r.OpenObject("table"); o.State != ObjectSealed {
+		t.Fatalf("the refused unseal left the object %s", o.State)
+	}
+	if err := reader.ReleaseObject("table"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.UnsealObject("table"); err != nil {
+		t.Fatalf("unseal by its only holder: %v", err)
+	}
+}
