@@ -94,6 +94,11 @@ func runChild(role string) error {
 		err = childZombie(c, Offset(off))
 	case "rawwriter":
 		err = childRawWriter(c)
+	case "objholder":
+		if err = c.HoldObject("table"); err == nil {
+			fmt.Println("holding")
+			select {} // holds it until killed
+		}
 	case "unmapper":
 		if err = c.Region().Close(); err == nil {
 			fmt.Println("closed")
@@ -832,5 +837,31 @@ func TestAuditFindsAKilledClient(t *testing.T) {
 	}
 	if gone != 1 {
 		t.Fatalf("%d leases shown as gone, want the killed client's", gone)
+	}
+}
+
+// TestUnsealIgnoresAHolderWhoseProcessIsGone: a holder that exited without
+// closing its tier (no daemon reaped it) does not keep the object from
+// being unsealed and loaded again.
+func TestUnsealIgnoresAHolderWhoseProcessIsGone(t *testing.T) {
+	r := formatTest(t, testGeometry())
+	c := attachTest(t, r, 0)
+	if _, err := c.CreateObject("table", 4096, ObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SealObject("table", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	k := spawn(t, r, "objholder", 0)
+	if line, err := k.out.ReadString('\n'); err != nil || line != "holding\n" {
+		t.Fatalf("child said %q, %v", line, err)
+	}
+	if _, err := c.UnsealObject("table"); !errors.Is(err, ErrObjectBusy) {
+		t.Fatalf("unseal while the holder runs: %v, want ErrObjectBusy", err)
+	}
+	k.cmd.Process.Kill()
+	k.cmd.Wait()
+	if _, err := c.UnsealObject("table"); err != nil {
+		t.Fatalf("unseal after the holder's process is gone: %v", err)
 	}
 }

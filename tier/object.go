@@ -414,15 +414,31 @@ func (c *Client) UnsealObject(name string) (Object, error) {
 	})
 }
 
-// otherHolders counts the live clients other than c that hold o.
+// otherHolders counts the clients other than c that hold o and still run:
+// a lease that is live, heartbeats, and (on a tier of one host) whose
+// process is there. A server that exited without closing its tier, with
+// no daemon to reap it, leaves a live lease behind; it reads nothing and
+// must not keep the table from being loaded again.
 func (c *Client) otherHolders(o Object) int {
 	n := 0
 	for i := 0; i < objectHolders; i++ {
-		if t := atomic.LoadUint64(c.holderWord(o, i)); t != 0 && t != c.token && c.r.tokenLive(t) {
+		if t := atomic.LoadUint64(c.holderWord(o, i)); t != 0 && t != c.token && c.r.tokenRuns(t) {
 			n++
 		}
 	}
 	return n
+}
+
+// tokenRuns is tokenLive for a lease whose client still runs.
+func (r *Region) tokenRuns(t uint64) bool {
+	if !r.tokenLive(t) {
+		return false
+	}
+	inf := r.readLease(int(uint32(t)) - 1)
+	if r.l.Nodes == 1 && !processAlive(inf.PID, inf.start) {
+		return false
+	}
+	return time.Since(inf.LastBeat) < 2*r.l.LeaseTimeout
 }
 
 func (c *Client) updateSeal(name string, change func(*Object) error) (Object, error) {
