@@ -13,11 +13,6 @@ import (
 // flush, publish. It returns each key's status; keys present already are
 // left as they are.
 func (s *Store) Set(keys []Key, payloads [][]byte) ([]Status, error) {
-	held, herr := s.hold("set")
-	if herr != nil {
-		return nil, herr
-	}
-	defer held.Done()
 	return s.SetPieces(keys, wholePieces(payloads))
 }
 

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cxltier/cxltier/internal/tiertest"
 	"github.com/cxltier/cxltier/tier"
 )
 
@@ -49,19 +50,7 @@ const (
 func stressSize(k Key) int { return 64 + int(k[0])*15 } // 64 B to 3889 B
 
 func runWorker() error {
-	var devs []tier.Backing
-	for _, s := range strings.Split(os.Getenv(envDevices), ",") {
-		b, err := tier.ParseBacking(s)
-		if err != nil {
-			return err
-		}
-		devs = append(devs, b)
-	}
-	r, err := tier.Open(tier.Options{Devices: devs})
-	if err != nil {
-		return err
-	}
-	c, err := r.Attach(tier.ClientOptions{Name: "worker"})
+	c, err := tiertest.Attach(os.Getenv(envDevices), "worker")
 	if err != nil {
 		return err
 	}

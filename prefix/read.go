@@ -204,11 +204,6 @@ func (s *Store) leadingReady(keys []Key, stop func() bool) int {
 // Lookup finds the longest prefix of keys whose entries are ready, pins
 // them and returns them in order. Every hit must be given back with Release.
 func (s *Store) Lookup(keys []Key) ([]Hit, error) {
-	held, herr := s.hold("lookup")
-	if herr != nil {
-		return nil, herr
-	}
-	defer held.Done()
 	return s.LookupAppend(make([]Hit, 0, len(keys)), keys)
 }
 

@@ -275,11 +275,9 @@ func (m *Manager) ReapOnce() []Reaped {
 			if !m.ended(inf, node, &reason) {
 				continue
 			}
-			line := m.r.leaseLine(slot)
-			if !atomic.CompareAndSwapUint32(u32At(line, 0), leaseLive, leaseDead) {
+			if !m.r.markDead(slot) {
 				continue
 			}
-			m.r.sync.publish(line)
 		case "dead":
 			reason = "marked dead earlier"
 		default:
@@ -310,13 +308,11 @@ func (m *Manager) Reap(slot int, reason string) (Reaped, error) {
 		return Reaped{}, fmt.Errorf("tier: reap slot %d: %w: not a client's slot", slot, ErrInvalidConfig)
 	}
 	inf := m.r.readLease(slot)
-	line := m.r.leaseLine(slot)
 	if inf.State == "live" && !m.ended(inf, slot/m.r.l.ClientsPerNode, &reason) {
 		return Reaped{}, fmt.Errorf("tier: reap slot %d: process %d is alive and could not be ended: %w", slot, inf.PID, ErrLockTimeout)
 	}
 	switch {
-	case inf.State == "live" && atomic.CompareAndSwapUint32(u32At(line, 0), leaseLive, leaseDead):
-		m.r.sync.publish(line)
+	case inf.State == "live" && m.r.markDead(slot):
 	case inf.State == "dead":
 	default:
 		return Reaped{}, fmt.Errorf("tier: reap slot %d: %w: no lease there", slot, ErrNotFound)
@@ -327,6 +323,17 @@ func (m *Manager) Reap(slot int, reason string) (Reaped, error) {
 	}
 	m.r.releaseOrphans(m.opts.Node, m.self.token)
 	return rp, nil
+}
+
+// markDead moves slot's lease from live to dead, as other hosts see it;
+// false if it was not live (another reaper, or its client, got there).
+func (r *Region) markDead(slot int) bool {
+	line := r.leaseLine(slot)
+	if !atomic.CompareAndSwapUint32(u32At(line, 0), leaseLive, leaseDead) {
+		return false
+	}
+	r.sync.publish(line)
+	return true
 }
 
 func (m *Manager) liveDaemons() []bool {

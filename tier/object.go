@@ -431,10 +431,10 @@ func (c *Client) otherHolders(o Object) int {
 
 // tokenRuns is tokenLive for a lease whose client still runs.
 func (r *Region) tokenRuns(t uint64) bool {
-	if !r.tokenLive(t) {
+	inf, live := r.tokenLease(t)
+	if !live {
 		return false
 	}
-	inf := r.readLease(int(uint32(t)) - 1)
 	if r.l.Nodes == 1 && !processAlive(inf.PID, inf.start) {
 		return false
 	}
@@ -525,12 +525,19 @@ func (c *Client) holderWord(o Object, i int) *uint64 {
 // tokenLive reports whether a lock token (gen<<32 | slot+1) names a live
 // lease of that generation.
 func (r *Region) tokenLive(t uint64) bool {
+	_, ok := r.tokenLease(t)
+	return ok
+}
+
+// tokenLease is the lease a token names, and whether it is live in that
+// generation.
+func (r *Region) tokenLease(t uint64) (LeaseInfo, bool) {
 	slot := int(uint32(t)) - 1
 	if slot < 0 || slot >= r.MaxClients() {
-		return false
+		return LeaseInfo{}, false
 	}
 	inf := r.readLease(slot)
-	return inf.State == "live" && inf.Gen == uint32(t>>32)
+	return inf, inf.State == "live" && inf.Gen == uint32(t>>32)
 }
 
 func (r *Region) liveHolders(words []byte) int {

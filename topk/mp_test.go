@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cxltier/cxltier/internal/tiertest"
 	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/tier"
 )
@@ -25,7 +26,7 @@ const (
 
 func TestMain(m *testing.M) {
 	if os.Getenv(envRole) == "appender" {
-		err := runAppender(strings.Split(os.Getenv(envDevices), ","))
+		err := runAppender(os.Getenv(envDevices))
 		fmt.Fprintf(os.Stderr, "topk appender %d: %v\n", os.Getpid(), err)
 		os.Exit(3)
 	}
@@ -35,20 +36,8 @@ func TestMain(m *testing.M) {
 // runAppender fills a pool's sequence with 0xEE entries, round after
 // round, after saying it is ready: a top-k pool's process writing its
 // extents outside any lock.
-func runAppender(specs []string) error {
-	var devs []tier.Backing
-	for _, s := range specs {
-		b, err := tier.ParseBacking(s)
-		if err != nil {
-			return err
-		}
-		devs = append(devs, b)
-	}
-	r, err := tier.Open(tier.Options{Devices: devs})
-	if err != nil {
-		return err
-	}
-	c, err := r.Attach(tier.ClientOptions{Name: "appender"})
+func runAppender(devices string) error {
+	c, err := tiertest.Attach(devices, "appender")
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ package tiertest
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,4 +53,28 @@ func format(t testing.TB, devices int, deviceSize, chunk int64, backing func(int
 	}
 	t.Cleanup(func() { c.Close(); r.Close() })
 	return r, c
+}
+
+// Attach opens the tier on devices, comma-separated specs as a test hands
+// them to a child process it starts, and attaches a client called name:
+// the child's side of a multi-process test.
+func Attach(devices, name string) (*tier.Client, error) {
+	var devs []tier.Backing
+	for _, s := range strings.Split(devices, ",") {
+		b, err := tier.ParseBacking(s)
+		if err != nil {
+			return nil, err
+		}
+		devs = append(devs, b)
+	}
+	r, err := tier.Open(tier.Options{Devices: devs})
+	if err != nil {
+		return nil, err
+	}
+	c, err := r.Attach(tier.ClientOptions{Name: name})
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	return c, nil
 }
