@@ -101,7 +101,7 @@ package main
 import "C"
 
 // abiVersion changes whenever a call's meaning or signature does.
-const abiVersion = 9
+const abiVersion = 10
 
 //export cxl_abi_version
 func cxl_abi_version() C.int { return abiVersion }

@@ -249,3 +249,104 @@ func copyString(raw []byte, buf *C.char, n C.int) error {
 	dst[len(raw)] = 0
 	return nil
 }
+
+// cxl_prefix_list writes the keys of the index's ready entries to out (room
+// for outCap keys) and their count to n. With too little room it writes
+// the count only and fails with a range error, so the caller can grow out
+// and ask again.
+//
+//export cxl_prefix_list
+func cxl_prefix_list(h C.uint64_t, out *C.uint8_t, outCap C.int64_t, n *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_list", errbuf, errlen, &code)
+	err := func() error {
+		s, done, err := use[*index](uint64(h))
+		if err != nil {
+			return err
+		}
+		defer done.Done()
+		if n == nil || outCap < 0 {
+			return fmt.Errorf("prefix list: %w", errBadArg)
+		}
+		keys, err := s.Keys(nil)
+		if err != nil {
+			return err
+		}
+		*n = C.int64_t(len(keys))
+		if int64(len(keys)) > int64(outCap) {
+			return fmt.Errorf("prefix list: %w: %d keys, room for %d", errRange, len(keys), outCap)
+		}
+		dst, err := keysArg(out, C.int64_t(len(keys)))
+		if err != nil {
+			return err
+		}
+		copy(dst, keys)
+		return nil
+	}()
+	return report(err, errbuf, errlen)
+}
+
+// cxl_prefix_has sets present[i] to 1 when keys[i] has a ready entry, else 0.
+//
+//export cxl_prefix_has
+func cxl_prefix_has(h C.uint64_t, keys *C.uint8_t, n C.int64_t, present *C.int8_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_has", errbuf, errlen, &code)
+	err := func() error {
+		s, ks, done, err := indexKeys(h, keys, n)
+		defer done.Done()
+		if s == nil {
+			return err
+		}
+		if err != nil || (n > 0 && present == nil) {
+			return errors.Join(err, fmt.Errorf("prefix has: %w", errBadArg))
+		}
+		have := make([]bool, len(ks))
+		if err := s.Has(ks, have); err != nil {
+			return err
+		}
+		out := unsafe.Slice((*int8)(unsafe.Pointer(present)), len(ks))
+		for i, ok := range have {
+			out[i] = 0
+			if ok {
+				out[i] = 1
+			}
+		}
+		return nil
+	}()
+	return report(err, errbuf, errlen)
+}
+
+// cxl_prefix_names writes the names of the tier's prefix indexes to buf,
+// each followed by a NUL byte, and the bytes that takes to n. With too
+// little room it writes n only and fails with a range error.
+//
+//export cxl_prefix_names
+func cxl_prefix_names(h C.uint64_t, buf *C.char, bufLen C.int64_t, n *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_names", errbuf, errlen, &code)
+	err := func() error {
+		a, done, err := use[*attached](uint64(h))
+		if err != nil {
+			return err
+		}
+		defer done.Done()
+		if n == nil || bufLen < 0 || (bufLen > 0 && buf == nil) {
+			return fmt.Errorf("prefix names: %w", errBadArg)
+		}
+		names, err := prefix.Names(a.c.Region())
+		if err != nil {
+			return err
+		}
+		var joined []byte
+		for _, name := range names {
+			joined = append(append(joined, name...), 0)
+		}
+		*n = C.int64_t(len(joined))
+		if int64(len(joined)) > int64(bufLen) {
+			return fmt.Errorf("prefix names: %w: %d bytes, room for %d", errRange, len(joined), bufLen)
+		}
+		if len(joined) > 0 {
+			copy(unsafe.Slice((*byte)(unsafe.Pointer(buf)), len(joined)), joined)
+		}
+		return nil
+	}()
+	return report(err, errbuf, errlen)
+}

@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 _ERRLEN = 1024
 
 
@@ -89,6 +89,9 @@ _PROTOTYPES = {
     "cxl_prefix_part_keys_joined": [ctypes.c_char_p, _i64, _i64, _bytes, _i64, _bytes] + _err,
     "cxl_prefix_delete": [_u64, _bytes, _i64, _p(_i64)] + _err,
     "cxl_prefix_stats": [_u64, ctypes.c_char_p, _int] + _err,
+    "cxl_prefix_list": [_u64, _bytes, _i64, _p(_i64)] + _err,
+    "cxl_prefix_has": [_u64, _bytes, _i64, _p(_i8)] + _err,
+    "cxl_prefix_names": [_u64, ctypes.c_char_p, _i64, _p(_i64)] + _err,
     "cxl_uplink_off": [_u64] + _err,
     "cxl_uplink_address": [_u64, ctypes.c_char_p, _int] + _err,
     "cxl_tier_mappings": [_u64, _p(ctypes.c_void_p), _p(_i64), _i64, _p(_i64)] + _err,

@@ -32,10 +32,12 @@ Mamba) also store their extra pools' pages, through the v2 calls.
 """
 
 import ctypes
+import functools
 import logging
 import os
 
 from ._native import CxlTierError
+from .kvevents import TokenRecorder
 from .prefix import KEY_BYTES, KeyBlock, part_keys, part_mask
 from .tier import Tier
 
@@ -65,6 +67,7 @@ def _config(storage_config):
         "key": extra.get("key") or os.environ.get("CXLTIER_PREFIX_KEY") or None,
         "block_bytes": int(extra.get("block_bytes", 0)),
         "verify": bool(int(extra.get("verify", 1))),
+        "kv_events": bool(int(extra.get("kv_events", 0))),
     }
 
 
@@ -147,6 +150,9 @@ class HiCacheAdapter:
         self._pool_masks = {}
         self.registered_pools = {}
         self.tier = Tier(cfg["devices"], name=f"sglang-{os.getpid()}")
+        self._index_name, self._index_key, self._kv_events = cfg["index"], cfg["key"], cfg["kv_events"]
+        self._recorder = None
+        self._warned_parent = False
         try:
             self.index = self.tier.prefix(cfg["index"], cfg["blocks"], cfg["block_bytes"], cfg["key"])
             self.index.verify_reads(cfg["verify"])
@@ -395,6 +401,36 @@ class HiCacheAdapter:
             return ok
         return target_location if ok else None
 
+    # Token records for KV events (cxltier.kvevents): the cxltier plugin
+    # wraps SGLang's backup of pages to storage, which knows their tokens,
+    # and hands them here once the pages are stored.
+
+    def record_page_tokens(self, hashes, token_ids, prefix_keys):
+        """Writes a token record beside each page of hashes just backed up
+        (token_ids: the operation's tokens from the first of them;
+        prefix_keys: the page keys before it, None when the server does
+        not pass them). Returns how many were recorded; 0 unless the
+        extra_config asks for "kv_events"."""
+        if not self._kv_events or not hashes:
+            return 0
+        pool = self._pool()
+        if self._recorder is None:
+            blocks = max(64, int(self.index.stats().get("blocks", 0)) // len(self._parts))
+            self._recorder = TokenRecorder(self.tier, self._index_name, self._index_key, blocks,
+                                           int(getattr(pool, "page_size", 1)))
+        tokens = token_ids.tolist() if hasattr(token_ids, "tolist") else [int(t) for t in token_ids]
+        hashes = list(hashes)
+        known = prefix_keys is not None
+        if not known and not self._warned_parent:
+            self._warned_parent = True
+            logger.warning("cxltier: kv_events without hicache_storage_pass_prefix_keys in the extra_config: "
+                           "SGLang does not say which page comes before a backup, so only whole sequences "
+                           "from their first page are published")
+        parent = _raw_keys(list(prefix_keys[-1:]))[0] if prefix_keys else None
+        entries = part_keys(hashes, self._kv_masks[:1])
+        entry_keys = [bytes(entries.array[i * KEY_BYTES : (i + 1) * KEY_BYTES]) for i in range(entries.n)]
+        return self._recorder.record(entry_keys, _raw_keys(hashes), parent, tokens, known)
+
     def get_stats(self):
         return self.index.stats()
 
@@ -403,6 +439,75 @@ class HiCacheAdapter:
 
     def close(self):
         self.tier.close()
+
+
+def install_token_records():
+    """Wraps the two places SGLang's HiCache controllers know the tokens of
+    pages in storage, so that a cxltier backend with "kv_events" records
+    them (cxltier.kvevents): the backup of a radix node's pages
+    (_page_backup; the hybrid controller's calls it too) and the prefetch
+    query (_storage_hit_query, the hybrid controller's its own), whose hits
+    may be pages the node's uplink just brought from the cluster. The
+    cxltier plugin calls it; True when it installed the wraps."""
+    try:
+        from sglang.srt.managers.cache_controller import HiCacheController
+    except ImportError:  # no SGLang here: nothing to wrap
+        return False
+    installed = _wrap(HiCacheController, "_page_backup", _after_backup)
+    installed |= _wrap(HiCacheController, "_storage_hit_query", _after_hit_query)
+    try:
+        from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+    except ImportError:
+        return installed
+    if "_storage_hit_query" in vars(HybridCacheController):
+        installed |= _wrap(HybridCacheController, "_storage_hit_query", _after_hit_query)
+    return installed
+
+
+def _wrap(cls, name, after):
+    """Replaces cls.name with a call of it followed by after(controller,
+    operation, before, result); a failure of after is logged, never raised
+    into SGLang's storage threads."""
+    original = vars(cls)[name]
+    if getattr(original, "_cxltier_token_records", False):
+        return False
+
+    @functools.wraps(original)
+    def wrapped(self, operation):
+        before = getattr(operation, "completed_tokens", 0)
+        result = original(self, operation)
+        record = getattr(getattr(self, "storage_backend", None), "record_page_tokens", None)
+        if record is not None:
+            try:
+                after(self, operation, before, result, record)
+            except Exception:
+                logger.exception("cxltier: recording the tokens of stored pages failed")
+        return result
+
+    wrapped._cxltier_token_records = True
+    setattr(cls, name, wrapped)
+    return True
+
+
+def _after_backup(ctl, operation, before, result, record):
+    pages = (operation.completed_tokens - before) // max(1, ctl.page_size)
+    if pages > 0:
+        record(operation.hash_value[:pages], operation.token_ids, operation.prefix_keys)
+
+
+def _after_hit_query(ctl, operation, before, result, record):
+    hashes, hit_tokens = result
+    pages = min(len(hashes), hit_tokens // max(1, ctl.page_size))
+    if pages > 0:  # the query's pages follow operation.last_hash (None: from the sequence's start)
+        last = operation.last_hash
+        record(hashes[:pages], operation.token_ids, [last] if last else [])
+
+
+def _raw_keys(pages):
+    """The 32-byte keys of page strings (the hex digest itself; any other
+    string hashed), as part_keys makes them before a mask."""
+    block = part_keys(pages, [bytes(KEY_BYTES)])
+    return [bytes(block.array[i * KEY_BYTES : (i + 1) * KEY_BYTES]) for i in range(block.n)]
 
 
 try:  # SGLang is only there on serving machines.

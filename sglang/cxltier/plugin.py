@@ -6,7 +6,9 @@ it puts HiSparse's host KV pool in the tier (cxltier.hisparse); with
 CXLTIER_ENGRAM_HOST_TABLE=1 SGLang's DeepSeek-V4.1 Engram host tables
 live in the tier, one persistent copy per node (cxltier.engram_host); with
 CXLTIER_ENGRAM set (a preset or a geometry file) it starts Engram prefetches
-at the top of every forward pass (cxltier.engram_hook). CXLTIER_PLUGIN=0
+at the top of every forward pass (cxltier.engram_hook). Unless
+CXLTIER_KV_EVENTS=0 it lets a HiCache backend with "kv_events" record the
+tokens of the pages it backs up (cxltier.kvevents). CXLTIER_PLUGIN=0
 makes it do nothing. The HiCache backend needs no plugin: SGLang loads it
 through the dynamic backend (cxltier.hicache).
 
@@ -56,6 +58,11 @@ def install():
         logger.warning("cxltier plugin: SGLang %s has not been tested with this cxltier (tested: %s)",
                        version, ", ".join(TESTED_SGLANG))
     installed = []
+    if os.environ.get("CXLTIER_KV_EVENTS", "1") != "0":
+        from . import hicache
+
+        if _part("token records of backed-up pages (KV events)", hicache.install_token_records):
+            installed.append("kv-event-tokens")
     if os.environ.get("CXLTIER_HISPARSE_HOST_POOL") == "1":
         from . import hisparse
 

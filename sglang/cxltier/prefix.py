@@ -267,5 +267,29 @@ class PrefixIndex(_native.Child):
         _native.call("cxl_prefix_delete", self.handle, arr, n, ctypes.byref(out))
         return out.value
 
+    def keys(self):
+        """The keys (32-byte bytes) of every ready entry: a scan of the
+        index without a lock, so entries changing during it may or may not
+        be listed."""
+        cap = 1024
+        while True:
+            out = (ctypes.c_uint8 * (cap * KEY_BYTES))()
+            n = ctypes.c_int64()
+            try:
+                _native.call("cxl_prefix_list", self.handle, out, cap, ctypes.byref(n))
+            except _native.RangeError:
+                cap = n.value + n.value // 8 + 64  # entries are added while we grow: leave room
+                continue
+            raw = bytes(out)
+            return [raw[i * KEY_BYTES : (i + 1) * KEY_BYTES] for i in range(n.value)]
+
+    def has(self, keys):
+        """Whether each key has a ready entry (each on its own; exists
+        stops at the first missing one)."""
+        arr, n = _keys(keys)
+        out = (ctypes.c_int8 * max(n, 1))()
+        _native.call("cxl_prefix_has", self.handle, arr, n, out)
+        return [out[i] == 1 for i in range(n)]
+
     def stats(self):
         return self._stats(self.handle)

@@ -37,6 +37,19 @@ class Tier:
 
         return PrefixIndex(self, name, blocks, block_bytes, key)
 
+    def prefix_names(self):
+        """The names of the tier's prefix indexes."""
+        cap = 4096
+        while True:
+            buf = ctypes.create_string_buffer(cap)
+            n = ctypes.c_int64()
+            try:
+                _native.call("cxl_prefix_names", self.handle, buf, cap, ctypes.byref(n))
+            except _native.RangeError:
+                cap = n.value + 4096
+                continue
+            return [s.decode() for s in buf.raw[: n.value].split(b"\0")[:-1]]
+
     def close(self):
         """Detaches, closing the indexes opened through this tier. New calls
         through it fail at once; while buffers or tensors over tier memory

@@ -290,6 +290,7 @@ class Uplink:
         self._calls_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = []
+        self.events = None  # the KV event stream (cxltier.kvevents), when --events asks for one
         buf = ctypes.create_string_buffer(256)
         _native.call("cxl_uplink_address", self.tier.handle, buf, len(buf))
         self.address = buf.value.decode()
@@ -719,6 +720,8 @@ class Uplink:
 
     def close(self):
         self.stop()
+        if self.events is not None:
+            self.events.stop()
         self.tier.close()
 
 
@@ -827,7 +830,8 @@ def serve_metrics(uplink, addr):
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             if self.path == "/metrics":
-                body = uplink.metrics.text(uplink.queue.qsize(), uplink.cluster_up()).encode()
+                body = (uplink.metrics.text(uplink.queue.qsize(), uplink.cluster_up())
+                        + _events_text(uplink.events)).encode()
                 ctype = "text/plain; version=0.0.4"
             elif self.path == "/healthz":
                 body, ctype = b"ok\n", "text/plain"
@@ -846,6 +850,27 @@ def serve_metrics(uplink, addr):
     srv = http.server.ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True, name="uplink-metrics").start()
     return srv
+
+
+_EVENT_COUNTERS = {
+    "batches": "KV event batches published (heartbeats included)",
+    "stored": "pages announced as stored",
+    "removed": "pages announced as removed",
+    "unparented": "pages not announced: recorded without their parent (set hicache_storage_pass_prefix_keys)",
+    "damaged": "token records skipped as damaged",
+    "replays": "replay requests answered",
+    "snapshots": "replays answered with the current contents (older than the replay buffer)",
+}
+
+
+def _events_text(stream):
+    if stream is None:
+        return ""
+    out = []
+    for name, doc in _EVENT_COUNTERS.items():
+        out += [f"# HELP cxltier_uplink_events_{name}_total {doc}", f"# TYPE cxltier_uplink_events_{name}_total counter",
+                f"cxltier_uplink_events_{name}_total {stream.stats[name]}"]
+    return "\n".join(out) + "\n"
 
 
 def _size(s):
@@ -871,6 +896,16 @@ def main(argv=None):
     p.add_argument("--queue", type=int, default=65536, help="write-behind queue, in pages (full: dropped and counted)")
     p.add_argument("--keys", help="file of INDEX=KEY lines: tenant keys of keyed indexes to serve (mode 0600)")
     p.add_argument("--metrics", help="HOST:PORT for Prometheus text at /metrics")
+    p.add_argument("--events", metavar="ENDPOINT",
+                   help="publish this tier's KV events (ZMQ PUB, bound here: tcp://*:5557) for routers such as "
+                        "Dynamo's KV indexer; works without --master")
+    p.add_argument("--events-replay", metavar="ENDPOINT",
+                   help="ZMQ ROUTER endpoint answering replay requests (tcp://*:5558): missed batches, or the "
+                        "current contents after a restart")
+    p.add_argument("--events-index", metavar="A,B",
+                   help="indexes to publish (default: every index without a tenant key that has token records); "
+                        "a keyed index needs its key in --keys, and one stream carries one tenant's indexes")
+    p.add_argument("--events-interval", type=float, default=0.5, help="seconds between scans for changes")
     p.add_argument("--fill-timeout", type=float, default=1.0, help="seconds a fill waits for a fetch it joined")
     p.add_argument("--verbose", action="store_true", help="log every fetch with where its time went")
     p.add_argument("--no-prefault", dest="prefault", action="store_false",
@@ -894,6 +929,19 @@ def main(argv=None):
     except (UplinkError, ValueError, OSError, CxlTierError) as e:
         print(f"cxltier-uplink: {e}", file=sys.stderr)
         return 2
+    if args.events:
+        from .kvevents import EventStream
+
+        try:
+            names = [n for n in (args.events_index or "").split(",") if n] or None
+            up.events = EventStream(args.tier, args.events, replay=args.events_replay, indexes=names, keys=keys,
+                                    interval=args.events_interval).start()
+        except (ValueError, ImportError) as e:
+            print(f"cxltier-uplink: --events: {e}", file=sys.stderr)
+            up.close()
+            return 2
+        print(f"cxltier-uplink: KV events on {up.events.endpoint}"
+              + (f", replay on {up.events.replay_endpoint}" if up.events.replay_endpoint else ""), flush=True)
     if args.metrics:
         try:
             serve_metrics(up, args.metrics)

@@ -165,3 +165,67 @@ class Node:
             os.remove(f"/dev/shm/{self.shm}")
         except FileNotFoundError:
             pass
+
+
+def dynamo_python():
+    """The Python with Dynamo's standalone KV indexer (dynamo.indexer), or None."""
+    py = os.environ.get("CXLTIER_DYNAMO_PYTHON")
+    if not py or not os.path.exists(py):
+        return None
+    ok = subprocess.run([py, "-c", "import dynamo.indexer"], capture_output=True).returncode == 0
+    return py if ok else None
+
+
+def require_dynamo():
+    """The Dynamo Python for a test: a skip without one, or a failure where
+    CXLTIER_REQUIRE_DYNAMO=1 (CI) says it must be there."""
+    import pytest
+
+    py = dynamo_python()
+    if py is None:
+        if os.environ.get("CXLTIER_REQUIRE_DYNAMO") == "1":
+            pytest.fail("CXLTIER_DYNAMO_PYTHON does not name a Python with dynamo.indexer")
+        pytest.skip("Dynamo's indexer is not installed (CXLTIER_DYNAMO_PYTHON); .ci/run installs it")
+    return py
+
+
+class Indexer:
+    """Dynamo's standalone KV indexer (python -m dynamo.indexer) on loopback:
+    nodes register their KV event streams with it and it answers which
+    instance holds the longest prefix of a request's tokens."""
+
+    def __init__(self, py, workdir):
+        self.py = py
+        self.port = free_port()
+        self.log = os.path.join(workdir, f"indexer-{self.port}.log")
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen([self.py, "-m", "dynamo.indexer", "--port", str(self.port), "--threads", "1"],
+                                     stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
+        wait_for(lambda: self.proc.poll() is not None or _connects(self.port), 30, f"dynamo.indexer on {self.port}")
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"dynamo.indexer exited {self.proc.returncode}")
+        return self
+
+    def post(self, path, body):
+        import json
+
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return json.loads(r.read() or b"{}")
+
+    def register(self, instance_id, endpoint, replay, model, block_size):
+        return self.post("/register", {"instance_id": instance_id, "endpoint": endpoint, "replay_endpoint": replay,
+                                       "model_name": model, "block_size": block_size})
+
+    def matched(self, tokens, model):
+        """{instance id: tokens of the longest prefix it holds}."""
+        got = self.post("/query", {"token_ids": list(tokens), "model_name": model})
+        return {int(i): int(v["longest_matched"]) for i, v in got.get("instances", {}).items()}
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

@@ -1,0 +1,469 @@
+"""KV events of a node tier: which pages the node holds, in the wire format
+routers read (SGLang's and vLLM's KVEventBatch over ZMQ), so that a router
+such as Dynamo's KV indexer sends each request to the node that holds its
+prefix.
+
+Two sides:
+
+- **Recording** (in the SGLang server, cxltier.hicache): a router matches
+  token ids, but HiCache's storage calls see only page keys. The cxltier
+  plugin wraps SGLang's backup of pages to storage, which has the tokens,
+  and the backend writes one record per page beside it: a prefix index
+  named "<index>@tokens" (same tenant key, fixed size, so bounded) keyed by
+  the page's entry key, holding the page's key, its parent's and its token
+  ids. A record is written after its page, so a record whose page is
+  absent describes a page that went.
+- **Publishing** (EventStream, run by the node's uplink with --events):
+  every interval it lists the records, asks the page index which pages are
+  there, and publishes the difference from what it published last:
+  BlockStored (block hash, parent hash, token ids, page size, medium
+  EXTERNAL) parents first, and BlockRemoved for pages evicted, deleted or
+  replaced by a restore. Records whose page stays absent are deleted.
+
+Sequence numbers start at the publisher's start time in microseconds, so a
+restarted publisher continues above its predecessor; a subscriber that
+finds a gap asks the replay socket, which answers from its buffer or, when
+the batches asked for are older than the buffer (a restart, a late
+subscriber), with the current contents: AllBlocksCleared then every page
+held, as one batch numbered as the newest sent.
+
+A block hash is the first 8 bytes of SGLang's page key (big-endian,
+signed): the page key already chains the tokens of every page before it.
+Tenants: by default a stream publishes only indexes without a tenant key;
+a keyed index is published only when named, with its key, and one stream
+carries the pages of one key only.
+"""
+
+import ctypes
+import logging
+import struct
+import threading
+import time
+from collections import deque
+
+from . import _native
+
+logger = logging.getLogger("cxltier.kvevents")
+
+TOKENS_SUFFIX = "@tokens"
+_RECORD = struct.Struct("<4sHHI32s32s")  # magic, version, flags, token count, page key, parent page key
+_MAGIC = b"CXTK"
+_VERSION = 1
+_HAS_PARENT = 1  # the parent key is the page before it
+_PARENT_UNKNOWN = 2  # the server did not pass prefix keys: the parent cannot be named
+MAX_TOKENS = 1 << 16
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+class RecordError(ValueError):
+    """A token record read from the tier is damaged (shared memory is
+    untrusted input: the record is skipped, never trusted)."""
+
+
+def record_bytes(page_size):
+    """The block size of a token index for pages of page_size tokens."""
+    return _RECORD.size + 4 * page_size
+
+
+def encode_record(page_key, parent, tokens, parent_known=True):
+    if len(page_key) != 32 or (parent is not None and len(parent) != 32):
+        raise ValueError("token record: keys are 32 bytes")
+    if not 0 < len(tokens) <= MAX_TOKENS:
+        raise ValueError(f"token record: {len(tokens)} tokens (1..{MAX_TOKENS})")
+    flags = (_HAS_PARENT if parent is not None else 0) | (0 if parent_known else _PARENT_UNKNOWN)
+    try:
+        body = struct.pack(f"<{len(tokens)}I", *tokens)
+    except struct.error as e:
+        raise ValueError(f"token record: a token id outside 0..2^32-1: {e}") from None
+    return _RECORD.pack(_MAGIC, _VERSION, flags, len(tokens), page_key, parent or bytes(32)) + body
+
+
+def decode_record(raw):
+    """(page key, parent key or None, tokens, parent known) of a record;
+    RecordError when anything in it is inconsistent."""
+    if len(raw) < _RECORD.size:
+        raise RecordError(f"token record: {len(raw)} bytes, shorter than its header")
+    magic, version, flags, n, page, parent = _RECORD.unpack_from(raw)
+    if magic != _MAGIC:
+        raise RecordError(f"token record: bad magic {magic!r}")
+    if version != _VERSION:
+        raise RecordError(f"token record: version {version}, this cxltier reads {_VERSION}")
+    if flags & ~(_HAS_PARENT | _PARENT_UNKNOWN):
+        raise RecordError(f"token record: unknown flags {flags:#x}")
+    if not 0 < n <= MAX_TOKENS or _RECORD.size + 4 * n != len(raw):
+        raise RecordError(f"token record: {n} tokens in a record of {len(raw)} bytes")
+    tokens = struct.unpack_from(f"<{n}I", raw, _RECORD.size)
+    return page, (parent if flags & _HAS_PARENT else None), list(tokens), not flags & _PARENT_UNKNOWN
+
+
+def block_hash(page_key):
+    """The block hash published for a page: its key's first 8 bytes as a
+    signed big-endian int64 (msgpack and Dynamo carry int64)."""
+    return int.from_bytes(page_key[:8], "big", signed=True)
+
+
+class TokenRecorder:
+    """Writes the token records of one page index (the SGLang server's side)."""
+
+    def __init__(self, tier, index, key, blocks, page_size):
+        self.page_size = page_size
+        self.index = tier.prefix(index + TOKENS_SUFFIX, blocks, record_bytes(page_size), key)
+
+    def record(self, entry_keys, page_keys, first_parent, tokens, parent_known=True):
+        """Records pages: entry_keys[i] (the page's key in the page index)
+        covers tokens[i*page_size:(i+1)*page_size]; the first page's parent
+        is first_parent (None at the start of a sequence), each next page's
+        the page before it. Pages recorded already are left as they are.
+        Returns how many records were stored."""
+        n = min(len(entry_keys), len(page_keys), len(tokens) // self.page_size)
+        if n <= 0:
+            return 0
+        keys = list(entry_keys[:n])
+        missing = [i for i, have in enumerate(self.index.has(keys)) if not have]
+        if not missing:
+            return 0
+        records = []
+        for i in missing:
+            parent = first_parent if i == 0 else page_keys[i - 1]
+            records.append(encode_record(page_keys[i], parent, tokens[i * self.page_size : (i + 1) * self.page_size],
+                                         parent_known or i > 0))
+        st = self.index.set([keys[i] for i in missing], records)
+        return sum(s == "stored" for s in st)
+
+    def close(self):
+        self.index.close()
+
+
+_UNREAD = object()  # a record not read yet, or gone while read
+
+
+class _Page:
+    __slots__ = ("hash", "parent", "tokens")
+
+    def __init__(self, h, parent, tokens):
+        self.hash, self.parent, self.tokens = h, parent, tokens
+
+
+class _Watched:
+    """One page index and its token index, as the stream reads them."""
+
+    def __init__(self, tier, name, key):
+        self.name = name
+        self.pages = tier.prefix(name, key=key)
+        self.tokens = tier.prefix(name + TOKENS_SUFFIX, key=key)
+        self.records = {}  # entry key -> _Page, or None for a damaged or unusable record
+        self.absent = set()  # entry keys whose page was absent at the last scan
+
+    def scan(self, stats):
+        """{block hash: _Page} of the pages present now."""
+        keys = self.tokens.keys()
+        present = self.pages.has(keys) if keys else []
+        out, gone, absent = {}, [], set()
+        for k, here in zip(keys, present):
+            if not here:
+                if k in self.absent:
+                    gone.append(k)
+                else:
+                    absent.add(k)
+                continue
+            page = self.records.get(k, _UNREAD)
+            if page is _UNREAD:
+                page = self._read(k, stats)
+                if page is _UNREAD:
+                    continue  # the record went while we looked
+                self.records[k] = page
+            if page is not None:
+                out[page.hash] = page
+        for k in set(self.records) - set(keys):
+            del self.records[k]
+        if gone:  # absent two scans running: the page went; so does its record
+            self.tokens.delete(gone)
+            for k in gone:
+                self.records.pop(k, None)
+        self.absent = absent
+        return out
+
+    def _read(self, k, stats):
+        buf = bytearray(_RECORD.size + 4 * MAX_TOKENS)
+        try:
+            served, lens = self.tokens.get([k], [buf])
+        except _native.CxlTierError as e:
+            logger.warning("cxltier kv events: token record of %r: %s", self.name, e)
+            stats["damaged"] += 1
+            return None
+        if served != 1:
+            return _UNREAD
+        try:
+            page, parent, tokens, parent_known = decode_record(bytes(buf[: lens[0]]))
+        except RecordError as e:
+            logger.warning("cxltier kv events: index %r: %s", self.name, e)
+            stats["damaged"] += 1
+            return None
+        if not parent_known:
+            stats["unparented"] += 1
+            return None
+        return _Page(block_hash(page), None if parent is None else block_hash(parent), tokens)
+
+    def close(self):
+        self.tokens.close()
+        self.pages.close()
+
+
+class Publication:
+    """What a stream has told its subscribers, and the events that bring
+    them to a new scan (no sockets: EventStream sends what this makes)."""
+
+    def __init__(self, medium="EXTERNAL"):
+        self.medium = medium
+        self.published = {}  # block hash -> _Page, as the subscribers know it
+        self.held = {}  # present pages whose parent is not published: a prefix match could not reach them
+
+    def changes(self, current):
+        """The events from what was published to current ({block hash:
+        _Page}): removals first, then stores, each page after its parent."""
+        removed = [h for h in self.published if h not in current]
+        for h in removed:
+            del self.published[h]
+        todo = {h: p for h, p in current.items() if h not in self.published}
+        stored = _parents_first(todo, lambda parent: parent is None or parent in self.published)
+        for p in stored:
+            self.published[p.hash] = p
+        self.held = {h: p for h, p in todo.items() if h not in self.published}
+        events = [{"type": "BlockRemoved", "block_hashes": removed, "medium": self.medium}] if removed else []
+        return events + self.stored_events(stored), len(stored), len(removed)
+
+    def snapshot(self):
+        """The events that bring a subscriber knowing nothing, or anything,
+        to what is published: AllBlocksCleared, then every page."""
+        pages = _parents_first(self.published, lambda parent: parent is None or parent not in self.published)
+        return [{"type": "AllBlocksCleared"}] + self.stored_events(pages)
+
+    def stored_events(self, pages):
+        """BlockStored events, a chain of pages (each the parent of the
+        next) in one event, as SGLang sends them."""
+        events = []
+        for p in pages:
+            last = events[-1] if events else None
+            if last is not None and last["block_hashes"][-1] == p.parent and last["block_size"] == len(p.tokens):
+                last["block_hashes"].append(p.hash)
+                last["token_ids"].extend(p.tokens)
+                continue
+            events.append({"type": "BlockStored", "block_hashes": [p.hash], "parent_block_hash": p.parent,
+                           "token_ids": list(p.tokens), "block_size": len(p.tokens), "lora_id": None,
+                           "medium": self.medium})
+        return events
+
+
+def _parents_first(pages, is_root):
+    """pages ({hash: _Page}) reachable from a root (is_root(parent)), each
+    after its parent, depth first so that chains stay together."""
+    children = {}
+    for p in pages.values():
+        children.setdefault(p.parent, []).append(p)
+    ready = [p for p in pages.values() if is_root(p.parent)]
+    out, seen = [], set()
+    while ready:
+        p = ready.pop()
+        if p.hash in seen:  # a damaged record naming itself an ancestor: once is enough
+            continue
+        seen.add(p.hash)
+        out.append(p)
+        ready.extend(children.get(p.hash, ()))
+    return out
+
+
+def one_tenant(names, keys):
+    """Refuses a stream over indexes of different tenant keys (a keyless
+    index counts as a tenant of its own): one stream, one tenant."""
+    if names and len({keys.get(n) for n in names}) > 1:
+        raise ValueError("kv events: one stream carries one tenant's pages: the indexes named "
+                         f"({', '.join(names)}) have different keys; run a stream per tenant")
+
+
+def _packer():
+    """msgpack's packb, or msgspec's encoder (SGLang's virtualenv has
+    msgspec and pyzmq, so the stream runs there with nothing added)."""
+    try:
+        import msgpack
+
+        return msgpack.packb
+    except ImportError:
+        import msgspec
+
+        return msgspec.msgpack.Encoder().encode
+
+
+class EventStream:
+    """Publishes the KV events of a tier's page indexes on a ZMQ PUB socket
+    (endpoint, bound), with an optional ROUTER replay socket (replay). It
+    attaches to the tier (devices) as a client of its own: a client opens
+    an index once, and the uplink beside it opens the same indexes.
+
+    indexes: names to publish (default: every index without a tenant key
+    that has token records); keys: {index: tenant key} for keyed ones, all
+    of one key."""
+
+    def __init__(self, devices, endpoint, replay=None, indexes=None, keys=None, interval=0.5, heartbeat=1.0,
+                 medium="EXTERNAL", topic="", buffer_batches=10000, events_per_batch=512):
+        import zmq
+
+        from .tier import Tier
+
+        self._pack_fn = _packer()
+        self.names = list(indexes) if indexes else None
+        self.keys = dict(keys or {})
+        one_tenant(self.names, self.keys)
+        self.interval, self.heartbeat = interval, heartbeat
+        self.topic = topic.encode()
+        self.events_per_batch = events_per_batch
+        self.publication = Publication(medium)
+        self.stats = dict.fromkeys(("batches", "stored", "removed", "unparented", "damaged", "replays", "snapshots"), 0)
+        self.tier = Tier(devices, name="cxltier-kv-events")
+        _native.call("cxl_uplink_off", self.tier.handle)  # it reads what is here; it never asks for fills
+        self._ctx = zmq.Context()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.setsockopt(zmq.LINGER, 0)
+        self._replay = None
+        try:
+            self._pub.bind(endpoint)
+            if replay:
+                self._replay = self._ctx.socket(zmq.ROUTER)
+                self._replay.setsockopt(zmq.LINGER, 0)
+                self._replay.bind(replay)
+        except zmq.ZMQError as e:
+            self._close_sockets()
+            raise ValueError(f"kv events: cannot bind {replay if self._replay is not None else endpoint}: {e}") from e
+        self.endpoint = self._pub.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.replay_endpoint = self._replay.getsockopt(zmq.LAST_ENDPOINT).decode() if self._replay else None
+        self._seq = time.time_ns() // 1000  # above any predecessor's: see the module comment
+        self._buffer = deque(maxlen=buffer_batches)  # (seq, payload)
+        self._watched = {}
+        self._stop = threading.Event()
+        self._thread = None
+        self._last_error = None
+
+    # The loop: scans, publishes, answers replays. One thread owns the sockets.
+
+    def start(self):
+        self._thread = threading.Thread(target=self._run, daemon=True, name="cxltier-kv-events")
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        for w in self._watched.values():
+            w.close()
+        self._watched.clear()
+        self._close_sockets()
+
+    def _close_sockets(self):
+        for s in (self._pub, self._replay):
+            if s is not None:
+                s.close(0)
+        self._ctx.term()
+        self.tier.close()
+
+    def _run(self):
+        last_sent = 0.0
+        next_scan = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_scan:
+                next_scan = now + self.interval
+                try:
+                    if self.step():
+                        last_sent = now
+                except _native.ClosedError as e:
+                    logger.error("cxltier kv events: %s; stopping", e)
+                    return
+                except Exception as e:
+                    if str(e) != self._last_error:  # a lasting failure is logged once, not every scan
+                        self._last_error = str(e)
+                        logger.exception("cxltier kv events: scan failed")
+            if time.monotonic() - last_sent >= self.heartbeat:
+                self._send([])  # tells a new subscriber where the sequence is: it asks for the rest
+                last_sent = time.monotonic()
+            wait = max(0.0, min(next_scan, last_sent + self.heartbeat) - time.monotonic())
+            if self._replay is not None:
+                if self._replay.poll(int(wait * 1000) + 1):
+                    self._answer_replay()
+            else:
+                self._stop.wait(wait)
+
+    def step(self):
+        """One scan and the batches it makes; True when it sent any."""
+        events, stored, removed = self.publication.changes(self._scan())
+        self._last_error = None
+        self.stats["stored"] += stored
+        self.stats["removed"] += removed
+        for i in range(0, len(events), self.events_per_batch):
+            self._send(events[i : i + self.events_per_batch])
+        return bool(events)
+
+    def _scan(self):
+        names = self.names if self.names is not None else self._default_names()
+        current = {}
+        for name in names:
+            w = self._watch(name)
+            if w is None:
+                continue
+            try:
+                current.update(w.scan(self.stats))
+            except (_native.ClosedError, _native.NotFoundError):
+                raise
+            except _native.CxlTierError as e:  # destroyed, or destroyed and made again: open it afresh
+                logger.info("cxltier kv events: index %r: %s; reopening", name, e)
+                self._watched.pop(name).close()
+        for name in set(self._watched) - set(names):
+            self._watched.pop(name).close()
+        return current
+
+    def _default_names(self):
+        all_names = set(self.tier.prefix_names())
+        return sorted(n for n in all_names if not n.endswith(TOKENS_SUFFIX) and n + TOKENS_SUFFIX in all_names)
+
+    def _watch(self, name):
+        w = self._watched.get(name)
+        if w is None:
+            try:
+                w = _Watched(self.tier, name, self.keys.get(name))
+            except _native.DeniedError:
+                return None  # a tenant's index: published only on a stream named for it
+            except _native.NotFoundError:
+                return None  # not there (yet), or it has no token records
+            self._watched[name] = w
+        return w
+
+    def _pack(self, events):
+        return self._pack_fn([time.time(), events, None])
+
+    def _send(self, events):
+        payload = self._pack(events)
+        seq = self._seq
+        self._seq += 1
+        self._pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
+        self._buffer.append((seq, payload))
+        self.stats["batches"] += 1
+
+    def _answer_replay(self):
+        frames = self._replay.recv_multipart()
+        if len(frames) != 3 or len(frames[2]) != 8:
+            logger.warning("cxltier kv events: a replay request of %d frames ignored", len(frames))
+            return
+        client, _, start = frames
+        start = int.from_bytes(start, "big")
+        self.stats["replays"] += 1
+        if self._buffer and self._buffer[0][0] <= start:
+            for seq, payload in self._buffer:
+                if seq >= start:
+                    self._replay.send_multipart((client, b"", self.topic, seq.to_bytes(8, "big"), payload))
+        else:
+            # Older than the buffer: the state now, as of the newest batch
+            # sent (a subscriber then skips the live batches it holds).
+            self.stats["snapshots"] += 1
+            newest = self._seq - 1
+            payload = self._pack(self.publication.snapshot())
+            self._replay.send_multipart((client, b"", self.topic, newest.to_bytes(8, "big"), payload))
+        self._replay.send_multipart((client, b"", b"", END_SEQ, b""))

@@ -1,0 +1,182 @@
+"""KV events: token records (an untrusted structure in the tier), what a
+stream publishes for a scan, and the scan of real indexes of a real tier.
+The wire and Dynamo's indexer are tested in tests_real/test_kvevents_real.py."""
+
+import random
+import struct
+
+import pytest
+
+import cxltier
+from cxltier import kvevents as kv
+from cxltier.tier import Tier
+
+P = 4
+
+
+def key(i):
+    return bytes([i % 256]) * 32
+
+
+def test_record_round_trip():
+    tokens = [0, 1, 2**32 - 1, 50000]
+    raw = kv.encode_record(key(1), key(2), tokens)
+    assert len(raw) == kv.record_bytes(len(tokens))
+    assert kv.decode_record(raw) == (key(1), key(2), tokens, True)
+    assert kv.decode_record(kv.encode_record(key(1), None, tokens)) == (key(1), None, tokens, True)
+    assert kv.decode_record(kv.encode_record(key(1), None, tokens, parent_known=False))[3] is False
+
+
+@pytest.mark.parametrize("page,parent,tokens", [
+    (b"short", None, [1]),
+    (key(1), b"short", [1]),
+    (key(1), None, []),
+    (key(1), None, [-1]),
+    (key(1), None, [2**32]),
+    (key(1), None, [0] * (kv.MAX_TOKENS + 1)),
+])
+def test_record_refuses_what_it_cannot_hold(page, parent, tokens):
+    with pytest.raises(ValueError):
+        kv.encode_record(page, parent, tokens)
+
+
+def damaged(raw, at, value):
+    return raw[:at] + value + raw[at + len(value):]
+
+
+GOOD = kv.encode_record(key(1), key(2), [7, 8, 9, 10])
+
+
+@pytest.mark.parametrize("raw,what", [
+    (GOOD[:10], "shorter than its header"),
+    (damaged(GOOD, 0, b"XXXX"), "bad magic"),
+    (damaged(GOOD, 4, struct.pack("<H", 9)), "version 9"),
+    (damaged(GOOD, 6, struct.pack("<H", 0x80)), "unknown flags"),
+    (damaged(GOOD, 8, struct.pack("<I", 5)), "5 tokens"),
+    (damaged(GOOD, 8, struct.pack("<I", 0)), "0 tokens"),
+    (damaged(GOOD, 8, struct.pack("<I", 2**31)), "tokens in a record"),
+    (GOOD + b"\0" * 4, "tokens in a record"),
+    (GOOD[:-4], "tokens in a record"),
+])
+def test_damaged_records_are_errors_naming_the_record(raw, what):
+    with pytest.raises(kv.RecordError, match=what) as e:
+        kv.decode_record(raw)
+    assert "token record" in str(e.value)
+
+
+def test_random_bytes_never_escape_as_other_errors():
+    rng = random.Random(7)
+    for n in range(3000):
+        raw = bytearray(GOOD if n % 2 else rng.randbytes(rng.randrange(0, 200)))
+        for _ in range(rng.randrange(1, 4)):
+            if raw:
+                raw[rng.randrange(len(raw))] = rng.randrange(256)
+        try:
+            kv.decode_record(bytes(raw))
+        except kv.RecordError:
+            pass
+
+
+def test_block_hash_is_the_keys_first_eight_bytes_signed():
+    assert kv.block_hash(bytes.fromhex("00000000000000ff") + bytes(24)) == 255
+    assert kv.block_hash(b"\xff" * 32) == -1
+
+
+def page(h, parent, tokens=None):
+    return kv._Page(h, parent, tokens or [h] * P)
+
+
+def test_publication_orders_parents_first_and_chains_them():
+    pub = kv.Publication()
+    pages = {1: page(1, None), 2: page(2, 1), 3: page(3, 2), 9: page(9, 1)}
+    events, stored, removed = pub.changes(pages)
+    assert (stored, removed) == (4, 0)
+    seen = set()
+    for e in events:
+        assert e["type"] == "BlockStored" and e["medium"] == "EXTERNAL" and e["block_size"] == P
+        assert e["parent_block_hash"] is None or e["parent_block_hash"] in seen
+        assert len(e["token_ids"]) == P * len(e["block_hashes"])
+        for a, b in zip(e["block_hashes"], e["block_hashes"][1:]):
+            assert pages[b].parent == a  # a multi-block event is a chain
+        seen.update(e["block_hashes"])
+    assert seen == set(pages)
+    assert len(events) == 2  # 1-2-3 (or 1-9) in one event, the other branch in another
+    assert pub.changes(pages)[0] == []  # nothing new
+
+
+def test_publication_holds_pages_whose_parent_is_not_there():
+    pub = kv.Publication()
+    events, stored, _ = pub.changes({2: page(2, 1), 3: page(3, 2)})
+    assert (events, stored) == ([], 0) and set(pub.held) == {2, 3}
+    events, stored, _ = pub.changes({1: page(1, None), 2: page(2, 1), 3: page(3, 2)})
+    assert stored == 3 and [e["block_hashes"] for e in events] == [[1, 2, 3]]
+    assert pub.held == {}
+
+
+def test_publication_removes_what_went_and_snapshots_what_is_there():
+    pub = kv.Publication()
+    pub.changes({1: page(1, None), 2: page(2, 1), 3: page(3, 2)})
+    events, stored, removed = pub.changes({1: page(1, None)})
+    assert (stored, removed) == (0, 2)
+    assert events == [{"type": "BlockRemoved", "block_hashes": [2, 3], "medium": "EXTERNAL"}]
+    snap = pub.snapshot()
+    assert snap[0] == {"type": "AllBlocksCleared"}
+    assert [e["block_hashes"] for e in snap[1:]] == [[1]]
+
+
+def test_one_stream_one_tenant():
+    kv.one_tenant(["a", "b"], {})
+    kv.one_tenant(["a", "b"], {"a": "k", "b": "k"})
+    with pytest.raises(ValueError, match="one tenant"):
+        kv.one_tenant(["a", "b"], {"a": "k"})
+    with pytest.raises(ValueError, match="one tenant"):
+        kv.one_tenant(["a", "b"], {"a": "k", "b": "other"})
+
+
+def stats():
+    return dict.fromkeys(("unparented", "damaged"), 0)
+
+
+def test_scan_of_a_real_tier(built, device):
+    tokens = list(range(100, 100 + 5 * P))
+    pages = [bytes.fromhex(k) for k in cxltier.page_keys(tokens, P)]
+    with Tier(device, name="server") as t, Tier(device, name="events") as watcher:
+        ix = t.prefix("m", 64, 1024)
+        ix.set(pages, [b"p" * 64] * len(pages))
+        rec = kv.TokenRecorder(t, "m", None, 64, P)
+        assert rec.record(pages, pages, None, tokens) == 5
+        assert sorted(t.prefix_names()) == ["m", "m" + kv.TOKENS_SUFFIX]
+        w = kv._Watched(watcher, "m", None)
+        s = stats()
+        now = w.scan(s)
+        assert set(now) == {kv.block_hash(p) for p in pages}
+        assert now[kv.block_hash(pages[2])].parent == kv.block_hash(pages[1])
+        assert now[kv.block_hash(pages[2])].tokens == tokens[2 * P : 3 * P]
+        assert now[kv.block_hash(pages[0])].parent is None
+
+        ix.delete(pages[3:])
+        assert set(w.scan(s)) == {kv.block_hash(p) for p in pages[:3]}
+        assert rec.index.has(pages[3:]) == [True, True]  # absent once: the record stays (it may be re-stored)
+        w.scan(s)
+        assert rec.index.has(pages[3:]) == [False, False]  # absent twice: the record goes with its page
+
+        # A damaged record and one without its parent are skipped and counted, never raised.
+        other = [bytes.fromhex(k) for k in cxltier.page_keys(range(900, 900 + 2 * P), P)]
+        ix.set(other, [b"q" * 64] * 2)
+        rec.index.set([other[0]], [b"garbage that is no record"])
+        rec.index.set([other[1]], [kv.encode_record(other[1], None, list(range(P)), parent_known=False)])
+        assert set(w.scan(s)) == {kv.block_hash(p) for p in pages[:3]}
+        assert s == {"damaged": 1, "unparented": 1}
+        w.close()
+        rec.close()
+
+
+def test_keyed_index_is_not_listed_without_its_key(built, device):
+    with Tier(device, name="server") as t, Tier(device, name="events") as watcher:
+        t.prefix("acme", 64, 1024, key="secret")
+        kv.TokenRecorder(t, "acme", "secret", 64, P)
+        with pytest.raises(cxltier.DeniedError):
+            kv._Watched(watcher, "acme", None)
+        w = kv._Watched(watcher, "acme", "secret")
+        assert w.scan(stats()) == {}
+        w.close()
