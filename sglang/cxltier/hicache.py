@@ -14,7 +14,10 @@ to create the index when it is missing, blocks and block_bytes (≥ the
 bytes of one page's K or V), and verify (default 1: every page read is
 checked against its checksum; 0 reads at plain-copy speed and trusts the
 tier), and kv_dtype (default: the server's --kv-cache-dtype, or the host
-pool's dtype when that is "auto"). "interface_v1": 1 makes SGLang move pages
+pool's dtype when that is "auto"), and kv_events (default 0; 1 records the
+tokens of each page stored, for the node's KV event stream: cxltier.kvevents,
+with the plugin loaded and "hicache_storage_pass_prefix_keys": true).
+"interface_v1": 1 makes SGLang move pages
 zero-copy (batch_get_v1 / batch_set_v1); without it SGLang copies each page
 through a flat tensor (batch_get / batch_set). Both store the same bytes
 under the same keys, so a page written one way is read the other.
