@@ -205,8 +205,63 @@ class _Watched:
         return _Page(block_hash(page), None if parent is None else block_hash(parent), tokens)
 
     def close(self):
-        self.tokens.close()
-        self.pages.close()
+        for ix in (self.tokens, self.pages):
+            try:
+                ix.close()
+            except _native.CxlTierError:  # destroyed under us: the handle goes all the same
+                pass
+
+
+class Scanner:
+    """The pages a tier's indexes hold now, from their token records: names
+    (None: every index without a tenant key that has token records), keys
+    ({index: tenant key})."""
+
+    def __init__(self, tier, names=None, keys=None):
+        self.tier, self.names, self.keys = tier, names, dict(keys or {})
+        self._watched = {}
+
+    def scan(self, stats):
+        """{block hash: _Page} over the indexes. An index destroyed (or
+        destroyed and made again) since the last scan is dropped and opened
+        afresh next time; a ClosedError of the tier itself (the client lost
+        its lease) goes to the caller."""
+        names = self.names if self.names is not None else self._default_names()
+        current = {}
+        for name in names:
+            w = self._watch(name)
+            if w is None:
+                continue
+            try:
+                current.update(w.scan(stats))
+            except _native.CxlTierError as e:
+                self._watched.pop(name).close()
+                self.tier.prefix_names()  # raises when the client itself is gone, not just the index
+                logger.info("cxltier kv events: index %r: %s; opening it afresh", name, e)
+        for name in set(self._watched) - set(names):
+            self._watched.pop(name).close()
+        return current
+
+    def _default_names(self):
+        all_names = set(self.tier.prefix_names())
+        return sorted(n for n in all_names if not n.endswith(TOKENS_SUFFIX) and n + TOKENS_SUFFIX in all_names)
+
+    def _watch(self, name):
+        w = self._watched.get(name)
+        if w is None:
+            try:
+                w = _Watched(self.tier, name, self.keys.get(name))
+            except _native.DeniedError:
+                return None  # a tenant's index: published only on a stream named for it
+            except _native.NotFoundError:
+                return None  # not there (yet), or it has no token records
+            self._watched[name] = w
+        return w
+
+    def close(self):
+        for w in self._watched.values():
+            w.close()
+        self._watched.clear()
 
 
 class Publication:
@@ -220,7 +275,8 @@ class Publication:
 
     def changes(self, current):
         """The events from what was published to current ({block hash:
-        _Page}): removals first, then stores, each page after its parent."""
+        _Page}): removals first (AllBlocksCleared when nothing is left),
+        then stores, each page after its parent."""
         removed = [h for h in self.published if h not in current]
         for h in removed:
             del self.published[h]
@@ -229,7 +285,12 @@ class Publication:
         for p in stored:
             self.published[p.hash] = p
         self.held = {h: p for h, p in todo.items() if h not in self.published}
-        events = [{"type": "BlockRemoved", "block_hashes": removed, "medium": self.medium}] if removed else []
+        if removed and not self.published and not stored:
+            events = [{"type": "AllBlocksCleared"}]  # every index emptied or destroyed: one event, not a list
+        elif removed:
+            events = [{"type": "BlockRemoved", "block_hashes": removed, "medium": self.medium}]
+        else:
+            events = []
         return events + self.stored_events(stored), len(stored), len(removed)
 
     def snapshot(self):
@@ -337,7 +398,7 @@ class EventStream:
         self.replay_endpoint = self._replay.getsockopt(zmq.LAST_ENDPOINT).decode() if self._replay else None
         self._seq = time.time_ns() // 1000  # above any predecessor's: see the module comment
         self._buffer = deque(maxlen=buffer_batches)  # (seq, payload)
-        self._watched = {}
+        self.scanner = Scanner(self.tier, self.names, self.keys)
         self._stop = threading.Event()
         self._thread = None
         self._last_error = None
@@ -353,9 +414,7 @@ class EventStream:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        for w in self._watched.values():
-            w.close()
-        self._watched.clear()
+        self.scanner.close()
         self._close_sockets()
 
     def _close_sockets(self):
@@ -394,47 +453,13 @@ class EventStream:
 
     def step(self):
         """One scan and the batches it makes; True when it sent any."""
-        events, stored, removed = self.publication.changes(self._scan())
+        events, stored, removed = self.publication.changes(self.scanner.scan(self.stats))
         self._last_error = None
         self.stats["stored"] += stored
         self.stats["removed"] += removed
         for i in range(0, len(events), self.events_per_batch):
             self._send(events[i : i + self.events_per_batch])
         return bool(events)
-
-    def _scan(self):
-        names = self.names if self.names is not None else self._default_names()
-        current = {}
-        for name in names:
-            w = self._watch(name)
-            if w is None:
-                continue
-            try:
-                current.update(w.scan(self.stats))
-            except (_native.ClosedError, _native.NotFoundError):
-                raise
-            except _native.CxlTierError as e:  # destroyed, or destroyed and made again: open it afresh
-                logger.info("cxltier kv events: index %r: %s; reopening", name, e)
-                self._watched.pop(name).close()
-        for name in set(self._watched) - set(names):
-            self._watched.pop(name).close()
-        return current
-
-    def _default_names(self):
-        all_names = set(self.tier.prefix_names())
-        return sorted(n for n in all_names if not n.endswith(TOKENS_SUFFIX) and n + TOKENS_SUFFIX in all_names)
-
-    def _watch(self, name):
-        w = self._watched.get(name)
-        if w is None:
-            try:
-                w = _Watched(self.tier, name, self.keys.get(name))
-            except _native.DeniedError:
-                return None  # a tenant's index: published only on a stream named for it
-            except _native.NotFoundError:
-                return None  # not there (yet), or it has no token records
-            self._watched[name] = w
-        return w
 
     def _pack(self, events):
         return self._pack_fn([time.time(), events, None])

@@ -124,6 +124,14 @@ def test_publication_removes_what_went_and_snapshots_what_is_there():
     assert [e["block_hashes"] for e in snap[1:]] == [[1]]
 
 
+def test_publication_clears_all_when_nothing_is_left():
+    pub = kv.Publication()
+    pub.changes({1: page(1, None), 2: page(2, 1)})
+    assert pub.changes({}) == ([{"type": "AllBlocksCleared"}], 0, 2)
+    assert pub.changes({})[0] == []
+    assert pub.changes({5: page(5, None)})[1] == 1
+
+
 def test_one_stream_one_tenant():
     kv.one_tenant(["a", "b"], {})
     kv.one_tenant(["a", "b"], {"a": "k", "b": "k"})
@@ -180,3 +188,31 @@ def test_keyed_index_is_not_listed_without_its_key(built, device):
         w = kv._Watched(watcher, "acme", "secret")
         assert w.scan(stats()) == {}
         w.close()
+
+
+def test_scanner_survives_an_index_destroyed_and_made_again(built, device, cli):
+    import subprocess
+
+    tokens = list(range(7, 7 + 3 * P))
+    pages = [bytes.fromhex(k) for k in cxltier.page_keys(tokens, P)]
+
+    def make(t):
+        ix = t.prefix("m", 64, 1024)
+        ix.set(pages, [b"p"] * 3)
+        rec = kv.TokenRecorder(t, "m", None, 64, P)
+        rec.record(pages, pages, None, tokens)
+        return ix, rec
+
+    with Tier(device, name="server") as t, Tier(device, name="events") as w1, Tier(device, name="events") as w2:
+        ix, rec = make(t)
+        scanners = [kv.Scanner(w1), kv.Scanner(w2, names=["m"])]  # found by listing, and named
+        assert [len(sc.scan(stats())) for sc in scanners] == [3, 3]
+        ix.close()
+        rec.close()
+        for name in ("m", "m" + kv.TOKENS_SUFFIX):
+            subprocess.check_call([cli, "prefix", "destroy", "--name", name, device], stdout=subprocess.DEVNULL)
+        assert [sc.scan(stats()) for sc in scanners] == [{}, {}]  # gone, and the scanners go on
+        make(t)
+        assert [len(sc.scan(stats())) for sc in scanners] == [3, 3]  # made again: found afresh
+        for sc in scanners:
+            sc.close()
