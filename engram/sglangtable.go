@@ -24,10 +24,10 @@ import (
 // SGLangScaleBlock is the number of fp8 values one e8m0 scale covers.
 const SGLangScaleBlock = 32
 
-// SGLangTableName is the tier object of model's table for layer, as
-// cxltier.engram_host.table_name names it in the shared layout.
+// SGLangTableName is the tier object of model's table for layer in the
+// shared layout (HostTableName, which the Python package calls too).
 func SGLangTableName(model string, layer int) string {
-	return fmt.Sprintf("engram/%s/sglang_engram_%d", model, layer)
+	return HostTableName(model, fmt.Sprintf("sglang_engram_%d", layer), 0, 1)
 }
 
 // SGLangLayer is one layer's two tensors in a checkpoint.

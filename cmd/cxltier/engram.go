@@ -223,7 +223,7 @@ func destroySGLangTables(devs []string, model string, layer int, force bool, std
 	if err != nil {
 		return err
 	}
-	prefix := "engram/" + model + "/"
+	prefix := "engram/" + engram.ModelKey(model) + "/"
 	var names []string
 	for _, o := range objs {
 		rest, ok := strings.CutPrefix(o.Name, prefix)

@@ -44,3 +44,23 @@ func engramHash(spec string, layer int, ids *C.int64_t, n C.int64_t, out *C.int6
 	}
 	return nil
 }
+
+// cxl_engram_table_name writes to out (outLen bytes, NUL included) the
+// tier object name of SGLang's host table `table` of `model`, per-rank when
+// world > 1 (engram.HostTableName: the names the CLI loads and destroys).
+//
+//export cxl_engram_table_name
+func cxl_engram_table_name(model, table *C.char, rank, world C.int, out *C.char, outLen C.int, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_engram_table_name", errbuf, errlen, &code)
+	if model == nil || table == nil || out == nil || outLen <= 0 || rank < 0 || (world > 1 && rank >= world) {
+		return report(fmt.Errorf("engram table name: %w: rank %d of %d", errBadArg, rank, world), errbuf, errlen)
+	}
+	name := engram.HostTableName(C.GoString(model), C.GoString(table), int(rank), int(world))
+	if len(name)+1 > int(outLen) {
+		return report(fmt.Errorf("engram table name: %w: %d bytes, room for %d", errRange, len(name)+1, outLen), errbuf, errlen)
+	}
+	dst := unsafe.Slice((*byte)(unsafe.Pointer(out)), len(name)+1)
+	copy(dst, name)
+	dst[len(name)] = 0
+	return report(nil, errbuf, errlen)
+}

@@ -174,6 +174,7 @@ var abiExempt = map[string]string{
 	"cxl_detach":                  "closes the client, which is the gate",
 	"cxl_abi_version":             "a constant",
 	"cxl_engram_hash":             "hashes the caller's ids",
+	"cxl_engram_table_name":       "makes a name from the caller's strings",
 	"cxl_prefix_keys":             "hashes the caller's tokens",
 	"cxl_prefix_part_keys":        "hashes the caller's tokens",
 	"cxl_prefix_part_keys_joined": "hashes the caller's tokens",

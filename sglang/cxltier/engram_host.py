@@ -29,7 +29,7 @@ model path's last component, so that two models never share a table.
 before any server starts.
 """
 
-import hashlib
+import ctypes
 import logging
 import os
 import re
@@ -59,8 +59,9 @@ def process_tier(devices=None):
 
 
 def model_key():
-    """The <model> part of table names: CXLTIER_ENGRAM_MODEL, else the last
-    component of SGLang's model path, else "default"."""
+    """The model name of this server's tables: CXLTIER_ENGRAM_MODEL, else
+    the last component of SGLang's model path, else "default" (table_name
+    makes it the <model> part of the name, as the CLI does)."""
     key = os.environ.get("CXLTIER_ENGRAM_MODEL")
     if not key:
         try:
@@ -69,19 +70,19 @@ def model_key():
             key = os.path.basename(os.path.normpath(get_model().model_path))
         except Exception:
             key = ""
-    return re.sub(r"[^A-Za-z0-9._+-]", "_", key) or "default"
+    return key or "default"
 
 
 def table_name(model, name, layout="shared", rank=0, world=1):
-    """The tier object name of one SGLang host table. A per-rank table
+    """The tier object name of one SGLang host table, made by the library
+    (engram.HostTableName), so that `cxltier engram load --model M` and a
+    server of model M name it alike whatever M holds. A per-rank table
     holds that rank's rows only, so its name carries the rank and width."""
-    full = f"engram/{model}/{name}"
-    if layout == "per_rank":
-        full += f".tp{rank}of{world}"
-    if len(full.encode()) > _DIR_NAME_MAX:
-        digest = hashlib.sha256(full.encode()).hexdigest()[:12]
-        full = full.encode()[: _DIR_NAME_MAX - 13].decode(errors="ignore") + "~" + digest
-    return full
+    out = ctypes.create_string_buffer(_DIR_NAME_MAX + 1)
+    per_rank = layout == "per_rank"
+    _native.call("cxl_engram_table_name", model.encode(), name.encode(), rank if per_rank else 0,
+                 world if per_rank else 1, out, len(out))
+    return out.value.decode()
 
 
 class TierHostTable:

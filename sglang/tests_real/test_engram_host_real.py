@@ -25,10 +25,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def serve(device, world=2, rows=ROWS, layout="shared", **env):
+def serve(device, world=2, rows=ROWS, layout="shared", model="test-model", **env):
     """One server-like group of `world` ranks; returns each rank's result."""
     port = free_port()
-    full = dict(os.environ, CXLTIER_DEVICES=device, CXLTIER_ENGRAM_MODEL="test-model",
+    full = dict(os.environ, CXLTIER_DEVICES=device, CXLTIER_ENGRAM_MODEL=model,
                 SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE="1", SGLANG_DSV41_ENGRAM_HOST_TABLE_LAYOUT=layout, **env)
     procs = [subprocess.Popen([sys.executable, "-W", "ignore", os.path.join(HERE, "engram_host_worker.py"),
                                str(r), str(world), str(port), str(rows), LAYERS],
@@ -101,16 +101,19 @@ def test_damaged_table_is_reloaded_when_verify_is_on(built, device):
     t.close()
 
 
-def test_tables_loaded_by_the_cli_are_attached(built, device, tmp_path):
+@pytest.mark.parametrize("model,key", [("test-model", "test-model"), ("DeepSeek V4.1:fp8 ü", "DeepSeek_V4.1_fp8__")])
+def test_tables_loaded_by_the_cli_are_attached(built, device, tmp_path, model, key):
     """`cxltier engram load --model` writes the tables before any server
-    starts; SGLang's EngramEmbedding then attaches them as they are."""
+    starts; SGLang's EngramEmbedding then attaches them as they are, under
+    the same names whatever the model is called (one naming function in the
+    library, which the CLI and the Python package both call)."""
     ck = tmp_path / "model-00001-of-00001.safetensors"
     subprocess.check_call([sys.executable, os.path.join(HERE, "engram_host_worker.py"), "checkpoint", str(ck),
                            str(ROWS), LAYERS])
-    out = subprocess.run([built["cli"], "engram", "load", "--model", "test-model", "--file", str(ck), device],
+    out = subprocess.run([built["cli"], "engram", "load", "--model", model, "--file", str(ck), device],
                          capture_output=True, text=True)
-    assert out.returncode == 0 and out.stdout.count("loaded engram/test-model/") == 2, out
-    for res, _ in serve(device):
+    assert out.returncode == 0 and out.stdout.count(f"loaded engram/{key}/") == 2, out
+    for res, _ in serve(device, model=model):
         for layer in ("1", "14"):
             got = res["layers"][layer]
             assert got["same"] and got["skipped"] == 2 and got["read_only"], got
@@ -135,3 +138,4 @@ def test_names_fit_the_directory():
     assert len(long.encode()) <= 64 and long.startswith("engram/mmm")
     assert engram_host.table_name("V4.1-Flash", "sglang_engram_1", "per_rank", 3, 8) == \
         "engram/V4.1-Flash/sglang_engram_1.tp3of8"
+    assert engram_host.table_name("DeepSeek V4.1:fp8", "sglang_engram_1") == "engram/DeepSeek_V4.1_fp8/sglang_engram_1"
