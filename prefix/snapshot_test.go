@@ -277,3 +277,40 @@ func TestSnapshotAcrossLayouts(t *testing.T) {
 		}
 	}
 }
+
+// evictOnRestoreEnd stands for another client whose inserts evict one of
+// the entries a restore made, while it runs: it deletes the key when the
+// restore reports the end of its insert pass.
+type evictOnRestoreEnd struct {
+	s   *Store
+	key Key
+}
+
+func (e evictOnRestoreEnd) Write(p []byte) (int, error) {
+	if bytes.HasPrefix(p, []byte("prefix: restore ")) {
+		if n, err := e.s.Delete([]Key{e.key}); err != nil || n != 1 {
+			return 0, fmt.Errorf("evicting %v: %d, %v", e.key, n, err)
+		}
+	}
+	return len(p), nil
+}
+
+// TestRestoreNoticesEntriesEvictedWhileItRan: every entry the restore made
+// must still be there when it finishes, or it fails (no space) and removes
+// the rest, leaving what the index held before.
+func TestRestoreNoticesEntriesEvictedWhileItRan(t *testing.T) {
+	keys, file := snapshotOf40(t)
+	_, c := testTier(t, 1)
+	dst := testStore(t, c, 64, 512)
+	before := []Key{keyN(1000)}
+	if _, err := dst.Set(before, payloadsFor(before, 200)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := dst.Restore(bytes.NewReader(file), evictOnRestoreEnd{s: dst, key: keys[7]})
+	if !errors.Is(err, ErrNoSpace) || !strings.Contains(err.Error(), "evicted before it finished") {
+		t.Fatalf("restore that lost an entry while it ran: %v", err)
+	}
+	if n := dst.Stats().Ready; n != int64(len(before)) {
+		t.Fatalf("%d entries after the refused restore, want the %d there before", n, len(before))
+	}
+}

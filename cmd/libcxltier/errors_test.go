@@ -61,10 +61,15 @@ func hasExport(fn *ast.FuncDecl) bool {
 	return false
 }
 
+// defersRecover: the first statement is defer recoverCall("<name>",
+// errbuf, errlen, &<the function's one named result>), so a panic's code
+// reaches the caller (a pointer to any other variable would drop it).
 func defersRecover(fn *ast.FuncDecl) bool {
-	if len(fn.Body.List) == 0 {
+	if len(fn.Body.List) == 0 || fn.Type.Results == nil || len(fn.Type.Results.List) != 1 ||
+		len(fn.Type.Results.List[0].Names) != 1 {
 		return false
 	}
+	result := fn.Type.Results.List[0].Names[0].Name
 	d, ok := fn.Body.List[0].(*ast.DeferStmt)
 	if !ok {
 		return false
@@ -74,7 +79,46 @@ func defersRecover(fn *ast.FuncDecl) bool {
 		return false
 	}
 	name, ok := d.Call.Args[0].(*ast.BasicLit)
-	return ok && name.Value == `"`+fn.Name.Name+`"`
+	if !ok || name.Value != `"`+fn.Name.Name+`"` {
+		return false
+	}
+	for i, want := range []string{"errbuf", "errlen"} {
+		if a, ok := d.Call.Args[1+i].(*ast.Ident); !ok || a.Name != want {
+			return false
+		}
+	}
+	addr, ok := d.Call.Args[3].(*ast.UnaryExpr)
+	if !ok || addr.Op != token.AND {
+		return false
+	}
+	x, ok := addr.X.(*ast.Ident)
+	return ok && x.Name == result
+}
+
+// TestDefersRecoverCatchesTheGaps: the checker itself refuses an export
+// whose deferred recover is missing, names another call, or points at
+// anything but its named result.
+func TestDefersRecoverCatchesTheGaps(t *testing.T) {
+	for _, c := range []struct {
+		src string
+		ok  bool
+	}{
+		{`func f(errbuf *C.char, errlen C.int) (code C.int) { defer recoverCall("f", errbuf, errlen, &code); return 0 }`, true},
+		{`func f(errbuf *C.char, errlen C.int) (code C.int) { var other C.int; defer recoverCall("f", errbuf, errlen, &other); return 0 }`, false},
+		{`func f(errbuf *C.char, errlen C.int) (code C.int) { defer recoverCall("f", errbuf, errlen, nil); return 0 }`, false},
+		{`func f(errbuf *C.char, errlen C.int) C.int { var code C.int; defer recoverCall("f", errbuf, errlen, &code); return code }`, false},
+		{`func f(errbuf *C.char, errlen C.int) (code C.int) { defer recoverCall("g", errbuf, errlen, &code); return 0 }`, false},
+		{`func f(errbuf *C.char, errlen C.int) (code C.int) { defer recoverCall("f", nil, 0, &code); return 0 }`, false},
+		{`func f(errbuf *C.char, errlen C.int) (code C.int) { x := 1; _ = x; defer recoverCall("f", errbuf, errlen, &code); return 0 }`, false},
+	} {
+		file, err := parser.ParseFile(token.NewFileSet(), "x.go", "package p\n"+c.src, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := defersRecover(file.Decls[0].(*ast.FuncDecl)); got != c.ok {
+			t.Errorf("defersRecover = %v, want %v for\n%s", got, c.ok, c.src)
+		}
+	}
 }
 
 // TestRecovered: a panic becomes an error of no kind (CXL_EOTHER) naming
