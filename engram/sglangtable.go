@@ -1,6 +1,7 @@
 package engram
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -140,6 +141,16 @@ func LoadSGLangLayer(c *tier.Client, model string, l SGLangLayer, force bool, pr
 	r := c.Region()
 	name := SGLangTableName(model, l.Layer)
 	o, err = r.OpenObject(name)
+	if err != nil && !errors.Is(err, tier.ErrNotFound) {
+		if !force || !(errors.Is(err, tier.ErrCorrupt) || errors.Is(err, tier.ErrChecksum)) {
+			return o, false, err
+		}
+		// A damaged table under the name: --force replaces it.
+		if err := c.RemoveObject(name, true); err != nil {
+			return o, false, err
+		}
+		err = tier.ErrNotFound
+	}
 	switch {
 	case err == nil && o.Size != l.Bytes():
 		return o, false, fmt.Errorf("%w: %s holds %d bytes, layer %d needs %d: another model or geometry under this name (remove it with `cxltier engram destroy`)",

@@ -110,7 +110,7 @@ func (r *Region) auditDirectory(report func(string, ...any)) []dirSpan {
 		}
 		if e.Kind == ObjectKind {
 			if _, err := r.readObject(e.Name, e.DirEntry); err != nil {
-				report("directory entry %d: %v", i, err)
+				report("directory entry %d: %v (`cxltier object rm -force %s` removes it)", i, err, e.Name)
 			}
 		}
 	}

@@ -93,7 +93,11 @@ type Object struct {
 	Sealed     time.Time   `json:"sealed"`
 	Seals      uint32      `json:"seals"`   // times sealed since creation
 	Holders    int         `json:"holders"` // live clients holding it
-	header     Offset
+	// Damage, when not empty, says why the header or seal failed its
+	// checks: only the name and the directory's span (Offset, Chunks) are
+	// known, and only a forced RemoveObject acts on it.
+	Damage string `json:"damage,omitempty"`
+	header Offset
 }
 
 // CreateObject allocates a named object of size payload bytes, zero-filled
@@ -166,7 +170,9 @@ func (r *Region) OpenObject(name string) (Object, error) {
 	return r.readObject(name, e)
 }
 
-// Objects lists every named object.
+// Objects lists every named object. An object whose header or seal is
+// damaged is listed too, with Damage saying how, so that one damaged
+// object neither hides the others nor hides itself from removal.
 func (r *Region) Objects() ([]Object, error) {
 	entries, err := r.DirList()
 	if err != nil {
@@ -178,12 +184,41 @@ func (r *Region) Objects() ([]Object, error) {
 			continue
 		}
 		o, err := r.readObject(e.Name, e)
-		if err != nil {
+		if damagedObject(err) {
+			o = Object{Name: e.Name, Offset: e.Offset, Chunks: e.Size / r.l.ChunkSize, Damage: err.Error(), StateName: "damaged"}
+		} else if err != nil {
 			return out, err
 		}
 		out = append(out, o)
 	}
 	return out, nil
+}
+
+// removeDamagedLocked removes an object whose header cannot be trusted: the
+// directory entry (checked by its own checksum) goes, and the chunks it
+// spans are freed when they are whole shared chunks; otherwise they stay
+// for Audit and repair to find. The caller holds the system lock.
+func (c *Client) removeDamagedLocked(name string) error {
+	e, err := c.r.DirLookup(name)
+	if err != nil {
+		return fmt.Errorf("tier: remove damaged object %q: %w", name, err)
+	}
+	if err := c.dirDeleteLocked(name); err != nil {
+		return fmt.Errorf("tier: remove damaged object %q: %w", name, err)
+	}
+	chunk := c.r.l.ChunkSize
+	if e.Size < chunk || e.Size%chunk != 0 {
+		return nil
+	}
+	if err := c.freeChunksLocked(e.Offset, e.Size/chunk); err != nil {
+		return fmt.Errorf("tier: removed damaged object %q; its chunks stay for repair: %w", name, err)
+	}
+	return nil
+}
+
+// damagedObject: err says an object's header or seal failed its checks.
+func damagedObject(err error) bool {
+	return errors.Is(err, ErrCorrupt) || errors.Is(err, ErrChecksum)
 }
 
 // ObjectBytes is the object's payload as one slice of this process's mapping
@@ -560,6 +595,12 @@ func (r *Region) liveHolders(words []byte) int {
 func (c *Client) RemoveObject(name string, force bool) error {
 	return c.withLock(SystemLock, func() error {
 		o, err := c.r.OpenObject(name)
+		if damagedObject(err) {
+			if !force {
+				return fmt.Errorf("tier: remove object %q: %w (force removes a damaged object: its holders cannot be read)", name, err)
+			}
+			return c.removeDamagedLocked(name)
+		}
 		if err != nil {
 			return err
 		}

@@ -163,11 +163,37 @@ func TestObjectHeaderDamage(t *testing.T) {
 			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), "victim") {
 				t.Fatalf("damaged %s: %v, want %v naming the object", tc.name, err, tc.want)
 			}
-			if _, err := r.Objects(); err == nil {
-				t.Fatal("listing hides a damaged object")
-			}
 			if f := r.Audit(); len(f) != 1 || !strings.Contains(f[0], "victim") {
 				t.Fatalf("audit of a damaged object header: %q", f)
+			}
+			// Listed as damaged beside the others, and removable only by force.
+			if _, err := c.CreateObject("bystander", 1000, ObjectOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			list, err := r.Objects()
+			if err != nil || len(list) != 2 {
+				t.Fatalf("listing with a damaged object: %+v, %v", list, err)
+			}
+			for _, got := range list {
+				if (got.Name == "victim") != (got.Damage != "") {
+					t.Fatalf("listing: %q has damage %q", got.Name, got.Damage)
+				}
+			}
+			free := r.Snapshot().Chunks.Free
+			if err := c.RemoveObject("victim", false); !errors.Is(err, tc.want) {
+				t.Fatalf("removing a damaged object without force: %v", err)
+			}
+			if err := c.RemoveObject("victim", true); err != nil {
+				t.Fatalf("removing a damaged object with force: %v", err)
+			}
+			if _, err := r.OpenObject("victim"); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("after the forced removal: %v", err)
+			}
+			if got := r.Snapshot().Chunks.Free; got != free+o.Chunks {
+				t.Fatalf("%d free chunks after the removal, want %d", got, free+o.Chunks)
+			}
+			if f := r.Audit(); len(f) != 0 {
+				t.Fatalf("audit after the forced removal: %q", f)
 			}
 		})
 	}

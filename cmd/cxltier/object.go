@@ -76,6 +76,10 @@ func objectList(args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	for _, o := range objs {
+		if o.Damage != "" {
+			fmt.Fprintf(stdout, "%-44s %10s  damaged   %s (object rm -force %s removes it)\n", o.Name, "?", o.Damage, o.Name)
+			continue
+		}
 		fmt.Fprintf(stdout, "%-44s %10s  %-8s  %d holder(s)", o.Name, tierflags.HumanSize(o.Size), o.State, o.Holders)
 		if o.State == tier.ObjectSealed {
 			fmt.Fprintf(stdout, "  crc32c %08x, sealed %s: %s", o.Sum, o.Sealed.UTC().Format(time.RFC3339), o.Label)
@@ -151,6 +155,12 @@ func removeObjects(devs []string, names []string, force bool, stdout io.Writer) 
 	defer c.Close()
 	for _, n := range names {
 		o, err := r.OpenObject(n)
+		if errors.Is(err, tier.ErrCorrupt) || errors.Is(err, tier.ErrChecksum) {
+			if !force {
+				return fmt.Errorf("%w\n  (the object is damaged: -force removes it)", err)
+			}
+			err = nil // RemoveObject removes it by force
+		}
 		if err != nil {
 			return err
 		}

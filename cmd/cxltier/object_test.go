@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
@@ -97,6 +98,27 @@ func TestEngramLoadSGLangCheckpoint(t *testing.T) {
 	if code, out, _ = runCLI(t, "engram", "load", "--model", "V4.1-test", "--file", dir, "--layer", "14", "file:"+dev); code != 0 || !strings.Contains(out, "sealed already") {
 		t.Fatalf("second load: exit %d, %q", code, out)
 	}
+	// A damaged seal: listed as damaged, and load --force replaces the table.
+	r, err = tier.Open(tier.Options{Devices: []tier.Backing{b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := r.OpenObject(engram.SGLangTableName("V4.1-test", 14))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seal, err := r.Slice(o.Offset+tier.Offset(o.Chunks*r.Snapshot().Chunks.Size-4096+64), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seal[0] ^= 0x40
+	r.Close()
+	if code, out, _ = runCLI(t, "object", "ls", "file:"+dev); code != 0 || !strings.Contains(out, "sglang_engram_14") || !strings.Contains(out, "damaged") {
+		t.Fatalf("object ls with a damaged seal: exit %d, %q", code, out)
+	}
+	if code, out, errs = runCLI(t, "engram", "load", "--model", "V4.1-test", "--file", dir, "--layer", "14", "--force", "file:"+dev); code != 0 || !strings.Contains(out, "loaded engram/V4.1-test/sglang_engram_14:") {
+		t.Fatalf("load --force over a damaged table: exit %d, %q %q", code, out, errs)
+	}
 	if code, out, _ = runCLI(t, "object", "ls", "file:"+dev); code != 0 || strings.Count(out, "  sealed  ") != 2 {
 		t.Fatalf("object ls: exit %d, %q", code, out)
 	}
@@ -180,3 +202,56 @@ func TestEngramDestroyOurTables(t *testing.T) {
 		t.Fatalf("chunks left after destroy: %s", out)
 	}
 }
+
+// A named object whose header is damaged is listed as damaged, beside the
+// others, and `object rm -force` removes it and frees its chunks.
+func TestDamagedObjectIsListedAndRemovable(t *testing.T) {
+	dev := filepath.Join(t.TempDir(), "tier")
+	formatTier(t, dev)
+	b, err := tier.ParseBacking("file:" + dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := tier.Open(tier.Options{Devices: []tier.Backing{b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := r.Attach(tier.ClientOptions{Name: "loader"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim, err := c.CreateObject("victim", 5000, tier.ObjectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateObject("bystander", 5000, tier.ObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	chunk := r.Snapshot().Chunks.Size
+	hdr, err := r.Slice(victim.Offset+tier.Offset(victim.Chunks*chunk-4096), 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr[0] ^= 0x40 // the header's magic
+	c.Close()
+	r.Close()
+
+	code, out, errs := runCLI(t, "object", "ls", "file:"+dev)
+	if code != 0 || !strings.Contains(out, "bystander") || !regexpMatch(`victim\s+\?\s+damaged\s.*object rm -force victim`, out) {
+		t.Fatalf("object ls with a damaged object: exit %d, %q %q", code, out, errs)
+	}
+	if code, _, errs := runCLI(t, "object", "rm", "victim", "file:"+dev); code == 0 || !strings.Contains(errs, "force") {
+		t.Fatalf("object rm of a damaged object without -force: exit %d, %q", code, errs)
+	}
+	if code, out, errs := runCLI(t, "object", "rm", "-force", "victim", "file:"+dev); code != 0 || !strings.Contains(out, "removed victim") {
+		t.Fatalf("object rm -force of a damaged object: exit %d, %q %q", code, out, errs)
+	}
+	if code, out, _ := runCLI(t, "object", "ls", "file:"+dev); code != 0 || strings.Contains(out, "victim") || !strings.Contains(out, "bystander") {
+		t.Fatalf("object ls after the removal: %q", out)
+	}
+	if code, out, _ := runCLI(t, "inspect", "-deep", "file:"+dev); code != 0 || strings.Contains(out, "victim") {
+		t.Fatalf("inspect after the removal: exit %d, %q", code, out)
+	}
+}
+
+func regexpMatch(pattern, s string) bool { return regexp.MustCompile(pattern).MatchString(s) }
