@@ -301,7 +301,9 @@ func (e *Sim) Mapped(n int) (*Mapped, error) {
 		return nil, err
 	}
 	defer leave()
-	host := make([]byte, (n+4095)&^4095)
+	// Page-aligned host memory (Words views it as uint64s), mapped for
+	// kernels at its length: a kernel reading past n faults.
+	host := make([]byte, (n+4095)&^4095)[:n]
 	dev, err := e.space.Map(host)
 	if err != nil {
 		return nil, err
@@ -314,7 +316,7 @@ func (e *Sim) Mapped(n int) (*Mapped, error) {
 		defer leave()
 		return e.space.Unmap(dev)
 	}
-	return &Mapped{Host: host[:n], Dev: dev, free: free}, nil
+	return &Mapped{Host: host, Dev: dev, free: free}, nil
 }
 
 // simLaunch is the Launch of one Run; e is nil once Run returned.

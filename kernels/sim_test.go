@@ -25,3 +25,27 @@ func init() {
 		}})
 	}
 }
+
+// TestSimMappedEndsAtItsLength: mapped memory of n bytes (page-aligned on
+// the host) ends at n for kernels, not at the page: reading past it faults.
+func TestSimMappedEndsAtItsLength(t *testing.T) {
+	e, err := NewSim(SimOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	m, err := e.Mapped(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Free()
+	if len(m.Host) != 100 {
+		t.Fatalf("host side: %d bytes, want 100", len(m.Host))
+	}
+	if _, err := e.space.Bytes(m.Dev+96, 4); err != nil {
+		t.Fatalf("the last word: %v", err)
+	}
+	if _, err := e.space.Bytes(m.Dev+100, 4); err == nil {
+		t.Fatal("4 bytes past the mapped 100 read as memory")
+	}
+}

@@ -190,6 +190,9 @@ func TestFaults(t *testing.T) {
 	}{
 		{"misaligned", "", "ld.global.u64 %rd2, [%rd1+4];\n\tret;", 1, nil, ErrFault, "misaligned 8-byte access"},
 		{"past the end", "", "ld.global.u32 %rd2, [%rd1+64];\n\tret;", 1, nil, ErrFault, "in no allocation"},
+		{"before the start", "", "ld.global.u32 %rd2, [%rd1+-4];\n\tret;", 1, nil, ErrFault, "in no allocation"},
+		{"shared before the start", "\t.shared .align 4 .b8 buf[16];\n", "st.shared.u32 [buf+-4], %r1;\n\tret;", 1, nil, ErrFault, "outside the 16 bytes of shared memory"},
+		{"local before the start", "\t.local .align 8 .b8 __local_depot0[8];\n", "mov.u64 %rd2, __local_depot0;\n\tst.local.u64 [%rd2+-8], %rd1;\n\tret;", 1, nil, ErrFault, "outside the 8 bytes of local memory"},
 		{"host pointer", "", "ld.global.u32 %rd2, [%rd1];\n\tret;", 1, func(uint64) uint64 { return hostAddr }, ErrFault, "in no allocation"},
 		{"null", "", "ld.global.u32 %rd2, [%rd1+1856];\n\tret;", 1, func(uint64) uint64 { return 0 }, ErrFault, "address 0x740"},
 		{"shared bounds", "\t.shared .align 4 .b8 buf[16];\n", "st.shared.u32 [buf+16], %r1;\n\tret;", 1, nil, ErrFault, "outside the 16 bytes of shared memory"},
@@ -242,6 +245,24 @@ A:
 				}
 			}
 		})
+	}
+}
+
+// TestMappingIsBoundByItsLength: memory mapped from a slice whose capacity
+// runs on past its length (a range registered inside a larger mapping)
+// ends at its length: the last word reads, the next one faults.
+func TestMappingIsBoundByItsLength(t *testing.T) {
+	k := kernel(t, 1, "", "\tld.param.u64 %rd1, [k_param_0];\n\tld.global.u32 %rd2, [%rd1];\n\tret;\n")
+	s := NewSpace()
+	dev, err := s.Map(make([]byte, 4096)[:32])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Launch(k, Config{Grid: 1, Block: 1, Params: []uint64{dev + 28}, MaxSteps: 1 << 10}); err != nil {
+		t.Fatalf("the last word: %v", err)
+	}
+	if err := s.Launch(k, Config{Grid: 1, Block: 1, Params: []uint64{dev + 32}, MaxSteps: 1 << 10}); !errors.Is(err, ErrFault) {
+		t.Fatalf("the word past the length: %v, want a fault", err)
 	}
 }
 
