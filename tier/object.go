@@ -22,6 +22,7 @@ import (
 //	24 created i64 · 32 kind u32 · 36 pad · 60 crc u32 (of 0..60)
 //	64 seal record: state u32 · sum u32 · sealed i64 · seals u32 ·
 //	   label length u32 · label [labelMax] · crc u32 (of the record)
+//	1016 loader: the lease token of the client loading it, 0 = none
 //	1024 holders: objectHolders lease tokens (gen<<32 | slot+1), 0 = free
 //
 // The header is written only under SystemLock; readers take no lock and
@@ -39,6 +40,9 @@ const (
 	objectSealAt  = 64
 	objectSealLen = 24 + objectLabel + 4
 	objectHolders = (objectHeader - 1024) / 8
+	// objectLoaderAt is the lease token of the client loading the payload
+	// (0: none), beside the holders and, like them, outside the checksums.
+	objectLoaderAt = 1016
 	// objectSumBlock is the unit of the payload checksum: blocks are summed
 	// on every core and the sum is the CRC-32C of their CRC-32Cs.
 	objectSumBlock = 64 << 20
@@ -145,6 +149,9 @@ func (c *Client) CreateObject(name string, size int64, opts ObjectOptions) (Obje
 	e := DirEntry{Name: name, Kind: ObjectKind, Offset: off, Size: n * chunk, Created: o.Created}
 	err = c.withLock(SystemLock, func() error {
 		if err := c.shareLocked(off, n); err != nil {
+			return err
+		}
+		if err := c.claimLoadLocked(o); err != nil { // its creator loads it
 			return err
 		}
 		return r.dirPutLocked(e)
@@ -428,14 +435,67 @@ func (c *Client) SealObject(name, label string) (Object, error) {
 		return Object{}, err
 	}
 	return c.updateSeal(name, func(o *Object) error {
+		if err := c.otherLoader(*o, "seal"); err != nil {
+			return err
+		}
 		o.State, o.Sum, o.Label, o.Sealed = ObjectSealed, sum, label, time.Now()
 		o.Seals++
-		return nil
+		atomic.StoreUint64(c.loaderWord(*o), 0) // the load is over
+		return c.r.Publish(o.header+objectLoaderAt, 8)
 	})
 }
 
-// UnsealObject marks the payload as being rewritten: until the next seal,
-// no reader takes it for a finished load. It refuses with ErrObjectBusy
+// ClaimObjectLoad makes this client the loader of an unsealed object: until
+// it seals it (or its client ends), no other client can claim, unseal or
+// seal it, so two loaders never write one table. CreateObject and
+// UnsealObject claim too. It fails with ErrObjectBusy while another client
+// that still runs loads it (wait for its seal, or stop it); a sealed
+// object comes back as it is, unclaimed.
+func (c *Client) ClaimObjectLoad(name string) (Object, error) {
+	var out Object
+	err := c.withLock(SystemLock, func() error {
+		o, err := c.r.OpenObject(name)
+		if err != nil {
+			return err
+		}
+		out = o
+		if o.State == ObjectSealed {
+			return nil
+		}
+		return c.claimLoadLocked(o)
+	})
+	return out, err
+}
+
+// otherLoader fails with ErrObjectBusy when a client other than c that
+// still runs is loading o.
+func (c *Client) otherLoader(o Object, op string) error {
+	t := atomic.LoadUint64(c.loaderWord(o))
+	if t == 0 || t == c.token || !c.r.tokenRuns(t) {
+		return nil
+	}
+	inf, _ := c.r.tokenLease(t)
+	return fmt.Errorf("tier: %s object %q: client %q (pid %d) is loading it (wait for its seal, or stop it): %w",
+		op, o.Name, inf.Name, inf.PID, ErrObjectBusy)
+}
+
+// claimLoadLocked records c as o's loader; the caller holds the system lock.
+func (c *Client) claimLoadLocked(o Object) error {
+	if err := c.otherLoader(o, "load"); err != nil {
+		return err
+	}
+	atomic.StoreUint64(c.loaderWord(o), c.token)
+	return c.r.Publish(o.header+objectLoaderAt, 8)
+}
+
+func (c *Client) loaderWord(o Object) *uint64 {
+	b, _ := c.r.Slice(o.header+objectLoaderAt, 8) // inside the checked header page
+	return u64At(b, 0)
+}
+
+// UnsealObject marks the payload as being rewritten, by this client (its
+// loader, as ClaimObjectLoad): until the next seal, no reader takes it for
+// a finished load. It refuses with ErrObjectBusy
 // while other live clients hold the object: they read it, and a rewrite
 // under them would hand them a mixture. The check and the unseal are one
 // hold of the system lock, which HoldObject takes too.
@@ -443,6 +503,9 @@ func (c *Client) UnsealObject(name string) (Object, error) {
 	return c.updateSeal(name, func(o *Object) error {
 		if n := c.otherHolders(*o); n > 0 {
 			return fmt.Errorf("tier: unseal object %q: %d other live clients hold it (stop them first): %w", name, n, ErrObjectBusy)
+		}
+		if err := c.claimLoadLocked(*o); err != nil { // whoever unseals loads it
+			return err
 		}
 		o.State, o.Sum = ObjectUnsealed, 0
 		return nil

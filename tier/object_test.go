@@ -463,3 +463,48 @@ func TestUnsealRefusesWhileOthersHold(t *testing.T) {
 		t.Fatalf("unseal by its only holder: %v", err)
 	}
 }
+
+// TestOneLoaderAtATime: the client that creates or unseals an object loads
+// it, and until it seals it no other running client claims, unseals or
+// seals it (two loaders once sealed a mixture of two checkpoints under one
+// label); a loader that has ended holds nothing.
+func TestOneLoaderAtATime(t *testing.T) {
+	r := formatTest(t, testGeometry())
+	a := attachTest(t, r, 0)
+	b, err := r.Attach(ClientOptions{Name: "second-loader"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.CreateObject("table", 1000, ObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	busy := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, ErrObjectBusy) || !strings.Contains(err.Error(), "is loading it") {
+			t.Fatalf("%s while another client loads: %v", what, err)
+		}
+	}
+	_, err = b.ClaimObjectLoad("table")
+	busy("claim", err)
+	_, err = b.UnsealObject("table")
+	busy("unseal", err)
+	_, err = b.SealObject("table", "b's checkpoint")
+	busy("seal", err)
+	if _, err := a.SealObject("table", "a's checkpoint"); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := b.ClaimObjectLoad("table"); err != nil || o.State != ObjectSealed {
+		t.Fatalf("claim of a sealed object: %+v, %v", o, err)
+	}
+	if _, err := b.UnsealObject("table"); err != nil { // b loads it again now
+		t.Fatal(err)
+	}
+	_, err = a.ClaimObjectLoad("table")
+	busy("claim by the first loader", err)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.ClaimObjectLoad("table"); err != nil {
+		t.Fatalf("claim after the loader's client ended: %v", err)
+	}
+}

@@ -265,6 +265,19 @@ func cxl_object_unseal(h C.uint64_t, name *C.char, errbuf *C.char, errlen C.int)
 	}), errbuf, errlen)
 }
 
+// cxl_object_claim makes this tier client the loader of the named object
+// (tier.Client.ClaimObjectLoad): CXL_EBUSY while another running client
+// loads it; a sealed object is left unclaimed.
+//
+//export cxl_object_claim
+func cxl_object_claim(h C.uint64_t, name *C.char, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_object_claim", errbuf, errlen, &code)
+	return report(objectCall(h, func(a *attached) error {
+		_, err := a.c.ClaimObjectLoad(C.GoString(name))
+		return err
+	}), errbuf, errlen)
+}
+
 //export cxl_object_verify
 func cxl_object_verify(h C.uint64_t, name *C.char, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_object_verify", errbuf, errlen, &code)

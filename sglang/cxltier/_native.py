@@ -138,6 +138,7 @@ _PROTOTYPES = {
     "cxl_object_info": [_u64, _cstr, ctypes.c_char_p, _int] + _err,
     "cxl_object_seal": [_u64, _cstr, _cstr] + _err,
     "cxl_object_unseal": [_u64, _cstr] + _err,
+    "cxl_object_claim": [_u64, _cstr] + _err,
     "cxl_object_verify": [_u64, _cstr] + _err,
     "cxl_object_remove": [_u64, _cstr, _int] + _err,
 }

@@ -37,7 +37,7 @@ import threading
 import time
 
 from . import _native
-from .objects import TierObject, object_info
+from .objects import TierObject, claim_load, object_info
 from .tier import Tier
 
 logger = logging.getLogger(__name__)
@@ -110,10 +110,12 @@ class TierHostTable:
             if rank == 0:
                 self._create_if_missing(tier)
                 self._check_sealed(tier)
+                self._claim_or_wait(tier)
             group.barrier()  # rank 0 made it; every rank now finds it by name
         else:
             self._create_if_missing(tier)
             self._check_sealed(tier)
+            self._claim_or_wait(tier)
         info = object_info(tier, self.name)
         if info["size"] != nbytes:
             raise _native.InvalidError(
@@ -156,6 +158,27 @@ class TierHostTable:
             except _native.ChecksumError as e:
                 logger.warning("cxltier: Engram host table %s: %s; loading it again", self.name, e)
                 o.unseal()
+
+    def _claim_or_wait(self, tier):
+        """Becomes the loader of an unsealed table, or, while another running
+        process loads it (another server starting beside this one), waits
+        for its seal (CXLTIER_ENGRAM_LOAD_WAIT seconds, 600 by default) and
+        attaches what it loaded: two loaders never write one table. A loader
+        that dies frees the claim, and this process loads it."""
+        deadline = time.monotonic() + float(os.environ.get("CXLTIER_ENGRAM_LOAD_WAIT", "600"))
+        waited = False
+        while True:
+            try:
+                claim_load(tier, self.name)
+                return
+            except _native.ExistsError as e:  # CXL_EEXIST: the object is busy
+                if time.monotonic() > deadline:
+                    raise _native.ExistsError(e.code, f"cxltier: Engram host table {self.name}: {e}; "
+                                              "waited CXLTIER_ENGRAM_LOAD_WAIT seconds") from None
+                if not waited:
+                    waited = True
+                    logger.info("cxltier: Engram host table %s: %s; waiting for its seal", self.name, e)
+                time.sleep(0.2)
 
     @staticmethod
     def _register(addr, nbytes):

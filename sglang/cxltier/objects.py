@@ -42,6 +42,14 @@ def list_objects(tier):
     return _info(tier, None) or []
 
 
+def claim_load(tier, name):
+    """Makes this tier client the loader of an unsealed object, so no other
+    process loads it at the same time; ExistsError (the object is busy)
+    while another running process loads it. A sealed object is left as it
+    is."""
+    _native.call("cxl_object_claim", tier.handle, name.encode())
+
+
 def remove_object(tier, name, force=False):
     """Removes an object and frees its memory; refuses (ExistsError) while
     live processes hold it unless force."""

@@ -94,3 +94,45 @@ def test_bad_names_and_sizes(built, device):
         objects.TierObject.create(t, "x", 10)
     assert [o["name"] for o in objects.list_objects(t)] == ["x"]
     t.close()
+
+
+def test_one_loader_at_a_time(built, device, monkeypatch):
+    """The process that creates a table loads it; a second loader (another
+    server starting beside it) is refused, or with engram_host's wait
+    attaches once the first seals; a loader that ended holds nothing."""
+    import threading
+    import time
+
+    from cxltier import engram_host
+
+    first, second = cxltier.Tier(device, name="first"), cxltier.Tier(device, name="second")
+    try:
+        objects.TierObject.create(first, "engram/m/t", 4096).close()
+        with pytest.raises(cxltier.ExistsError, match="is loading it"):
+            objects.claim_load(second, "engram/m/t")
+
+        waiter = object.__new__(engram_host.TierHostTable)
+        waiter.name = "engram/m/t"
+        done = []
+        monkeypatch.setenv("CXLTIER_ENGRAM_LOAD_WAIT", "20")
+        th = threading.Thread(target=lambda: done.append(waiter._claim_or_wait(second) or time.monotonic()))
+        th.start()
+        time.sleep(0.5)
+        assert not done, "the second loader went ahead while the first loaded"
+        sealed_at = time.monotonic()
+        with objects.TierObject.open(first, "engram/m/t") as o:
+            o.seal("first's checkpoint")
+        th.join(10)
+        assert done and done[0] >= sealed_at
+        assert objects.object_info(second, "engram/m/t")["state"] == "sealed"
+
+        monkeypatch.setenv("CXLTIER_ENGRAM_LOAD_WAIT", "0.3")
+        objects.TierObject.create(first, "engram/m/u", 4096).close()
+        with pytest.raises(cxltier.ExistsError, match="waited"):
+            waiter.name = "engram/m/u"
+            waiter._claim_or_wait(second)
+        first.close()  # the loader's client ends without sealing
+        objects.claim_load(second, "engram/m/u")
+    finally:
+        first.close()
+        second.close()
