@@ -182,7 +182,11 @@ func LoadSGLangLayer(c *tier.Client, model string, l SGLangLayer, force bool, pr
 		return o, false, err
 	}
 	p.done()
-	label := fmt.Sprintf("%s layers.%d.engram.embed (%d rows × %d fp8 + %d e8m0)", filepath.Base(l.WeightFile), l.Layer, l.Rows, l.Dim, l.ScaleCols)
+	digest, err := l.Digest()
+	if err != nil {
+		return o, false, err
+	}
+	label := fmt.Sprintf("%s layers.%d.engram.embed (%d rows × %d fp8 + %d e8m0) digest %s", filepath.Base(l.WeightFile), l.Layer, l.Rows, l.Dim, l.ScaleCols, digest)
 	o, err = c.SealObject(name, label)
 	return o, err == nil, err
 }

@@ -5,9 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
-	"sort"
 	"strings"
 
 	"github.com/cxltier/cxltier/engram"
@@ -104,7 +101,7 @@ func engramLoadSGLang(fs *flag.FlagSet, file, model string, layer int, force boo
 	if file == "" {
 		return errors.New("--model needs --file: the checkpoint's .safetensors files or its folder")
 	}
-	files, err := checkpointFiles(file)
+	files, err := engram.CheckpointFiles(file)
 	if err != nil {
 		return err
 	}
@@ -150,26 +147,3 @@ func layerIDs(ls []engram.SGLangLayer) []int {
 
 // checkpointFiles expands --file: comma-separated files, or a folder's
 // .safetensors files.
-func checkpointFiles(arg string) ([]string, error) {
-	var files []string
-	for _, p := range strings.Split(arg, ",") {
-		st, err := os.Stat(p)
-		if err != nil {
-			return nil, err
-		}
-		if !st.IsDir() {
-			files = append(files, p)
-			continue
-		}
-		in, err := filepath.Glob(filepath.Join(p, "*.safetensors"))
-		if err != nil {
-			return nil, err
-		}
-		if len(in) == 0 {
-			return nil, fmt.Errorf("%s has no .safetensors files", p)
-		}
-		sort.Strings(in)
-		files = append(files, in...)
-	}
-	return files, nil
-}

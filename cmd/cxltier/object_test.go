@@ -255,3 +255,56 @@ func TestDamagedObjectIsListedAndRemovable(t *testing.T) {
 }
 
 func regexpMatch(pattern, s string) bool { return regexp.MustCompile(pattern).MatchString(s) }
+
+// TestEngramCheckpointDigest: a seal records the layer's checkpoint
+// digest; the same bytes under another file name give the same digest,
+// one changed byte of the rows another.
+func TestEngramCheckpointDigest(t *testing.T) {
+	dir := t.TempDir()
+	const rows, dim = 3000, 256
+	write := func(name string, w []byte) string {
+		path := filepath.Join(dir, name)
+		writeSafetensors(t, path, map[string]stTensor{
+			"layers.2.engram.embed.weight": {"F8_E4M3", rows, dim, w},
+			"layers.2.engram.embed.scale":  {"F8_E8M0", rows, dim / 32, patterned(rows*dim/32, 9)},
+		})
+		return path
+	}
+	digest := func(path string) string {
+		layers, err := engram.FindSGLangLayers([]string{path})
+		if err != nil || len(layers) != 1 {
+			t.Fatalf("%s: %v, %v", path, layers, err)
+		}
+		d, err := layers[0].Digest()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	w := patterned(rows*dim, 2)
+	a, b := digest(write("a.safetensors", w)), digest(write("b.safetensors", w))
+	w[0] ^= 1
+	c := digest(write("c.safetensors", w))
+	if a != b || a == c || len(a) != 16 {
+		t.Fatalf("digests: same bytes %q %q, one byte changed %q", a, b, c)
+	}
+
+	dev := filepath.Join(dir, "tier")
+	formatTier(t, dev)
+	if code, _, errs := runCLI(t, "engram", "load", "--model", "m", "--file", filepath.Join(dir, "a.safetensors"), "file:"+dev); code != 0 {
+		t.Fatal(errs)
+	}
+	bk, _ := tier.ParseBacking("file:" + dev)
+	r, err := tier.Open(tier.Options{Devices: []tier.Backing{bk}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	o, err := r.OpenObject(engram.SGLangTableName("m", 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := engram.LabelDigest(o.Label); got != a {
+		t.Fatalf("the seal's label %q records digest %q, want %q", o.Label, got, a)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/cxltier/cxltier/engram"
+	"github.com/cxltier/cxltier/tier"
 )
 
 //export cxl_engram_hash
@@ -63,4 +64,43 @@ func cxl_engram_table_name(model, table *C.char, rank, world C.int, out *C.char,
 	copy(dst, name)
 	dst[len(name)] = 0
 	return report(nil, errbuf, errlen)
+}
+
+// cxl_engram_checkpoint_digest writes to out (outLen bytes, NUL included)
+// the digest of Engram layer `layer` of a DeepSeek-V4.1 checkpoint (spec:
+// its .safetensors files, comma-separated, or its folder): what a seal's
+// label records (engram.SGLangLayer.Digest), so a server can tell a table
+// of another checkpoint from its own.
+//
+//export cxl_engram_checkpoint_digest
+func cxl_engram_checkpoint_digest(spec *C.char, layer C.int, out *C.char, outLen C.int, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_engram_checkpoint_digest", errbuf, errlen, &code)
+	if spec == nil || out == nil || outLen < 17 {
+		return report(fmt.Errorf("engram checkpoint digest: %w", errBadArg), errbuf, errlen)
+	}
+	digest, err := checkpointDigest(C.GoString(spec), int(layer))
+	if err != nil {
+		return report(err, errbuf, errlen)
+	}
+	dst := unsafe.Slice((*byte)(unsafe.Pointer(out)), len(digest)+1)
+	copy(dst, digest)
+	dst[len(digest)] = 0
+	return report(nil, errbuf, errlen)
+}
+
+func checkpointDigest(spec string, layer int) (string, error) {
+	files, err := engram.CheckpointFiles(spec)
+	if err != nil {
+		return "", err
+	}
+	layers, err := engram.FindSGLangLayers(files)
+	if err != nil {
+		return "", err
+	}
+	for _, l := range layers {
+		if l.Layer == layer {
+			return l.Digest()
+		}
+	}
+	return "", fmt.Errorf("engram checkpoint digest: %s has no Engram layer %d: %w", spec, layer, tier.ErrNotFound)
 }

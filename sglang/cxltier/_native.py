@@ -111,6 +111,7 @@ _PROTOTYPES = {
     "cxl_kvpool_load_close": [_u64] + _err,
     "cxl_engram_hash": [_cstr, _int, _p(_i64), _i64, _p(_i64), _i64, _p(_i64)] + _err,
     "cxl_engram_table_name": [_cstr, _cstr, _int, _int, ctypes.c_char_p, _int] + _err,
+    "cxl_engram_checkpoint_digest": [_cstr, _int, ctypes.c_char_p, _int] + _err,
     "cxl_engram_open": [_u64, _cstr, _cstr, _u64, _int, _int, _i64, _p(_u64)] + _err,
     "cxl_engram_close": [_u64] + _err,
     "cxl_engram_prefetch": [_u64, _int, _p(_i64), _p(_i64), _i64, _p(_i64), _p(_i64), _p(ctypes.c_int32), _i64, _p(_i64), _p(_u64)] + _err,

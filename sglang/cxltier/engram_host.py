@@ -85,6 +85,51 @@ def table_name(model, name, layout="shared", rank=0, world=1):
     return out.value.decode()
 
 
+_digests = {}  # (checkpoint, layer) -> digest or None, once per process
+
+
+def checkpoint_of_server():
+    """Where this server's checkpoint is: CXLTIER_ENGRAM_CHECKPOINT (its
+    folder or files), else SGLang's model path when it is a local folder;
+    None when neither (a hub id not yet downloaded here, tests)."""
+    spec = os.environ.get("CXLTIER_ENGRAM_CHECKPOINT")
+    if spec:
+        return spec
+    try:
+        from sglang.srt.runtime_context import get_model
+
+        path = get_model().model_path
+    except Exception:
+        return None
+    return path if path and os.path.isdir(path) else None
+
+
+def checkpoint_digest(layer):
+    """The digest of Engram layer `layer` of this server's checkpoint (the
+    library's, as `cxltier engram load` records it in a seal), or None when
+    the checkpoint is not found here."""
+    spec = checkpoint_of_server()
+    if spec is None or layer is None:
+        return None
+    key = (spec, layer)
+    if key not in _digests:
+        out = ctypes.create_string_buffer(64)
+        try:
+            _native.call("cxl_engram_checkpoint_digest", spec.encode(), layer, out, len(out))
+            _digests[key] = out.value.decode()
+        except _native.CxlTierError as e:
+            logger.warning("cxltier: Engram layer %d of %s: no checkpoint digest (%s); sealed tables are "
+                           "attached without telling checkpoints apart", layer, spec, e)
+            _digests[key] = None
+    return _digests[key]
+
+
+def label_digest(label):
+    """The checkpoint digest a seal's label records, or None."""
+    m = re.search(r"\bdigest ([0-9a-f]{16})\b", label or "")
+    return m.group(1) if m else None
+
+
 class TierHostTable:
     """sglang.srt.layers.engram._HostTable over a named tier object.
 
@@ -105,16 +150,20 @@ class TierHostTable:
         self.layout, self.nbytes, self.group, self.dirty = layout, nbytes, group, False
         rank, world = _rank(group), _world(group)
         self.name = table_name(model_key(), name, layout, rank, world)
+        m = re.fullmatch(r"sglang_engram_(\d+)", name)
+        self.digest = checkpoint_digest(int(m.group(1))) if m else None
         tier = process_tier()
         if layout == "shared":
             if rank == 0:
                 self._create_if_missing(tier)
                 self._check_sealed(tier)
+                self._check_checkpoint(tier)
                 self._claim_or_wait(tier)
             group.barrier()  # rank 0 made it; every rank now finds it by name
         else:
             self._create_if_missing(tier)
             self._check_sealed(tier)
+            self._check_checkpoint(tier)
             self._claim_or_wait(tier)
         info = object_info(tier, self.name)
         if info["size"] != nbytes:
@@ -158,6 +207,26 @@ class TierHostTable:
             except _native.ChecksumError as e:
                 logger.warning("cxltier: Engram host table %s: %s; loading it again", self.name, e)
                 o.unseal()
+
+    def _check_checkpoint(self, tier):
+        """A sealed table that records another checkpoint's digest than
+        this server's (a revised checkpoint of the same geometry, another
+        model whose path ends alike) is unsealed and loaded again, with the
+        reason logged; while other servers read it, it is refused instead
+        (they would be handed a mixture)."""
+        info = object_info(tier, self.name)
+        have = label_digest(info.get("label"))
+        if info["state"] != "sealed" or self.digest is None or have is None or have == self.digest:
+            return
+        why = (f"cxltier: Engram host table {self.name} holds checkpoint digest {have} ({info['label']!r}), "
+               f"this server's checkpoint is {self.digest}")
+        try:
+            with TierObject.open(tier, self.name) as o:
+                o.unseal()
+        except _native.ExistsError as e:
+            raise _native.ExistsError(e.code, f"{why}; other servers read it, so it is not reloaded under them: "
+                                      f"give this model its own CXLTIER_ENGRAM_MODEL ({e})") from None
+        logger.warning("%s: loading it again", why)
 
     def _claim_or_wait(self, tier):
         """Becomes the loader of an unsealed table, or, while another running
@@ -210,7 +279,8 @@ class TierHostTable:
             if self.layout == "shared":
                 self.group.barrier()
             if self.layout == "per_rank" or _rank(self.group) == 0:
-                self.object.seal(f"{label} ({self.nbytes} bytes, {self.layout})")
+                digest = f" digest {self.digest}" if self.digest else ""
+                self.object.seal(f"{label} ({self.nbytes} bytes, {self.layout}){digest}")
                 self.loaded = True
             if self.layout == "shared":
                 self.group.barrier()

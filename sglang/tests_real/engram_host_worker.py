@@ -21,21 +21,23 @@ import torch.distributed as dist  # noqa: E402
 dim, scales = 256, 8
 
 
-def checkpoint(layer, rows):
-    """What a V4.1 checkpoint would hold for layer: fp8 rows and e8m0 scales."""
-    g = torch.Generator().manual_seed(layer)
+def checkpoint(layer, rows, revision=0):
+    """What a V4.1 checkpoint would hold for layer: fp8 rows and e8m0 scales
+    (another revision: the same shapes, other bytes)."""
+    g = torch.Generator().manual_seed(layer + 1000 * revision)
     w = torch.randint(0, 256, (rows, dim), dtype=torch.uint8, generator=g)
     s = torch.randint(100, 140, (rows, scales), dtype=torch.uint8, generator=g)
     return w.view(torch.float8_e4m3fn), s.view(torch.float8_e8m0fnu)
 
 
-if sys.argv[1] == "checkpoint":  # checkpoint PATH ROWS LAYERS: write one, as safetensors
+if sys.argv[1] == "checkpoint":  # checkpoint PATH ROWS LAYERS [REVISION]: write one, as safetensors
     from safetensors.torch import save_file
 
     path, rows = sys.argv[2], int(sys.argv[3])
+    revision = int(sys.argv[5]) if len(sys.argv) > 5 else 0
     tensors = {}
     for layer in (int(x) for x in sys.argv[4].split(",")):
-        w, s = checkpoint(layer, rows)
+        w, s = checkpoint(layer, rows, revision)
         tensors[f"layers.{layer}.engram.embed.weight"] = w
         tensors[f"layers.{layer}.engram.embed.scale"] = s
     save_file(tensors, path)

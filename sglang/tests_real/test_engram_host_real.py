@@ -113,10 +113,36 @@ def test_tables_loaded_by_the_cli_are_attached(built, device, tmp_path, model, k
     out = subprocess.run([built["cli"], "engram", "load", "--model", model, "--file", str(ck), device],
                          capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.count(f"loaded engram/{key}/") == 2, out
-    for res, _ in serve(device, model=model):
+    # The server names its checkpoint: the digests the CLI sealed match its own.
+    for res, _ in serve(device, model=model, CXLTIER_ENGRAM_CHECKPOINT=str(ck)):
         for layer in ("1", "14"):
             got = res["layers"][layer]
             assert got["same"] and got["skipped"] == 2 and got["read_only"], got
+
+
+def test_a_table_of_another_checkpoint_is_loaded_again(built, device, tmp_path):
+    """The CLI loaded a revised checkpoint of the same geometry under the
+    model's name; a server of the original sees another digest in the seal
+    and loads its own rows, instead of serving the revision's."""
+    worker = os.path.join(HERE, "engram_host_worker.py")
+    original, revised = tmp_path / "original", tmp_path / "revised"
+    for folder, revision in ((original, "0"), (revised, "1")):
+        folder.mkdir()
+        subprocess.check_call([sys.executable, worker, "checkpoint", str(folder / "model.safetensors"), str(ROWS),
+                               LAYERS, revision])
+    out = subprocess.run([built["cli"], "engram", "load", "--model", "test-model", "--file", str(revised), device],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out
+    for res, log in serve(device, CXLTIER_ENGRAM_CHECKPOINT=str(original)):
+        for layer in ("1", "14"):
+            got = res["layers"][layer]
+            assert got["same"] and got["skipped"] == 0, (got, log[-2000:])
+    t = cxltier.Tier(device)
+    labels = {o["name"]: o["label"] for o in objects.list_objects(t)}
+    t.close()
+    assert all(engram_host.label_digest(l) for l in labels.values()), labels
+    for res, _ in serve(device, CXLTIER_ENGRAM_CHECKPOINT=str(original)):  # its own now: attached
+        assert all(l["same"] and l["skipped"] == 2 for l in res["layers"].values()), res
 
 
 def test_per_rank_layout_keeps_a_table_per_rank(built, device):
