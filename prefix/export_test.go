@@ -32,7 +32,7 @@ func (s *Store) simulateHost(t interface{ Fatalf(string, ...any) }) {
 		t.Fatalf("simulateHost: want a one-device non-coherent tier")
 	}
 	sim := newCacheSim(s.one)
-	s.sim, s.one = sim, sim.private
+	s.sim, s.one = sim, sim.Private()
 	s.hdr = s.metaSlice(0, headerBytes)
 	s.ents = s.metaSlice(s.g.EntriesOff, s.g.Entries*entryBytes)
 	for k := range s.shards {

@@ -34,14 +34,14 @@ func ParseCoherence(s string) (Coherence, bool) {
 // syncer applies the visibility rules for one coherence mode.
 type syncer struct {
 	shared bool
-	sim    *hostSim // tests only: this region's host keeps caches of its own
+	sim    *CacheSim // tests only: this region's host keeps caches of its own
 }
 
 // publish makes the lines covering b visible to other hosts: write back each
 // line, then fence so later stores (such as a flag) are not seen first.
 func (s syncer) publish(b []byte) {
 	if s.sim != nil {
-		s.sim.publish(b)
+		s.sim.publishSlice(b)
 		return
 	}
 	if !s.shared || len(b) == 0 {
@@ -55,7 +55,7 @@ func (s syncer) publish(b []byte) {
 // loads read memory, then fences so those loads are not hoisted above it.
 func (s syncer) refresh(b []byte) {
 	if s.sim != nil {
-		s.sim.refresh(b)
+		s.sim.refreshSlice(b)
 		return
 	}
 	if !s.shared || len(b) == 0 {
