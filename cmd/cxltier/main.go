@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
 	"github.com/cxltier/cxltier/tier"
 )
@@ -31,6 +33,11 @@ Run 'cxltier COMMAND -h' for a command's flags.
 `
 
 func main() {
+	// A reader that goes away (cxltier prefix stats ... | head -1) must not
+	// kill the tool between its attach and its close, as SIGPIPE would: its
+	// lease would stay live until a reaper came. Ignored, a write to the
+	// pipe fails instead, and the tool closes its client on the way out.
+	signal.Ignore(syscall.SIGPIPE)
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

@@ -146,11 +146,13 @@ func damagedHeader(err error) bool {
 	return false
 }
 
-// liveClients names the clients of r whose lease still beats.
+// liveClients names the clients of r whose lease still beats and, on a
+// tier of one host, whose process is still there (a client killed a moment
+// ago leaves a fresh heartbeat behind; it is no user of the tier).
 func liveClients(r *tier.Region) []string {
 	var live []string
 	for _, c := range r.Leases() {
-		if c.State == "live" && time.Since(c.LastBeat) < r.Info().Geometry.LeaseTimeout {
+		if c.State == "live" && !c.Gone && time.Since(c.LastBeat) < r.Info().Geometry.LeaseTimeout {
 			live = append(live, fmt.Sprintf("slot %d pid %d %q", c.Slot, c.PID, c.Name))
 		}
 	}
