@@ -96,13 +96,17 @@ class TierObject(_native.Child):
             raise _native.ClosedError(-6, f"object {self.name!r}: closed or tier detached")
 
     def buffer(self):
-        """The payload as a ctypes array over tier memory (do not write one
-        opened read-only: the store faults). The object and the tier stay
-        mapped while it, or a tensor over it, is referenced."""
+        """The payload over tier memory: a ctypes array, or for an object
+        opened read-only a read-only memoryview (a write raises TypeError
+        instead of faulting the process on the read-only mapping). The
+        object and the tier stay mapped while it, or a tensor over it, is
+        referenced. A torch tensor cannot be marked read-only: one made
+        from a read-only object's buffer faults the process if written."""
         self._check()
         view = (ctypes.c_uint8 * self.size).from_address(self.address)
         self._tier._views.track(view)
-        return self._views.track(view)
+        self._views.track(view)
+        return memoryview(view).cast("B").toreadonly() if self.read_only else view
 
     def close(self):
         """Closes the object; a read-only view's mapping goes once no

@@ -33,6 +33,8 @@ def test_object_outlives_its_process_and_is_shared(built, device):
         assert o.read_only
         data = o.buffer()
         assert all(data[i] == i % 251 for i in range(0, 1_000_000, 997))
+        with pytest.raises(TypeError):  # read-only: refused, where a store would fault the process
+            data[0] = 1
         o.verify()
         assert objects.object_info(t, "table")["holders"] == 1
         with pytest.raises(cxltier.ExistsError, match="live clients hold it"):
