@@ -1,9 +1,28 @@
 """Attaching to a tier."""
 
 import ctypes
+import os
+import weakref
 
 from . import _native
 from ._views import Views
+
+# Tiers attached in this process. A child made by fork() (without exec)
+# inherits them, but not their leases: the lease, the locks it may hold and
+# the library's threads are its parent's. The child forgets them at once,
+# so its calls fail with ClosedError instead of writing under the parent's
+# identity (or hanging in a library whose threads did not survive the fork).
+_attached = weakref.WeakSet()
+
+
+def _forget_in_child():
+    for t in list(_attached):
+        t._h, t._forked = None, True
+        t._views = Views()  # the parent's deferred detach is not the child's to run
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class Tier:
@@ -20,12 +39,17 @@ class Tier:
         h = ctypes.c_uint64()
         _native.call("cxl_attach", devices.encode(), name.encode(), ctypes.byref(h))
         self._h = h.value
+        self._forked = False
         self.devices = devices
         self._views = Views()  # of the mapping: buffers and tensors of regions and objects
+        _attached.add(self)
 
     @property
     def handle(self):
         if self._h is None:
+            if self._forked:
+                raise _native.ClosedError(-6, f"tier {self.devices}: attached by the parent of this forked process; "
+                                              "attach again in the child (a lease is one process's)")
             raise _native.ClosedError(-6, "tier: detached")
         return self._h
 

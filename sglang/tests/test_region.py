@@ -111,3 +111,41 @@ def test_views_outlive_a_detach(cli, device):
     # held; once they went, the client detached and its region was freed.
     assert held > after
     assert after == before + 1  # the object (shared, named) stays; 4096 bytes: one chunk
+
+
+def test_a_forked_child_does_not_use_its_parents_lease(built, device):
+    """fork() without exec copies the attached tier but not its lease: the
+    child's calls fail with ClosedError at once (they would write as the
+    parent, or hang: the library's threads do not survive a fork), and the
+    parent's tier is unharmed. A child that uses cxltier starts by exec
+    (multiprocessing's "spawn")."""
+    import os
+
+    t = cxltier.Tier(device, name="parent")
+    ix = t.prefix("fork", 16, 1024)
+    ix.set([bytes(32)], [b"parent"])
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and leave without running anything of the parent's
+        os.close(r)
+        out = []
+        for call in (lambda: ix.exists([bytes(32)]), lambda: t.prefix("fork")):
+            try:
+                call()
+                out.append("ran")
+            except cxltier.ClosedError as e:
+                out.append("closed" if "forked" in str(e) or "closed" in str(e) else f"other: {e}")
+        os.write(w, ",".join(out).encode())
+        os._exit(0)
+    os.close(w)
+    import select
+    import signal
+
+    ready, _, _ = select.select([r], [], [], 30)
+    got = os.read(r, 4096).decode() if ready else "no answer in 30 s (the child hung in the library)"
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert got == "closed,closed", got
+    assert ix.exists([bytes(32)]) == 1  # the parent goes on
+    t.close()
