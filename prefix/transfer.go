@@ -80,6 +80,11 @@ func (m *Mover) check(keys []Key, l Layout, pages []int64) error {
 	if len(pages) != len(keys) {
 		return fmt.Errorf("prefix: %q: %d keys but %d pages: %w", m.s.name, len(keys), len(pages), ErrBadConfig)
 	}
+	for i, p := range pages {
+		if p < 0 {
+			return fmt.Errorf("prefix: %q: page %d of key %d: %w", m.s.name, p, i, ErrBadConfig)
+		}
+	}
 	if len(l.Chunks) == 0 || l.ChunkBytes <= 0 {
 		return fmt.Errorf("prefix: %q: layout of %d chunks × %d B: %w", m.s.name, len(l.Chunks), l.ChunkBytes, ErrBadConfig)
 	}
@@ -297,11 +302,13 @@ func (ld *LayerLoad) Layer(i int) error {
 		return fmt.Errorf("prefix: %q: layer %d of a %d-layer load whose next is %d: %w", ld.m.s.name, i, layers, ld.next, ErrBadConfig)
 	}
 	ld.err = ld.copyLayer(i)
-	if ld.err == nil {
-		ld.next++
-		if ld.next == layers {
-			ld.err = ld.verify()
-		}
+	if ld.err != nil {
+		ld.release() // a failed load goes no further: its pins go now, not at Close
+		return ld.err
+	}
+	ld.next++
+	if ld.next == layers {
+		ld.err = ld.verify()
 	}
 	return ld.err
 }

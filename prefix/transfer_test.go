@@ -160,6 +160,25 @@ func TestLayerLoad(t *testing.T) {
 		t.Fatalf("close after 1 of 3 layers: %v", err)
 	}
 
+	// A page past the pool: the first layer fails, and the pins go then,
+	// not when the caller gets round to Close. A negative page never starts.
+	if _, err := m.StartLoad(keys[1:], l, 2, []int64{-1}); !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("load into page -1: %v", err)
+	}
+	past, err := m.StartLoad(keys[1:], l, 2, []int64{pages})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := past.Layer(0); err == nil {
+		t.Fatal("a load into a page past the pool landed")
+	}
+	if held := s.Stats().PinsHeld; held != 0 {
+		t.Fatalf("%d pins held after the load failed", held)
+	}
+	if err := past.Close(); err == nil {
+		t.Fatal("Close of a failed load reported no failure")
+	}
+
 	// Damage in the last layer of a page: the load fails at that layer and
 	// the entry is dropped.
 	hits, _ := s.Lookup(keys[1:])
