@@ -168,7 +168,14 @@ func (s *Store) Restore(r io.ReadSeeker, progressTo io.Writer) (SnapshotInfo, er
 	// its hash's: a snapshot that fits the index in total can still
 	// overflow a shard, which would evict entries the restore just made.
 	perShard := make([]int64, len(s.shards))
-	total, err := s.readSnapshot(r, "verify", progressTo, func(k Key, _ []byte, _ *SnapshotInfo) error {
+	seen := make(map[Key]struct{})
+	total, err := s.readSnapshot(r, "verify", progressTo, func(k Key, _ []byte, info *SnapshotInfo) error {
+		// A snapshot holds each key once: a repeated one (a file put together
+		// by hand, or damaged) would count twice against the room it needs.
+		if _, dup := seen[k]; dup {
+			return fmt.Errorf("prefix: restore: record %d: %w: key %v appears twice", info.Entries, ErrBadSnapshot, k)
+		}
+		seen[k] = struct{}{}
 		perShard[keyHash(&k)>>s.shardShift]++
 		return nil
 	})

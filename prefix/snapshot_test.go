@@ -2,8 +2,10 @@ package prefix
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"strings"
 	"testing"
 )
@@ -312,5 +314,36 @@ func TestRestoreNoticesEntriesEvictedWhileItRan(t *testing.T) {
 	}
 	if n := dst.Stats().Ready; n != int64(len(before)) {
 		t.Fatalf("%d entries after the refused restore, want the %d there before", n, len(before))
+	}
+}
+
+// TestRestoreRefusesRepeatedKeys: a snapshot that holds a key twice is
+// damaged (Snapshot writes each key once) and changes nothing.
+func TestRestoreRefusesRepeatedKeys(t *testing.T) {
+	_, file := snapshotOf40(t)
+	raw := unzstd(t, file)
+	// The first record, written again after the last: tag, key, length,
+	// CRC, payload; then the trailer's count and the file's CRC made anew.
+	first := snapHeaderLen
+	n := int(binary.LittleEndian.Uint32(raw[first+1+32:]))
+	rec := raw[first : first+1+40+n]
+	body := append(append([]byte(nil), raw[:len(raw)-13]...), rec...)
+	var tr [13]byte
+	binary.LittleEndian.PutUint64(tr[1:], 41)
+	body = append(body, tr[:9]...)
+	binary.LittleEndian.PutUint32(tr[9:], crc32.Checksum(body, castagnoli))
+	dup := mustZstd(t, append(body, tr[9:]...))
+
+	_, c := testTier(t, 1)
+	dst := testStore(t, c, 64, 512)
+	if _, err := dst.Restore(bytes.NewReader(dup), nil); !errors.Is(err, ErrBadSnapshot) || !strings.Contains(err.Error(), "appears twice") {
+		t.Fatalf("restore of a snapshot with a key twice: %v", err)
+	}
+	if n := dst.Stats().Ready; n != 0 {
+		t.Fatalf("%d entries after the refused restore", n)
+	}
+	// The same file without the repeat restores: the test made it right.
+	if _, err := dst.Restore(bytes.NewReader(file), nil); err != nil {
+		t.Fatal(err)
 	}
 }
