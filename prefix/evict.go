@@ -17,12 +17,21 @@ func (s *Store) evictLocked(sh *shard, need int) int {
 	freed := 0
 	budget := 2*sh.count(slReady) + int64(want)
 	cands, pinned := sh.cands, sh.pinned
+	relinked := false
 	for freed < need && budget > 0 {
 		clear(cands)
 		for len(cands) < want-freed && budget > 0 {
 			budget--
 			tail := atomic.LoadUint32(sh.u32(slLRUTail))
 			if tail == 0 {
+				// An empty list with ready entries counted is a damaged
+				// list (a stray write of 0 would stop eviction for good):
+				// relink it from the entries, once a call.
+				if !relinked && sh.count(slReady) > 0 {
+					relinked = true
+					s.repairLocked(sh)
+					continue
+				}
 				break
 			}
 			i, ok := s.linkedEntry(sh, tail)
@@ -118,15 +127,20 @@ func (s *Store) Reclaim() (int, error) {
 	}
 	defer held.Done()
 	n := 0
-	err := s.eachShard(func(sh *shard) { n += s.reclaimLocked(sh) })
+	err := s.eachShard(func(sh *shard) { n += s.reclaimLocked(sh, false) })
 	return n, err
 }
 
-func (s *Store) reclaimLocked(sh *shard) int {
-	if sh.count(slReserved) == 0 {
+// reclaimLocked drops the reservations of dead clients in sh. Its count
+// of reservations lets the daemon's pass skip a shard that has none; an
+// insert out of space (full) scans whatever the count says, since the
+// count is shared memory a stray write can zero, and it recounts: the
+// reservations left are the count from then on.
+func (s *Store) reclaimLocked(sh *shard, full bool) int {
+	if !full && sh.count(slReserved) == 0 {
 		return 0
 	}
-	n := 0
+	n, left := 0, 0
 	for i := sh.entry0; int64(i-sh.entry0) < sh.entries(); i++ {
 		e := s.lockedEntry(i)
 		if wordState(atomic.LoadUint64(u64At(e, entWord))) != stReserved {
@@ -135,7 +149,13 @@ func (s *Store) reclaimLocked(sh *shard) int {
 		if owner := atomic.LoadUint64(u64At(e, entOwner)); !s.r.LeaseLive(owner) {
 			s.dropLocked(i)
 			n++
+		} else {
+			left++
 		}
+	}
+	if full && sh.count(slReserved) != int64(left) {
+		atomic.StoreUint32(sh.u32(slReserved), uint32(left))
+		s.publishMeta(sh.stateOff&^(lineSize-1), lineSize)
 	}
 	s.count(ctrReclaimed, uint64(n))
 	return n

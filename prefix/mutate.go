@@ -199,7 +199,7 @@ func (s *Store) reserveOne(sh *shard, res *Reservation, left int, now uint64) er
 	if !ok {
 		s.evictLocked(sh, max(left, int(sh.blocks/evictAheadOf)))
 		if b, ok = s.allocBlock(sh); !ok {
-			s.reclaimLocked(sh)
+			s.reclaimLocked(sh, true)
 			b, ok = s.allocBlock(sh)
 		}
 		if ok {
