@@ -39,9 +39,10 @@ func newAdmin(r *tier.Region, m *tier.Manager, px *prefixes, cfg config, token [
 // Connection bounds of the admin API (see connGate): the server's own
 // limit is above the gate's, so the gate decides who gives way.
 const (
-	adminConcurrency = 256
-	adminConnsTotal  = 192
-	adminConnsPeer   = 32
+	adminConnsTotal  = 192 // proven (kept-alive) connections, all peers
+	adminConnsPeer   = 32  // proven connections of one peer
+	adminConnsFresh  = 512 // connections whose first request has not arrived
+	adminConcurrency = adminConnsTotal + adminConnsFresh + 64
 )
 
 // limits are the admin API's rate limits: a bucket per peer (peerOf) for

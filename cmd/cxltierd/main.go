@@ -105,7 +105,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 
 	a := newAdmin(r, m, px, cfg, token, logger)
 	srv := a.server()
-	gate := newConnGate(ln, adminConnsPeer, adminConnsTotal)
+	gate := newConnGate(ln, adminConnsPeer, adminConnsTotal, adminConnsFresh)
 	srv.ConnState = gate.state
 	srv.Handler = gate.wrap(srv.Handler)
 	serveErr := make(chan error, 1)
