@@ -60,3 +60,38 @@ func TestDetachWithAnOpenLoad(t *testing.T) {
 		runtime.KeepAlive(buf)
 	}
 }
+
+// TestDetachWaitsForAViewsHold: a hold a caller keeps across a view's life
+// (cxl_tier_hold) keeps the tier attached and mapped: a detach waits for
+// it and goes on once it is given back.
+func TestDetachWaitsForAViewsHold(t *testing.T) {
+	h := attachTest(t)
+	id, err := tierHold(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tierRelease(h); err == nil {
+		t.Fatal("releasing the tier's own handle as a hold: no error")
+	}
+	done := make(chan error, 1)
+	go func() { done <- detach(h) }()
+	select {
+	case err := <-done:
+		t.Fatalf("detach returned while a view's hold was kept: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := tierRelease(id); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("detach after the hold went: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("detach still waiting after the hold was given back")
+	}
+	if err := tierRelease(id); err == nil {
+		t.Fatal("a hold released twice: no error")
+	}
+}

@@ -93,3 +93,56 @@ func detach(h uint64) error {
 	}
 	return err
 }
+
+// viewHold is a hold on a tier's mapping that a caller keeps across the
+// life of its views of that memory (the Python package's buffers and
+// tensors): until it is given back, the tier's client does not close and
+// the mapping stays.
+type viewHold struct{ tier.Hold }
+
+// cxl_tier_hold takes a hold on tier h (tier.Client.Hold) and returns its
+// handle in out, for cxl_tier_release. A detach waits for the holds given
+// out (tier.CloseWait) and fails with CXL_EBUSY while any is kept.
+//
+//export cxl_tier_hold
+func cxl_tier_hold(h C.uint64_t, out *C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_tier_hold", errbuf, errlen, &code)
+	if out == nil {
+		return report(fmt.Errorf("tier hold: %w: no output handle", errBadArg), errbuf, errlen)
+	}
+	id, err := tierHold(uint64(h))
+	*out = C.uint64_t(id)
+	return report(err, errbuf, errlen)
+}
+
+func tierHold(h uint64) (uint64, error) {
+	a, err := tierOf(h)
+	if err != nil {
+		return 0, err
+	}
+	held, err := a.c.Hold()
+	if err != nil {
+		return 0, err
+	}
+	return handles.add(&viewHold{held}), nil
+}
+
+// cxl_tier_release gives back a hold cxl_tier_hold took.
+//
+//export cxl_tier_release
+func cxl_tier_release(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_tier_release", errbuf, errlen, &code)
+	return report(tierRelease(uint64(h)), errbuf, errlen)
+}
+
+func tierRelease(h uint64) error {
+	if v, _ := handles.objs.Load(h); v == nil {
+		return fmt.Errorf("tier release: handle %d: %w", h, errBadHandle)
+	} else if _, ok := v.(*viewHold); !ok {
+		return fmt.Errorf("tier release: handle %d is no hold: %w", h, errBadHandle)
+	}
+	if v, ok := handles.remove(h); ok {
+		v.(*viewHold).Done()
+	}
+	return nil
+}

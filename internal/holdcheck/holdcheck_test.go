@@ -175,6 +175,7 @@ var abiExempt = map[string]string{
 	"cxl_abi_version":              "a constant",
 	"cxl_engram_hash":              "hashes the caller's ids",
 	"cxl_engram_table_name":        "makes a name from the caller's strings",
+	"cxl_tier_release":             "gives back a hold cxl_tier_hold took (it touches no tier memory)",
 	"cxl_engram_checkpoint_digest": "reads checkpoint files, not the tier",
 	"cxl_prefix_keys":              "hashes the caller's tokens",
 	"cxl_prefix_part_keys":         "hashes the caller's tokens",

@@ -75,6 +75,8 @@ _PROTOTYPES = {
     "cxl_abi_version": [],
     "cxl_attach": [_cstr, _cstr, _p(_u64)] + _err,
     "cxl_detach": [_u64] + _err,
+    "cxl_tier_hold": [_u64, _p(_u64)] + _err,
+    "cxl_tier_release": [_u64] + _err,
     "cxl_prefix_open": [_u64, _cstr, _cstr, _i64, _i64, _p(_u64)] + _err,
     "cxl_prefix_close": [_u64] + _err,
     "cxl_prefix_keys": [_int, _p(_i64), _i64, _bytes, _bytes, _i64, _p(_i64)] + _err,

@@ -18,11 +18,12 @@ class Views:
         self._live = 0
         self._then = []
 
-    def track(self, view):
-        """Counts view as live until it is collected; returns it."""
+    def track(self, view, release=None):
+        """Counts view as live until it is collected, and then calls release
+        (when given) before anything deferred to the last view; returns it."""
         with self._lock:
             self._live += 1
-        weakref.finalize(view, self._gone)
+        weakref.finalize(view, self._gone, release)
         return view
 
     def after(self, fn):
@@ -36,7 +37,12 @@ class Views:
                 return
         fn()
 
-    def _gone(self):
+    def _gone(self, release=None):
+        if release is not None:
+            try:
+                release()
+            except Exception:
+                pass
         with self._lock:
             self._live -= 1
             due, self._then = (self._then, []) if self._live == 0 else ([], self._then)

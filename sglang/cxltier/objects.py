@@ -104,7 +104,7 @@ class TierObject(_native.Child):
         from a read-only object's buffer faults the process if written."""
         self._check()
         view = (ctypes.c_uint8 * self.size).from_address(self.address)
-        self._tier._views.track(view)
+        self._tier.track_view(view)
         self._views.track(view)
         return memoryview(view).cast("B").toreadonly() if self.read_only else view
 

@@ -28,7 +28,7 @@ class Region:
         tensor over it, is referenced."""
         self._check()
         view = (ctypes.c_char * self.size).from_address(self.address)
-        self._tier._views.track(view)
+        self._tier.track_view(view)
         return self._views.track(view)
 
     def tensor(self, shape, dtype):

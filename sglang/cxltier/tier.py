@@ -15,7 +15,12 @@ from ._views import Views
 _attached = weakref.WeakSet()
 
 
+_in_forked_child = False
+
+
 def _forget_in_child():
+    global _in_forked_child
+    _in_forked_child = True  # nothing inherited calls into the library again, finalizers included
     for t in list(_attached):
         t._h, t._forked = None, True
         t._views = Views()  # the parent's deferred detach is not the child's to run
@@ -60,6 +65,21 @@ class Tier:
         from .prefix import PrefixIndex
 
         return PrefixIndex(self, name, blocks, block_bytes, key)
+
+    def track_view(self, view):
+        """Counts view (a buffer or tensor over this tier's mapping) until it
+        is collected, with a hold on the tier in the library across its life
+        (cxl_tier_hold): the mapping stays under it whatever closes, and a
+        detach defers to the last view. Returns view."""
+        h = ctypes.c_uint64()
+        _native.call("cxl_tier_hold", self.handle, ctypes.byref(h))
+        hold = h.value
+
+        def release():
+            if not _in_forked_child:
+                _native.call("cxl_tier_release", hold)
+
+        return self._views.track(view, release)
 
     def prefix_names(self):
         """The names of the tier's prefix indexes."""
