@@ -14,6 +14,7 @@
 //
 //	cxl_attach(devices, name, &tier)           devices: comma-separated backings
 //	cxl_detach(tier)
+//	cxl_tier_hold(tier, &hold)  /  cxl_tier_release(hold)   a hold across a view's life: detach waits for it
 //	cxl_prefix_open(tier, name, key|NULL, blocks, block_bytes, &index)   blocks > 0: create if missing (with key)
 //	cxl_prefix_close(index)
 //	cxl_prefix_keys(page_size, tokens, n, prior|NULL, out, out_cap, &n_keys)
@@ -28,6 +29,9 @@
 //	cxl_prefix_verify_reads(index, on)                   gets check payload checksums (on by default)
 //	cxl_prefix_delete(index, keys, n, &n_deleted)
 //	cxl_prefix_stats(index, json, json_cap)             with "uplink": this process's fills and write-behind notices
+//	cxl_prefix_list(index, out, out_cap, &n)             the keys of every ready entry (CXL_ERANGE with n when out is short)
+//	cxl_prefix_has(index, keys, n, present)              each key ready (1) or not (0)
+//	cxl_prefix_names(tier, buf, buf_len, &n)             the tier's prefix indexes, each name NUL-terminated
 //	cxl_uplink_off(tier)                                 indexes opened on tier from now on never ask the uplink (the uplink's own)
 //	cxl_uplink_address(tier, buf, cap)                   the abstract socket name of the node's uplink (for the uplink)
 //	cxl_tier_mappings(tier, ptrs, lens, cap, &n)         each device mapping, to register with a transfer engine
@@ -40,6 +44,8 @@
 //	cxl_prefix_publish_written(res, wire_crcs, n, published)   publishes the blocks that match, aborts the rest
 //	cxl_prefix_abort(res)
 //	cxl_engram_hash(spec, layer, ids, n, out, out_cap, &n_rows) spec: preset name or JSON geometry
+//	cxl_engram_table_name(model, table, rank, world, out, out_len)   SGLang's host table's object name (per-rank when world > 1)
+//	cxl_engram_checkpoint_digest(checkpoint, layer, out, out_len)    a V4.1 checkpoint layer's digest, as seals record it
 //	cxl_engram_open(tier, spec, engine, cuda_stream, slots, flags, deadline_ns, &pf)   engine: cpu, cuda, auto; flags: 1 cache, 2 plan on the engine
 //	cxl_engram_prefetch(pf, layer, ids, lens, n_seqs, hist_ids|NULL, hist_lens|NULL, slots, slots_cap, &n_slots, &pending)
 //	                 slots: written now when known (host planning, or no cache)
@@ -67,7 +73,8 @@
 //	cxl_object_gather(obj, n_planes, planes, row_bytes, rows, ids, n, outs, out_caps)   outs[p][i] = row ids[i] of plane p (at byte planes[p])
 //	cxl_object_info(tier, name|NULL, json, json_cap)   NULL: every object
 //	cxl_object_seal(tier, name, label)  /  cxl_object_unseal(tier, name)  /  cxl_object_verify(tier, name)
-//	cxl_object_remove(tier, name, force)   refuses while live clients hold it, unless force
+//	cxl_object_remove(tier, name, force)   refuses while live clients hold it, unless force (a damaged one: force only)
+//	cxl_object_claim(tier, name)           become the loader of an unsealed object; CXL_EEXIST while another running client loads it
 //	cxl_kvpool_open(index, engine, cuda_stream, n_bufs, per_layer, ptrs, lens, chunk_bytes, page_stride, where, verify, &pool)
 //	                 an engine's paged KV buffers (layer-major, per_layer a layer): page p's chunk is
 //	                 chunk_bytes at p*page_stride in each; an entry is a page's chunks in order
