@@ -25,6 +25,21 @@ func formatTier(t *testing.T, path string) {
 	}
 }
 
+// openFileTier opens the tier on file path dev from the test, as a server
+// beside the CLI would; the caller closes it.
+func openFileTier(t testing.TB, dev string) *tier.Region {
+	t.Helper()
+	b, err := tier.ParseBacking("file:" + dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := tier.Open(tier.Options{Devices: []tier.Backing{b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	var out, errb bytes.Buffer

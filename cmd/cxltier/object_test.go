@@ -99,10 +99,7 @@ func TestEngramLoadSGLangCheckpoint(t *testing.T) {
 		t.Fatalf("second load: exit %d, %q", code, out)
 	}
 	// A damaged seal: listed as damaged, and load --force replaces the table.
-	r, err = tier.Open(tier.Options{Devices: []tier.Backing{b}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r = openFileTier(t, dev)
 	o, err := r.OpenObject(engram.SGLangTableName("V4.1-test", 14))
 	if err != nil {
 		t.Fatal(err)
@@ -208,14 +205,7 @@ func TestEngramDestroyOurTables(t *testing.T) {
 func TestDamagedObjectIsListedAndRemovable(t *testing.T) {
 	dev := filepath.Join(t.TempDir(), "tier")
 	formatTier(t, dev)
-	b, err := tier.ParseBacking("file:" + dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := tier.Open(tier.Options{Devices: []tier.Backing{b}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := openFileTier(t, dev)
 	c, err := r.Attach(tier.ClientOptions{Name: "loader"})
 	if err != nil {
 		t.Fatal(err)
@@ -294,11 +284,7 @@ func TestEngramCheckpointDigest(t *testing.T) {
 	if code, _, errs := runCLI(t, "engram", "load", "--model", "m", "--file", filepath.Join(dir, "a.safetensors"), "file:"+dev); code != 0 {
 		t.Fatal(errs)
 	}
-	bk, _ := tier.ParseBacking("file:" + dev)
-	r, err := tier.Open(tier.Options{Devices: []tier.Backing{bk}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := openFileTier(t, dev)
 	defer r.Close()
 	o, err := r.OpenObject(engram.SGLangTableName("m", 2))
 	if err != nil {

@@ -97,14 +97,7 @@ func TestClosedPipeLeavesNoLease(t *testing.T) {
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signaled() {
 		t.Fatalf("the tool was killed by %v", ws.Signal())
 	}
-	b, err := tier.ParseBacking("file:" + dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg, err := tier.Open(tier.Options{Devices: []tier.Backing{b}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg := openFileTier(t, dev)
 	defer reg.Close()
 	for _, l := range reg.Leases() {
 		if l.State == "live" {
