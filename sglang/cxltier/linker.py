@@ -32,6 +32,7 @@ from the index, so the next lookup misses it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -156,7 +157,7 @@ def _rank(params):
     return 0, 1
 
 
-_KEYS = ("devices", "index", "key", "blocks", "block_bytes", "verify", "kv_dtype", "engine", "share_ranks")
+_KEYS = ("devices", "index", "key", "blocks", "block_bytes", "verify", "kv_dtype", "engine", "share_ranks", "kv_events")
 
 
 def _settings(extra, model):
@@ -186,6 +187,7 @@ def _settings(extra, model):
         "block_bytes": number("block_bytes", 0),
         "verify": bool(number("verify", 1)),
         "share_ranks": bool(number("share_ranks", 1)),
+        "kv_events": bool(number("kv_events", 0)),
         "engine": engine,
     }
 
@@ -241,6 +243,16 @@ class _Base:
             self.tier.close()
             raise
         self._masks = {src: [m for p, _, m in self._kvpools if p.source == src] for src in ("kv", "swa")}
+        # KV events (cxltier.kvevents): each offloaded page's tokens, which
+        # the plugin's wrap of SGLang's _offload_node hands over with it.
+        self._recorder = None
+        if cfg["kv_events"]:
+            from .kvevents import TokenRecorder
+
+            self._recorder = TokenRecorder(self.tier, cfg["index"], cfg["key"],
+                                           max(64, self.index.stats()["blocks"] // max(1, len(self._kvpools))),
+                                           self.page_size)
+        self._node_tokens = threading.local()  # set by the wrap for the offload call it makes
         # Which parts copy a layer of theirs at each model layer, in order.
         self._schedule = [[i for i, (p, _, _) in enumerate(self._kvpools) if layer in p.layers]
                           for layer in range(self.num_layers)]
@@ -363,6 +375,10 @@ class _Base:
         plan = self._planned(transfers)
         if "kv" not in plan:
             return False
+        tokens = getattr(self._node_tokens, "value", None)
+        self._node_tokens.value = None
+        if tokens is not None and self._recorder is not None:
+            plan["tokens"] = tokens
         self._offloads.put((plan, self._ready_events(offload=True)))
         return True
 
@@ -448,6 +464,19 @@ class _Base:
                 except CxlTierError:
                     pass  # reported by the layer that failed
 
+    def _record(self, keys, tokens, prefix_keys):
+        """Token records of pages just stored (a failure is logged: the
+        pages are stored, only not announced)."""
+        from .hicache import _raw_keys
+
+        try:
+            entries = part_keys(list(keys), self._masks["kv"][:1])
+            entry_keys = [bytes(entries.array[i * 32 : (i + 1) * 32]) for i in range(entries.n)]
+            parent = _raw_keys(list(prefix_keys[-1:]))[0] if prefix_keys else None
+            self._recorder.record(entry_keys, _raw_keys(list(keys)), parent, tokens, prefix_keys is not None)
+        except Exception:
+            logger.exception("cxltier linker: recording the tokens of %d offloaded pages failed", len(keys))
+
     def _offload_one(self, plan, events):
         ok = False
         try:
@@ -464,12 +493,80 @@ class _Base:
                 self.stats["entries_present"] += statuses.count("present")
             self.stats["offloads"] += 1
             self.stats["offload_pages"] += len(plan["kv"][0])
+            if ok and "tokens" in plan:
+                self._record(plan["kv"][0], *plan["tokens"])
         except BaseException as e:
             ok = False
             logger.error("cxltier linker: offload of %d pages failed: %s", len(plan["kv"][0]), e)
         if not ok:
             self.stats["offload_failures"] += 1
         self._results.put(ok)
+
+
+_inserting = threading.local()  # the key of the radix cache insert this thread runs
+
+
+def install_token_records():
+    """Lets a cxltier linker with "kv_events" record the tokens of the pages
+    it offloads (cxltier.kvevents). SGLang's write-through offload
+    (UnifiedCacheLinkerWrapper._offload_node) names only a node, and its
+    tree core (the Rust one included) gives a node's page keys but not its
+    tokens, so the wrap of UnifiedRadixCache.insert keeps the inserted key,
+    and the wrap of _offload_node takes the node's slice of it (after its
+    ancestors' pages), recorded only when SGLang's page keys of that slice
+    are the node's own. The cxltier plugin calls it; True when installed."""
+    if UnifiedCacheLinker is None:
+        return False
+    from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinkerWrapper
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    offload, insert = UnifiedCacheLinkerWrapper._offload_node, UnifiedRadixCache.insert
+    if getattr(offload, "_cxltier_token_records", False):
+        return False
+
+    @functools.wraps(insert)
+    def insert_keeping_key(self, params, *args, **kwargs):
+        _inserting.key = getattr(params, "key", None)
+        try:
+            return insert(self, params, *args, **kwargs)
+        finally:
+            _inserting.key = None
+
+    @functools.wraps(offload)
+    def offload_with_tokens(self, node_id, transfers):
+        linker = getattr(self, "cache_linker", None)
+        if getattr(linker, "_recorder", None) is not None:
+            try:  # an offload must never fail for its record
+                linker._node_tokens.value = _node_tokens(self.cache, node_id, transfers, linker.page_size)
+            except Exception:
+                logger.exception("cxltier linker: the tokens of node %s were not found; its pages go unannounced", node_id)
+        try:
+            return offload(self, node_id, transfers)
+        finally:
+            if hasattr(linker, "_node_tokens"):
+                linker._node_tokens.value = None
+
+    offload_with_tokens._cxltier_token_records = True
+    UnifiedCacheLinkerWrapper._offload_node = offload_with_tokens
+    UnifiedRadixCache.insert = insert_keeping_key
+    return True
+
+
+def _node_tokens(cache, node_id, transfers, page_size):
+    """(tokens, prefix keys) of the node an offload stores, or None when the
+    insert this thread runs does not hold them."""
+    from .prefix import page_keys
+
+    key = getattr(_inserting, "key", None)
+    kv = next((t for t in transfers if t.name == PoolName.KV and t.keys), None)
+    if key is None or kv is None:
+        return None
+    prefix = list(cache.tree_core.get_prefix_hash_values(node_id))
+    start, n = len(prefix) * page_size, len(kv.keys)
+    tokens = [int(t) for t in list(key.token_ids)[start : start + n * page_size]]
+    if len(tokens) != n * page_size or page_keys(tokens, page_size, prefix[-1] if prefix else None) != list(kv.keys):
+        return None
+    return tokens, prefix
 
 
 if UnifiedCacheLinker is not None:

@@ -48,6 +48,14 @@ def _part(name, fn):
     return bool(done)
 
 
+def _linker_token_records():
+    try:
+        from . import linker  # needs torch and SGLang
+    except ImportError:
+        return False
+    return linker.install_token_records()
+
+
 def install():
     """Installs the parts the environment asks for. Returns the names of
     those installed."""
@@ -63,6 +71,8 @@ def install():
 
         if _part("token records of backed-up pages (KV events)", hicache.install_token_records):
             installed.append("kv-event-tokens")
+        if _part("token records of linker offloads (KV events)", _linker_token_records):
+            installed.append("kv-event-linker-tokens")
     if os.environ.get("CXLTIER_HISPARSE_HOST_POOL") == "1":
         from . import hisparse
 

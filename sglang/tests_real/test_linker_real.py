@@ -254,3 +254,30 @@ def test_mha_ranks_stay_apart(built, device):
     assert all(r["hit"] == 32 and r["failed"] == [] and r["same"] for r in results), results
     assert [r["stored"]["entries_written"] for r in results] == [8, 8], results
     assert entries(device) == 16
+
+
+def test_offloaded_pages_carry_their_tokens_for_kv_events(built, device, published):
+    """With "kv_events", SGLang's write-through offload of a radix node
+    through the linker (its _offload_node, wrapped as the plugin wraps it)
+    records each page's tokens and parent, which the node's event stream
+    reads: what routers match requests against."""
+    from cxltier import kvevents, linker
+
+    linker.install_token_records()
+    args = publish_server_args(device, 4, kv_events=1)
+    tokens = list(range(700, 700 + 5 * 4 + 2))
+    with Stack(args, "mla", 4) as s:
+        s.store(tokens, seed=5)
+    t = cxltier.Tier(device, name="events")
+    try:
+        stats = dict.fromkeys(("unparented", "damaged"), 0)
+        sc = kvevents.Scanner(t, names=["linker"])
+        pages = sc.scan(stats)
+        sc.close()
+    finally:
+        t.close()
+    keys = [int.from_bytes(bytes.fromhex(k)[:8], "big", signed=True) for k in cxltier.page_keys(tokens, 4)]
+    assert set(pages) == set(keys) and stats == {"unparented": 0, "damaged": 0}, (pages, stats)
+    for i, k in enumerate(keys):
+        assert pages[k].tokens == tokens[4 * i : 4 * i + 4]
+        assert pages[k].parent == (keys[i - 1] if i else None)

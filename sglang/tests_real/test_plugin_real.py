@@ -39,7 +39,9 @@ def run_loader(tmp_path, device, extra_code="", **env):
         from sglang.srt.layers import engram_staging
         print("STAGER", engram_staging.EngramRowStager.__name__)
         from sglang.srt.managers.cache_controller import HiCacheController
-        print("TOKENS", getattr(HiCacheController._page_backup, "_cxltier_token_records", False))
+        from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinkerWrapper
+        print("TOKENS", getattr(HiCacheController._page_backup, "_cxltier_token_records", False),
+              getattr(UnifiedCacheLinkerWrapper._offload_node, "_cxltier_token_records", False))
     """)
     full_env = dict(os.environ, SGLANG_PLUGINS="cxltier", CXLTIER_DEVICES=device, **env)
     out = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=300)
@@ -55,9 +57,9 @@ def test_loader_installs_every_part(built, device, tmp_path):
     assert "HOSTTABLE TierHostTable True" in log and "STAGER TierRowStager" in log, log[-3000:]
     bare = run_loader(tmp_path, device)
     assert "HOSTTABLE _HostTable False" in bare and "STAGER EngramRowStager" in bare, bare[-3000:]
-    assert "TOKENS True" in bare, bare[-3000:]  # on by default: it acts only for a backend with "kv_events"
+    assert "TOKENS True True" in bare, bare[-3000:]  # on by default: it acts only for a backend with "kv_events"
     off = run_loader(tmp_path, device, CXLTIER_KV_EVENTS="0")
-    assert "TOKENS False" in off, off[-3000:]
+    assert "TOKENS False False" in off, off[-3000:]
 
 
 def test_unknown_sglang_classes_are_named_not_raised(built, device, tmp_path):
