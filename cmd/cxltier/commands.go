@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -120,6 +121,9 @@ func cmdFormat(args []string, stdout, stderr io.Writer) error {
 	start := time.Now()
 	fmt.Fprintf(stderr, "formatting %d device(s) of %s...\n", len(opts.Devices), tierflags.HumanSize(opts.Geometry.DeviceSize))
 	r, err := tier.Format(opts)
+	if errors.Is(err, tier.ErrExists) {
+		return fmt.Errorf("a tier (or another file) is there already: %w\n  (format -force replaces it, refused while clients are attached; cxltier destroy removes it)", err)
+	}
 	if err != nil {
 		return err
 	}

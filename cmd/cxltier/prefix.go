@@ -319,6 +319,8 @@ func prefixRestore(args []string, stdout, stderr io.Writer) error {
 	if errors.Is(err, tier.ErrNotFound) && *f.blocks > 0 {
 		s, err = prefix.Create(c, cfg)
 		created = err == nil
+	} else if errors.Is(err, tier.ErrNotFound) {
+		return fmt.Errorf("index %q does not exist in this tier: give --blocks N --block-bytes SIZE to create it for the restore (room for the snapshot's entries), or restore into an index that exists (cxltier inspect lists them): %w", *f.name, err)
 	}
 	if err != nil {
 		return err

@@ -11,6 +11,7 @@ import (
 	"github.com/cxltier/cxltier/cmd/internal/adminapi"
 	"github.com/cxltier/cxltier/internal/tierflags"
 	"github.com/cxltier/cxltier/tier"
+	"golang.org/x/sys/unix"
 )
 
 // cmdTop shows the daemon's view live: tier use, clients, prefix indexes
@@ -37,13 +38,27 @@ func cmdTop(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		now := time.Now()
-		if *count != 1 {
+		switch {
+		case *count != 1 && isTerminal(stdout):
 			fmt.Fprint(stdout, "\033[H\033[2J") // home, clear: a terminal view
+		case i > 0:
+			fmt.Fprintln(stdout) // a pipe or file gets plain screens, one after another
 		}
 		printTop(stdout, &st, prev, now.Sub(prevAt))
 		prev, prevAt = &st, now
 	}
 	return nil
+}
+
+// isTerminal reports whether w is a terminal (a tty answers TCGETS), so
+// that `cxltier top | tee log` gets plain lines, not clear-screen codes.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }
 
 // printTop renders one screen; rates need the previous status (nil: none).

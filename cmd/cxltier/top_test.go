@@ -2,6 +2,10 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -102,5 +106,34 @@ func TestResizeRefusesWithTheWay(t *testing.T) {
 	code, _, errs := runCLI(t, "resize", "-size", "8GiB", "shm:x")
 	if code != 1 || !strings.Contains(errs, "cannot be resized in place") || !strings.Contains(errs, "prefix snapshot") {
 		t.Fatalf("resize: exit %d, %q", code, errs)
+	}
+}
+
+// TestTopIsPlainIntoAPipe: clear-screen codes go to a terminal only; a
+// pipe, a file or a buffer gets plain screens.
+func TestTopIsPlainIntoAPipe(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	f, err := os.CreateTemp(t.TempDir(), "top")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, out := range []io.Writer{w, f, &bytes.Buffer{}} {
+		if isTerminal(out) {
+			t.Errorf("%T taken for a terminal", out)
+		}
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+		json.NewEncoder(rw).Encode(adminapi.Status{Node: 1})
+	}))
+	defer srv.Close()
+	code, out, errs := runCLI(t, "top", "-addr", strings.TrimPrefix(srv.URL, "http://"), "-interval", "100ms", "-n", "2")
+	if code != 0 || strings.Contains(out, "\033[") || strings.Count(out, "cxltier top") != 2 {
+		t.Fatalf("top -n 2 into a buffer: exit %d, %q %q", code, out, errs)
 	}
 }

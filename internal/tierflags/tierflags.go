@@ -119,9 +119,28 @@ func (d *Devices) Set(s string) error {
 	return nil
 }
 
+// UnmarshalJSON takes a list of backings, or one as a string (comma
+// separated, as on the command line): "device": "shm:small" is a tier of
+// one device, not an error about Go types.
 func (d *Devices) UnmarshalJSON(b []byte) error {
 	d.fromCLI = false
-	return json.Unmarshal(b, &d.List)
+	var one string
+	if err := json.Unmarshal(b, &one); err == nil {
+		d.List = nil
+		for _, s := range strings.Split(one, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				d.List = append(d.List, s)
+			}
+		}
+		if len(d.List) == 0 {
+			return fmt.Errorf(`"device": %q names no backing (want "shm:NAME", or a list of backings)`, one)
+		}
+		return nil
+	}
+	if err := json.Unmarshal(b, &d.List); err != nil {
+		return fmt.Errorf(`"device": want a backing ("shm:cxltier") or a list of them (["dax:/dev/dax0.0", "dax:/dev/dax1.0"]), got %s`, b)
+	}
+	return nil
 }
 
 func (d Devices) MarshalJSON() ([]byte, error) { return json.Marshal(d.List) }

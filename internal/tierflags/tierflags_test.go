@@ -109,3 +109,32 @@ func TestHumanSize(t *testing.T) {
 		}
 	}
 }
+
+// TestDevicesInAConfigFile: "device" takes a list of backings or one as a
+// string (comma-separated, as on the command line); anything else is
+// refused naming the key and the forms it takes.
+func TestDevicesInAConfigFile(t *testing.T) {
+	for _, c := range []struct {
+		json string
+		want []string
+		err  string
+	}{
+		{`"shm:small"`, []string{"shm:small"}, ""},
+		{`"dax:/dev/dax0.0, dax:/dev/dax1.0"`, []string{"dax:/dev/dax0.0", "dax:/dev/dax1.0"}, ""},
+		{`["shm:a", "shm:b"]`, []string{"shm:a", "shm:b"}, ""},
+		{`""`, nil, "names no backing"},
+		{`42`, nil, `"device": want a backing`},
+	} {
+		var d Devices
+		err := d.UnmarshalJSON([]byte(c.json))
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%s: %v, want an error saying %q", c.json, err, c.err)
+			}
+			continue
+		}
+		if err != nil || strings.Join(d.List, "|") != strings.Join(c.want, "|") {
+			t.Errorf("%s: %v, %v; want %v", c.json, d.List, err, c.want)
+		}
+	}
+}

@@ -146,6 +146,10 @@ class TierHostTable:
             raise ValueError(
                 f"Invalid SGLANG_DSV41_ENGRAM_HOST_TABLE_LAYOUT={layout!r}; expected 'shared' or 'per_rank'"
             )
+        try:  # before anything is made in the tier: a table nobody can use must leave nothing behind
+            import torch  # noqa: F401
+        except ImportError as e:
+            raise ImportError(f"cxltier: SGLang's Engram host table in the tier needs torch ({e})") from e
         started = time.perf_counter()
         self.layout, self.nbytes, self.group, self.dirty = layout, nbytes, group, False
         rank, world = _rank(group), _world(group)

@@ -62,7 +62,10 @@ def install():
     if os.environ.get("CXLTIER_PLUGIN", "1") == "0":
         return []
     version = sglang_version()
-    if version is not None and version not in TESTED_SGLANG:
+    if version is None:
+        logger.warning("cxltier plugin: SGLang is not installed in this Python; nothing to install")
+        return []
+    if version not in TESTED_SGLANG:
         logger.warning("cxltier plugin: SGLang %s has not been tested with this cxltier (tested: %s)",
                        version, ", ".join(TESTED_SGLANG))
     installed = []

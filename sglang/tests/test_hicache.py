@@ -61,7 +61,7 @@ def test_pages_need_a_host_pool(built, device):
     a.close()
 
 
-def test_plugin_without_sglang_installs_nothing(built, monkeypatch):
+def test_plugin_without_sglang_installs_nothing(built, monkeypatch, caplog):
     try:
         import sglang  # noqa: F401
         pytest.skip("SGLang is installed: tests_real covers the plugin")
@@ -71,4 +71,26 @@ def test_plugin_without_sglang_installs_nothing(built, monkeypatch):
 
     monkeypatch.setenv("CXLTIER_HISPARSE_HOST_POOL", "1")
     monkeypatch.setenv("CXLTIER_ENGRAM", "v4.1-flash")
-    assert plugin.install() == []
+    with caplog.at_level("WARNING", logger="cxltier.plugin"):
+        assert plugin.install() == []
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "SGLang is not installed" in said and "not been tested" not in said and "not one this" not in said, said
+
+
+def test_engram_host_table_without_torch_makes_nothing(built, device, monkeypatch):
+    try:
+        import torch  # noqa: F401
+        pytest.skip("torch is installed: tests_real covers the table")
+    except ImportError:
+        pass
+    from cxltier import engram_host, objects
+
+    monkeypatch.setenv("CXLTIER_DEVICES", device)
+    monkeypatch.setattr(engram_host, "_tier", None)
+    with pytest.raises(ImportError, match="needs torch"):
+        engram_host.TierHostTable("per_rank", 1 << 20, "sglang_engram_1", None)
+    t = cxltier.Tier(device)
+    try:
+        assert objects.list_objects(t) == []
+    finally:
+        t.close()
