@@ -13,13 +13,34 @@ import (
 
 // procStartTime reads a process's start time (clock ticks since boot) from
 // /proc/PID/stat. Together with the pid it identifies a process across pid
-// reuse. The second result is false if the process is gone or a zombie.
+// reuse. The second result is false if the process is gone or a zombie, or
+// its stat could not be read.
 func procStartTime(pid int) (uint64, bool) {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, false
 	}
 	return parseProcStat(raw)
+}
+
+// procGone says whether a read of /proc/PID/stat that gave raw and err
+// proves the process that started at start gone: the file is not there
+// (ENOENT, ESRCH), the process is a zombie, or the pid names a process
+// started at another time. A read that failed for another reason (too many
+// open files, an interrupted call, memory) proves nothing: a live client
+// must never be reaped, and its memory handed on, because this process ran
+// short of file descriptors.
+func procGone(raw []byte, err error, start uint64) bool {
+	if err != nil {
+		return errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH)
+	}
+	got, ok := parseProcStat(raw)
+	if !ok { // a zombie is gone; a stat this parser does not follow proves nothing
+		i := bytes.LastIndexByte(raw, ')')
+		f := bytes.Fields(raw[i+1:])
+		return i >= 0 && len(f) > 0 && (f[0][0] == 'Z' || f[0][0] == 'X')
+	}
+	return start != 0 && got != start
 }
 
 // parseProcStat extracts state and start time. The command name (field 2)
@@ -46,8 +67,8 @@ func parseProcStat(raw []byte) (uint64, bool) {
 
 // processAlive says whether pid still runs the process that took the lease.
 func processAlive(pid int, start uint64) bool {
-	got, ok := procStartTime(pid)
-	return ok && (start == 0 || got == start)
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	return !procGone(raw, err, start)
 }
 
 // stopProcess ends process pid (started at start) and waits up to wait for
