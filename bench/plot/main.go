@@ -120,6 +120,7 @@ func caption(file string, raw []byte) (string, error) {
 			Date time.Time `json:"date"`
 			CPU  string    `json:"cpu"`
 			GPU  string    `json:"gpu"`
+			Note string    `json:"note"`
 		} `json:"run"`
 		CPU    string `json:"cpu"`
 		Engine string `json:"engine"`
@@ -137,8 +138,15 @@ func caption(file string, raw []byte) (string, error) {
 	date := "date not recorded"
 	if !r.Run.Date.IsZero() {
 		date = r.Run.Date.UTC().Format("2006-01-02")
+		if strings.Contains(r.Run.Note, "added afterwards") {
+			// Results older than run records carry the date of the commit
+			// that brought them; the footer says so.
+			date = "committed " + date + " (run undated)"
+		}
 	}
-	return fmt.Sprintf("source: bench/results/%s · %s · %s", file, hw, date), nil
+	// The date on a line of its own: the label is centred on the axis, and
+	// one long line ran off the canvas's left edge.
+	return fmt.Sprintf("source: bench/results/%s · %s\n%s", file, hw, date), nil
 }
 
 // logY makes p's value axis logarithmic, for series that span many times.
@@ -173,6 +181,50 @@ func (t pow2Ticks) Ticks(min, max float64) []plot.Tick {
 		ticks = append(ticks, plot.Tick{Value: x, Label: t.label(int64(1) << int(x))})
 	}
 	return ticks
+}
+
+// measured adds named series (name, points, name, points, ...) to p with
+// a glyph at every measured point and a line only between neighbouring
+// measured sizes (x one apart: the axes are log2), so that no line runs
+// through a size that was not measured; plotutil's colours, dashes and
+// glyphs tell the series apart.
+func measured(p *plot.Plot, named ...any) error {
+	i := 0
+	for k := 0; k+1 < len(named); k += 2 {
+		pts := named[k+1].(plotter.XYs)
+		if len(pts) == 0 {
+			continue
+		}
+		sort.Slice(pts, func(a, b int) bool { return pts[a].X < pts[b].X })
+		sc, err := plotter.NewScatter(pts)
+		if err != nil {
+			return err
+		}
+		sc.GlyphStyle.Color, sc.GlyphStyle.Shape = plotutil.Color(i), plotutil.Shape(i)
+		p.Add(sc)
+		thumbs := []plot.Thumbnailer{sc}
+		for start := 0; start < len(pts); {
+			end := start + 1
+			for end < len(pts) && pts[end].X-pts[end-1].X <= 1+1e-9 {
+				end++
+			}
+			if end-start > 1 {
+				l, err := plotter.NewLine(pts[start:end])
+				if err != nil {
+					return err
+				}
+				l.LineStyle.Color, l.LineStyle.Dashes = plotutil.Color(i), plotutil.Dashes(i)
+				p.Add(l)
+				if len(thumbs) == 1 {
+					thumbs = append(thumbs, l)
+				}
+			}
+			start = end
+		}
+		p.Legend.Add(named[k].(string), thumbs...)
+		i++
+	}
+	return nil
 }
 
 // lines adds named series (name, points, name, points, ...) to p, each
@@ -216,6 +268,7 @@ func gatherPlot(raw []byte) (*plot.Plot, error) {
 	p := newPlot("Gather from pinned host memory (not a tier), "+r.Engine, "row size", "GB/s")
 	p.Legend.Top, p.Legend.Left = false, false // the lines climb to the right: below them is empty
 	p.X.Tick.Marker = pow2Ticks{tierflags.HumanSize}
+	p.Y.Min = 0 // a linear axis from 0: heights compare as rates do
 	byRegion := map[int64]plotter.XYs{}
 	ceiling := plotter.XYs{}
 	for _, x := range r.Results {
@@ -227,7 +280,7 @@ func gatherPlot(raw []byte) (*plot.Plot, error) {
 	for _, reg := range sortedKeys(byRegion) {
 		named = append(named, fmt.Sprintf("fused gather, %d MiB region", reg>>20), byRegion[reg])
 	}
-	return p, lines(p, append(named, "bulk copy (ceiling)", maxPerX(ceiling))...)
+	return p, measured(p, append(named, "bulk copy (ceiling)", maxPerX(ceiling))...)
 }
 
 func topkPlot(raw []byte) (*plot.Plot, error) {
@@ -261,7 +314,7 @@ func topkPlot(raw []byte) (*plot.Plot, error) {
 			series["bound (misses at gather bandwidth)"] = append(series["bound (misses at gather bandwidth)"], plotter.XY{X: b, Y: x.Bound})
 		}
 	}
-	return p, lines(p, flatten(series)...)
+	return p, measured(p, flatten(series)...)
 }
 
 func engramPlot(raw []byte) (*plot.Plot, error) {
@@ -299,7 +352,7 @@ func engramPlot(raw []byte) (*plot.Plot, error) {
 		series[x.IDs+" ids"] = append(series[x.IDs+" ids"], plotter.XY{X: b, Y: x.P50})
 		deadline = append(deadline, plotter.XY{X: b, Y: x.Deadline})
 	}
-	return p, lines(p, append(flatten(series), "per-layer deadline", maxPerX(deadline))...)
+	return p, measured(p, append(flatten(series), "per-layer deadline", maxPerX(deadline))...)
 }
 
 func prefixPlot(raw []byte) (*plot.Plot, error) {
