@@ -91,9 +91,16 @@ func prefixKeys(pageSize int, tokens *C.int64_t, n C.int64_t, prior, out *C.uint
 	if err != nil {
 		return err
 	}
-	*nKeys = C.int64_t(len(keys))
+	return putKeys("prefix keys", keys, out, outCap, nKeys)
+}
+
+// putKeys writes keys to the caller's out (room for outCap keys) and their
+// count to n; with too little room, the count only, and a range error the
+// caller can grow out from.
+func putKeys(what string, keys []prefix.Key, out *C.uint8_t, outCap C.int64_t, n *C.int64_t) error {
+	*n = C.int64_t(len(keys))
 	if int64(len(keys)) > int64(outCap) {
-		return fmt.Errorf("prefix keys: %w: %d keys, room for %d", errRange, len(keys), outCap)
+		return fmt.Errorf("%s: %w: %d keys, room for %d", what, errRange, len(keys), outCap)
 	}
 	dst, err := keysArg(out, C.int64_t(len(keys)))
 	if err != nil {
@@ -271,16 +278,7 @@ func cxl_prefix_list(h C.uint64_t, out *C.uint8_t, outCap C.int64_t, n *C.int64_
 		if err != nil {
 			return err
 		}
-		*n = C.int64_t(len(keys))
-		if int64(len(keys)) > int64(outCap) {
-			return fmt.Errorf("prefix list: %w: %d keys, room for %d", errRange, len(keys), outCap)
-		}
-		dst, err := keysArg(out, C.int64_t(len(keys)))
-		if err != nil {
-			return err
-		}
-		copy(dst, keys)
-		return nil
+		return putKeys("prefix list", keys, out, outCap, n)
 	}()
 	return report(err, errbuf, errlen)
 }

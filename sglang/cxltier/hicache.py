@@ -430,8 +430,7 @@ class HiCacheAdapter:
                            "SGLang does not say which page comes before a backup, so only whole sequences "
                            "from their first page are published")
         parent = _raw_keys(list(prefix_keys[-1:]))[0] if prefix_keys else None
-        entries = part_keys(hashes, self._kv_masks[:1])
-        entry_keys = [bytes(entries.array[i * KEY_BYTES : (i + 1) * KEY_BYTES]) for i in range(entries.n)]
+        entry_keys = part_keys(hashes, self._kv_masks[:1]).keys()
         return self._recorder.record(entry_keys, _raw_keys(hashes), parent, tokens, known)
 
     def get_stats(self):
@@ -509,8 +508,7 @@ def _after_hit_query(ctl, operation, before, result, record):
 def _raw_keys(pages):
     """The 32-byte keys of page strings (the hex digest itself; any other
     string hashed), as part_keys makes them before a mask."""
-    block = part_keys(pages, [bytes(KEY_BYTES)])
-    return [bytes(block.array[i * KEY_BYTES : (i + 1) * KEY_BYTES]) for i in range(block.n)]
+    return part_keys(pages, [bytes(KEY_BYTES)]).keys()
 
 
 try:  # SGLang is only there on serving machines.

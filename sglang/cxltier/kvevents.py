@@ -151,6 +151,7 @@ class _Watched:
         self.name = name
         self.pages = tier.prefix(name, key=key)
         self.tokens = tier.prefix(name + TOKENS_SUFFIX, key=key)
+        self._buf = bytearray(self.tokens.stats()["block_bytes"])  # a record is at most a block: read into one buffer
         self.records = {}  # entry key -> _Page, or None for a damaged or unusable record
         self.absent = set()  # entry keys whose page was absent at the last scan
 
@@ -184,7 +185,7 @@ class _Watched:
         return out
 
     def _read(self, k, stats):
-        buf = bytearray(_RECORD.size + 4 * MAX_TOKENS)
+        buf = self._buf
         try:
             served, lens = self.tokens.get([k], [buf])
         except _native.CxlTierError as e:

@@ -470,8 +470,7 @@ class _Base:
         from .hicache import _raw_keys
 
         try:
-            entries = part_keys(list(keys), self._masks["kv"][:1])
-            entry_keys = [bytes(entries.array[i * 32 : (i + 1) * 32]) for i in range(entries.n)]
+            entry_keys = part_keys(list(keys), self._masks["kv"][:1]).keys()
             parent = _raw_keys(list(prefix_keys[-1:]))[0] if prefix_keys else None
             self._recorder.record(entry_keys, _raw_keys(list(keys)), parent, tokens, prefix_keys is not None)
         except Exception:

@@ -75,6 +75,11 @@ class KeyBlock:
     def hex(self, i):
         return bytes(self.array[i * KEY_BYTES : (i + 1) * KEY_BYTES]).hex()
 
+    def keys(self):
+        """The keys as 32-byte bytes objects, in order."""
+        raw = bytes(self.array)
+        return [raw[i * KEY_BYTES : (i + 1) * KEY_BYTES] for i in range(self.n)]
+
 
 def part_mask(tag):
     """The mask of one part of a page (model, rank, layout, part): the same

@@ -103,13 +103,13 @@ def test_router_sends_a_prefix_to_the_node_that_holds_it(nodes, indexer):
     backend = a.ctl.storage_backend
     from cxltier.prefix import part_keys
 
-    backend.index.delete(list(_keys(part_keys(hashes[3:], backend._kv_masks))))
+    backend.index.delete(part_keys(hashes[3:], backend._kv_masks).keys())
     settle(lambda: indexer.matched(tokens, MODEL).get(1) == 3 * PAGE, "A's score after losing pages 3-5")
 
     # A restarted publisher keeps the indexer right: while A's uplink is down
     # page 1 goes, and after the restart the indexer no longer counts it.
     a.node.kill_uplink()
-    backend.index.delete(list(_keys(part_keys(hashes[1:2], backend._kv_masks))))
+    backend.index.delete(part_keys(hashes[1:2], backend._kv_masks).keys())
     a.start()
     settle(lambda: indexer.matched(tokens, MODEL).get(1) == PAGE, "A's score after its uplink restarted")
     assert indexer.matched(tokens, MODEL).get(2) == 2 * PAGE
@@ -117,10 +117,6 @@ def test_router_sends_a_prefix_to_the_node_that_holds_it(nodes, indexer):
     # And it goes on publishing: page 1 backed up again (its parent is page 0).
     a.back_up(tokens[PAGE : 2 * PAGE], hashes[1:2], hashes[:1], first_page=2)
     settle(lambda: indexer.matched(tokens, MODEL).get(1) == 3 * PAGE, "pages 1 and 2 back on A")
-
-
-def _keys(block):
-    return [bytes(block.array[i * 32 : (i + 1) * 32]) for i in range(block.n)]
 
 
 def test_the_wire_is_sglangs_kv_event_batch(nodes):
