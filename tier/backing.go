@@ -331,6 +331,7 @@ func mapFile(b Backing, f *os.File, size int64, writable bool) (*mapping, error)
 	if err != nil {
 		return nil, fmt.Errorf("tier: mmap %s (%d bytes): %w", b, size, err)
 	}
+	adviseHugePages(data)
 	return &mapping{backing: b, data: data, unmap: func() error { return unix.Munmap(data) }}, nil
 }
 
@@ -341,6 +342,14 @@ func mapAnon(size int64) (*mapping, error) {
 	}
 	return &mapping{backing: Backing{Kind: BackingAnon}, data: data, unmap: func() error { return unix.Munmap(data) }}, nil
 }
+
+// adviseHugePages asks for transparent huge pages on a file mapping. A
+// tmpfs mounted huge=advise (or with shmem_enabled=advise) then backs the
+// tier with 2 MiB pages: a random row read of a table far larger than the
+// TLB costs a page walk per row on 4 KiB pages, and walks, not bytes, bound
+// such reads (docs/operations.md, "Huge pages"). Advice only: where it is
+// refused or ignored the mapping works as before, so its error is dropped.
+func adviseHugePages(data []byte) { _ = unix.Madvise(data, unix.MADV_HUGEPAGE) }
 
 // prefault touches every page of the mapping from all cores, so first-touch
 // costs are paid once at start and in parallel rather than on the data path.
@@ -419,6 +428,7 @@ func (r *Region) MapReadOnly(off Offset, n int64) (*ReadOnlyView, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tier: map %s read-only at %d (+%d): %w", b, start, length, err)
 	}
+	adviseHugePages(all)
 	lo := devOff - start
 	return &ReadOnlyView{Data: all[lo : lo+n : lo+n], all: all}, nil
 }

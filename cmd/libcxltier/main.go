@@ -70,7 +70,8 @@
 //	cxl_object_create(tier, name, bytes, flags, &obj, &address, &size)   flags: 1 contiguous; creates, then opens writable
 //	cxl_object_open(tier, name, flags, &obj, &address, &size)   flags: 1 read-only view; the object is held while open
 //	cxl_object_close(obj)
-//	cxl_object_gather(obj, n_planes, planes, row_bytes, rows, ids, n, outs, out_caps)   outs[p][i] = row ids[i] of plane p (at byte planes[p])
+//	cxl_object_gather(obj, n_planes, planes, row_bytes, rows, ids, n, out, out_cap, threads)   row ids[i] of plane p (at byte planes[p]) to
+//	                 out + n*(row_bytes[0]+…+row_bytes[p-1]) + i*row_bytes[p]; threads 0: every core
 //	cxl_object_info(tier, name|NULL, json, json_cap)   NULL: every object
 //	cxl_object_seal(tier, name, label)  /  cxl_object_unseal(tier, name)  /  cxl_object_verify(tier, name)
 //	cxl_object_remove(tier, name, force)   refuses while live clients hold it, unless force (a damaged one: force only)
@@ -108,7 +109,7 @@ package main
 import "C"
 
 // abiVersion changes whenever a call's meaning or signature does.
-const abiVersion = 10
+const abiVersion = 11
 
 //export cxl_abi_version
 func cxl_abi_version() C.int { return abiVersion }

@@ -6,11 +6,11 @@ import "C"
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"runtime"
-	"sync"
 	"unsafe"
 
-	"github.com/cxltier/cxltier/internal/prefetch"
+	"github.com/cxltier/cxltier/internal/rowgather"
 	"github.com/cxltier/cxltier/tier"
 )
 
@@ -125,11 +125,15 @@ func cxl_object_close(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 
 // cxl_object_gather copies rows of planes of an open object, all in one
 // call (SGLang's Engram tables are two planes: fp8 rows, then scales):
-// for plane p, outs[p][i] gets row_bytes[p] at planes[p] + ids[i] ×
-// row_bytes[p], for ids in [0, rows). Large calls copy on every core.
+// for plane p, row i of its output gets row_bytes[p] at planes[p] +
+// ids[i] × row_bytes[p], for ids in [0, rows). The planes' outputs lie
+// one after another in out: plane p's n rows start at n × (row_bytes[0] +
+// … + row_bytes[p-1]), so that one buffer (one allocation, one pinned
+// staging block) holds a lookup. Up to threads threads copy (0: every
+// core); small calls stay on the caller's.
 //
 //export cxl_object_gather
-func cxl_object_gather(h C.uint64_t, nPlanes C.int, planes, rowBytes *C.int64_t, rows C.int64_t, ids *C.int64_t, n C.int64_t, outs *unsafe.Pointer, outCaps *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+func cxl_object_gather(h C.uint64_t, nPlanes C.int, planes, rowBytes *C.int64_t, rows C.int64_t, ids *C.int64_t, n C.int64_t, out unsafe.Pointer, outCap C.int64_t, threads C.int, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_object_gather", errbuf, errlen, &code)
 	err := func() error {
 		o, done, err := use[*object](uint64(h))
@@ -137,90 +141,61 @@ func cxl_object_gather(h C.uint64_t, nPlanes C.int, planes, rowBytes *C.int64_t,
 			return err
 		}
 		defer done.Done()
-		if nPlanes < 1 || nPlanes > 16 || planes == nil || rowBytes == nil || outs == nil || outCaps == nil || n < 0 || (n > 0 && ids == nil) {
-			return fmt.Errorf("object gather: %w: %d planes, %d ids", errBadArg, nPlanes, n)
+		if nPlanes < 1 || nPlanes > maxPlanes || planes == nil || rowBytes == nil || n < 0 || (n > 0 && (ids == nil || out == nil)) || outCap < 0 || threads < 0 {
+			return fmt.Errorf("object gather: %w: %d planes, %d ids, %d threads", errBadArg, nPlanes, n, threads)
 		}
-		np := int(nPlanes)
-		at := unsafe.Slice((*int64)(unsafe.Pointer(planes)), np)
-		rb := unsafe.Slice((*int64)(unsafe.Pointer(rowBytes)), np)
-		caps := unsafe.Slice((*int64)(unsafe.Pointer(outCaps)), np)
-		dsts := unsafe.Slice(outs, np)
-		g := make([]plane, np)
-		for p := range g {
-			size := int64(len(o.data))
-			switch {
-			case rb[p] <= 0 || rows < 0 || at[p] < 0 || at[p] > size || int64(rows) > (size-at[p])/rb[p]:
-				return fmt.Errorf("object gather: %w: plane %d: %d rows of %d bytes at %d do not fit object %q of %d bytes", errBadArg, p, rows, rb[p], at[p], o.name, size)
-			case int64(n) > caps[p]/rb[p] || (n > 0 && dsts[p] == nil):
-				return fmt.Errorf("object gather: %w: plane %d: %d rows of %d bytes need %d bytes, out has %d", errRange, p, n, rb[p], int64(n)*rb[p], caps[p])
-			}
-			g[p] = plane{src: o.data[at[p]:], rowBytes: rb[p], dst: unsafe.Slice((*byte)(dsts[p]), int(n)*int(rb[p]))}
+		var g [maxPlanes]rowgather.Plane
+		need, err := o.planes(g[:nPlanes], unsafe.Slice((*int64)(unsafe.Pointer(planes)), int(nPlanes)),
+			unsafe.Slice((*int64)(unsafe.Pointer(rowBytes)), int(nPlanes)), int64(rows), int64(n))
+		if err != nil {
+			return err
 		}
-		var idv []int64
-		if n > 0 {
-			idv = unsafe.Slice((*int64)(unsafe.Pointer(ids)), int(n))
+		if need > int64(outCap) {
+			return fmt.Errorf("object gather %q: %w: %d rows of %d planes need %d bytes, out has %d", o.name, errRange, n, nPlanes, need, outCap)
 		}
-		return gatherRows(g, int64(rows), idv)
+		if n == 0 {
+			return nil
+		}
+		idv := unsafe.Slice((*int64)(unsafe.Pointer(ids)), int(n))
+		if i := rowgather.BadID(idv, int64(rows)); i >= 0 {
+			return fmt.Errorf("object gather %q: %w: id %d (position %d) outside [0, %d)", o.name, errBadArg, idv[i], i, rows)
+		}
+		dst := unsafe.Slice((*byte)(out), need)
+		for p := range g[:nPlanes] {
+			g[p].Dst, dst = dst[:int(n)*g[p].RowBytes], dst[int(n)*g[p].RowBytes:]
+		}
+		if err := gathers.Copy(g[:nPlanes], idv, int(threads)); err != nil {
+			return fmt.Errorf("object gather %q: %w: %w", o.name, errBadArg, err)
+		}
+		return nil
 	}()
 	return report(err, errbuf, errlen)
 }
 
-// plane is one run of fixed-size rows and where its gathered rows go.
-type plane struct {
-	src      []byte
-	rowBytes int64
-	dst      []byte
-}
+// gathers copies every object gather of the process: one set of helper
+// threads, which stay awake across a batch's back-to-back lookups, however
+// many objects and tiers are open (like handles, the library's own).
+var gathers = rowgather.NewPool(runtime.NumCPU())
 
-// gatherRows copies rows of every plane by id, checking every id first so
-// that a bad one leaves the outputs unwritten; above a few thousand rows
-// the copy runs on every core.
-func gatherRows(planes []plane, rows int64, ids []int64) error {
-	for i, id := range ids {
-		if id < 0 || id >= rows {
-			return fmt.Errorf("object gather: %w: id %d (position %d) outside [0, %d)", errBadArg, id, i, rows)
+// maxPlanes bounds one gather's planes (a table has a handful).
+const maxPlanes = 16
+
+// planes fills g with the object's planes at offsets at of rows rows of
+// rb bytes each, every one checked to lie inside the object, and returns
+// the bytes n gathered rows of them take.
+func (o *object) planes(g []rowgather.Plane, at, rb []int64, rows, n int64) (int64, error) {
+	size, need := int64(len(o.data)), int64(0)
+	for p := range g {
+		if rb[p] <= 0 || rows < 0 || at[p] < 0 || at[p] > size || rows > (size-at[p])/rb[p] {
+			return 0, fmt.Errorf("object gather: %w: plane %d: %d rows of %d bytes at %d do not fit object %q of %d bytes", errBadArg, p, rows, rb[p], at[p], o.name, size)
 		}
-	}
-	// Random rows of a table far larger than the caches each miss: a batch's
-	// hints all go out before its copies, so its misses are in flight
-	// together instead of one per copy (BenchmarkGatherRows: 768 rows of a
-	// 1 GiB table in 0.8x the time of no hints, where hints a fixed
-	// distance ahead of each copy took 1.2x).
-	const batch = 64
-	copyRange := func(lo, hi int) {
-		for k := lo; k < hi; k += batch {
-			end := min(k+batch, hi)
-			for _, p := range planes {
-				for _, id := range ids[k:end] {
-					prefetch.Lines(&p.src[id*p.rowBytes], uintptr(p.rowBytes))
-				}
-			}
-			for _, p := range planes {
-				rb := p.rowBytes
-				for i := k; i < end; i++ {
-					at := ids[i] * rb
-					copy(p.dst[int64(i)*rb:int64(i+1)*rb], p.src[at:at+rb])
-				}
-			}
+		if n > 0 && rb[p] > (math.MaxInt64-need)/n {
+			return 0, fmt.Errorf("object gather: %w: %d rows of plane %d (%d bytes each) overflow", errRange, n, p, rb[p])
 		}
+		need += n * rb[p]
+		g[p] = rowgather.Plane{Src: o.data[at[p] : at[p]+rows*rb[p]], RowBytes: int(rb[p])}
 	}
-	const perWorker = 512
-	workers := min(runtime.NumCPU(), (len(ids)+perWorker-1)/perWorker)
-	if workers <= 1 {
-		copyRange(0, len(ids))
-		return nil
-	}
-	// The calling thread takes the first share itself: it is running
-	// already, where a goroutine has to be woken.
-	var wg sync.WaitGroup
-	step := (len(ids) + workers - 1) / workers
-	for lo := step; lo < len(ids); lo += step {
-		wg.Add(1)
-		go func(lo, hi int) { defer wg.Done(); copyRange(lo, hi) }(lo, min(lo+step, len(ids)))
-	}
-	copyRange(0, step)
-	wg.Wait()
-	return nil
+	return need, nil
 }
 
 //export cxl_object_info

@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 
-ABI_VERSION = 10
+ABI_VERSION = 11
 _ERRLEN = 1024
 
 
@@ -137,7 +137,7 @@ _PROTOTYPES = {
     "cxl_object_create": [_u64, _cstr, _i64, _int, _p(_u64), _p(ctypes.c_void_p), _p(_i64)] + _err,
     "cxl_object_open": [_u64, _cstr, _int, _p(_u64), _p(ctypes.c_void_p), _p(_i64)] + _err,
     "cxl_object_close": [_u64] + _err,
-    "cxl_object_gather": [_u64, _int, _p(_i64), _p(_i64), _i64, ctypes.c_void_p, _i64, _p(ctypes.c_void_p), _p(_i64)] + _err,
+    "cxl_object_gather": [_u64, _int, ctypes.c_void_p, ctypes.c_void_p, _i64, ctypes.c_void_p, _i64, ctypes.c_void_p, _i64, _int] + _err,
     "cxl_object_info": [_u64, _cstr, ctypes.c_char_p, _int] + _err,
     "cxl_object_seal": [_u64, _cstr, _cstr] + _err,
     "cxl_object_unseal": [_u64, _cstr] + _err,
@@ -217,14 +217,25 @@ def abi_version():
 _tls = threading.local()
 
 
-def call(name, *args):
-    """Calls a library function, raising the exception its code names."""
+def errbuf():
+    """This thread's buffer for error messages (one per thread, reused)."""
     buf = getattr(_tls, "errbuf", None)
     if buf is None:
-        buf = _tls.errbuf = ctypes.create_string_buffer(_ERRLEN)  # one per thread, reused
+        buf = _tls.errbuf = ctypes.create_string_buffer(_ERRLEN)
+    return buf
+
+
+def raise_for(code, buf):
+    """Raises the exception code names, with the message in buf."""
+    raise _BY_CODE.get(code, CxlTierError)(code, buf.value.decode("utf-8", "replace"))
+
+
+def call(name, *args):
+    """Calls a library function, raising the exception its code names."""
+    buf = errbuf()
     code = getattr(lib(), name)(*args, buf, _ERRLEN)
     if code != 0:
-        raise _BY_CODE.get(code, CxlTierError)(code, buf.value.decode("utf-8", "replace"))
+        raise_for(code, buf)
     return code
 
 

@@ -300,8 +300,9 @@ class TierHostTable:
         pct = 100.0 * huge / mapped if mapped else 0.0
         msg = f"{where}, in memory: {mapped / 2**10:.1f} MiB, {huge / 2**10:.1f} MiB of it on {kind} ({pct:.0f}%)"
         if huge == 0:
-            logger.warning("%s. No huge pages: expect slower lookups (one TLB miss per row); format the tier on "
-                           "hugetlbfs or device DAX, or enable shmem huge pages", msg)
+            logger.warning("%s. No huge pages: expect lookups about twice as slow (a page walk per row); format "
+                           "the tier on device DAX, hugetlbfs, or a tmpfs mounted with huge=within_size or "
+                           "huge=advise (file:PATH; docs/operations.md, \"Huge pages\")", msg)
         else:
             logger.info(msg)
 
@@ -322,24 +323,29 @@ def backing_kind(addr):
         return "unknown"
     if path.startswith("/dev/dax"):
         return "device DAX"
-    fstype, mount = "", ""
+    fstype, mount, options = "", "", ""
     try:
         with open("/proc/mounts") as f:
             for line in f:
                 parts = line.split()
-                if len(parts) > 2 and path.startswith(parts[1].rstrip("/") + "/") and len(parts[1]) > len(mount):
-                    fstype, mount = parts[2], parts[1]
+                if len(parts) > 3 and path.startswith(parts[1].rstrip("/") + "/") and len(parts[1]) > len(mount):
+                    fstype, mount, options = parts[2], parts[1], parts[3]
     except OSError:
         pass
     if fstype == "hugetlbfs":
         return "hugetlbfs"
     if fstype == "tmpfs":
+        # A tmpfs mount's huge= option decides (absent: never), unless the
+        # kernel's shmem setting forces or denies huge pages everywhere.
+        huge = re.search(r"(?:^|,)huge=(\w+)", options)
         try:
             with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
                 mode = re.search(r"\[(\w+)\]", f.read())
-            return f"tmpfs (shmem huge pages: {mode.group(1) if mode else 'unknown'})"
+            if mode and mode.group(1) in ("force", "deny"):
+                return f"tmpfs (shmem huge pages: {mode.group(1)})"
         except OSError:
-            return "tmpfs"
+            pass
+        return f"tmpfs (huge={huge.group(1) if huge else 'never'})"
     return fstype or "unknown"
 
 

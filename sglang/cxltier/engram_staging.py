@@ -28,8 +28,15 @@ imports it at call time); the plugin does so with CXLTIER_ENGRAM_HOST_TABLE=1.
 """
 
 import logging
+import os
+
+from . import _native
 
 logger = logging.getLogger(__name__)
+
+
+# Below this many rows a stager call is torch's index_select (_gather).
+SMALL_CALL = 1024
 
 
 def _base():
@@ -40,7 +47,10 @@ def _base():
 
 def make_stager_class():
     """TierRowStager, a subclass of the installed SGLang's EngramRowStager."""
+    import torch  # bound here: an import statement in _gather costs a lookup every call
+
     base = _base()
+    int64 = torch.int64
 
     class TierRowStager(base):
         _cxltier = True
@@ -52,31 +62,71 @@ def make_stager_class():
 
         def bind_tables(self, embeds):
             """Maps each table plane SGLang gathers from (its tensor's address)
-            to the tier object and plane offset behind it."""
+            to the tier object behind it: a weight plane to one gatherer of
+            both planes, a scale plane to its own (for a call that does not
+            follow its weights')."""
             from .engram_host import TierHostTable
 
-            self.planes = {}
+            self.bind_init()
             for e in embeds:
                 table = e.host_table
                 if not isinstance(table, TierHostTable):
                     self.planes = None  # not ours: SGLang's own gather
                     return
-                n, dim = e.weight.shape[0], e.weight.shape[1]
-                scales = e.scale.shape[1]
-                obj = table.object
-                self.planes[e.weight.data.data_ptr()] = (obj.gatherer([(0, dim)], n), dim)
-                self.planes[e.scale.data.data_ptr()] = (obj.gatherer([(n * dim, scales)], n), scales)
+                self.bind_planes(table.object, e.weight.shape[0], e.weight.shape[1], e.scale.shape[1],
+                                 e.weight.data.data_ptr(), e.scale.data.data_ptr())
+
+        def bind_init(self, threads=None):
+            """No planes bound yet. threads bounds the threads one gather
+            copies on (default $CXLTIER_ENGRAM_GATHER_THREADS, else 0: every
+            core; calls below a few thousand rows stay on the caller's)."""
+            # SGLang stages into pinned memory; a CPU-only process has none.
+            self._pin = torch.cuda.is_available()
+            self._threads = int(os.environ.get("CXLTIER_ENGRAM_GATHER_THREADS", "0")) if threads is None else threads
+            self.planes, self._scales = {}, None
+
+        def bind_planes(self, obj, rows, dim, scales, weight_ptr, scale_ptr):
+            """Binds one table: rows of dim fp8 bytes at the start of tier
+            object obj, then rows of scales bytes, read by SGLang through
+            the tensors at weight_ptr and scale_ptr."""
+            self.planes[weight_ptr] = ("both", obj.gatherer([(0, dim), (rows * dim, scales)], rows, self._threads))
+            self.planes[scale_ptr] = ("scale", obj.gatherer([(rows * dim, scales)], rows, self._threads))
 
         def _gather(self, table, ids):
+            """SGLang's stage() gathers a layer's weights, then its scales,
+            with the same ids: the weights' call reads both planes in one
+            library call into one pinned block, and the scales' call takes
+            the half it left. A call below SMALL_CALL rows is torch's own
+            index_select on the same tier table: for a few hundred rows a
+            library call and an output tensor made from Python cost more
+            than the rows (bench/engramhost; index_select makes its output
+            inside one op). torch checks every id as the library does; one
+            out of range is an InvalidError naming the table."""
             plane = self.planes.get(table.data_ptr()) if self.planes is not None else None
             if plane is None:
                 return super()._gather(table, ids)
-            import torch
-
-            gather, row_bytes = plane
-            out = torch.empty((ids.numel(), row_bytes), dtype=torch.uint8, pin_memory=torch.cuda.is_available())
-            gather(ids.to(torch.int64).contiguous(), [out])
-            return out
+            kind, gather = plane
+            if kind == "scale" and self._scales is not None:
+                kept, self._scales = self._scales, None
+                if kept[0] is ids:
+                    return kept[1]
+            if ids.numel() < SMALL_CALL:
+                try:
+                    if self._pin:
+                        out = torch.empty((ids.numel(), table.shape[1]), dtype=table.dtype, pin_memory=True)
+                        return torch.index_select(table, 0, ids, out=out)
+                    return torch.index_select(table, 0, ids)
+                except IndexError as e:
+                    raise _native.InvalidError(
+                        -1, f"Engram table {gather.obj.name}: an id outside [0, {gather.rows}) ({e})") from e
+            given = ids
+            if ids.dtype is not int64 or not ids.is_contiguous():
+                ids = ids.to(int64).contiguous()
+            out, views = gather.empty(ids.numel(), pin_memory=self._pin)
+            gather(ids, out)
+            if kind == "both":
+                self._scales = (given, views[1])
+            return views[0]
 
     return TierRowStager
 

@@ -146,35 +146,63 @@ class TierObject(_native.Child):
         plane + ids[i] * row_bytes, ids an int64 tensor or array in [0, rows),
         out a contiguous CPU tensor or writable buffer of len(ids) * row_bytes
         bytes. Large calls copy on every core."""
-        self.gatherer([(plane, row_bytes)], rows)(ids, [out])
+        self.gatherer([(plane, row_bytes)], rows)(ids, out)
 
-    def gatherer(self, planes, rows):
-        """A callable g(ids, outs) copying the rows ids of every plane
-        (planes: (byte offset, row bytes) pairs, each of rows rows) into
-        outs[p], in one library call: what a table of several planes (SGLang's
-        fp8 rows and their scales) reads per lookup."""
-        return _Gatherer(self, planes, rows)
+    def gatherer(self, planes, rows, threads=0):
+        """A callable g(ids, out) copying the rows ids of every plane
+        (planes: (byte offset, row bytes) pairs, each of rows rows) into out,
+        plane after plane, in one library call: what a table of several
+        planes (SGLang's fp8 rows and their scales) reads per lookup.
+        g.empty(n) makes an output and its per-plane views. threads bounds
+        the threads that copy (0: every core)."""
+        return _Gatherer(self, planes, rows, threads)
 
 
 class _Gatherer:
-    """A prepared cxl_object_gather: the planes' arrays are built once."""
+    """A prepared cxl_object_gather: the planes' arrays are built once and
+    every fixed argument is a plain integer, so a call costs ctypes little
+    more than the library's own work (a lookup of a few rows is a few
+    microseconds, as long as torch's index_select of one plane)."""
 
-    def __init__(self, obj, planes, rows):
-        self.obj, self.rows, self.n = obj, rows, len(planes)
-        self.at = (ctypes.c_int64 * self.n)(*(p[0] for p in planes))
-        self.row_bytes = (ctypes.c_int64 * self.n)(*(p[1] for p in planes))
-        self.outs = (ctypes.c_void_p * self.n)()
-        self.caps = (ctypes.c_int64 * self.n)()
+    def __init__(self, obj, planes, rows, threads=0):
+        if not planes or threads < 0:
+            raise _native.InvalidError(-1, f"{len(planes)} planes, {threads} threads")
+        self.obj, self.rows, self.n, self.threads = obj, rows, len(planes), threads
+        self.row_bytes = [p[1] for p in planes]
+        self.row_total = sum(self.row_bytes)
+        self._at = (ctypes.c_int64 * self.n)(*(p[0] for p in planes))
+        self._rb = (ctypes.c_int64 * self.n)(*self.row_bytes)
+        self._at_addr, self._rb_addr = ctypes.addressof(self._at), ctypes.addressof(self._rb)
+        self._fn = _native.lib().cxl_object_gather
 
-    def __call__(self, ids, outs):
-        self.obj._check()
-        if len(outs) != self.n:
-            raise _native.InvalidError(-1, f"{len(outs)} outputs for {self.n} planes")
+    def __call__(self, ids, out):
+        """Gathers the rows ids into out (len(ids) * the planes' row bytes,
+        plane after plane)."""
+        obj = self.obj
+        if obj._h is None:
+            obj._check()
         ids_ptr, n = _pointer(ids, 8)
-        for p, out in enumerate(outs):
-            self.outs[p], self.caps[p] = _pointer(out, 1)
-        _native.call("cxl_object_gather", self.obj._h, self.n, self.at, self.row_bytes, self.rows,
-                     ids_ptr, n, self.outs, self.caps)
+        out_ptr, cap = _pointer(out, 1)
+        buf = _native.errbuf()
+        code = self._fn(obj._h, self.n, self._at_addr, self._rb_addr, self.rows, ids_ptr, n, out_ptr, cap,
+                        self.threads, buf, _native._ERRLEN)
+        if code:
+            if obj._tier._h is None:
+                obj._check()
+            _native.raise_for(code, buf)
+
+    def empty(self, n, pin_memory=False):
+        """(out, views): a uint8 tensor for n rows of every plane and its
+        [n, row bytes] view of each plane. (as_strided: a slice and a view
+        cost torch twice as much, more than the gather of a few rows.)"""
+        import torch
+
+        out = torch.empty(n * self.row_total, dtype=torch.uint8, pin_memory=pin_memory)
+        views, at = [], 0
+        for rb in self.row_bytes:
+            views.append(out.as_strided((n, rb), (rb, 1), at))
+            at += n * rb
+        return out, views
 
 
 def _pointer(x, item):
@@ -182,10 +210,14 @@ def _pointer(x, item):
     buffer (array.array, numpy array, ctypes array) of item-byte elements
     (for out, the byte count)."""
     if hasattr(x, "data_ptr"):
-        if not x.is_contiguous() or x.device.type != "cpu":
+        if not x.is_cpu or not x.is_contiguous():
             raise _native.InvalidError(-1, "a contiguous CPU tensor is needed")
-        size, nbytes = x.element_size(), x.numel() * x.element_size()
-        addr = x.data_ptr()
+        size = x.element_size()
+        if item == 8 and size == 8:
+            if x.is_floating_point():
+                raise _native.InvalidError(-1, f"ids must be integers, not {x.dtype}")
+            return x.data_ptr(), x.numel()
+        nbytes, addr = x.numel() * size, x.data_ptr()
     else:
         mv = memoryview(x)
         if not mv.c_contiguous or mv.readonly:

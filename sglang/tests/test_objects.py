@@ -68,14 +68,37 @@ def test_gather_rows_of_a_plane(built, device):
             o.gather(rows * dim, scales, rows + 1, ids, s)
         with pytest.raises(cxltier.CxlTierError):
             o.gather(0, dim, rows, ids, bytearray(10))
-        w2, s2 = bytearray(len(ids) * dim), bytearray(len(ids) * scales)
-        both = o.gatherer([(0, dim), (rows * dim, scales)], rows)
-        both(ids, [w2, s2])
-        assert w2 == w and s2 == s
-        with pytest.raises(cxltier.InvalidError, match="2 planes"):
-            both(ids, [w2])
-        with pytest.raises(cxltier.RangeError, match="plane 1"):
-            both(ids, [w2, bytearray(8)])
+        # Both planes in one call, into one buffer: plane after plane.
+        for threads in (0, 1, 2):
+            out = bytearray(len(ids) * (dim + scales))
+            both = o.gatherer([(0, dim), (rows * dim, scales)], rows, threads=threads)
+            both(ids, out)
+            assert out[: len(w)] == w and out[len(w):] == s
+        with pytest.raises(cxltier.RangeError, match=r"need 1320 bytes, out has 1319"):
+            both(ids, bytearray(len(out) - 1))
+        torch = pytest.importorskip("torch")
+        with pytest.raises(cxltier.InvalidError, match="integers, not torch.float64"):
+            both(torch.zeros(3, dtype=torch.float64), out)
+        with pytest.raises(cxltier.InvalidError, match="contiguous CPU tensor"):
+            both(torch.arange(10)[::2], out)
+        with pytest.raises(cxltier.InvalidError, match="threads"):
+            o.gatherer([(0, dim)], rows, threads=-1)
+        # A large call (split across threads in chunks) agrees with a
+        # plain copy, and a bad id anywhere leaves the output unwritten.
+        big = array.array("q", (rng.randrange(rows) for _ in range(20000)))
+        out = bytearray(len(big) * (dim + scales))
+        o.gatherer([(0, dim), (rows * dim, scales)], rows, threads=2)(big, out)
+        raw_b = bytes(raw)
+        for k in (0, 511, 512, 4097, 19999):
+            i = big[k]
+            assert out[k * dim:(k + 1) * dim] == raw_b[i * dim:(i + 1) * dim]
+            at = len(big) * dim + k * scales
+            assert out[at:at + scales] == raw_b[rows * dim + i * scales: rows * dim + (i + 1) * scales]
+        big[15000] = rows
+        fresh = bytearray(len(out))
+        with pytest.raises(cxltier.InvalidError, match=r"id 1000 \(position 15000\) outside"):
+            o.gatherer([(0, dim), (rows * dim, scales)], rows, threads=2)(big, fresh)
+        assert fresh == bytearray(len(out))
         with pytest.raises(cxltier.InvalidError, match="8-byte"):
             o.gather(0, dim, rows, array.array("i", ids), w)
     t.close()

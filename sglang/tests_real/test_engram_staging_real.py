@@ -65,12 +65,37 @@ def test_tier_gather_matches_sglangs(tier_embeddings):
             assert got.shape == want.shape and torch.equal(got, want)
 
 
-def test_bad_ids_are_errors_naming_nothing_outside(tier_embeddings):
+def test_a_layer_is_one_call_into_one_block(tier_embeddings):
+    """stage()'s order (a layer's weights, then its scales, same ids): one
+    library call fills one block, and the scales are its second half; a
+    scale call with other ids, or of int32 ids, is still right."""
     s = stager_over(tier_embeddings)
-    weight = s.tables[0][0]
+    gen = torch.Generator().manual_seed(5)
+    for weight, scale in s.tables:
+        ids = torch.randint(0, 5000, (engram_staging.SMALL_CALL + 777,), generator=gen)
+        rows, scales = s._gather(weight, ids), s._gather(scale, ids)
+        assert torch.equal(rows, torch.index_select(weight, 0, ids))
+        assert torch.equal(scales, torch.index_select(scale, 0, ids))
+        assert rows.untyped_storage().data_ptr() == scales.untyped_storage().data_ptr()
+        assert scales.data_ptr() == rows.data_ptr() + rows.numel()
+        other = ids.to(torch.int32).flip(0)
+        s._gather(weight, ids)
+        got = s._gather(scale, other)
+        assert torch.equal(got, torch.index_select(scale, 0, other.to(torch.int64)))
+        assert got.untyped_storage().data_ptr() != rows.untyped_storage().data_ptr()
+
+
+def test_bad_ids_are_errors_naming_nothing_outside(tier_embeddings):
+    """Small calls (torch's index_select on the tier table) and large ones
+    (the library's gather) refuse the same ids, naming the table."""
+    s = stager_over(tier_embeddings)
+    weight, scale = s.tables[0]
+    pad = torch.zeros(engram_staging.SMALL_CALL, dtype=torch.int64)
     for bad in ([5000], [-1], [0, 1 << 40]):
-        with pytest.raises(cxltier.InvalidError, match="outside"):
-            s._gather(weight, torch.tensor(bad))
+        for ids in (torch.tensor(bad), torch.cat([pad, torch.tensor(bad)])):
+            for table in (weight, scale):
+                with pytest.raises(cxltier.InvalidError, match="sglang_engram_1.*outside"):
+                    s._gather(table, ids)
 
 
 def test_tables_of_sglangs_own_are_left_to_sglang(tier_embeddings):
