@@ -19,6 +19,8 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -51,6 +53,14 @@ type Result struct {
 	BounceGBs   float64 `json:"cpu_gather_bulk_gb_s"`
 	BulkGBs     float64 `json:"bulk_gb_s"`
 	FusedVsEach float64 `json:"fused_over_copy_each"`
+	// FusedVsBulk is the gather's speed over a copy of the same bytes.
+	FusedVsBulk float64 `json:"fused_over_bulk"`
+	// LineMLoads is the region's rate of random 64-byte line loads (in
+	// millions a second, every core, independent loads): what a random
+	// gather cannot beat, since each row costs at least one such load.
+	// LinesVsLoads is the gather's lines a second over that rate.
+	LineMLoads   float64 `json:"random_line_mloads_s"`
+	LinesVsLoads float64 `json:"fused_lines_over_random_lines"`
 }
 
 // Latency is the DSA-sized call of gpu.md: 2048 rows of 656 B.
@@ -217,6 +227,7 @@ func (b *bench) region(size int64) ([]Result, Latency, error) {
 	if err != nil {
 		return nil, Latency{}, err
 	}
+	lines := randomLineRate(mem, b.rng)
 	var out []Result
 	for _, rb := range b.cfg.rowSizes {
 		fmt.Fprintf(b.log, "  rows of %s...\n", tierflags.HumanSize(rb))
@@ -224,13 +235,45 @@ func (b *bench) region(size int64) ([]Result, Latency, error) {
 		if err != nil {
 			return nil, Latency{}, err
 		}
-		res.Region, res.BulkGBs = size, bulk
+		res.Region, res.BulkGBs, res.FusedVsBulk, res.LineMLoads = size, bulk, res.FusedGBs/bulk, lines
+		res.LinesVsLoads = res.FusedMRows * float64((rb+63)/64) / lines
 		out = append(out, res)
 	}
 	// DSA's decode step: 2048 rows of 656 B, or what fits a smaller -batch.
 	lat, err := s.latency(int(min(2048, b.cfg.batch/656)), 656)
 	lat.Region = size
 	return out, lat, err
+}
+
+// randomLineRate is the region's rate of random 64-byte line loads, in
+// millions a second, on every core: each goroutine reads one byte of each
+// of its lines, the addresses known in advance, so the core keeps as many
+// loads in flight as it can (none waits on another's data).
+func randomLineRate(mem []byte, rng *rand.Rand) float64 {
+	const lines = 1 << 21
+	offs := make([]int64, lines)
+	for i := range offs {
+		offs[i] = rng.Int64N(int64(len(mem))/64) * 64
+	}
+	procs := runtime.GOMAXPROCS(0)
+	var sink atomic.Uint64
+	best := 0.0
+	for range 3 {
+		var wg sync.WaitGroup
+		t0 := time.Now()
+		for p := range procs {
+			wg.Go(func() {
+				var s uint64
+				for _, o := range offs[p*lines/procs : (p+1)*lines/procs] {
+					s += uint64(mem[o])
+				}
+				sink.Add(s)
+			})
+		}
+		wg.Wait()
+		best = max(best, lines/time.Since(t0).Seconds()/1e6)
+	}
+	return best
 }
 
 type regionBench struct {
@@ -338,10 +381,11 @@ func (s *regionBench) timeGBs(bytes int64, f func() error) (float64, error) {
 func printTable(w io.Writer, rep Report) {
 	fmt.Fprintf(w, "engine %s on %s, GOMAXPROCS %d, %s per call\n\n", rep.Engine, rep.CPU, rep.Procs, tierflags.HumanSize(rep.Batch))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "region\trow\trows/call\tfused GB/s\tM rows/s\tsorted GB/s\tper-row copy GB/s\tCPU+bulk GB/s\tbulk GB/s\tfused/per-row\t")
+	fmt.Fprintln(tw, "region\trow\trows/call\tfused GB/s\tM rows/s\tsorted GB/s\tper-row copy GB/s\tCPU+bulk GB/s\tbulk GB/s\tfused/per-row\tfused/bulk\trandom M lines/s\tfused lines/random\t")
 	for _, r := range rep.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.1f\t%.2f\t%.3f\t%.2f\t%.2f\t%.1f×\t\n", tierflags.HumanSize(r.Region),
-			tierflags.HumanSize(r.RowBytes), r.Rows, r.FusedGBs, r.FusedMRows, r.SortedGBs, r.EachGBs, r.BounceGBs, r.BulkGBs, r.FusedVsEach)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%.1f\t%.2f\t%.3f\t%.2f\t%.2f\t%.1f×\t%.3f×\t%.1f\t%.2f×\t\n", tierflags.HumanSize(r.Region),
+			tierflags.HumanSize(r.RowBytes), r.Rows, r.FusedGBs, r.FusedMRows, r.SortedGBs, r.EachGBs, r.BounceGBs, r.BulkGBs, r.FusedVsEach,
+			r.FusedVsBulk, r.LineMLoads, r.LinesVsLoads)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)

@@ -16,15 +16,6 @@ var (
 	hasWide = cpu.X86.HasAVX512F
 )
 
-// vectorRows reports whether rows of rowBytes move in vector steps here:
-// a multiple of 16 bytes, on a CPU with AVX2. Why not memmove: it moves a
-// 256-byte row in sixteen 16-byte stores, and a store cannot retire
-// before the loads ahead of it, so the core's store queue holds about
-// four rows and with them four rows' misses; 64-byte steps keep four to
-// eight times as many misses in flight, which is the whole speed of a
-// random gather.
-func vectorRows(rowBytes int) bool { return hasVec && rowBytes > 0 && rowBytes%16 == 0 }
-
 // vecRows copies rows [lo, hi) of p in vector steps; p's rows must be
 // vectorRows. Invariant the assembly relies on: every id in ids[lo:hi]
 // was checked against p's rows (check) and p.Dst holds hi rows; the

@@ -2,8 +2,8 @@
 
 package rowgather
 
-// vectorRows: no vector copy on this architecture; memmove does the rows.
-func vectorRows(rowBytes int) bool { return false }
+// No vector copy on this architecture: memmove does the rows.
+var hasVec, hasWide = false, false
 
 func vecRows(p Plane, ids []int64, lo, hi int) { panic("rowgather: no vector copy") }
 

@@ -27,7 +27,24 @@ func randomBytes(rng *rand.Rand, n int) []byte {
 	return b[:n]
 }
 
+// TestCopyMatchesNaive runs every copy this CPU has: ZMM steps, YMM steps
+// and memmove (the paths of CPUs without AVX-512 or AVX2).
 func TestCopyMatchesNaive(t *testing.T) {
+	vec, wide := hasVec, hasWide
+	defer func() { hasVec, hasWide = vec, wide }()
+	for _, c := range []struct {
+		name      string
+		vec, wide bool
+	}{{"zmm", true, true}, {"ymm", true, false}, {"memmove", false, false}} {
+		if (c.vec && !vec) || (c.wide && !wide) {
+			continue
+		}
+		hasVec, hasWide = c.vec, c.wide
+		t.Run(c.name, testCopyMatchesNaive)
+	}
+}
+
+func testCopyMatchesNaive(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	const rows = 3000
 	pool := NewPool(4)
