@@ -291,18 +291,19 @@ class TierHostTable:
         where = f"cxltier: Engram host table {label} ({self.name}): layout={self.layout}"
         if not loaded_here:
             kind = backing_kind(self.bytes.data_ptr())
-            log = logger.info if kind in ("device DAX", "hugetlbfs") else logger.warning
-            log("%s, attached; backed by %s%s", where, kind,
-                "" if kind in ("device DAX", "hugetlbfs") else " (huge pages only if the kernel gives them: "
-                "a dax: or hugetlbfs tier guarantees them)")
+            huge = kind in ("device DAX", "hugetlbfs") or any(
+                f"huge={m}" in kind for m in ("always", "within_size", "advise")) or "force" in kind
+            (logger.info if huge else logger.warning)(
+                "%s, attached; backed by %s%s", where, kind,
+                "" if huge else " (4 KiB pages: a page walk per row; docs/operations.md, \"Huge pages\")")
             return
         mapped, huge, kind = huge_page_report(self.bytes.data_ptr(), self.nbytes)
         pct = 100.0 * huge / mapped if mapped else 0.0
         msg = f"{where}, in memory: {mapped / 2**10:.1f} MiB, {huge / 2**10:.1f} MiB of it on {kind} ({pct:.0f}%)"
         if huge == 0:
-            logger.warning("%s. No huge pages: expect lookups about twice as slow (a page walk per row); format "
-                           "the tier on device DAX, hugetlbfs, or a tmpfs mounted with huge=within_size or "
-                           "huge=advise (file:PATH; docs/operations.md, \"Huge pages\")", msg)
+            logger.warning("%s. No huge pages: a page walk per row, slow once the table's page tables outgrow the "
+                           "caches; format the tier on device DAX, hugetlbfs, or a tmpfs mounted with "
+                           "huge=within_size or huge=advise (file:PATH; docs/operations.md, \"Huge pages\")", msg)
         else:
             logger.info(msg)
 
