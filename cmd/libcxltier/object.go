@@ -157,13 +157,12 @@ func cxl_object_gather(h C.uint64_t, nPlanes C.int, planes, rowBytes *C.int64_t,
 			return nil
 		}
 		idv := unsafe.Slice((*int64)(unsafe.Pointer(ids)), int(n))
-		if i := rowgather.BadID(idv, int64(rows)); i >= 0 {
-			return fmt.Errorf("object gather %q: %w: id %d (position %d) outside [0, %d)", o.name, errBadArg, idv[i], i, rows)
-		}
 		dst := unsafe.Slice((*byte)(out), need)
 		for p := range g[:nPlanes] {
 			g[p].Dst, dst = dst[:int(n)*g[p].RowBytes], dst[int(n)*g[p].RowBytes:]
 		}
+		// Copy checks every id before it writes (one pass; an id outside
+		// the planes' rows is its ErrBadID, naming id and position).
 		if err := gathers.Copy(g[:nPlanes], idv, int(threads)); err != nil {
 			return fmt.Errorf("object gather %q: %w: %w", o.name, errBadArg, err)
 		}

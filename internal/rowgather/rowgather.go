@@ -36,7 +36,7 @@ import (
 // ErrBadPlane and ErrBadID are what Copy refuses before it writes.
 var (
 	ErrBadPlane = errors.New("rowgather: bad plane")
-	ErrBadID    = errors.New("rowgather: id outside the table")
+	ErrBadID    = errors.New("rowgather: out of range")
 )
 
 // Plane is one table of fixed-size rows and where its gathered rows go:
@@ -50,10 +50,9 @@ type Plane struct {
 	Dst      []byte
 }
 
-// BadID returns the position of the first id outside [0, rows), or -1
-// when all are inside. Callers check before Copy so that a bad id leaves
-// the output untouched.
-func BadID(ids []int64, rows int64) int {
+// badID returns the position of the first id outside [0, rows), or -1
+// when all are inside.
+func badID(ids []int64, rows int64) int {
 	for i, id := range ids {
 		if uint64(id) >= uint64(rows) {
 			return i
@@ -179,7 +178,7 @@ func check(planes []Plane, ids []int64) error {
 		}
 		rows = min(rows, int64(len(pl.Src)/pl.RowBytes))
 	}
-	if i := BadID(ids, rows); i >= 0 {
+	if i := badID(ids, rows); i >= 0 {
 		return fmt.Errorf("%w: id %d (position %d) outside [0, %d)", ErrBadID, ids[i], i, rows)
 	}
 	return nil
