@@ -118,7 +118,11 @@ func CurrentDevice() (int, bool) {
 func hostRegister(mem []byte) (uint64, error) {
 	var d C.ulonglong
 	if r := C.cxl_host_register(unsafe.Pointer(&mem[0]), C.size_t(len(mem)), &d); r != C.CUDA_SUCCESS {
-		return 0, fmt.Errorf("kernels: cuMemHostRegister of %d bytes: %s", len(mem), C.GoString(C.cxl_error_name(r)))
+		err := fmt.Errorf("kernels: cuMemHostRegister of %d bytes: %s", len(mem), C.GoString(C.cxl_error_name(r)))
+		if hint := pinHint(mem); hint != "" {
+			err = fmt.Errorf("%w (%s)", err, hint)
+		}
+		return 0, err
 	}
 	return uint64(d), nil
 }
