@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -15,15 +14,17 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cxltier/cxltier/prefix"
+	"github.com/cxltier/cxltier/tier"
 )
 
-// Address is the abstract socket name of the uplink that serves node node
-// of the tier with UUID uuid (without the leading NUL that makes a name
-// abstract; Go's net package writes it '@'). An abstract name needs no file
-// and vanishes with the process that bound it, so a dead uplink leaves
-// nothing behind for clients to wait on.
-func Address(uuid [16]byte, node int) string {
-	return fmt.Sprintf("cxltier-uplink/%s/node%d", hex.EncodeToString(uuid[:]), node)
+// Address is the socket path of the uplink that serves node node of tier
+// r, beside the tier's own sockets (tier.Region.SocketPathFor): a path in
+// the directory the node's processes share, which a process in another
+// network namespace (a pod) reaches as well as one of the host. (An
+// abstract name is per network namespace: a pod never found its node's
+// uplink, and every cluster page was silently a local miss.)
+func Address(r *tier.Region, node int) (string, error) {
+	return r.SocketPathFor(fmt.Sprintf("uplink-node%d", node))
 }
 
 // Options tune a Link; zero values take the defaults.
@@ -105,11 +106,11 @@ func (l *Link) absent() bool { return time.Now().UnixNano() < l.absentUntil.Load
 func (l *Link) markAbsent() { l.absentUntil.Store(time.Now().Add(l.opts.Retry).UnixNano()) }
 
 // dial connects to the uplink and checks that it runs as this user (or
-// root): an abstract name can be bound by anyone on the host while no
+// root): whoever may write the socket directory can bind the path while no
 // uplink holds it.
 func (l *Link) dial(deadline time.Time) (*net.UnixConn, error) {
 	d := net.Dialer{Deadline: deadline}
-	c, err := d.Dial("unixpacket", "@"+l.addr)
+	c, err := d.Dial("unixpacket", l.addr)
 	if err != nil {
 		return nil, err
 	}
@@ -314,4 +315,17 @@ func sendNow(c *net.UnixConn, msg []byte) error {
 		return true // done, whatever happened: no waiting for room
 	})
 	return errors.Join(err, werr)
+}
+
+// Reachable reports whether an uplink answers at addr now: a connection is
+// accepted and its process runs as this user or root. The daemon's status
+// says so, because a node whose clients cannot reach its uplink turns
+// every cluster page into a local miss without an error anywhere.
+func Reachable(addr string, timeout time.Duration) error {
+	l := &Link{addr: addr}
+	c, err := l.dial(time.Now().Add(timeout))
+	if err != nil {
+		return err
+	}
+	return c.Close()
 }

@@ -2,8 +2,8 @@ package cluster
 
 import (
 	"errors"
-	"fmt"
 	"net"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -28,8 +28,8 @@ type standIn struct {
 
 func startStandIn(t *testing.T) *standIn {
 	t.Helper()
-	addr := fmt.Sprintf("cxltier-uplink-test/%s/%d", t.Name(), time.Now().UnixNano())
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: "@" + addr, Net: "unixpacket"})
+	addr := filepath.Join(t.TempDir(), "uplink.sock")
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: addr, Net: "unixpacket"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestFillAsksTheUplink(t *testing.T) {
 // No uplink: a fill gives up at once, and the next ones do not even dial
 // until Retry has passed; an uplink that starts later is found.
 func TestNoUplinkIsALocalMiss(t *testing.T) {
-	addr := fmt.Sprintf("cxltier-uplink-test/none/%d", time.Now().UnixNano())
+	addr := filepath.Join(t.TempDir(), "uplink.sock")
 	l := NewLink(addr, Options{Retry: 100 * time.Millisecond})
 	defer l.Close()
 	start := time.Now()
@@ -132,7 +132,7 @@ func TestNoUplinkIsALocalMiss(t *testing.T) {
 	if st := l.Stats(); st.Dropped != 3 || st.Notices != 0 {
 		t.Errorf("notices without an uplink: %+v", st)
 	}
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: "@" + addr, Net: "unixpacket"})
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: addr, Net: "unixpacket"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +206,7 @@ func TestUplinkRestart(t *testing.T) {
 	}
 	l.Stored("m", keys(1))
 	s.kill()
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: "@" + s.addr, Net: "unixpacket"})
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: s.addr, Net: "unixpacket"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,8 +2,8 @@
 // node that joins the tier to a cluster store (Mooncake Store), written in
 // Python because Mooncake's client is (sglang/cxltier/uplink.py). Every
 // process that opens a prefix index on the tier finds the uplink through
-// the tier itself (an abstract socket named after the tier's UUID and the
-// node), asks it to fill local misses from the cluster, and tells it which
+// the tier itself (a socket named after the tier's UUID and the node, in
+// the directory of the tier's sockets), asks it to fill local misses from the cluster, and tells it which
 // pages it stored so that it writes them behind. Without an uplink, or with
 // one that is dead, stalled or slow, every call here gives up at once or
 // within its deadline: a miss stays a local miss, never an error.

@@ -156,7 +156,7 @@ func LoadSGLangLayer(c *tier.Client, model string, l SGLangLayer, force bool, pr
 		return o, false, fmt.Errorf("%w: %s holds %d bytes, layer %d needs %d: another model or geometry under this name (remove it with `cxltier engram destroy`)",
 			ErrTable, name, o.Size, l.Layer, l.Bytes())
 	case err == nil && o.State == tier.ObjectSealed && !force:
-		return o, false, nil
+		return o, false, sameCheckpoint(o, l)
 	case err == nil:
 		if o, err = c.UnsealObject(name); err != nil {
 			return o, false, err
@@ -189,6 +189,27 @@ func LoadSGLangLayer(c *tier.Client, model string, l SGLangLayer, force bool, pr
 	label := fmt.Sprintf("%s layers.%d.engram.embed (%d rows × %d fp8 + %d e8m0) digest %s", filepath.Base(l.WeightFile), l.Layer, l.Rows, l.Dim, l.ScaleCols, digest)
 	o, err = c.SealObject(name, label)
 	return o, err == nil, err
+}
+
+// sameCheckpoint refuses a sealed table that holds another checkpoint's
+// layer than l (its seal's digest differs): left as it is, servers of this
+// model would read the other checkpoint's rows. A seal without a digest
+// (an older loader's) cannot be told apart and passes.
+func sameCheckpoint(o tier.Object, l SGLangLayer) error {
+	have := LabelDigest(o.Label)
+	if have == "" {
+		return nil
+	}
+	want, err := l.Digest()
+	if err != nil {
+		return err
+	}
+	if have != want {
+		return fmt.Errorf("%w: %s holds checkpoint digest %s (%s), %s has %s: another checkpoint under this model name; "+
+			"--force loads this one over it (servers reading it must be stopped), or give this checkpoint its own --model",
+			ErrTable, o.Name, have, o.Label, filepath.Base(l.WeightFile), want)
+	}
+	return nil
 }
 
 // copyTensor reads tensor t of file path into dst (exactly its size).

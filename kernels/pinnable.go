@@ -1,15 +1,12 @@
 package kernels
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cxltier/cxltier/internal/procmaps"
 )
 
 // Linux refuses a long-term, writable pin (what cuMemHostRegister asks for)
@@ -45,58 +42,6 @@ func fsName(fsType int64) string {
 	return fmt.Sprintf("file system type %#x", fsType)
 }
 
-// mappedFile returns the path of the file mapped at addr in this process
-// (from /proc/self/maps), or "" when addr is anonymous memory or unmapped.
-func mappedFile(addr uintptr) (string, error) {
-	f, err := os.Open("/proc/self/maps")
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 4096), 1<<20)
-	for sc.Scan() {
-		if path, ok := mapsLineFile(sc.Bytes(), addr); ok {
-			return path, nil
-		}
-	}
-	return "", sc.Err()
-}
-
-// mapsLineFile parses one line of /proc/PID/maps ("start-end perms offset
-// dev inode [path]") and returns its path when the line's range holds addr.
-func mapsLineFile(line []byte, addr uintptr) (string, bool) {
-	fields := bytes.Fields(line)
-	if len(fields) < 5 {
-		return "", false
-	}
-	lo, hi, ok := strings.Cut(string(fields[0]), "-")
-	if !ok {
-		return "", false
-	}
-	start, err1 := strconv.ParseUint(lo, 16, 64)
-	end, err2 := strconv.ParseUint(hi, 16, 64)
-	if err1 != nil || err2 != nil || uint64(addr) < start || uint64(addr) >= end {
-		return "", false
-	}
-	if len(fields) < 6 || fields[5][0] != '/' {
-		return "", true // anonymous, or [heap], [stack] and the like
-	}
-	// The path is the rest of the line after five fields and their spaces;
-	// it may hold spaces of its own.
-	rest := line
-	for range 5 {
-		rest = bytes.TrimLeft(rest, " \t")
-		i := bytes.IndexAny(rest, " \t")
-		if i < 0 {
-			return "", true
-		}
-		rest = rest[i:]
-	}
-	path := strings.TrimSuffix(string(bytes.TrimLeft(rest, " \t")), " (deleted)")
-	return path, true
-}
-
 // pinHint says why mem cannot be pinned for a GPU when the reason is the
 // file system of the file it maps, and what to use instead; "" otherwise.
 func pinHint(mem []byte) string {
@@ -104,11 +49,11 @@ func pinHint(mem []byte) string {
 		return ""
 	}
 	// The address is only looked up, never dereferenced.
-	path, err := mappedFile(uintptr(unsafe.Pointer(&mem[0])))
-	if err != nil || path == "" {
+	m, ok, err := procmaps.At(uint64(uintptr(unsafe.Pointer(&mem[0]))))
+	if err != nil || !ok || !m.File() {
 		return ""
 	}
-	return fileHint(path)
+	return fileHint(m.Path)
 }
 
 // fileHint is pinHint's judgement of one mapped file.

@@ -9,42 +9,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func TestMapsLineFile(t *testing.T) {
-	for _, tc := range []struct {
-		line     string
-		addr     uintptr
-		path     string
-		contains bool
-	}{
-		{"7f0000000000-7f0000100000 rw-s 00000000 fd:01 1234 /var/lib/tier/dev0", 0x7f0000000000, "/var/lib/tier/dev0", true},
-		{"7f0000000000-7f0000100000 rw-s 00000000 fd:01 1234 /var/lib/tier/dev0", 0x7f00000fffff, "/var/lib/tier/dev0", true},
-		{"7f0000000000-7f0000100000 rw-s 00000000 fd:01 1234 /var/lib/tier/dev0", 0x7f0000100000, "", false},
-		{"7f0000000000-7f0000100000 rw-s 00000000 fd:01 1234 /var/lib/tier/dev0", 0x6fffffffffff, "", false},
-		{"7f0000000000-7f0000100000 rw-s 00000000 00:1a 99   /dev/shm/a tier (deleted)", 0x7f0000000010, "/dev/shm/a tier", true},
-		{"7f0000000000-7f0000100000 rw-p 00000000 00:00 0 ", 0x7f0000000010, "", true},
-		{"7f0000000000-7f0000100000 rw-p 00000000 00:00 0 [heap]", 0x7f0000000010, "", true},
-		{"7f0000000000-7f0000100000 rw-p", 0x7f0000000010, "", false},
-		{"zz-7f0000100000 rw-p 00000000 00:00 0", 0x7f0000000010, "", false},
-		{"", 0, "", false},
-	} {
-		path, ok := mapsLineFile([]byte(tc.line), tc.addr)
-		if path != tc.path || ok != tc.contains {
-			t.Errorf("%q at %#x: got (%q, %v), want (%q, %v)", tc.line, tc.addr, path, ok, tc.path, tc.contains)
-		}
-	}
-}
-
-func FuzzMapsLineFile(f *testing.F) {
-	f.Add([]byte("7f0000000000-7f0000100000 rw-s 00000000 fd:01 1234 /a b"), uint64(0x7f0000000001))
-	f.Add([]byte("0-1 r 0 0 0 /"), uint64(0))
-	f.Fuzz(func(t *testing.T, line []byte, addr uint64) {
-		path, _ := mapsLineFile(line, uintptr(addr))
-		if path != "" && !strings.HasPrefix(path, "/") {
-			t.Fatalf("path %q does not start at /", path)
-		}
-	})
-}
-
 // TestPinHintOfRealMappings maps real files and anonymous memory and holds
 // the hint to the file system each lives on.
 func TestPinHintOfRealMappings(t *testing.T) {

@@ -146,7 +146,7 @@ func (s *Store) reclaimLocked(sh *shard, full bool) int {
 		if wordState(atomic.LoadUint64(u64At(e, entWord))) != stReserved {
 			continue
 		}
-		if owner := atomic.LoadUint64(u64At(e, entOwner)); !s.r.LeaseLive(owner) {
+		if owner := atomic.LoadUint64(u64At(e, entOwner)); !s.r.TokenRuns(owner) {
 			s.dropLocked(i)
 			n++
 		} else {

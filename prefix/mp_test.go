@@ -1,6 +1,7 @@
 package prefix
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -31,6 +32,13 @@ const (
 var soak = flag.Duration("prefix.soak", 0, "run the multi-process stress test this long instead of 8s")
 
 func TestMain(m *testing.M) {
+	if os.Getenv(envRole) == "reserver" {
+		if err := runReserver(); err != nil {
+			fmt.Fprintf(os.Stderr, "prefix reserver %d: %v\n", os.Getpid(), err)
+			os.Exit(3)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv(envRole) == "worker" {
 		if err := runWorker(); err != nil {
 			fmt.Fprintf(os.Stderr, "prefix worker %d: %v\n", os.Getpid(), err)
@@ -255,5 +263,97 @@ func waitReaped(t *testing.T, r *tier.Region, keep uint64) {
 			t.Fatalf("%d leases not reaped: %+v", live, r.Leases())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// runReserver reserves the blocks of takeoverKeys, as an uplink does
+// before its transfer, says so, and waits to be killed.
+func runReserver() error {
+	c, err := tiertest.Attach(os.Getenv(envDevices), "reserver")
+	if err != nil {
+		return err
+	}
+	s, err := Open(c, "m")
+	if err != nil {
+		return err
+	}
+	res, err := s.Reserve(takeoverKeys(), []int64{100, 100, 100})
+	if err != nil {
+		return err
+	}
+	for _, r := range res {
+		if r.Status != Reserved {
+			return fmt.Errorf("reserve: %v", r.Status)
+		}
+	}
+	fmt.Println("reserved")
+	select {}
+}
+
+func takeoverKeys() []Key { return []Key{StringKey("a"), StringKey("b"), StringKey("c")} }
+
+// TestDeadReserversKeysAreTakenOver: a process that reserved keys and was
+// killed before it published, with no daemon to reclaim what it held,
+// leaves its lease live; the next insert of those keys, in a process that
+// sees the reserver is gone, takes them over (an uplink killed mid-fill
+// used to leave them reserved for good, and a fresh uplink filled none).
+// A reserver that is only stopped keeps them: it may still write.
+func TestDeadReserversKeysAreTakenOver(t *testing.T) {
+	for _, kill := range []bool{true, false} {
+		t.Run(fmt.Sprintf("killed=%v", kill), func(t *testing.T) {
+			r, c := testTier(t, 1)
+			s := testStore(t, c, 16, 4096)
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), envRole+"=reserver", envDevices+"="+strings.Join(r.Info().Devices, ","))
+			cmd.Stderr = os.Stderr
+			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { cmd.Process.Kill(); cmd.Wait() }()
+			if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "reserved\n" {
+				t.Fatalf("reserver said %q, %v", line, err)
+			}
+			if kill {
+				cmd.Process.Kill()
+				cmd.Wait()
+			} else {
+				cmd.Process.Signal(syscall.SIGSTOP)
+				defer cmd.Process.Signal(syscall.SIGCONT)
+			}
+			res, err := s.Reserve(takeoverKeys(), []int64{100, 100, 100})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := Reserved
+			if !kill {
+				want = Exists
+			}
+			for i, got := range res {
+				if got.Status != want {
+					t.Fatalf("key %d: %v, want %v", i, got.Status, want)
+				}
+			}
+			if kill {
+				payload := bytes.Repeat([]byte{7}, 100)
+				crcs := make([]uint32, len(res))
+				for i := range res {
+					if err := r.WriteAt(payload, res[i].Offset); err != nil {
+						t.Fatal(err)
+					}
+					crcs[i] = s.Checksum(res[i].Key, payload)
+				}
+				if err := s.Publish(res, crcs); err != nil {
+					t.Fatal(err)
+				}
+				if n := s.Exists(takeoverKeys()); n != 3 {
+					t.Fatalf("%d of 3 keys after the takeover", n)
+				}
+			}
+		})
 	}
 }

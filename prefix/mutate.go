@@ -191,6 +191,16 @@ func (s *Store) reserveOne(sh *shard, res *Reservation, left int, now uint64) er
 	if err != nil {
 		return err
 	}
+	if found && s.deadReservation(i) {
+		// Its reserver is proven gone (an uplink killed mid-fill, with no
+		// daemon to reclaim what it held): the key is this insert's now,
+		// or no one would ever fill it.
+		s.dropLocked(i)
+		s.count(ctrReclaimed, 1)
+		if i, found, err = s.probeInsert(&res.Key); err != nil {
+			return err
+		}
+	}
 	if found {
 		res.Status = Exists
 		return nil
@@ -655,4 +665,17 @@ func (s *Store) unlink(i uint32) {
 	atomic.StoreUint32(u32At(e, entPrev), 0)
 	atomic.StoreUint32(u32At(e, entNext), 0)
 	s.publishEntry(i)
+}
+
+// deadReservation reports whether entry i is a reservation of a client
+// other than this one that no longer runs (tier.Region.TokenRuns: its
+// lease ended, or its process is proven gone). The caller holds the
+// entry's shard lock.
+func (s *Store) deadReservation(i uint32) bool {
+	e := s.lockedEntry(i)
+	if wordState(atomic.LoadUint64(u64At(e, entWord))) != stReserved {
+		return false
+	}
+	owner := atomic.LoadUint64(u64At(e, entOwner))
+	return owner != s.c.Token() && !s.r.TokenRuns(owner)
 }

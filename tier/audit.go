@@ -184,7 +184,7 @@ func (r *Region) auditLeases(reportAs func(FindingKind) func(string, ...any)) {
 		// process that is gone (killed mid-load, say) is dead now, not a
 		// lease timeout from now.
 		if inf.Gone {
-			dead("slot %d (%q, pid %d) is marked live but its process is not running here (exited, or in another PID namespace): dead, and no daemon has reaped it",
+			dead("slot %d (%q, pid %d) is marked live but its process has exited: dead, and no daemon has reaped it",
 				inf.Slot, inf.Name, inf.PID)
 			continue
 		}

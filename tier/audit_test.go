@@ -116,7 +116,8 @@ func TestDaemonRestartAfterKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Client().abandon() // as if killed: the lease stays live and fresh
+	m.Client().abandon() // as if killed: the lease stays live and fresh,
+	m.peers.close()      // and nothing answers at its socket
 	line := r.leaseLine(m.Client().Slot())
 	atomic.StoreUint32(u32At(line, 8), 0x7ffffff0) // a pid that does not run
 	m2, err := NewManager(r, ManagerOptions{})

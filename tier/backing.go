@@ -85,6 +85,23 @@ type mapping struct {
 	backing Backing
 	data    []byte // the whole mapped device; its address is stable until unmap
 	unmap   func() error
+	file    fileID // what is mapped, as stat names it; zero for anon
+}
+
+// fileID names a mapped file as the kernel does, whatever path a process
+// reached it by: the reaper looks for it among another process's mappings.
+type fileID struct {
+	dev, ino uint64
+	rdev     uint64 // a device DAX character device's own number
+	char     bool
+}
+
+func fileIDOf(f *os.File) fileID {
+	var st unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &st) != nil {
+		return fileID{}
+	}
+	return fileID{dev: st.Dev, ino: st.Ino, rdev: st.Rdev, char: st.Mode&unix.S_IFMT == unix.S_IFCHR}
 }
 
 // createBacking makes a new backing of the given size, 0600, and maps it.
@@ -165,6 +182,11 @@ func openBacking(b Backing, writable bool) (*mapping, error) {
 	}
 	if size < headerPage {
 		return nil, fmt.Errorf("tier: %s has %d bytes, less than one header page: %w", b, size, ErrTruncated)
+	}
+	if writable && b.Kind != BackingDax {
+		if err := checkAllocated(b, f, size); err != nil {
+			return nil, err
+		}
 	}
 	return mapFile(b, f, size, writable)
 }
@@ -325,14 +347,18 @@ func mapFile(b Backing, f *os.File, size int64, writable bool) (*mapping, error)
 		prot |= unix.PROT_WRITE
 	}
 	if b.Kind == BackingDax {
-		return mapAligned(b, f, size, prot)
+		m, err := mapAligned(b, f, size, prot)
+		if m != nil {
+			m.file = fileIDOf(f)
+		}
+		return m, err
 	}
 	data, err := unix.Mmap(int(f.Fd()), 0, int(size), prot, unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("tier: mmap %s (%d bytes): %w", b, size, err)
 	}
 	adviseHugePages(data)
-	return &mapping{backing: b, data: data, unmap: func() error { return unix.Munmap(data) }}, nil
+	return &mapping{backing: b, data: data, unmap: func() error { return unix.Munmap(data) }, file: fileIDOf(f)}, nil
 }
 
 func mapAnon(size int64) (*mapping, error) {
@@ -448,8 +474,42 @@ func checkFree(b Backing, size int64) error {
 		free += fi.Size()
 	}
 	if size > free {
-		return fmt.Errorf("tier: %s needs %d bytes and %s has %d free (a tier takes its whole size when formatted): %w",
-			b, size, dir, free, ErrTooSmall)
+		return fmt.Errorf("tier: %s needs %d bytes and %s has %d free (a tier takes its whole size when formatted)%s: %w",
+			b, size, dir, free, tmpfsHint(st.Type), ErrTooSmall)
 	}
 	return nil
+}
+
+// tmpfsHint says what to mount where a too-small file system is a tmpfs:
+// a container's /dev/shm is 64 MiB unless its runtime is told otherwise.
+func tmpfsHint(fsType int64) string {
+	if fsType != unix.TMPFS_MAGIC {
+		return ""
+	}
+	return "; in a container /dev/shm is 64 MiB unless the runtime is told otherwise: docker run --shm-size, " +
+		"a Kubernetes emptyDir with medium Memory and a sizeLimit, or the host's tier directory (or a DAX device) " +
+		"mounted in (docs/operations.md, \"Running under Kubernetes\")"
+}
+
+// checkAllocated refuses a tier file whose pages are not all allocated
+// when its file system has no room for the rest: the first touch of such
+// a page would end the process with SIGBUS, in whichever process touched
+// it. (Format allocates every page; a file copied sparse, or punched,
+// lacks some.)
+func checkAllocated(b Backing, f *os.File, size int64) error {
+	var st unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &st) != nil {
+		return nil
+	}
+	var fsst unix.Statfs_t
+	if unix.Fstatfs(int(f.Fd()), &fsst) != nil {
+		return nil
+	}
+	missing := size - st.Blocks*512
+	free := int64(fsst.Bavail) * int64(fsst.Bsize)
+	if missing <= 0 || missing <= free {
+		return nil
+	}
+	return fmt.Errorf("tier: %s has %d of its %d bytes unallocated and its file system %d free: a process touching them "+
+		"would die of SIGBUS%s: %w", b, missing, size, free, tmpfsHint(int64(fsst.Type)), ErrTooSmall)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -308,7 +309,7 @@ func TestReadOnlyOpen(t *testing.T) {
 }
 
 func TestProcStat(t *testing.T) {
-	if _, ok := procStartTime(os.Getpid()); !ok {
+	if _, ok := procStartTime(strconv.Itoa(os.Getpid())); !ok {
 		t.Fatal("own process not alive")
 	}
 	for _, tc := range []struct {
@@ -346,4 +347,53 @@ func TestFormatRefusesMoreThanFree(t *testing.T) {
 	if _, statErr := os.Stat(b.Path); !os.IsNotExist(statErr) {
 		t.Fatalf("the refused backing was created: %v", statErr)
 	}
+}
+
+// TestSmallTmpfsIsReportedNotASIGBUS: on a tmpfs too small for the tier (a
+// container's 64 MiB /dev/shm), format says what to mount, and a tier file
+// with unallocated pages that the file system has no room for is refused
+// at open instead of killing whichever process first touches such a page.
+func TestSmallTmpfsIsReportedNotASIGBUS(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=40m"); err != nil {
+		t.Skipf("cannot mount a tmpfs here (needs root): %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	g := testGeometry()
+	g.DeviceSize = 64 << 20
+	big, _ := ParseBacking("file:" + filepath.Join(dir, "big"))
+	if _, err := Format(Options{Devices: []Backing{big}, Geometry: g}); !errors.Is(err, ErrTooSmall) || !strings.Contains(err.Error(), "--shm-size") {
+		t.Fatalf("format of 64 MiB on a 40 MiB tmpfs: %v", err)
+	}
+	g.DeviceSize = 32 << 20
+	b, _ := ParseBacking("file:" + filepath.Join(dir, "tier"))
+	r, err := Format(Options{Devices: []Backing{b}, Geometry: g})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	f, err := os.OpenFile(b.Path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 16<<20, 16<<20)
+	f.Close()
+	if err != nil {
+		t.Skipf("cannot punch a hole here: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "filler"), make([]byte, 20<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := Open(Options{Devices: []Backing{b}}); err == nil {
+		r.Close()
+		t.Fatal("a tier whose missing pages do not fit opened")
+	} else if !errors.Is(err, ErrTooSmall) || !strings.Contains(err.Error(), "SIGBUS") {
+		t.Fatalf("open: %v", err)
+	}
+	os.Remove(filepath.Join(dir, "filler"))
+	r, err = Open(Options{Devices: []Backing{b}})
+	if err != nil {
+		t.Fatalf("open once the missing pages fit: %v", err)
+	}
+	r.Close()
 }

@@ -2,6 +2,7 @@ package tier
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -15,7 +16,14 @@ import (
 //
 // Slot layout (one line): state u32 · gen u32 · pid u32 · node u32 ·
 // beat u64 · beat wall ns i64 · attached wall ns i64 · process start u64 ·
-// flags u32 · name [12]byte.
+// flags u32 · name [8]byte · PID namespace u32.
+//
+// The pid and start time are the client's own, in its own PID namespace
+// (pid 1 in a container), and the namespace is the inode of its
+// /proc/self/ns/pid: a judge in another namespace cannot look the pid up,
+// and judges the lease by its heartbeat alone. Every word is the client's
+// say-so, which any process that can write the tier can forge: nothing
+// here is reason to signal a process (peer.go says what is).
 
 const (
 	leaseFree uint32 = 0
@@ -25,14 +33,23 @@ const (
 
 const leaseFlagDaemon = 1 << 0
 
-const leaseNameLen = 12
+const (
+	leaseNameAt  = 52
+	leaseNameLen = 8
+	leasePIDNSAt = 60
+	leaseFlagsAt = 48
+	leaseStartAt = 40
+)
 
 // LeaseInfo is a decoded lease slot.
 type LeaseInfo struct {
-	Slot     int       `json:"slot"`
-	State    string    `json:"state"` // free, live, dead
-	Gen      uint32    `json:"gen"`
-	PID      int       `json:"pid"`
+	Slot  int    `json:"slot"`
+	State string `json:"state"` // free, live, dead
+	Gen   uint32 `json:"gen"`
+	PID   int    `json:"pid"`
+	// PIDNS is the inode of the client's PID namespace; 0 in a lease taken
+	// by a build that did not record it.
+	PIDNS    uint32    `json:"pid_namespace,omitempty"`
 	Node     int       `json:"node"`
 	Name     string    `json:"name"`
 	Daemon   bool      `json:"daemon"`
@@ -41,8 +58,13 @@ type LeaseInfo struct {
 	Attached time.Time `json:"attached"`
 	// Gone is set for a live lease of a one-host tier whose process no
 	// longer runs (killed with no daemon to reap it): dead, not yet reaped.
-	Gone  bool `json:"process_gone,omitempty"`
-	start uint64
+	// Only a reader in the lease's PID namespace can tell.
+	Gone bool `json:"process_gone,omitempty"`
+	// ElsewhereNS is set for a lease taken in another PID namespace than
+	// the reader's (a container): its pid is the client's own, not one the
+	// reader can look up.
+	ElsewhereNS bool `json:"other_pid_namespace,omitempty"`
+	start       uint64
 }
 
 func (r *Region) readLease(slot int) LeaseInfo {
@@ -58,10 +80,11 @@ func (r *Region) readLease(slot int) LeaseInfo {
 		Beat:     atomic.LoadUint64(u64At(line, 16)),
 		LastBeat: time.Unix(0, int64(atomic.LoadUint64(u64At(line, 24)))),
 		Attached: time.Unix(0, int64(atomic.LoadUint64(u64At(line, 32)))),
-		start:    atomic.LoadUint64(u64At(line, 40)),
-		Daemon:   atomic.LoadUint32(u32At(line, 48))&leaseFlagDaemon != 0,
+		start:    atomic.LoadUint64(u64At(line, leaseStartAt)),
+		Daemon:   atomic.LoadUint32(u32At(line, leaseFlagsAt))&leaseFlagDaemon != 0,
+		PIDNS:    atomic.LoadUint32(u32At(line, leasePIDNSAt)),
 	}
-	name := line[52 : 52+leaseNameLen]
+	name := line[leaseNameAt : leaseNameAt+leaseNameLen]
 	for i, c := range name {
 		if c == 0 {
 			name = name[:i]
@@ -80,7 +103,8 @@ func (r *Region) Leases() []LeaseInfo {
 	}
 	for s := 0; s < r.l.Nodes*r.l.ClientsPerNode; s++ {
 		if inf := r.readLease(s); inf.State != "free" {
-			inf.Gone = inf.State == "live" && r.l.Nodes == 1 && !processAlive(inf.PID, inf.start)
+			inf.Gone = inf.State == "live" && r.l.Nodes == 1 && r.provenGone(inf)
+			inf.ElsewhereNS = inf.PIDNS != 0 && !r.sameNamespace(inf)
 			out = append(out, inf)
 		}
 	}
@@ -90,7 +114,7 @@ func (r *Region) Leases() []LeaseInfo {
 // ClientOptions configure an attached client.
 type ClientOptions struct {
 	Node   int    // this host's node id
-	Name   string // shown in status; up to 12 bytes are kept
+	Name   string // shown in status; up to 8 bytes are kept
 	Daemon bool   // the node's daemon (its liveness stands for the node's)
 	// Heartbeat period; 0 means a quarter of the region's lease timeout.
 	Heartbeat time.Duration
@@ -128,6 +152,15 @@ type Client struct {
 	// of the holders and the removal.
 	afterHolderCheck func()
 
+	// The client's proof to its node's daemon (peer.go): the heartbeat
+	// goroutine registers; Close ends it.
+	registered    atomic.Bool
+	registerErr   atomic.Value // string
+	registerAfter time.Time    // heartbeat goroutine only
+	peerMu        sync.Mutex
+	peerConn      *net.UnixConn // guarded by peerMu
+	peerClosed    bool          // guarded by peerMu
+
 	gate       gate // the holds in flight (hold.go)
 	closersMu  sync.Mutex
 	closers    map[uint64]func() error // OnClose's, by registration order
@@ -145,7 +178,7 @@ func (r *Region) Attach(opts ClientOptions) (*Client, error) {
 	if opts.Node < 0 || opts.Node >= r.l.Nodes {
 		return nil, fmt.Errorf("tier: attach: node %d not in [0,%d): %w", opts.Node, r.l.Nodes, ErrInvalidConfig)
 	}
-	start, _ := procStartTime(os.Getpid())
+	start, _ := procStartTime("self")
 	first := opts.Node * r.l.ClientsPerNode
 	for s := first; s < first+r.l.ClientsPerNode; s++ {
 		line := r.leaseLine(s)
@@ -170,15 +203,16 @@ func (r *Region) Attach(opts ClientOptions) (*Client, error) {
 		atomic.StoreUint64(u64At(line, 16), 1)
 		atomic.StoreUint64(u64At(line, 24), now)
 		atomic.StoreUint64(u64At(line, 32), now)
-		atomic.StoreUint64(u64At(line, 40), start)
+		atomic.StoreUint64(u64At(line, leaseStartAt), start)
 		var flags uint32
 		if opts.Daemon {
 			flags |= leaseFlagDaemon
 		}
-		atomic.StoreUint32(u32At(line, 48), flags)
-		name := line[52 : 52+leaseNameLen]
+		atomic.StoreUint32(u32At(line, leaseFlagsAt), flags)
+		name := line[leaseNameAt : leaseNameAt+leaseNameLen]
 		clear(name)
 		copy(name, opts.Name)
+		atomic.StoreUint32(u32At(line, leasePIDNSAt), r.pidns)
 		r.sync.publish(line)
 		period := opts.Heartbeat
 		if period <= 0 {
@@ -219,6 +253,7 @@ func (c *Client) heartbeat(period time.Duration) {
 	t := time.NewTicker(period)
 	defer t.Stop()
 	line := c.r.leaseLine(c.slot)
+	c.register()
 	for {
 		select {
 		case <-c.stop:
@@ -230,6 +265,7 @@ func (c *Client) heartbeat(period time.Duration) {
 			c.lost.Store(true)
 			return
 		}
+		c.register()
 		atomic.AddUint64(u64At(line, 16), 1)
 		atomic.StoreUint64(u64At(line, 24), uint64(time.Now().UnixNano()))
 		c.r.sync.publish(line[:32])
@@ -273,6 +309,7 @@ func (c *Client) abandon() {
 	}
 	c.closed = true
 	close(c.stop)
+	c.closePeer()
 	c.done.Wait()
 	// Marked dead, not left live without a heartbeat: the reaper then
 	// reclaims it as it finds it, and does not take the process, which
@@ -316,6 +353,7 @@ func (c *Client) Close() error {
 func (c *Client) release() error {
 	c.closed = true
 	close(c.stop)
+	c.closePeer()
 	c.done.Wait()
 	c.r.untrack(c)
 	if c.lost.Load() {

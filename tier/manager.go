@@ -18,9 +18,13 @@ type ManagerOptions struct {
 	// reaps clients of nodes whose daemon is gone. Exactly one node should.
 	GrantLocks bool
 	// SkipPIDCheck judges same-node clients by heartbeat alone (as remote
-	// nodes always are). By default a same-node client whose process has
-	// exited is reaped at once.
+	// nodes always are), and never ends a process. By default a same-node
+	// client whose process is proven to have exited is reaped at once.
 	SkipPIDCheck bool
+	// NoClientSocket leaves the node's client socket (peer.go) closed: no
+	// client can prove who it is, so no process is ever signalled, and a
+	// client in another PID namespace is judged by heartbeat alone.
+	NoClientSocket bool
 	// Reap period; 0 means a quarter of the lease timeout.
 	Interval time.Duration
 	Logf     func(format string, args ...any)
@@ -65,9 +69,12 @@ type Manager struct {
 	nGrants      atomic.Uint64
 	nQuarantined atomic.Uint64
 
-	// stop ends a process of this host alive past its lease (stopProcess;
+	// peers are the clients that proved who they are (nil without a socket).
+	peers *peerServer
+
+	// stop ends a proven client's process alive past its lease (stopPeer;
 	// tests put one that fails).
-	stop func(pid int, start uint64, wait time.Duration) error
+	stop func(p *peer, wait time.Duration) error
 }
 
 type beatSeen struct {
@@ -87,7 +94,7 @@ func (r *Region) runningDaemon(inf LeaseInfo, opts ManagerOptions) bool {
 	if !inf.Daemon || inf.Node != opts.Node || inf.State != "live" {
 		return false
 	}
-	if !opts.SkipPIDCheck && !processAlive(inf.PID, inf.start) {
+	if !opts.SkipPIDCheck && r.provenGone(inf) {
 		return false
 	}
 	age := time.Since(inf.LastBeat)
@@ -117,8 +124,41 @@ func NewManager(r *Region, opts ManagerOptions) (*Manager, error) {
 	if opts.Logf == nil {
 		opts.Logf = func(string, ...any) {}
 	}
-	m := &Manager{r: r, self: self, opts: opts, beats: map[int]beatSeen{}, lastGrant: make([]int, r.l.LockSlots), stop: stopProcess}
+	m := &Manager{r: r, self: self, opts: opts, beats: map[int]beatSeen{}, lastGrant: make([]int, r.l.LockSlots), stop: stopPeer}
+	if !opts.NoClientSocket && r.devs[0].backing.Kind != BackingAnon {
+		m.peers, err = listenPeers(r, opts.Node, opts.Logf)
+		if errors.Is(err, ErrExists) {
+			self.Close()
+			return nil, fmt.Errorf("tier: manager: %w", err)
+		}
+		if err != nil {
+			// The daemon serves on without proofs: stalled clients are
+			// quarantined instead of ended, and clients of other PID
+			// namespaces are judged by heartbeat alone.
+			opts.Logf("no client socket (no client can prove who it is; none will be signalled): %v", err)
+		}
+		peers := m.peers
+		self.OnClose(func() error { peers.close(); return nil })
+	}
 	return m, nil
+}
+
+// Close stops the client socket and releases the manager's lease; Run
+// does it when it returns.
+func (m *Manager) Close() error {
+	m.peers.close()
+	if err := m.self.Close(); err != nil && !errors.Is(err, ErrClosed) {
+		return err
+	}
+	return nil
+}
+
+// SocketPath is where the manager hears its clients, "" if nowhere.
+func (m *Manager) SocketPath() string {
+	if m.peers == nil {
+		return ""
+	}
+	return m.peers.path
 }
 
 // Run grants locks (if configured) and reaps until ctx ends, then releases
@@ -137,6 +177,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		if err := m.stillTheDaemon(); err != nil {
+			m.peers.close()
 			if errors.Is(err, ErrLeaseLost) {
 				m.self.abandon() // the lease is another's now
 			} else {
@@ -147,7 +188,7 @@ func (m *Manager) Run(ctx context.Context) error {
 		m.ReapOnce()
 		select {
 		case <-ctx.Done():
-			return m.self.Close()
+			return m.Close()
 		case <-t.C:
 		}
 	}
@@ -293,6 +334,7 @@ func (m *Manager) ReapOnce() []Reaped {
 		}
 	}
 	m.r.releaseOrphans(m.opts.Node, m.self.token)
+	m.peers.prune()
 	return out
 }
 
@@ -346,15 +388,24 @@ func (m *Manager) liveDaemons() []bool {
 	return live
 }
 
-// ended makes sure a client judged dead can no longer write. On this host
-// a process alive past its lease (stopped, frozen, paused) is killed and
-// waited for: memory of a process that may still run is never handed to
-// another client. One that cannot be ended in time keeps its lease, and
-// its memory, until a later pass ends it (counted as Quarantined). A
-// client of another host is judged by the lease alone; its own daemon,
-// when it runs, does this there.
+// ended makes sure a client judged dead can no longer write before its
+// memory moves. A process is signalled only when it proved, through the
+// client socket, that it holds this very lease, and it still maps the tier:
+// a lease is words any client can write, and must never aim the daemon's
+// SIGKILL at a process of someone else's. A process of this PID namespace
+// that runs on, maps the tier, and never proved itself keeps its lease and
+// memory (counted as Quarantined) until it exits or proves itself; one that
+// does not map the tier cannot write it and is reaped without a signal. A
+// client this host cannot see (another host, another PID namespace, no
+// proof) is judged by its lease alone; its fences keep a stalled one out.
 func (m *Manager) ended(inf LeaseInfo, node int, reason *string) bool {
-	if node != m.opts.Node || m.opts.SkipPIDCheck || !processAlive(inf.PID, inf.start) {
+	if node != m.opts.Node || m.opts.SkipPIDCheck {
+		return true
+	}
+	if p := m.peers.get(inf.Slot, inf.Gen); p != nil {
+		return m.endProven(p, inf, reason)
+	}
+	if !m.r.sameNamespace(inf) {
 		return true
 	}
 	if inf.PID == os.Getpid() {
@@ -363,20 +414,57 @@ func (m *Manager) ended(inf LeaseInfo, node int, reason *string) bool {
 		// stand-in for a stalled one. Never a reason to kill the reaper.
 		return true
 	}
-	if err := m.stop(inf.PID, inf.start, m.r.l.LeaseTimeout); err != nil {
-		m.nQuarantined.Add(1)
-		m.opts.Logf("client slot %d pid %d (%q) is alive past its lease (%s) and could not be ended: %v; its memory stays its own",
-			inf.Slot, inf.PID, inf.Name, *reason, err)
-		return false
+	gone, maps, err := m.r.inspect(inf.PID, inf.start)
+	switch {
+	case gone:
+		return true
+	case err == nil && !maps:
+		*reason += fmt.Sprintf("; process %d does not map the tier (not this lease's client, or it let the tier go): not signalled", inf.PID)
+		return true
+	case err != nil:
+		return m.quarantine(inf, *reason, fmt.Errorf("cannot tell whether it maps the tier: %w", err))
 	}
-	*reason += fmt.Sprintf("; process %d was alive and is killed", inf.PID)
+	return m.quarantine(inf, *reason, errors.New("it maps the tier but never proved it holds this lease (it has not registered with the daemon)"))
+}
+
+// endProven ends a proven client's process, alive past its lease.
+func (m *Manager) endProven(p *peer, inf LeaseInfo, reason *string) bool {
+	if p.exited() {
+		return true
+	}
+	if p.pid == os.Getpid() {
+		return true // as above: never the reaper itself
+	}
+	maps, err := m.r.mappedBy(p.pid)
+	switch {
+	case p.exited():
+		return true
+	case err != nil:
+		return m.quarantine(inf, *reason, fmt.Errorf("cannot tell whether it still maps the tier: %w", err))
+	case !maps:
+		*reason += fmt.Sprintf("; process %d no longer maps the tier: not signalled", p.pid)
+		return true
+	}
+	if err := m.stop(p, m.r.l.LeaseTimeout); err != nil {
+		return m.quarantine(inf, *reason, err)
+	}
+	*reason += fmt.Sprintf("; process %d was alive and is killed", p.pid)
 	return true
+}
+
+func (m *Manager) quarantine(inf LeaseInfo, reason string, why error) bool {
+	m.nQuarantined.Add(1)
+	m.opts.Logf("client slot %d pid %d (%q) is alive past its lease (%s) and is not ended: %v; its memory stays its own",
+		inf.Slot, inf.PID, inf.Name, reason, why)
+	return false
 }
 
 // judge returns why a live lease is dead, or "" if it is not.
 func (m *Manager) judge(inf LeaseInfo, sameNode bool) string {
-	if sameNode && !m.opts.SkipPIDCheck && !processAlive(inf.PID, inf.start) {
-		return fmt.Sprintf("process %d exited", inf.PID)
+	if sameNode && !m.opts.SkipPIDCheck {
+		if why := m.gone(inf); why != "" {
+			return why
+		}
 	}
 	// Heartbeats are judged by this host's monotonic clock from the moment
 	// the counter last changed, so clock skew between hosts does not matter.
@@ -388,6 +476,22 @@ func (m *Manager) judge(inf LeaseInfo, sameNode bool) string {
 	}
 	if quiet := now.Sub(seen.at); quiet > m.r.l.LeaseTimeout {
 		return fmt.Sprintf("no heartbeat for %v", quiet.Round(time.Millisecond))
+	}
+	return ""
+}
+
+// gone says why a lease's process is proven to have exited, "" if it is not:
+// its pidfd says so (a proven client, in any PID namespace), or /proc does
+// (a client of this PID namespace).
+func (m *Manager) gone(inf LeaseInfo) string {
+	if p := m.peers.get(inf.Slot, inf.Gen); p != nil {
+		if p.exited() {
+			return fmt.Sprintf("process %d exited", p.pid)
+		}
+		return ""
+	}
+	if m.r.provenGone(inf) {
+		return fmt.Sprintf("process %d exited", inf.PID)
 	}
 	return ""
 }

@@ -45,6 +45,13 @@ func TestMain(m *testing.M) {
 }
 
 func runChild(role string) error {
+	if role == "idle" { // a process of the host that has nothing to do with the tier
+		time.Sleep(time.Minute)
+		return nil
+	}
+	if err := enterChildNamespaces(); err != nil {
+		return err
+	}
 	var devs []Backing
 	for _, s := range strings.Split(os.Getenv(envDevices), ",") {
 		b, err := ParseBacking(s)
@@ -94,6 +101,19 @@ func runChild(role string) error {
 		err = childZombie(c, Offset(off))
 	case "rawwriter":
 		err = childRawWriter(c)
+	case "keeper":
+		if err = childKeeper(c, iters); err == nil {
+			os.Exit(0) // gone without closing its tier, as a crash leaves it
+		}
+	case "loader":
+		if _, err = c.CreateObject("table", 1<<20, ObjectOptions{}); err == nil {
+			fmt.Println("claimed")
+			for {
+				o, _ := r.OpenObject("table")
+				b, _ := r.ObjectBytes(o)
+				clear(b) // writes the table until ended
+			}
+		}
 	case "objholder":
 		if err = c.HoldObject("table"); err == nil {
 			fmt.Println("holding")
@@ -234,6 +254,12 @@ type child struct {
 
 func spawn(t testing.TB, r *Region, role string, node int, extra ...string) *child {
 	t.Helper()
+	return spawnWith(t, r, role, node, nil, extra...)
+}
+
+// spawnWith is spawn with a last word on the command (namespaces, say).
+func spawnWith(t testing.TB, r *Region, role string, node int, adjust func(*exec.Cmd), extra ...string) *child {
+	t.Helper()
 	var devs []string
 	for _, d := range r.Info().Devices {
 		devs = append(devs, d)
@@ -245,6 +271,9 @@ func spawn(t testing.TB, r *Region, role string, node int, extra ...string) *chi
 	cmd.Stderr = os.Stderr
 	// A child outlives no test binary, even one that times out.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if adjust != nil {
+		adjust(cmd)
+	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -425,7 +454,7 @@ func reaperTest(t *testing.T) (Geometry, *Region, *Manager) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { m.Client().Close() })
+	t.Cleanup(func() { m.Close() })
 	return g, r, m
 }
 
@@ -603,22 +632,13 @@ func TestStoppedWriterIsEndedBeforeItsMemoryMoves(t *testing.T) {
 	if _, serr := fmt.Sscanf(line, "ready %d", &off); err != nil || serr != nil {
 		t.Fatalf("writer said %q: %v %v", line, err, serr)
 	}
-	time.Sleep(20 * time.Millisecond)
+	waitProven(t, m, k.cmd.Process.Pid)
 	if err := k.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	defer k.cmd.Process.Signal(syscall.SIGCONT)
 	waitReaped(t, r, k.cmd.Process.Pid, 30*g.LeaseTimeout)
-	owner := attachTest(t, r, 0)
-	for n := int64(0); ; n++ {
-		got, err := owner.AllocChunks(1)
-		if err != nil || n > r.Usage().Chunks {
-			t.Fatalf("the writer's chunk %v was not handed on: %v", off, err)
-		}
-		if got == off {
-			break
-		}
-	}
+	allocUntil(t, attachTest(t, r, 0), off)
 	mine := bytes.Repeat([]byte{0x11}, int(r.ChunkSize()))
 	if err := r.WriteAt(mine, off); err != nil {
 		t.Fatal(err)
@@ -648,6 +668,22 @@ func TestStoppedWriterIsEndedBeforeItsMemoryMoves(t *testing.T) {
 	}
 }
 
+// allocUntil has c allocate chunks until it is given off: a reaped
+// client's chunk, handed on.
+func allocUntil(t *testing.T, c *Client, off Offset) {
+	t.Helper()
+	r := c.Region()
+	for n := int64(0); ; n++ {
+		got, err := c.AllocChunks(1)
+		if err != nil || n > r.Usage().Chunks {
+			t.Fatalf("the reaped client's chunk %v was not handed on: %v", off, err)
+		}
+		if got == off {
+			return
+		}
+	}
+}
+
 func countDiff(a, b []byte) (n int) {
 	for i := range a {
 		if a[i] != b[i] {
@@ -655,6 +691,22 @@ func countDiff(a, b []byte) (n int) {
 		}
 	}
 	return n
+}
+
+// waitProven waits until the manager holds the kernel's word for the
+// lease of pid (the child registered over the client socket).
+func waitProven(t *testing.T, m *Manager, pid int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		for _, l := range m.r.Leases() {
+			if l.PID == pid && l.State == "live" && m.peers.get(l.Slot, l.Gen) != nil {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the client of pid %d did not register with the manager", pid)
+		}
+	}
 }
 
 // waitReaped waits until no live lease names pid.
@@ -705,11 +757,12 @@ func TestProcessThatClosedItsTierIsNotKilled(t *testing.T) {
 func TestLiveProcessPastItsLeaseIsQuarantined(t *testing.T) {
 	g, r, m := reaperTest(t)
 	failing := errors.New("operation not permitted")
-	m.stop = func(int, uint64, time.Duration) error { return failing }
+	m.stop = func(*peer, time.Duration) error { return failing }
 	k := spawn(t, r, "rawwriter", 0)
 	if line, err := k.out.ReadString('\n'); err != nil || !strings.HasPrefix(line, "ready ") {
 		t.Fatalf("writer said %q, %v", line, err)
 	}
+	waitProven(t, m, k.cmd.Process.Pid)
 	if err := k.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -723,7 +776,7 @@ func TestLiveProcessPastItsLeaseIsQuarantined(t *testing.T) {
 	if r.Usage().UsedChunks != used || m.Stats().Quarantined == 0 {
 		t.Fatalf("chunks %d -> %d, quarantined %d", used, r.Usage().UsedChunks, m.Stats().Quarantined)
 	}
-	m.stop = stopProcess
+	m.stop = stopPeer
 	if reaped := m.ReapOnce(); len(reaped) != 1 || reaped[0].Chunks != 1 {
 		t.Fatalf("once it can be ended: reaped %+v", reaped)
 	}

@@ -475,8 +475,9 @@ func (c *Client) otherLoader(o Object, op string) error {
 		return nil
 	}
 	inf, _ := c.r.tokenLease(t)
-	return fmt.Errorf("tier: %s object %q: client %q (pid %d) is loading it (wait for its seal, or stop it): %w",
-		op, o.Name, inf.Name, inf.PID, ErrObjectBusy)
+	return fmt.Errorf("tier: %s object %q: client %q (slot %d, pid %d) is loading it (wait for its seal, or stop it; "+
+		"a loader that exited where this process cannot see it is freed when a daemon or cxltier repair reaps it): %w",
+		op, o.Name, inf.Name, inf.Slot, inf.PID, ErrObjectBusy)
 }
 
 // claimLoadLocked records c as o's loader; the caller holds the system lock.
@@ -512,11 +513,8 @@ func (c *Client) UnsealObject(name string) (Object, error) {
 	})
 }
 
-// otherHolders counts the clients other than c that hold o and still run:
-// a lease that is live, heartbeats, and (on a tier of one host) whose
-// process is there. A server that exited without closing its tier, with
-// no daemon to reap it, leaves a live lease behind; it reads nothing and
-// must not keep the table from being loaded again.
+// otherHolders counts the clients other than c that hold o and may still
+// run (tokenRuns).
 func (c *Client) otherHolders(o Object) int {
 	n := 0
 	for i := 0; i < objectHolders; i++ {
@@ -527,16 +525,26 @@ func (c *Client) otherHolders(o Object) int {
 	return n
 }
 
-// tokenRuns is tokenLive for a lease whose client still runs.
+// TokenRuns reports whether the client a token names may still run: its
+// lease is live and its process is not proven gone. A claim recorded under
+// a token (a reservation, a loader's claim) is let go only when this says
+// no.
+func (r *Region) TokenRuns(token uint64) bool { return r.tokenRuns(token) }
+
+// tokenRuns reports whether the client a token names may still run: its
+// lease is live, and its process is not proven gone (by /proc, for a
+// client of this PID namespace on a tier of one host). A heartbeat that
+// stopped proves nothing: a stopped or paused loader resumes and writes on,
+// so its claim stands until it exits or a daemon ends it and reaps it.
+// A server that exited without closing its tier, with no daemon to reap
+// it, leaves a live lease behind; when this process can see that it is
+// gone, it reads nothing and does not keep the table from being loaded.
 func (r *Region) tokenRuns(t uint64) bool {
 	inf, live := r.tokenLease(t)
 	if !live {
 		return false
 	}
-	if r.l.Nodes == 1 && !processAlive(inf.PID, inf.start) {
-		return false
-	}
-	return time.Since(inf.LastBeat) < 2*r.l.LeaseTimeout
+	return !(r.l.Nodes == 1 && r.provenGone(inf))
 }
 
 func (c *Client) updateSeal(name string, change func(*Object) error) (Object, error) {

@@ -508,3 +508,32 @@ func TestOneLoaderAtATime(t *testing.T) {
 		t.Fatalf("claim after the loader's client ended: %v", err)
 	}
 }
+
+// TestStoppedLoaderKeepsItsClaim: a loader stopped (SIGSTOP) long past
+// its lease, with no daemon to end it, keeps its claim: it resumes and
+// writes on, so another loader taking the table over would seal a mixture
+// of both under its own label. (Its claim used to lapse with its
+// heartbeat.) Once the process is gone, the claim is free.
+func TestStoppedLoaderKeepsItsClaim(t *testing.T) {
+	g := testGeometry()
+	g.LeaseTimeout = 200 * time.Millisecond
+	r := formatTest(t, g)
+	k := spawn(t, r, "loader", 0)
+	if line, err := k.out.ReadString('\n'); err != nil || line != "claimed\n" {
+		t.Fatalf("loader said %q, %v", line, err)
+	}
+	if err := k.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer k.cmd.Process.Signal(syscall.SIGCONT)
+	time.Sleep(5 * g.LeaseTimeout)
+	b := attachTest(t, r, 0)
+	if _, err := b.ClaimObjectLoad("table"); !errors.Is(err, ErrObjectBusy) {
+		t.Fatalf("claim of a stopped loader's table: %v, want ErrObjectBusy", err)
+	}
+	k.cmd.Process.Kill()
+	k.cmd.Wait()
+	if _, err := b.ClaimObjectLoad("table"); err != nil {
+		t.Fatalf("claim once the loader is gone: %v", err)
+	}
+}

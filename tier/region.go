@@ -34,6 +34,7 @@ type Region struct {
 	sync     syncer
 	readOnly bool
 	closed   atomic.Bool
+	pidns    uint32 // this process's PID namespace (0: unknown), as leases record it
 
 	clientsMu sync.Mutex
 	clients   map[*Client]struct{} // attached here and not closed
@@ -66,6 +67,7 @@ func Format(opts Options) (*Region, error) {
 		l.Flags |= flagShared
 	}
 	r := &Region{l: l, sync: syncer{shared: opts.Coherence == Shared}}
+	r.pidns, _ = pidNamespace("self")
 	for _, b := range opts.Devices {
 		m, err := createBacking(b, g.DeviceSize, opts.Overwrite)
 		if err != nil {
@@ -118,6 +120,7 @@ func Open(opts Options) (*Region, error) {
 		return nil, fmt.Errorf("tier: shared coherence needs cache flush instructions this CPU lacks: %w", ErrInvalidConfig)
 	}
 	r := &Region{sync: syncer{shared: opts.Coherence == Shared}, readOnly: opts.ReadOnly}
+	r.pidns, _ = pidNamespace("self")
 	for _, b := range opts.Devices {
 		m, err := openBacking(b, !opts.ReadOnly)
 		if err != nil {

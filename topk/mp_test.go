@@ -77,7 +77,7 @@ func TestStoppedPoolIsEndedBeforeItsExtentsMove(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.Client().Close()
+	defer m.Close()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envRole+"=appender", envDevices+"="+strings.Join(r.Info().Devices, ","))
 	cmd.Stderr = os.Stderr
@@ -93,6 +93,7 @@ func TestStoppedPoolIsEndedBeforeItsExtentsMove(t *testing.T) {
 	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
 		t.Fatalf("appender said %q, %v", line, err)
 	}
+	tiertest.WaitProven(t, m, cmd.Process.Pid)
 	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}

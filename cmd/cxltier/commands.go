@@ -34,11 +34,39 @@ func cmdStatus(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "daemon: node %d, lock manager %v, up %s, flush %s\n", st.Node, st.LockManager, st.Uptime, st.Flush)
 	printSnapshot(stdout, st.Snapshot)
+	if st.ClientSocket != "" {
+		fmt.Fprintf(stdout, "client socket: %s (%d client(s) proved who they are)\n", st.ClientSocket, len(st.Proven))
+	} else {
+		fmt.Fprintf(stdout, "client socket: none (no client can prove who it is; the daemon ends none)\n")
+	}
+	switch {
+	case st.Uplink.Listening:
+		fmt.Fprintf(stdout, "uplink: listening at %s\n", st.Uplink.Socket)
+	case st.Uplink.Socket != "":
+		fmt.Fprintf(stdout, "uplink: none answers at %s (cluster pages are local misses; no uplink runs, or its directory is not shared)\n", st.Uplink.Socket)
+	default:
+		fmt.Fprintf(stdout, "uplink: %s\n", st.Uplink.Error)
+	}
 	fmt.Fprintf(stdout, "reaped clients: %d in total\n", st.ReapedTotal)
 	for _, rp := range st.Reaped {
 		fmt.Fprintf(stdout, "  %s  slot %d pid %d node %d %q: %s (%d locks released, %d chunks freed)\n",
 			rp.At.Format(time.RFC3339), rp.Slot, rp.PID, rp.Node, rp.Name, rp.Reason, rp.Locks, rp.Chunks)
 	}
+	return nil
+}
+
+// cmdHealth is a liveness probe: the daemon answers /healthz (its tier's
+// headers and areas still check) or the command fails.
+func cmdHealth(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("health", stderr, "[-addr HOST:PORT]")
+	addr := fs.String("addr", adminapi.DefaultAddr, "cxltierd admin address")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := adminapi.FetchHealth(*addr, 5*time.Second); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "ok")
 	return nil
 }
 
@@ -151,6 +179,9 @@ func printSnapshot(w io.Writer, s tier.Snapshot) {
 		role := ""
 		if c.Daemon {
 			role = " [daemon]"
+		}
+		if c.ElsewhereNS {
+			role += " (pid in its own PID namespace: a container)"
 		}
 		if c.Gone {
 			role += " — its process is gone: dead, not yet reaped (cxltier repair, or the daemon, reaps it)"

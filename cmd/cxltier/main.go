@@ -19,6 +19,7 @@ const usage = `usage: cxltier COMMAND [flags]
 
 commands:
   status    ask the running cxltierd for the tier's state
+  health    exit 0 when the running cxltierd says its tier is healthy (a liveness probe)
   top       watch the running cxltierd: tier use, clients, prefix and top-k rates
   inspect   read a region's backing files directly (no daemon needed)
   format    create and format a new tier
@@ -44,7 +45,7 @@ func main() {
 type command func(args []string, stdout, stderr io.Writer) error
 
 func run(args []string, stdout, stderr io.Writer) int {
-	commands := map[string]command{"status": cmdStatus, "top": cmdTop, "destroy": cmdDestroy, "repair": cmdRepair, "resize": cmdResize, "inspect": cmdInspect, "format": cmdFormat, "engram": cmdEngram, "prefix": cmdPrefix, "object": cmdObject}
+	commands := map[string]command{"status": cmdStatus, "health": cmdHealth, "top": cmdTop, "destroy": cmdDestroy, "repair": cmdRepair, "resize": cmdResize, "inspect": cmdInspect, "format": cmdFormat, "engram": cmdEngram, "prefix": cmdPrefix, "object": cmdObject}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stderr, usage)
 		if len(args) == 0 {

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -174,6 +176,35 @@ func TestStatusWithoutDaemon(t *testing.T) {
 	code, _, errs := runCLI(t, "status", "-addr", addr)
 	if code != 1 || !strings.Contains(errs, "is cxltierd running?") {
 		t.Errorf("status with no daemon: exit %d, %q", code, errs)
+	}
+}
+
+// TestHealth: the probe follows what the daemon's /healthz answers.
+func TestHealth(t *testing.T) {
+	healthy := true
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+		if req.URL.Path != "/healthz" {
+			http.NotFound(rw, req)
+			return
+		}
+		if !healthy {
+			rw.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(rw, "unhealthy: tier: header checksum")
+			return
+		}
+		fmt.Fprintln(rw, "ok")
+	}))
+	defer srv.Close()
+	if code, out, errs := runCLI(t, "health", "-addr", srv.URL); code != 0 || out != "ok\n" {
+		t.Fatalf("healthy: exit %d, %q, %q", code, out, errs)
+	}
+	healthy = false
+	if code, _, errs := runCLI(t, "health", "-addr", srv.URL); code != 1 || !strings.Contains(errs, "header checksum") {
+		t.Fatalf("unhealthy: exit %d, %q", code, errs)
+	}
+	srv.Close()
+	if code, _, errs := runCLI(t, "health", "-addr", srv.URL); code != 1 || !strings.Contains(errs, "is cxltierd running?") {
+		t.Fatalf("no daemon: exit %d, %q", code, errs)
 	}
 }
 
@@ -579,5 +610,49 @@ func TestDestroyDamagedHeader(t *testing.T) {
 	}
 	if _, err := os.Stat(other); err != nil {
 		t.Fatalf("a file that is no tier was removed: %v", err)
+	}
+}
+
+// TestDestroyRemovesLeftSockets: the sockets (and lock files) a daemon or
+// uplink killed without closing left beside the tier go with it, and
+// nothing else in the directory does.
+func TestDestroyRemovesLeftSockets(t *testing.T) {
+	dir := t.TempDir()
+	dev := filepath.Join(dir, "tier")
+	formatTier(t, dev)
+	r := openFileTier(t, dev)
+	var left []string
+	for _, role := range []string{"node0", "uplink-node0"} {
+		p, err := r.SocketPathFor(role)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: p, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln.SetUnlinkOnClose(false) // as a killed process leaves it
+		ln.Close()
+		left = append(left, p)
+	}
+	if err := os.WriteFile(left[1]+".lock", nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	left = append(left, left[1]+".lock")
+	bystander := filepath.Join(dir, "cxltier-notes.sock.txt")
+	if err := os.WriteFile(bystander, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	if code, out, errs := runCLI(t, "destroy", "file:"+dev); code != 0 || strings.Count(out, "removed ") != 3 {
+		t.Fatalf("destroy: exit %d, %q, %q", code, out, errs)
+	}
+	for _, p := range left {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("%s is still there", p)
+		}
+	}
+	if _, err := os.Stat(bystander); err != nil {
+		t.Errorf("destroy removed a file that is not the tier's: %v", err)
 	}
 }

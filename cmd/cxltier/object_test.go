@@ -98,6 +98,16 @@ func TestEngramLoadSGLangCheckpoint(t *testing.T) {
 	if code, out, _ = runCLI(t, "engram", "load", "--model", "V4.1-test", "--file", dir, "--layer", "14", "file:"+dev); code != 0 || !strings.Contains(out, "sealed already") {
 		t.Fatalf("second load: exit %d, %q", code, out)
 	}
+	// Another checkpoint of the same shapes under the same model name: the
+	// sealed table is left as it is, and the load says so and fails.
+	other := t.TempDir()
+	writeSafetensors(t, filepath.Join(other, "model-00002.safetensors"), map[string]stTensor{
+		"layers.14.engram.embed.weight": {"F8_E4M3", rows, dim, patterned(rows*dim, 99)},
+		"layers.14.engram.embed.scale":  {"F8_E8M0", rows, dim / 32, patterned(rows*dim/32, 199)},
+	})
+	if code, out, errs = runCLI(t, "engram", "load", "--model", "V4.1-test", "--file", other, "--layer", "14", "file:"+dev); code == 0 || !strings.Contains(errs, "another checkpoint") {
+		t.Fatalf("load of another checkpoint over a sealed table: exit %d, %q, %q", code, out, errs)
+	}
 	// A damaged seal: listed as damaged, and load --force replaces the table.
 	r = openFileTier(t, dev)
 	o, err := r.OpenObject(engram.SGLangTableName("V4.1-test", 14))

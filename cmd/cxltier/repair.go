@@ -31,7 +31,9 @@ func cmdRepair(args []string, stdout, stderr io.Writer) error {
 		printRepairPlan(stdout, r.AuditFindings())
 		return nil
 	}
-	m, err := tier.NewManager(r, tier.ManagerOptions{Node: *node})
+	// No client socket: no client would prove itself to a pass of a few
+	// seconds, and a stalled one is left for a daemon to end.
+	m, err := tier.NewManager(r, tier.ManagerOptions{Node: *node, NoClientSocket: true})
 	if errors.Is(err, tier.ErrExists) {
 		return fmt.Errorf("%w\n  (a running daemon repairs as it goes; POST /v1/reap to its admin API forces a pass)", err)
 	}
@@ -43,7 +45,7 @@ func cmdRepair(args []string, stdout, stderr io.Writer) error {
 	reaped := m.ReapOnce()
 	time.Sleep(r.Info().Geometry.LeaseTimeout + 100*time.Millisecond)
 	reaped = append(reaped, m.ReapOnce()...)
-	m.Client().Close()
+	m.Close()
 	for _, rp := range reaped {
 		fmt.Fprintf(stdout, "reaped slot %d (pid %d, %q): %s; %d locks released, %d chunks freed\n", rp.Slot, rp.PID, rp.Name, rp.Reason, rp.Locks, rp.Chunks)
 	}

@@ -111,9 +111,11 @@ func cmdDestroy(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	r, devs, err := openArgs(fs, true)
+	var sockets []string
 	switch {
 	case err == nil:
 		live := liveClients(r)
+		sockets = r.SocketFiles()
 		r.Close()
 		if len(live) > 0 && !*force {
 			return fmt.Errorf("%d live client(s) attached (%s): stop them (and cxltierd) first, or -force", len(live), strings.Join(live, ", "))
@@ -146,6 +148,12 @@ func cmdDestroy(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 		fmt.Fprintf(stdout, "destroyed %s\n", d)
+	}
+	// The sockets a daemon or uplink killed without closing left beside it.
+	for _, p := range sockets {
+		if err := os.Remove(p); err == nil {
+			fmt.Fprintf(stdout, "removed %s\n", p)
+		}
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/cxltier/cxltier/cluster"
 	"github.com/cxltier/cxltier/cmd/internal/adminapi"
 	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
@@ -209,17 +210,38 @@ func (a *admin) snapshot() adminapi.Status {
 		reaped = []tier.Reaped{}
 	}
 	return adminapi.Status{
-		Node:        a.cfg.Node,
-		LockManager: a.cfg.Node == a.cfg.ManagerNode,
-		Uptime:      time.Since(a.started).Round(time.Second).String(),
-		Flush:       tier.FlushInstruction(),
-		Reaped:      reaped,
-		ReapedTotal: st.Reaped,
-		LockGrants:  st.Grants,
-		Prefix:      a.px.stats(),
-		Topk:        a.topkStats(),
-		Snapshot:    a.r.Snapshot(),
+		Node:         a.cfg.Node,
+		LockManager:  a.cfg.Node == a.cfg.ManagerNode,
+		Uptime:       time.Since(a.started).Round(time.Second).String(),
+		Flush:        tier.FlushInstruction(),
+		Reaped:       reaped,
+		ReapedTotal:  st.Reaped,
+		LockGrants:   st.Grants,
+		Prefix:       a.px.stats(),
+		Topk:         a.topkStats(),
+		ClientSocket: a.m.SocketPath(),
+		Proven:       a.m.Proofs(),
+		Uplink:       a.uplinkReach(),
+		Snapshot:     a.r.Snapshot(),
 	}
+}
+
+// uplinkReach tries the node uplink's socket, as the node's clients would.
+func (a *admin) uplinkReach() adminapi.UplinkReach {
+	if a.r.Anonymous() {
+		return adminapi.UplinkReach{Error: "an anonymous tier has no uplink"}
+	}
+	path, err := cluster.Address(a.r, a.cfg.Node)
+	if err != nil {
+		return adminapi.UplinkReach{Error: err.Error()}
+	}
+	out := adminapi.UplinkReach{Socket: path}
+	if err := cluster.Reachable(path, 200*time.Millisecond); err != nil {
+		out.Error = err.Error()
+	} else {
+		out.Listening = true
+	}
+	return out
 }
 
 // topkStats sums the sparse-KV pools of live clients; a damaged table is
@@ -283,6 +305,12 @@ func writeMetrics(w io.Writer, s adminapi.Status) {
 	metric("cxltier_clients_dead", "gauge", "Leases of dead clients not yet reclaimed.", dead)
 	metric("cxltier_locks_held", "gauge", "Global locks held or requested.", len(s.Locks))
 	metric("cxltier_clients_reaped_total", "counter", "Dead clients reclaimed by this daemon.", s.ReapedTotal)
+	metric("cxltier_clients_proven", "gauge", "Clients that proved who they are over the client socket (the only ones the daemon ever ends).", len(s.Proven))
+	up := 0
+	if s.Uplink.Listening {
+		up = 1
+	}
+	metric("cxltier_uplink_listening", "gauge", "Whether the node's uplink answers at its socket (0: cluster pages are local misses).", up)
 	metric("cxltier_lock_grants_total", "counter", "Global lock grants by this daemon (lock manager only).", s.LockGrants)
 	metric("cxltier_directory_entries", "gauge", "Named objects in the root directory.", len(s.Directory))
 	writePrefixMetrics(w, s.Prefix)

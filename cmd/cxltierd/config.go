@@ -32,6 +32,7 @@ type config struct {
 	AdminRate  float64 `json:"admin-rate"`
 	configFile string
 	sizeGiven  bool // -size on the command line or "size" in the file
+	checkOnly  bool // -check-config: check the configuration and exit
 }
 
 const tokenEnv = "CXLTIER_TOKEN"
@@ -50,6 +51,7 @@ func (c *config) flagSet(stderr io.Writer) *flag.FlagSet {
 	}
 	c.Register(fs)
 	fs.StringVar(&c.configFile, "config", "", "JSON config file (keys are flag names); flags override it")
+	fs.BoolVar(&c.checkOnly, "check-config", false, "check the flags and config file, say what they give, and exit (nothing is started)")
 	fs.IntVar(&c.Node, "node", c.Node, "this host's node id")
 	fs.IntVar(&c.ManagerNode, "manager-node", c.ManagerNode, "node whose daemon grants global locks and reaps dead nodes")
 	fs.StringVar(&c.Listen, "listen", c.Listen, "admin API address (host:port); keep it on loopback")
@@ -95,6 +97,7 @@ func loadConfig(args []string, stderr io.Writer) (config, error) {
 			sizeGiven = sizeGiven || inFile
 		}
 		fromFile.configFile = cfg.configFile
+		fromFile.checkOnly = cfg.checkOnly
 		cfg = fromFile
 	}
 	cfg.sizeGiven = sizeGiven

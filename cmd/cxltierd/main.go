@@ -48,6 +48,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if cfg.checkOnly {
+		fmt.Fprintf(stderr, "cxltierd: configuration ok: devices %v, node %d, admin API on %s\n", opts.Devices, cfg.Node, cfg.Listen)
+		return nil
+	}
 	// The port first: a daemon that cannot serve must not leave a freshly
 	// formatted tier behind.
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -83,6 +87,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	})
 	if err != nil {
 		return err
+	}
+	if p := m.SocketPath(); p != "" {
+		logger.Printf("clients prove who they are at %s (share its directory with client containers)", p)
 	}
 	mctx, stopManager := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

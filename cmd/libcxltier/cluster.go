@@ -36,7 +36,14 @@ func newLink(r *tier.Region, c *tier.Client) (*cluster.Link, error) {
 		}
 		opts.Timeout = d
 	}
-	return cluster.NewLink(cluster.Address(r.Info().UUID, c.Node()), opts), nil
+	if r.Anonymous() {
+		return nil, nil // one process's tier: no node, no uplink
+	}
+	addr, err := cluster.Address(r, c.Node())
+	if err != nil {
+		return nil, fmt.Errorf("attach: the node uplink's socket: %w", err)
+	}
+	return cluster.NewLink(addr, opts), nil
 }
 
 // exists is Exists, with the keys past the local prefix asked of the
@@ -138,8 +145,8 @@ func cxl_uplink_off(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	return report(nil, errbuf, errlen)
 }
 
-// cxl_uplink_address writes the abstract socket name (without its leading
-// NUL) that the uplink of this tier's node binds and its clients dial.
+// cxl_uplink_address writes the socket path that the uplink of this tier's
+// node binds and its clients dial.
 //
 //export cxl_uplink_address
 func cxl_uplink_address(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, errlen C.int) (code C.int) {
@@ -150,7 +157,11 @@ func cxl_uplink_address(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char,
 			return err
 		}
 		defer done.Done()
-		return copyString([]byte(cluster.Address(a.r.Info().UUID, a.c.Node())), buf, bufCap)
+		addr, err := cluster.Address(a.r, a.c.Node())
+		if err != nil {
+			return err
+		}
+		return copyString([]byte(addr), buf, bufCap)
 	}()
 	return report(err, errbuf, errlen)
 }

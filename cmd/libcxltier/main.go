@@ -10,7 +10,7 @@
 // handles; no Go pointer crosses the boundary, and the library only reads
 // or writes caller memory (keys, payloads, ids) during the call.
 //
-// The calls of ABI 9 (what changed between versions: docs/abi.md):
+// The calls (what changed between versions: docs/abi.md):
 //
 //	cxl_attach(devices, name, &tier)           devices: comma-separated backings
 //	cxl_detach(tier)
@@ -33,8 +33,10 @@
 //	cxl_prefix_has(index, keys, n, present)              each key ready (1) or not (0)
 //	cxl_prefix_names(tier, buf, buf_len, &n)             the tier's prefix indexes, each name NUL-terminated
 //	cxl_uplink_off(tier)                                 indexes opened on tier from now on never ask the uplink (the uplink's own)
-//	cxl_uplink_address(tier, buf, cap)                   the abstract socket name of the node's uplink (for the uplink)
+//	cxl_uplink_address(tier, buf, cap)                   the socket path of the node's uplink (for the uplink)
 //	cxl_tier_mappings(tier, ptrs, lens, cap, &n)         each device mapping, to register with a transfer engine
+//	cxl_tier_replaced(tier, buf, cap)                    why the tier is not the one its paths name any more ("" while it is)
+//	cxl_tier_registered(tier, &yes, why, why_cap)        whether this client proved who it is to its node's daemon
 //	cxl_prefix_namespace(index, buf, cap)                the index's name across nodes (name, and a digest of its key)
 //	cxl_prefix_pin(index, keys, n, addrs, lens, wire_crcs, present, &pins)   pins each present key's payload in place
 //	cxl_prefix_unpin(pins)
@@ -109,7 +111,7 @@ package main
 import "C"
 
 // abiVersion changes whenever a call's meaning or signature does.
-const abiVersion = 11
+const abiVersion = 12
 
 //export cxl_abi_version
 func cxl_abi_version() C.int { return abiVersion }

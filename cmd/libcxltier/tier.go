@@ -146,3 +146,58 @@ func tierRelease(h uint64) error {
 	}
 	return nil
 }
+
+// cxl_tier_replaced writes why the tier h maps is no longer the one its
+// backing paths name (destroyed, or formatted again), or "" while it is
+// (tier.Region.Replaced): a process that runs for long (the uplink)
+// checks it and stops rather than serve a tier no one uses.
+//
+//export cxl_tier_replaced
+func cxl_tier_replaced(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_tier_replaced", errbuf, errlen, &code)
+	err := func() error {
+		a, done, err := use[*attached](uint64(h))
+		if err != nil {
+			return err
+		}
+		defer done.Done()
+		return copyString([]byte(a.r.Replaced()), buf, bufCap)
+	}()
+	return report(err, errbuf, errlen)
+}
+
+// cxl_tier_registered says whether this process's client of tier h proved
+// who it is to its node's daemon (tier.Client.Registered): *out is 1 if
+// so, else 0, with why in buf (no daemon listens at its socket, or the
+// daemon's refusal).
+//
+//export cxl_tier_registered
+func cxl_tier_registered(h C.uint64_t, out *C.int, buf *C.char, bufCap C.int, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_tier_registered", errbuf, errlen, &code)
+	err := func() error {
+		if out == nil {
+			return fmt.Errorf("tier registered: %w: no output", errBadArg)
+		}
+		a, done, err := use[*attached](uint64(h))
+		if err != nil {
+			return err
+		}
+		defer done.Done()
+		*out = 0
+		if a.c.Registered() {
+			*out = 1
+			return copyString(nil, buf, bufCap)
+		}
+		why := a.c.RegisterError()
+		if why == "" {
+			path, err := a.r.SocketPath(a.c.Node())
+			if err != nil {
+				why = err.Error()
+			} else {
+				why = "no daemon answers at " + path
+			}
+		}
+		return copyString([]byte(why), buf, bufCap)
+	}()
+	return report(err, errbuf, errlen)
+}

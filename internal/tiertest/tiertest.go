@@ -78,3 +78,20 @@ func Attach(devices, name string) (*tier.Client, error) {
 	}
 	return c, nil
 }
+
+// WaitProven waits until m holds the kernel's word for the live lease of
+// pid (a child of the test, in the test's PID namespace), which it needs
+// before it may end that process.
+func WaitProven(t testing.TB, m *tier.Manager, pid int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		for _, p := range m.Proofs() {
+			if p.PID == pid && m.Client().Region().LeaseLive(uint64(p.Gen)<<32|uint64(p.Slot+1)) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the client of pid %d did not register with the daemon in 10 s", pid)
+		}
+	}
+}

@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 
-ABI_VERSION = 11
+ABI_VERSION = 12
 _ERRLEN = 1024
 
 
@@ -96,6 +96,8 @@ _PROTOTYPES = {
     "cxl_prefix_names": [_u64, ctypes.c_char_p, _i64, _p(_i64)] + _err,
     "cxl_uplink_off": [_u64] + _err,
     "cxl_uplink_address": [_u64, ctypes.c_char_p, _int] + _err,
+    "cxl_tier_replaced": [_u64, ctypes.c_char_p, _int] + _err,
+    "cxl_tier_registered": [_u64, ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, _int] + _err,
     "cxl_tier_mappings": [_u64, _p(ctypes.c_void_p), _p(_i64), _i64, _p(_i64)] + _err,
     "cxl_prefix_namespace": [_u64, ctypes.c_char_p, _int] + _err,
     "cxl_prefix_pin": [_u64, _bytes, _i64, _p(ctypes.c_void_p), _p(_i64), _p(ctypes.c_uint32), _p(_i8), _p(_u64)] + _err,

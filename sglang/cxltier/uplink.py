@@ -5,8 +5,11 @@ a cluster through Mooncake Store.
 
 Every process on the node that opens a prefix index of the tier (SGLang's
 HiCache backend, the unified-cache linker, PrefixIndex) finds this process
-through the tier itself: it binds an abstract socket named after the tier's
-UUID and the node (cxl_uplink_address). Those processes then
+through the tier itself: it binds a socket named after the tier's UUID and
+the node, beside the tier's file (/dev/shm for shm: tiers; /run/cxltier for
+DAX; $CXLTIER_SOCKET_DIR where set: cxl_uplink_address). A path, not an
+abstract name, so that processes in other network namespaces (pods that
+share the directory) find it too. Those processes then
 
 - ask it for the keys past a local miss: it checks the cluster, reserves
   blocks through the index's crash-safe reserve/publish insert, lets
@@ -36,7 +39,9 @@ when their keys match.
 
 import argparse
 import ctypes
+import errno
 import faulthandler
+import fcntl
 import http.server
 import logging
 import mmap
@@ -44,6 +49,7 @@ import os
 import queue
 import signal
 import socket
+import stat
 import struct
 import sys
 import threading
@@ -291,7 +297,7 @@ class Uplink:
         self._stop = threading.Event()
         self._threads = []
         self.events = None  # the KV event stream (cxltier.kvevents), when --events asks for one
-        buf = ctypes.create_string_buffer(256)
+        buf = ctypes.create_string_buffer(4096)
         _native.call("cxl_uplink_address", self.tier.handle, buf, len(buf))
         self.address = buf.value.decode()
         self.slots = _Slots(store)
@@ -304,13 +310,8 @@ class Uplink:
                 if store.register_buffer(addr, length) != 0:
                     raise UplinkError(f"mooncake: register_buffer of tier device {i} ({length} bytes) failed; "
                                       "on RDMA, back the tier with huge pages or devdax (docs/operations.md)")
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            self._sock.bind("\0" + self.address)
-        except OSError as e:
-            self._sock.close()
-            raise UplinkError(f"uplink: cannot bind @{self.address}: {e} (another uplink serves this tier's node?)") from e
-        self._sock.listen(64)
+        self._sock, self._lock_fd = _bind_socket(self.address)
+        self._signalled = False  # set by the signal handlers, and nothing else
 
     def _mappings(self):
         """(address, length) of each device mapping of the tier in this
@@ -405,8 +406,37 @@ class Uplink:
         # A timed wait: SIGTERM may land on any thread (the Go runtime's
         # threads do not block it), and then only the main thread's return
         # to the interpreter runs the handler; an untimed wait never returns.
+        # The handler only sets a flag (signal_stop): acting on it here,
+        # outside the handler, nothing is re-entered when a second signal
+        # interrupts the first's handling.
+        next_check = 0.0
         while not self._stop.wait(0.2):
-            pass
+            if self._signalled:
+                self.stop()
+            elif time.monotonic() >= next_check:
+                next_check = time.monotonic() + 1.0
+                self._check_tier()
+
+    def signal_stop(self, *_):
+        """The SIGTERM/SIGINT handler: sets a flag that serve_forever acts on."""
+        self._signalled = True
+
+    replaced = None  # why the tier this uplink serves is not the node's tier any more
+
+    def _check_tier(self):
+        """Stops the uplink when its tier was destroyed or formatted again
+        under it: it would serve a tier no process uses, and the node's new
+        tier would get no cluster fills."""
+        buf = ctypes.create_string_buffer(1024)
+        try:
+            self._native.call("cxl_tier_replaced", self.tier.handle, buf, len(buf))
+        except self._native.CxlTierError as e:
+            logger.warning("cxltier uplink: checking the tier: %s", e)
+            return
+        if buf.value:
+            self.replaced = buf.value.decode()
+            logger.error("cxltier uplink: %s; stopping (start the uplink again to serve the new tier)", self.replaced)
+            self.stop()
 
     def _spawn(self, fn, *args):
         t = threading.Thread(target=fn, args=args, daemon=True, name=f"uplink-{fn.__name__}")
@@ -415,6 +445,10 @@ class Uplink:
 
     def stop(self):
         self._stop.set()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
+        except OSError:
+            pass
         try:
             self._sock.close()
         except OSError:
@@ -722,6 +756,8 @@ class Uplink:
         self.stop()
         if self.events is not None:
             self.events.stop()
+        _unbind_socket(self.address, self._lock_fd)
+        self._lock_fd = None
         self.tier.close()
 
 
@@ -749,6 +785,92 @@ def _test_pause(var):
     pause = os.environ.get(var)
     if pause:
         time.sleep(float(pause))
+
+
+def registered(tier, wait=0.0):
+    """(True, "") once this process's client of tier has proved who it is to
+    its node's daemon, else (False, why), waiting up to wait seconds."""
+    from . import _native
+
+    deadline = time.monotonic() + wait
+    yes, buf = ctypes.c_int(), ctypes.create_string_buffer(1024)
+    while True:
+        _native.call("cxl_tier_registered", tier.handle, ctypes.byref(yes), buf, len(buf))
+        if yes.value or time.monotonic() >= deadline:
+            return bool(yes.value), buf.value.decode()
+        time.sleep(0.05)
+
+
+def _warn_without_daemon(up):
+    """A node with an uplink needs its daemon: says so when none answers."""
+    ok, why = registered(up.tier, wait=2.0)
+    if not ok:
+        logger.warning("cxltier uplink: this node's cxltierd does not know this uplink (%s). Run cxltierd on every "
+                       "node with an uplink: without it, blocks an uplink reserved when it died stay reserved until "
+                       "a process that can see it is gone inserts those keys again or `cxltier repair` runs, and a "
+                       "stalled uplink is never ended", why)
+
+
+def _bind_socket(path):
+    """Binds the node uplink's socket at path and returns it with the lock
+    that makes this process the node's one uplink: a lock file beside the
+    socket, held (flock) for the uplink's life and let go by the kernel
+    when it dies, so a socket a dead uplink left is replaced and a live
+    uplink's is refused."""
+    lock = _lock_file(path + ".lock")
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)  # a dead uplink's: the lock says none runs
+    except FileNotFoundError:
+        pass
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        s.bind(path)
+        s.listen(64)
+    except OSError as e:
+        s.close()
+        os.close(lock)
+        raise UplinkError(f"uplink: cannot bind {path}: {e}") from e
+    return s, lock
+
+
+def _lock_file(lock_path):
+    """Opens and takes (flock, without waiting) the lock file, as one whose
+    path still names it: a closing uplink removes its lock file, so one
+    opened just before that is tried again."""
+    for _ in range(3):
+        try:
+            lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise UplinkError(f"uplink: cannot create {lock_path}: {e} (set CXLTIER_SOCKET_DIR to a directory "
+                              "this user may write and the node's processes share)") from e
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(lock)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise UplinkError(f"uplink: another uplink serves this tier's node (it holds {lock_path})") from None
+            raise UplinkError(f"uplink: lock {lock_path}: {e}") from e
+        try:
+            if os.stat(lock_path).st_ino == os.fstat(lock).st_ino:
+                return lock
+        except FileNotFoundError:
+            pass
+        os.close(lock)
+    raise UplinkError(f"uplink: {lock_path} keeps changing under this uplink (another uplink starting and stopping?)")
+
+
+def _unbind_socket(path, lock):
+    """Removes the socket and its lock file (while this uplink holds the
+    lock, both paths are its own), then lets the lock go."""
+    if lock is None:
+        return
+    for p in (path, path + ".lock"):
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+    os.close(lock)
 
 
 def _same_user(conn):
@@ -950,12 +1072,16 @@ def main(argv=None):
             up.close()
             return 2
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # kill -USR2: every thread's stack, on stderr
-    signal.signal(signal.SIGTERM, lambda *_: up.stop())
-    signal.signal(signal.SIGINT, lambda *_: up.stop())
-    logger.info("cxltier uplink: serving %s at @%s, cluster %s", args.tier, up.address, args.master or "none")
-    print(f"cxltier-uplink: serving {args.tier} (cluster: {args.master or 'none'})", flush=True)
+    signal.signal(signal.SIGTERM, up.signal_stop)
+    signal.signal(signal.SIGINT, up.signal_stop)
+    logger.info("cxltier uplink: serving %s at %s, cluster %s", args.tier, up.address, args.master or "none")
+    print(f"cxltier-uplink: serving {args.tier} at {up.address} (cluster: {args.master or 'none'})", flush=True)
+    threading.Thread(target=_warn_without_daemon, args=(up,), daemon=True, name="uplink-daemon-check").start()
     up.serve_forever()
     up.close()
+    if up.replaced:
+        print(f"cxltier-uplink: {up.replaced}; exiting (start it again for the new tier)", file=sys.stderr)
+        return 3
     return 0
 
 

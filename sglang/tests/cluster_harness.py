@@ -97,6 +97,15 @@ def _connects(port):
         return False
 
 
+def http_ok(url):
+    """Whether url answers 200 within half a second."""
+    try:
+        with urllib.request.urlopen(url, timeout=0.5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 class Node:
     """One node: its tier in /dev/shm (formatted by the CLI) and its uplink."""
 
@@ -126,11 +135,7 @@ class Node:
         return self
 
     def _healthy(self):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/healthz", timeout=0.5) as r:
-                return r.status == 200
-        except OSError:
-            return False
+        return http_ok(f"http://127.0.0.1:{self.metrics_port}/healthz")
 
     def metrics(self):
         """The uplink's counters and gauges by name (without the _total)."""
@@ -161,6 +166,9 @@ class Node:
 
     def destroy(self):
         self.kill_uplink()
+        # destroy takes the sockets a killed uplink left beside the tier too.
+        subprocess.run([self.cli, "destroy", "-force", self.devices], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
         try:
             os.remove(f"/dev/shm/{self.shm}")
         except FileNotFoundError:

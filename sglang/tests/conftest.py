@@ -34,6 +34,9 @@ def device(built):
     subprocess.check_call([built["cli"], "format", "-device", f"shm:{name}", "-size", "64MiB", "-chunk", "256KiB"],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     yield f"shm:{name}"
+    # destroy takes the sockets a killed uplink left beside the tier too.
+    subprocess.run([built["cli"], "destroy", "-force", f"shm:{name}"], stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
     try:
         os.remove(f"/dev/shm/{name}")
     except FileNotFoundError:

@@ -5,6 +5,7 @@ Skipped without Mooncake, unless CXLTIER_REQUIRE_MOONCAKE=1 (CI) makes that
 a failure."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -527,3 +528,168 @@ def test_second_uplink_for_a_node_is_refused(built, device):
     finally:
         first.terminate()
         first.wait(timeout=10)
+
+
+def _start_uplink(built, device, env=None):
+    e = dict(os.environ, CXLTIER_LIB=built["lib"], PYTHONPATH=os.path.join(ch.REPO, "sglang"))
+    e.update(env or {})
+    proc = subprocess.Popen([sys.executable, "-m", "cxltier.uplink", "--tier", device], env=e,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    while True:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if not line or "serving" in line:
+            break
+    assert "serving" in lines[-1], "".join(lines)
+    return proc, "".join(lines)
+
+
+def _stop(proc):
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def test_dead_uplinks_socket_is_replaced(built, device):
+    """An uplink killed without closing leaves its socket file; the next one
+    starts all the same (and a live one is still refused)."""
+    first, _ = _start_uplink(built, device)
+    first.kill()
+    first.wait()
+    second, said = _start_uplink(built, device)
+    try:
+        path = re.search(r"serving \S+ at (/\S+\.sock)", said).group(1)
+        assert os.path.exists(path), said
+        r = _run_uplink(built, "--tier", device)
+        assert r.returncode == 2 and "another uplink" in r.stderr, r.stderr[-500:]
+    finally:
+        second.terminate()
+        assert second.wait(timeout=10) == 0
+    assert not os.path.exists(path) and not os.path.exists(path + ".lock")
+
+
+def test_uplink_survives_a_double_sigterm(built, device):
+    """GNU timeout signals twice: the second SIGTERM lands while the first
+    is handled. The handler only sets a flag, so the uplink stops, 10 of 10
+    (it used to deadlock re-entering Event.set inside the handler)."""
+    for _ in range(10):
+        up_, _ = _start_uplink(built, device)
+        try:
+            up_.send_signal(signal.SIGTERM)
+            up_.send_signal(signal.SIGTERM)
+            assert up_.wait(timeout=10) == 0
+        finally:
+            _stop(up_)
+
+
+def test_uplink_stops_when_its_tier_is_replaced(built, device):
+    """Its tier destroyed and created again under the same name: the uplink
+    says so and exits non-zero instead of serving a tier no one uses."""
+    up_, _ = _start_uplink(built, device)
+    try:
+        subprocess.check_call([built["cli"], "destroy", "-force", device], stdout=subprocess.DEVNULL)
+        subprocess.check_call([built["cli"], "format", "-device", device, "-size", "64MiB", "-chunk", "256KiB"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert up_.wait(timeout=15) == 3
+        out = up_.stdout.read()
+        assert "destroyed" in out or "another file" in out or "formatted again" in out, out[-800:]
+    finally:
+        _stop(up_)
+
+
+def test_uplink_says_it_needs_the_daemon(built, device, daemon_bin):
+    """Without cxltierd on the node, the uplink says what that costs; with
+    one, it registers and says nothing of the kind."""
+    up_, _ = _start_uplink(built, device)
+    try:
+        time.sleep(2.5)
+        up_.send_signal(signal.SIGTERM)
+        up_.wait(timeout=10)
+        assert "does not know this uplink" in up_.stdout.read()
+    finally:
+        _stop(up_)
+    port = ch.free_port()
+    daemon = subprocess.Popen([daemon_bin, "-device", device, "-listen", f"127.0.0.1:{port}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        ch.wait_for(lambda: ch.http_ok(f"http://127.0.0.1:{port}/healthz"), 20, "cxltierd")
+        up_, _ = _start_uplink(built, device)
+        try:
+            time.sleep(2.5)
+            up_.send_signal(signal.SIGTERM)
+            up_.wait(timeout=10)
+            assert "does not know this uplink" not in up_.stdout.read()
+        finally:
+            _stop(up_)
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=10)
+
+
+NETNS_CLIENT = textwrap.dedent("""
+    import sys
+    import cxltier
+    t = cxltier.Tier(sys.argv[1])
+    ix = t.prefix("m", blocks=8, block_bytes=4096)
+    ix.exists([cxltier.string_key("nothing")])
+    link = ix.stats()["uplink"]
+    print(link["fills"], link["fill_failures"], flush=True)
+    t.close()
+""")
+
+
+def _in_own_network_namespace(built, *argv):
+    """Runs argv in a network namespace of its own (unshare -n; root only)."""
+    if subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode != 0:
+        pytest.skip("cannot make a network namespace here (unshare -n needs root)")
+    env = dict(os.environ, CXLTIER_LIB=built["lib"], PYTHONPATH=os.path.join(ch.REPO, "sglang"))
+    return subprocess.run(["unshare", "-n", *argv], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_client_in_its_own_network_namespace_reaches_the_uplink(built, device):
+    """A process in a network namespace of its own (a pod) that shares the
+    tier's directory reaches its node's uplink: its fill is answered. With
+    an abstract socket, which is per network namespace, it never was."""
+    up_, _ = _start_uplink(built, device)
+    try:
+        r = _in_own_network_namespace(built, sys.executable, "-c", NETNS_CLIENT, device)
+        assert r.returncode == 0, r.stderr[-800:]
+        fills, failures = map(int, r.stdout.split())
+        assert (fills, failures) == (1, 0), r.stdout
+    finally:
+        up_.terminate()
+        up_.wait(timeout=10)
+
+
+NETNS_READER = textwrap.dedent("""
+    import sys
+    import cxltier
+    t = cxltier.Tier(sys.argv[1])
+    ix = t.prefix("m")
+    keys = [cxltier.string_key(f"page-5-{i}") for i in range(int(sys.argv[2]))]
+    print(ix.exists(keys), ix.stats()["uplink"]["filled"], flush=True)
+    t.close()
+""")
+
+
+def test_pod_in_its_own_network_namespace_gets_cluster_fills(cluster, built):
+    """Node B's server runs in a network namespace of its own (a pod
+    sharing the tier's directory with the node): pages node A stored are
+    hits for it, filled by B's uplink. Before, every such page was a local
+    miss."""
+    m = cluster.master()
+    a, b = cluster.node("a").start_uplink(m), cluster.node("b").start_uplink(m)
+    keys, payloads = pages(8, seed=5)
+    ta, ia = index(a)
+    tb, _ = index(b)  # creates B's index
+    try:
+        assert ia.set(keys, payloads) == ["stored"] * 8
+        wait_metric(a, "put_pages", 8)
+        r = _in_own_network_namespace(built, sys.executable, "-c", NETNS_READER, b.devices, "8")
+        assert r.returncode == 0, r.stderr[-800:]
+        assert r.stdout.split() == ["8", "8"], r.stdout
+        assert b.metrics()["fetched_pages"] == 8
+    finally:
+        ta.close()
+        tb.close()

@@ -30,7 +30,19 @@ type Status struct {
 	LockGrants  uint64         `json:"lock_grants_total"`
 	Prefix      []prefix.Stats `json:"prefix_indexes"`
 	Topk        topk.Stats     `json:"topk"` // sums over the live clients' sparse-KV pools
+	// ClientSocket is where clients prove who they are ("" if nowhere);
+	// Proven, the clients that did (the only ones the daemon would end).
+	ClientSocket string       `json:"client_socket"`
+	Proven       []tier.Proof `json:"proven_clients"`
+	Uplink       UplinkReach  `json:"uplink"`
 	tier.Snapshot
+}
+
+// UplinkReach says whether the node's uplink answers at its socket.
+type UplinkReach struct {
+	Socket    string `json:"socket"`
+	Listening bool   `json:"listening"`
+	Error     string `json:"error,omitempty"`
 }
 
 // FetchStatus asks the daemon at addr (host:port) for its status.
@@ -57,6 +69,26 @@ func FetchStatus(addr string, timeout time.Duration) (Status, []byte, error) {
 		return st, raw, fmt.Errorf("status from %s: %w", addr, err)
 	}
 	return st, raw, nil
+}
+
+// FetchHealth asks the daemon at addr for /healthz: nil when it answers
+// that the tier is healthy, else what it said or why it did not answer.
+func FetchHealth(addr string, timeout time.Duration) error {
+	addr, err := HostPort(addr)
+	if err != nil {
+		return err
+	}
+	client := &http.Client{Timeout: timeout}
+	resp, err := client.Get("http://" + addr + "/healthz")
+	if err != nil {
+		return fmt.Errorf("is cxltierd running? %w", err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: HTTP %d: %s", addr, resp.StatusCode, strings.TrimSpace(string(raw)))
+	}
+	return nil
 }
 
 // HostPort checks an -addr value and returns it as host:port: the admin

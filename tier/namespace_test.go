@@ -1,0 +1,407 @@
+package tier
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Clients in containers: each in its own PID and mount namespaces (the
+// child remounts /proc, as a container does), sharing only the tier's
+// backing directory with a daemon of the host.
+
+const envMountProc = "CXLTIER_TEST_MOUNTPROC"
+
+// enterChildNamespaces mounts a /proc of the child's own PID namespace, in
+// a mount namespace of its own, as a container runtime does.
+func enterChildNamespaces() error {
+	if os.Getenv(envMountProc) == "" {
+		return nil
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mount /proc: %w", err)
+	}
+	return nil
+}
+
+// spawnContained starts a child client in new PID and mount namespaces;
+// the test is skipped where namespaces cannot be made (not root).
+func spawnContained(t *testing.T, r *Region, role string, extra ...string) *child {
+	t.Helper()
+	probe := exec.Command("/bin/true")
+	probe.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS}
+	if err := probe.Run(); err != nil {
+		t.Skipf("cannot make PID and mount namespaces here (needs root): %v", err)
+	}
+	k := spawnWith(t, r, role, 0, func(cmd *exec.Cmd) {
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWPID | syscall.CLONE_NEWNS
+		cmd.Env = append(cmd.Env, envMountProc+"=1")
+	}, extra...)
+	return k
+}
+
+// childKeeper holds a chunk of its own for envIters milliseconds, checking
+// all the while that it holds its own pattern, then says "done".
+func childKeeper(c *Client, ms int) error {
+	r := c.Region()
+	off, err := c.AllocChunks(1)
+	if err != nil {
+		return err
+	}
+	pattern := bytes.Repeat([]byte{0xAA}, int(r.ChunkSize()))
+	if err := r.WriteAt(pattern, off); err != nil {
+		return err
+	}
+	fmt.Printf("ready %d %d\n", off, os.Getpid())
+	got := make([]byte, len(pattern))
+	for end := time.Now().Add(time.Duration(ms) * time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if err := r.ReadAt(got, off); err != nil {
+			return err
+		}
+		if n := countDiff(got, pattern); n > 0 {
+			return fmt.Errorf("FOREIGN BYTES in my chunk: %d (first %#x)", n, got[bytes.IndexFunc(got, func(r rune) bool { return r != 0xAA })])
+		}
+		if err := c.Err(); err != nil {
+			return fmt.Errorf("my lease: %w", err)
+		}
+	}
+	fmt.Println("done")
+	return nil
+}
+
+// TestContainedClientKeepsItsMemory: a client in its own PID namespace
+// (pid 1 there, as in a container) beside a daemon of the host keeps its
+// lease and its chunk for its whole run while a client of the host takes
+// every chunk it can; once it exits, the daemon learns it from the kernel
+// and reaps it. The daemon used to read its own /proc/1, judge the client
+// gone and hand its chunk to the host client at the first pass.
+func TestContainedClientKeepsItsMemory(t *testing.T) {
+	for _, socket := range []bool{true, false} {
+		t.Run(fmt.Sprintf("socket=%v", socket), func(t *testing.T) { containedKeeper(t, socket) })
+	}
+}
+
+// containedKeeper runs TestContainedClientKeepsItsMemory with the daemon's
+// client socket, or without it (the socket's directory not shared with the
+// container): then the client is judged by heartbeat alone, as a client of
+// another host, and reaped a lease timeout after it exits.
+func containedKeeper(t *testing.T, socket bool) {
+	g := testGeometry()
+	g.LeaseTimeout = 300 * time.Millisecond
+	r := formatTest(t, g)
+	m := runManager(t, r, ManagerOptions{Node: 0, GrantLocks: true, NoClientSocket: !socket})
+	k := spawnContained(t, r, "keeper", envIters+"=2500")
+	var off Offset
+	var innerPID int
+	if line, err := k.out.ReadString('\n'); err != nil {
+		t.Fatalf("keeper: %v", err)
+	} else if _, err := fmt.Sscanf(line, "ready %d %d", &off, &innerPID); err != nil {
+		t.Fatalf("keeper said %q", line)
+	}
+	if innerPID != 1 {
+		t.Fatalf("the keeper is pid %d in its namespace, want 1", innerPID)
+	}
+	if socket {
+		waitProven(t, m, innerPID)
+	}
+	host := attachTest(t, r, 0)
+	fill := bytes.Repeat([]byte{0x55}, int(r.ChunkSize()))
+	lines := make(chan string, 1)
+	go func() { l, _ := k.out.ReadString('\n'); lines <- l }()
+	var taken []Offset
+	for done := false; !done; {
+		for {
+			got, err := host.AllocChunks(1)
+			if err != nil {
+				break
+			}
+			if err := r.WriteAt(fill, got); err != nil {
+				t.Fatal(err)
+			}
+			taken = append(taken, got)
+		}
+		select {
+		case l := <-lines:
+			if l != "done\n" {
+				t.Fatalf("keeper said %q", l)
+			}
+			done = true
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	for _, o := range taken {
+		if o == off {
+			t.Fatalf("the host client was given the contained client's chunk %v while it ran", off)
+		}
+	}
+	if err := k.cmd.Wait(); err != nil {
+		t.Fatalf("the contained client: %v", err)
+	}
+	slot := -1
+	for deadline := time.Now().Add(20 * g.LeaseTimeout); slot < 0; time.Sleep(10 * time.Millisecond) {
+		for _, rp := range m.Reaped() {
+			if rp.PID == innerPID {
+				slot = rp.Slot
+				want := "no heartbeat" // another PID namespace, never proven
+				if socket {
+					want = "exited" // the daemon holds its pidfd
+				}
+				if !strings.Contains(rp.Reason, want) {
+					t.Fatalf("reaped for %q, want %q", rp.Reason, want)
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the contained client exited without closing its tier and was not reaped in %v", 20*g.LeaseTimeout)
+		}
+	}
+}
+
+// TestContainedWriterStoppedIsEnded: a contained writer stopped past its
+// lease is ended by the host daemon through the pidfd its registration
+// gave, before its chunk moves; resumed, it writes nothing into the next
+// owner's chunk.
+func TestContainedWriterStoppedIsEnded(t *testing.T) {
+	g := testGeometry()
+	g.LeaseTimeout = 300 * time.Millisecond
+	r := formatTest(t, g)
+	m := runManager(t, r, ManagerOptions{Node: 0, GrantLocks: true})
+	k := spawnContained(t, r, "rawwriter")
+	var off Offset
+	if line, err := k.out.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	} else if _, err := fmt.Sscanf(line, "ready %d", &off); err != nil {
+		t.Fatalf("writer said %q", line)
+	}
+	waitProven(t, m, 1)
+	if err := k.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer k.cmd.Process.Signal(syscall.SIGCONT)
+	exited := make(chan error, 1)
+	go func() { exited <- k.cmd.Wait() }()
+	var waitErr error
+	select {
+	case waitErr = <-exited:
+	case <-time.After(30 * g.LeaseTimeout):
+		t.Fatal("the stopped contained writer was not ended")
+	}
+	if waitErr == nil || !strings.Contains(waitErr.Error(), "killed") {
+		t.Fatalf("the stopped writer: %v, want killed", waitErr)
+	}
+	waitReaped(t, r, 1, 30*g.LeaseTimeout)
+	allocUntil(t, attachTest(t, r, 0), off)
+}
+
+// forgeLease writes a live lease into a free slot, as any process that can
+// write the tier can: naming pid (started at start) in namespace ns, with
+// a heartbeat that never moves.
+func forgeLease(t *testing.T, r *Region, pid int, start uint64, ns uint32) int {
+	t.Helper()
+	for s := 0; s < r.l.ClientsPerNode; s++ {
+		line := r.leaseLine(s)
+		if !atomic.CompareAndSwapUint32(u32At(line, 0), leaseFree, leaseLive) {
+			continue
+		}
+		atomic.AddUint32(u32At(line, 4), 1)
+		atomic.StoreUint32(u32At(line, 8), uint32(pid))
+		atomic.StoreUint64(u64At(line, 16), 1)
+		atomic.StoreUint64(u64At(line, 24), uint64(time.Now().UnixNano()))
+		atomic.StoreUint64(u64At(line, leaseStartAt), start)
+		atomic.StoreUint32(u32At(line, leasePIDNSAt), ns)
+		copy(line[leaseNameAt:leaseNameAt+leaseNameLen], "forged")
+		return s
+	}
+	t.Fatal("no free slot to forge a lease in")
+	return -1
+}
+
+func startOf(t *testing.T, pid int) uint64 {
+	t.Helper()
+	start, ok := procStartTime(strconv.Itoa(pid))
+	if !ok {
+		t.Fatalf("no start time for pid %d", pid)
+	}
+	return start
+}
+
+// TestForgedLeaseKillsNothing: leases written by hand, naming a process
+// that does not map the tier, a real client of the tier (which holds a
+// lease of its own), and a pid of another PID namespace, and never
+// heartbeating, make the reaper signal nobody, pass after pass and when an
+// operator asks for the reap. The reaper used to SIGKILL whatever a
+// same-host lease named once its heartbeat was stale.
+func TestForgedLeaseKillsNothing(t *testing.T) {
+	g, r, m := reaperTest(t)
+	bystander := exec.Command(os.Args[0], "-test.run=^$")
+	bystander.Env = append(os.Environ(), envRole+"=idle")
+	bystander.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := bystander.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bystander.Process.Kill(); bystander.Wait() })
+	client := spawn(t, r, "rawwriter", 0)
+	if line, err := client.out.ReadString('\n'); err != nil || !strings.HasPrefix(line, "ready ") {
+		t.Fatalf("client said %q, %v", line, err)
+	}
+	waitProven(t, m, client.cmd.Process.Pid)
+	victims := map[string]*exec.Cmd{"a process that does not map the tier": bystander, "a client of the tier": client.cmd}
+	slots := map[int]string{}
+	starts := map[int]uint64{}
+	for what, cmd := range victims {
+		pid := cmd.Process.Pid
+		starts[pid] = startOf(t, pid)
+		slots[forgeLease(t, r, pid, starts[pid], r.pidns)] = what
+	}
+	other := forgeLease(t, r, bystander.Process.Pid, startOf(t, bystander.Process.Pid), r.pidns+1)
+	slots[other] = "a pid of another PID namespace"
+	var reaped []Reaped
+	for range 6 {
+		reaped = append(reaped, m.ReapOnce()...)
+		time.Sleep(g.LeaseTimeout / 2)
+	}
+	for slot, what := range slots {
+		if inf := r.readLease(slot); inf.State == "live" && what != "a client of the tier" {
+			t.Errorf("the forged lease naming %s (slot %d) was not reaped", what, slot)
+		}
+	}
+	for slot, what := range slots {
+		if what == "a client of the tier" {
+			if _, err := m.Reap(slot, "an operator's POST /v1/reap"); err == nil {
+				t.Errorf("an operator's reap of the forged lease naming %s went ahead", what)
+			}
+		}
+	}
+	for what, cmd := range victims {
+		// Not Signal(0): a killed child not yet waited for is a zombie,
+		// which takes signals.
+		if pid := cmd.Process.Pid; !processAlive(pid, starts[pid]) {
+			t.Errorf("%s named by a forged lease was killed", what)
+		}
+	}
+	if m.Stats().Quarantined == 0 {
+		t.Error("the forged lease naming a real client was not counted as quarantined")
+	}
+	found := false
+	for _, rp := range reaped {
+		if slots[rp.Slot] == "a process that does not map the tier" {
+			found = strings.Contains(rp.Reason, "does not map the tier")
+		}
+	}
+	if !found {
+		t.Errorf("reaped %+v: want the non-client's forged lease reaped as not mapping the tier", reaped)
+	}
+}
+
+// TestRegistrationNamesTheKernelsProcess: over the client socket, a
+// process can prove only itself. Claiming a real client's lease, a lease
+// of another tier, or a lease that is not there is refused.
+func TestRegistrationNamesTheKernelsProcess(t *testing.T) {
+	_, r, m := reaperTest(t)
+	k := spawn(t, r, "rawwriter", 0)
+	if line, err := k.out.ReadString('\n'); err != nil || !strings.HasPrefix(line, "ready ") {
+		t.Fatalf("client said %q, %v", line, err)
+	}
+	waitProven(t, m, k.cmd.Process.Pid)
+	var theirs LeaseInfo
+	for _, l := range r.Leases() {
+		if l.PID == k.cmd.Process.Pid {
+			theirs = l
+		}
+	}
+	claim := peerHello{UUID: r.l.UUID, Slot: uint32(theirs.Slot), Gen: theirs.Gen, PID: uint32(theirs.PID), PIDNS: theirs.PIDNS}
+	otherTier := claim
+	otherTier.UUID[0] ^= 1
+	for name, tc := range map[string]struct {
+		msg  []byte
+		want string
+	}{
+		"another client's lease": {claim.encode(), "and says"},
+		"another tier":           {otherTier.encode(), "another tier"},
+		"a short message":        {claim.encode()[:20], "read the client's message"},
+		"not a hello":            {bytes.Repeat([]byte{'x'}, peerHelloLen), "not a cxltier client's message"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			reply := sayToDaemon(t, m.SocketPath(), tc.msg)
+			if !strings.Contains(reply, tc.want) {
+				t.Fatalf("the daemon answered %q, want a refusal saying %q", reply, tc.want)
+			}
+		})
+	}
+	if p := m.peers.get(theirs.Slot, theirs.Gen); p == nil || p.pid != k.cmd.Process.Pid {
+		t.Fatalf("the real client's proof was replaced: %+v", p)
+	}
+}
+
+// sayToDaemon sends msg and returns the daemon's answer as text.
+func sayToDaemon(t *testing.T, path string, msg []byte) string {
+	t.Helper()
+	conn, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	if len(msg) < peerHelloLen {
+		conn.(*net.UnixConn).CloseWrite()
+	}
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	reply, err := io.ReadAll(conn)
+	if err != nil && !errors.Is(err, io.EOF) {
+		t.Fatal(err)
+	}
+	if len(reply) < 2 || reply[0] == 0 {
+		return "accepted"
+	}
+	return string(reply[2:])
+}
+
+func TestParseNSpid(t *testing.T) {
+	for _, tc := range []struct {
+		status string
+		want   []int
+	}{
+		{"Name:\tx\nNSpid:\t4242\t17\t1\nNSsid:\t1\n", []int{4242, 17, 1}},
+		{"NSpid:\t9\n", []int{9}},
+		{"NSpid:\t\n", nil},
+		{"NSpid:\t9 x\n", nil},
+		{"NSpid:\t-3\n", nil},
+		{"Name:\tx\n", nil},
+	} {
+		got, err := parseNSpid([]byte(tc.status))
+		if fmt.Sprint(got) != fmt.Sprint(tc.want) || (err == nil) != (tc.want != nil) {
+			t.Errorf("%q: got %v, %v; want %v", tc.status, got, err, tc.want)
+		}
+	}
+}
+
+func FuzzPeerHello(f *testing.F) {
+	f.Add(peerHello{Node: 1, Slot: 70, Gen: 3, PID: 1, PIDNS: 4026531836}.encode())
+	f.Add([]byte("CXLTPEER"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := decodePeerHello(b)
+		if err != nil {
+			return
+		}
+		if !bytes.Equal(h.encode(), b) {
+			t.Fatalf("%x decodes to %+v, which encodes to %x", b, h, h.encode())
+		}
+	})
+}

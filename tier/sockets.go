@@ -1,0 +1,110 @@
+package tier
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// SocketDirEnv overrides the directory of the tier's sockets.
+const SocketDirEnv = "CXLTIER_SOCKET_DIR"
+
+// DefaultDaxSocketDir holds the sockets of a DAX tier, whose device node
+// sits in a /dev that containers do not share as a directory.
+const DefaultDaxSocketDir = "/run/cxltier"
+
+// sunPathMax is the room for a socket's path in sockaddr_un.
+const sunPathMax = 107
+
+// SocketPath is the Unix socket where node's daemon hears its clients.
+// An anonymous tier has none (it lives in one process).
+func (r *Region) SocketPath(node int) (string, error) {
+	return r.SocketPathFor(fmt.Sprintf("node%d", node))
+}
+
+// SocketPathFor names a socket of the tier's own (role tells them apart:
+// the daemon's, a node uplink's), in the directory every process that
+// maps the tier shares: a path, not an abstract name, so that processes in
+// other network namespaces (pods) reach it too.
+func (r *Region) SocketPathFor(role string) (string, error) {
+	b := r.devs[0].backing
+	dir := os.Getenv(SocketDirEnv)
+	switch {
+	case dir != "":
+	case b.Kind == BackingAnon:
+		return "", fmt.Errorf("tier: an anonymous tier has no socket: %w", ErrInvalidConfig)
+	case b.Kind == BackingDax:
+		dir = DefaultDaxSocketDir
+	default:
+		dir = filepath.Dir(b.Path)
+	}
+	path := filepath.Join(dir, fmt.Sprintf("cxltier-%s-%s.sock", hex.EncodeToString(r.l.UUID[:8]), role))
+	if len(path) > sunPathMax {
+		return "", fmt.Errorf("tier: socket path %s is longer than a Unix socket allows (%d bytes); set %s to a shorter directory: %w",
+			path, sunPathMax, SocketDirEnv, ErrInvalidConfig)
+	}
+	return path, nil
+}
+
+// SocketFiles lists the tier's socket files that exist, with their lock
+// files: what a daemon or uplink killed without closing left behind (one
+// that closes removes its own). Destroying the tier removes them.
+func (r *Region) SocketFiles() []string {
+	probe, err := r.SocketPathFor("x")
+	if err != nil {
+		return nil
+	}
+	prefix := strings.TrimSuffix(probe, "x.sock")
+	var out []string
+	for _, pat := range []string{"*.sock", "*.sock.lock"} {
+		found, _ := filepath.Glob(prefix + pat)
+		for _, p := range found {
+			if fi, err := os.Lstat(p); err == nil && (fi.Mode()&fs.ModeSocket != 0 || fi.Mode().IsRegular()) {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// Anonymous reports whether the tier is private anonymous memory of this
+// process: no other process maps it, and it has no sockets.
+func (r *Region) Anonymous() bool { return r.devs[0].backing.Kind == BackingAnon }
+
+// Replaced says why the tier this region maps is no longer the tier its
+// backing paths name, "" while it still is: a backing file removed
+// (destroyed), another file at its path (destroyed and formatted again),
+// or another tier's header in the mapping itself (formatted again over the
+// same file or device). A long-running process (the node's uplink) checks
+// it, so that it does not serve a tier no other process uses.
+func (r *Region) Replaced() string {
+	if r.closed.Load() {
+		return ""
+	}
+	for i, m := range r.devs {
+		if m.backing.Kind == BackingAnon {
+			continue
+		}
+		r.sync.refresh(m.data[:headerLen])
+		l, err := decodeHeader(m.data)
+		if err != nil {
+			return fmt.Sprintf("the header of %s (device %d) no longer decodes: %v", m.backing, i, err)
+		}
+		if l.UUID != r.l.UUID {
+			return fmt.Sprintf("%s (device %d) was formatted again (tier %x, was %x)", m.backing, i, l.UUID[:8], r.l.UUID[:8])
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(m.backing.Path, &st); errors.Is(err, unix.ENOENT) {
+			return fmt.Sprintf("%s (device %d) was removed (the tier was destroyed)", m.backing, i)
+		} else if err == nil && m.file.ino != 0 && !m.file.char && (st.Dev != m.file.dev || st.Ino != m.file.ino) {
+			return fmt.Sprintf("%s (device %d) is another file now (the tier was destroyed and created again)", m.backing, i)
+		}
+	}
+	return ""
+}
