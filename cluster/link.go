@@ -109,12 +109,10 @@ func (l *Link) markAbsent() { l.absentUntil.Store(time.Now().Add(l.opts.Retry).U
 // root): whoever may write the socket directory can bind the path while no
 // uplink holds it.
 func (l *Link) dial(deadline time.Time) (*net.UnixConn, error) {
-	d := net.Dialer{Deadline: deadline}
-	c, err := d.Dial("unixpacket", l.addr)
+	uc, err := tier.DialUnix("unixpacket", l.addr, time.Until(deadline))
 	if err != nil {
 		return nil, err
 	}
-	uc := c.(*net.UnixConn)
 	if err := checkPeer(uc); err != nil {
 		uc.Close()
 		return nil, err

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -404,4 +405,37 @@ func FuzzPeerHello(f *testing.F) {
 			t.Fatalf("%x decodes to %+v, which encodes to %x", b, h, h.encode())
 		}
 	})
+}
+
+// TestSocketsInADeepDirectory: a tier whose directory is deeper than a
+// socket address holds (107 bytes) still has its daemon's socket, and its
+// clients register there; attach used to fail on such a tier.
+func TestSocketsInADeepDirectory(t *testing.T) {
+	dir := t.TempDir()
+	for len(dir) < 150 {
+		dir = filepath.Join(dir, "a-directory-of-some-depth")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := ParseBacking("file:" + filepath.Join(dir, "tier"))
+	r := formatTest(t, testGeometry(), b)
+	m := runManager(t, r, ManagerOptions{Node: 0})
+	path := m.SocketPath()
+	if len(path) <= sunPathMax {
+		t.Fatalf("socket path %s is short: the test tests nothing", path)
+	}
+	if fi, err := os.Lstat(path); err != nil || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("no socket at %s: %v", path, err)
+	}
+	c := attachTest(t, r, 0)
+	for deadline := time.Now().Add(10 * time.Second); !c.Registered(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the client did not register at %s: %s", path, c.RegisterError())
+		}
+	}
+	m.Close()
+	if _, err := os.Lstat(path); err == nil {
+		t.Fatalf("the socket %s outlived its daemon", path)
+	}
 }

@@ -139,11 +139,10 @@ func listenPeers(r *Region, node int, logf func(string, ...any)) (*peerServer, e
 	if err := clearStaleSocket(path); err != nil {
 		return nil, err
 	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	ln, err := listenUnix(path)
 	if err != nil {
 		return nil, fmt.Errorf("tier: listen for clients at %s: %w", path, err)
 	}
-	ln.SetUnlinkOnClose(true)
 	shareLikeTheTier(path, r.devs[0].backing)
 	s := &peerServer{r: r, node: node, path: path, ln: ln, logf: logf,
 		fresh: make(chan struct{}, maxFreshPeers), peers: map[int]*peer{}, conns: map[*net.UnixConn]struct{}{}}
@@ -163,7 +162,7 @@ func clearStaleSocket(path string) error {
 	if fi.Mode()&fs.ModeSocket == 0 {
 		return fmt.Errorf("tier: %s is in the way of the daemon's socket and is not a socket (%v): %w", path, fi.Mode().Type(), ErrExists)
 	}
-	if c, err := net.DialTimeout("unix", path, peerDialWait); err == nil {
+	if c, err := DialUnix("unix", path, peerDialWait); err == nil {
 		c.Close()
 		return fmt.Errorf("tier: a daemon listens at %s already: %w", path, ErrExists)
 	}
@@ -386,6 +385,7 @@ func (s *peerServer) close() {
 	}
 	s.closed = true
 	s.ln.Close()
+	os.Remove(s.path)
 	for c := range s.conns {
 		c.Close()
 	}

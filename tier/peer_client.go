@@ -20,11 +20,10 @@ func (c *Client) register() {
 	if err != nil {
 		return
 	}
-	conn, err := net.DialTimeout("unix", path, peerDialWait)
+	uc, err := DialUnix("unix", path, peerDialWait)
 	if err != nil {
 		return // no daemon (or not yet): judged by heartbeat meanwhile
 	}
-	uc := conn.(*net.UnixConn)
 	if err := c.hello(uc); err != nil {
 		uc.Close()
 		c.registerAfter = time.Now().Add(peerRetry)

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -44,12 +46,66 @@ func (r *Region) SocketPathFor(role string) (string, error) {
 	default:
 		dir = filepath.Dir(b.Path)
 	}
-	path := filepath.Join(dir, fmt.Sprintf("cxltier-%s-%s.sock", hex.EncodeToString(r.l.UUID[:8]), role))
-	if len(path) > sunPathMax {
-		return "", fmt.Errorf("tier: socket path %s is longer than a Unix socket allows (%d bytes); set %s to a shorter directory: %w",
-			path, sunPathMax, SocketDirEnv, ErrInvalidConfig)
+	return filepath.Join(dir, fmt.Sprintf("cxltier-%s-%s.sock", hex.EncodeToString(r.l.UUID[:8]), role)), nil
+}
+
+// A socket's path must fit sockaddr_un (107 bytes and a NUL); a tier's
+// directory can be deeper than that. Such a path is reached through an
+// O_PATH descriptor of its directory, as /proc/self/fd/N/NAME, which the
+// kernel resolves like any path: the socket lives where its path says.
+
+// shortSocketPath returns a name for the socket at path that fits
+// sockaddr_un, and a function that closes what it opened for that; the
+// name is valid until then.
+func shortSocketPath(path string) (string, func(), error) {
+	if len(path) <= sunPathMax {
+		return path, func() {}, nil
 	}
-	return path, nil
+	dir, name := filepath.Split(path)
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", nil, fmt.Errorf("tier: socket directory %s: %w", dir, err)
+	}
+	short := fmt.Sprintf("/proc/self/fd/%d/%s", fd, name)
+	if len(short) > sunPathMax {
+		unix.Close(fd)
+		return "", nil, fmt.Errorf("tier: socket name %s is too long even beside its directory's descriptor: %w", name, ErrInvalidConfig)
+	}
+	return short, func() { unix.Close(fd) }, nil
+}
+
+// DialUnix connects to the Unix socket at path (network "unix" or
+// "unixpacket"), however long its path, within timeout.
+func DialUnix(network, path string, timeout time.Duration) (*net.UnixConn, error) {
+	if timeout <= 0 {
+		return nil, fmt.Errorf("tier: dial %s: %w", path, os.ErrDeadlineExceeded)
+	}
+	short, done, err := shortSocketPath(path)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	c, err := net.DialTimeout(network, short, timeout)
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.UnixConn), nil
+}
+
+// listenUnix binds a Unix socket at path, however long; the caller removes
+// the socket file when it closes the listener.
+func listenUnix(path string) (*net.UnixListener, error) {
+	short, done, err := shortSocketPath(path)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: short, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	ln.SetUnlinkOnClose(false) // by its real path, in close
+	return ln, nil
 }
 
 // SocketFiles lists the tier's socket files that exist, with their lock

@@ -825,13 +825,27 @@ def _bind_socket(path):
         pass
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        s.bind(path)
+        _bind_long(s, path)
         s.listen(64)
     except OSError as e:
         s.close()
         os.close(lock)
         raise UplinkError(f"uplink: cannot bind {path}: {e}") from e
     return s, lock
+
+
+def _bind_long(sock, path):
+    """Binds sock at path however long it is: a path past sockaddr_un's 107
+    bytes is reached through an O_PATH descriptor of its directory
+    (/proc/self/fd/N/NAME), as the library dials it."""
+    if len(os.fsencode(path)) <= 107:
+        sock.bind(path)
+        return
+    d = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        sock.bind(f"/proc/self/fd/{d}/{os.path.basename(path)}")
+    finally:
+        os.close(d)
 
 
 def _lock_file(lock_path):

@@ -361,6 +361,13 @@ def test_damaged_transfer_is_a_miss(cluster, mooncake_py):
 
 @pytest.fixture(scope="session")
 def daemon_bin(built, tmp_path_factory):
+    """cxltierd: $CXLTIER_DAEMON, or built from this checkout."""
+    if os.environ.get("CXLTIER_DAEMON"):
+        return os.environ["CXLTIER_DAEMON"]
+    import shutil
+
+    if shutil.which("go") is None:
+        pytest.skip("no cxltierd: set CXLTIER_DAEMON, or install Go to build it")
     out = str(tmp_path_factory.mktemp("daemon") / "cxltierd")
     subprocess.check_call(["go", "build", "-o", out, "./cmd/cxltierd"], cwd=ch.REPO)
     return out
@@ -693,3 +700,25 @@ def test_pod_in_its_own_network_namespace_gets_cluster_fills(cluster, built):
     finally:
         ta.close()
         tb.close()
+
+
+def test_uplink_on_a_tier_in_a_deep_directory(built, tmp_path):
+    """A tier whose directory is deeper than a socket address holds: the
+    uplink binds its socket there all the same and answers fills."""
+    d = tmp_path
+    while len(str(d)) < 150:
+        d = d / "a-directory-of-some-depth"
+    d.mkdir(parents=True)
+    device = f"file:{d / 'tier'}"
+    subprocess.check_call([built["cli"], "format", "-device", device, "-size", "64MiB", "-chunk", "256KiB"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    up_, said = _start_uplink(built, device)
+    try:
+        t = cxltier.Tier(device)
+        ix = t.prefix("m", blocks=8, block_bytes=4096)
+        assert ix.exists([cxltier.string_key("nothing")]) == 0
+        assert ix.stats()["uplink"]["fills"] == 1, said
+        t.close()
+    finally:
+        up_.terminate()
+        assert up_.wait(timeout=10) == 0
