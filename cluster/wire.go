@@ -149,3 +149,46 @@ func ParseReply(b []byte, asked int) (Reply, error) {
 	}
 	return r, nil
 }
+
+// A page travels between nodes as its payload and a trailer: the magic,
+// the version, two reserved bytes, the payload's length and its
+// WireChecksum (CRC-32C of the key, then the payload), little endian. The
+// receiving node checks both before it publishes the page. The trailer
+// follows the payload in one transfer where the block has room after the
+// payload (written there by Go under the sender's pin, flushed), and
+// travels as a second piece from the uplink's registered memory where not.
+const TrailerBytes = 16
+
+var trailerMagic = [4]byte{'C', 'X', 'L', 'P'}
+
+const trailerVersion = 1
+
+// Trailer is a page's trailer.
+type Trailer struct {
+	Length uint32
+	CRC    uint32 // prefix.WireChecksum of the key and the payload
+}
+
+// Put writes t's wire form into b (at least TrailerBytes long).
+func (t Trailer) Put(b []byte) {
+	copy(b, trailerMagic[:])
+	binary.LittleEndian.PutUint16(b[4:], trailerVersion)
+	binary.LittleEndian.PutUint16(b[6:], 0)
+	binary.LittleEndian.PutUint32(b[8:], t.Length)
+	binary.LittleEndian.PutUint32(b[12:], t.CRC)
+}
+
+// ParseTrailer reads a trailer; the length must be the payload's.
+func ParseTrailer(b []byte, length int64) (Trailer, error) {
+	if len(b) < TrailerBytes || [4]byte(b[:4]) != trailerMagic {
+		return Trailer{}, fmt.Errorf("cluster: %w: no page trailer", ErrBadMessage)
+	}
+	if v := binary.LittleEndian.Uint16(b[4:]); v != trailerVersion {
+		return Trailer{}, fmt.Errorf("cluster: %w: trailer version %d, this build reads %d", ErrBadMessage, v, trailerVersion)
+	}
+	t := Trailer{Length: binary.LittleEndian.Uint32(b[8:]), CRC: binary.LittleEndian.Uint32(b[12:])}
+	if int64(t.Length) != length {
+		return Trailer{}, fmt.Errorf("cluster: %w: trailer of a %d-byte payload on %d bytes", ErrBadMessage, t.Length, length)
+	}
+	return t, nil
+}

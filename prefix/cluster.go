@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"hash/crc32"
+
+	"github.com/cxltier/cxltier/tier"
 )
 
 // What a node's uplink (the process that joins a tier to a cluster store)
@@ -83,84 +85,35 @@ func (s *Store) WirePayload(h Hit) ([]byte, uint32, error) {
 	return b, wire, nil
 }
 
-// Block is the block reservation r writes into, in place in the tier
-// mapping, for a writer that fills it by other means than Set (a network
-// transfer). Check Fenced right before the write starts.
-func (s *Store) Block(r Reservation) ([]byte, error) {
-	held, herr := s.hold("block")
-	if herr != nil {
-		return nil, herr
-	}
-	defer held.Done()
-	if r.Status != Reserved {
-		return nil, fmt.Errorf("prefix: %q: %v: %w: not reserved (%v)", s.name, r.Key, ErrBadConfig, r.Status)
-	}
-	b, err := s.r.Slice(r.Offset, r.Len)
-	if err != nil {
-		return nil, fmt.Errorf("prefix: %q: %v: %w", s.name, r.Key, err)
-	}
-	return b, nil
-}
-
 // Room is how many bytes from the start of a block belong to it: its
-// stride, at least BlockBytes. A transfer may write up to Room bytes into a
-// reserved block, and the uplink may write into a pinned block's bytes past
-// its payload (a page's trailer), which no reader reads.
+// stride, at least BlockBytes. A fill may write up to Room bytes into a
+// reserved block, and bytes past a payload within it belong to no payload.
 func (s *Store) Room() int64 { return s.g.BlockStride }
 
-// Fenced reports tier.ErrLeaseLost once this client's lease is gone: a
-// reservation's block may then be another's, and must not be written.
-func (s *Store) Fenced() error {
-	held, herr := s.hold("fenced")
+// WriteSlack writes b into pinned hit h's block right after its payload,
+// bytes no reader reads (an uplink's page trailer, so that page and
+// trailer leave in one transfer), and flushes them: on a tier several
+// hosts share, a dirty line left in this host's cache could be written
+// back after the block went to another host. It checks the lease first
+// (a reaped client's pins are gone) and reports false, writing nothing,
+// where the block has no room for b.
+func (s *Store) WriteSlack(h Hit, b []byte) (bool, error) {
+	held, herr := s.hold("write slack")
 	if herr != nil {
-		return herr
+		return false, herr
 	}
 	defer held.Done()
-	return held.Fenced()
-}
-
-// PublishWritten publishes the reservations whose blocks, written in place
-// by a transfer, hold a payload matching want (each key's WireChecksum),
-// and aborts the others: a damaged or short transfer becomes a miss, never
-// an entry. It reports which were published; with an error (ErrLost: the
-// client was reaped), some it reports may not have been.
-func (s *Store) PublishWritten(res []Reservation, want []uint32) ([]bool, error) {
-	held, herr := s.hold("publish written")
-	if herr != nil {
-		return nil, herr
+	if h.Len+int64(len(b)) > s.g.BlockStride {
+		return false, nil
 	}
-	defer held.Done()
-	if len(want) != len(res) {
-		return nil, fmt.Errorf("prefix: %q: publish written: %d reservations but %d checksums: %w", s.name, len(res), len(want), ErrBadConfig)
+	if err := held.Fenced(); err != nil {
+		return false, fmt.Errorf("prefix: %q: write slack: %w", s.name, err)
 	}
-	ok := make([]bool, len(res))
-	good, crcs := make([]Reservation, 0, len(res)), make([]uint32, 0, len(res))
-	bad := make([]Reservation, 0)
-	for i, r := range res {
-		if r.Status != Reserved {
-			continue
-		}
-		b, err := s.payload(r.Offset, r.Len)
-		if err != nil || WireChecksum(r.Key, b) != want[i] {
-			bad = append(bad, r)
-			continue
-		}
-		// The tier's own checksum, which differs from the wire's only on
-		// layouts before 5.
-		ok[i] = true
-		good = append(good, r)
-		if s.wireIsEntry() {
-			crcs = append(crcs, want[i])
-		} else {
-			crcs = append(crcs, s.Checksum(r.Key, b))
-		}
-		if err := s.r.Publish(r.Offset, r.Len); err != nil {
-			return nil, err
-		}
+	off := h.Offset + tier.Offset(h.Len)
+	dst, err := s.r.Slice(off, int64(len(b)))
+	if err != nil {
+		return false, fmt.Errorf("prefix: %q: %v: %w", s.name, h.Key, err)
 	}
-	aerr := s.Abort(bad)
-	if err := s.Publish(good, crcs); err != nil {
-		return ok, err
-	}
-	return ok, aerr
+	copy(dst, b)
+	return true, s.r.Publish(off, int64(len(b)))
 }

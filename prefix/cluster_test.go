@@ -4,39 +4,47 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
+
+	"github.com/cxltier/cxltier/tier"
 )
 
 // A page filled in place (as the uplink's transfer does) is published only
 // when its block holds what the checksum says; the others are aborted and
 // their blocks reused, never served.
-func TestPublishWrittenChecksBlocks(t *testing.T) {
+func TestFillChecksBlocks(t *testing.T) {
 	_, c := testTier(t, 1)
 	s := testStore(t, c, 16, 4096)
-	keys := keysN(4)
-	sizes := []int64{4096, 1000, 4096, 10}
-	res, err := s.Reserve(keys, sizes)
+	keys := keysN(5)
+	sizes := []int64{4096, 1000, 4096, 10, 300}
+	f, err := s.BeginFill(keys, sizes)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := make([]uint32, len(res))
-	for i, r := range res {
-		b, err := s.Block(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := payloadFor(r.Key, int(r.Len))
-		want[i] = WireChecksum(r.Key, p)
+	blocks, err := f.Blocks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]uint32, len(keys))
+	for i, b := range blocks {
+		p := payloadFor(keys[i], int(sizes[i]))
+		want[i] = WireChecksum(keys[i], p)
 		copy(b, p)
 	}
-	b, _ := s.Block(res[1])
-	b[500] ^= 1               // damaged in transit
-	want[3] = want[3] ^ 0x100 // a trailer from another page
-	ok, err := s.PublishWritten(res, want)
+	blocks[1][500] ^= 1                                              // damaged in transit
+	want[3] = want[3] ^ 0x100                                        // a trailer from another page
+	ok, err := f.Commit(want, []bool{true, true, true, true, false}) // the last: the transfer failed
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !ok[0] || ok[1] || !ok[2] || ok[3] {
-		t.Fatalf("published %v, want [true false true false]", ok)
+	if !ok[0] || ok[1] || !ok[2] || ok[3] || ok[4] {
+		t.Fatalf("published %v, want [true false true false false]", ok)
+	}
+	if _, err := f.Commit(want, make([]bool, 5)); !errors.Is(err, ErrFillOver) {
+		t.Errorf("a second commit: %v", err)
+	}
+	if _, err := f.Blocks(); !errors.Is(err, ErrFillOver) {
+		t.Errorf("blocks after the commit: %v", err)
 	}
 	for i, k := range keys {
 		hits, err := s.Lookup([]Key{k})
@@ -112,24 +120,120 @@ func TestNamespaceCarriesTheTenant(t *testing.T) {
 	}
 }
 
-// A reservation's block is refused once it is not reserved, and Fenced
-// reports a lost lease.
-func TestBlockOnlyWhileReserved(t *testing.T) {
+// A fill hands out blocks only for the keys it reserved, and Close aborts
+// whatever it did not commit.
+func TestFillCloseAborts(t *testing.T) {
 	_, c := testTier(t, 1)
 	s := testStore(t, c, 4, 4096)
-	res, err := s.Reserve(keysN(1), []int64{100})
+	if _, err := s.Set(keysN(1), [][]byte{payloadFor(keyN(0), 100)}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := s.BeginFill(keysN(3), []int64{100, 100, 100})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Block(res[0]); err != nil {
+	if st := f.Statuses(); st[0] != Exists || st[1] != Reserved || st[2] != Reserved {
+		t.Fatalf("statuses %v", st)
+	}
+	blocks, err := f.Blocks()
+	if err != nil || blocks[0] != nil || len(blocks[1]) != 100 {
+		t.Fatalf("blocks: %v, first %v, second %d bytes", err, blocks[0] != nil, len(blocks[1]))
+	}
+	if st := s.Stats(); st.Reserved != 2 {
+		t.Fatalf("%d reserved", st.Reserved)
+	}
+	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	res[0].Status = Exists
-	if _, err := s.Block(res[0]); !errors.Is(err, ErrBadConfig) {
-		t.Errorf("block of a non-reservation: %v", err)
+	if st := s.Stats(); st.Reserved != 0 {
+		t.Errorf("%d reservations left after the fill closed", st.Reserved)
 	}
-	if err := s.Fenced(); err != nil {
-		t.Errorf("fenced with a live lease: %v", err)
+	if err := f.Close(); err != nil {
+		t.Errorf("a second close: %v", err)
+	}
+	mustCheck(t, s)
+}
+
+// A block that cannot be flushed aborts every reservation the commit had
+// not published: none is left behind. (It returned with the rest still
+// reserved.)
+func TestFillFlushFailureAbortsTheRest(t *testing.T) {
+	_, c := testTier(t, 1)
+	s := testStore(t, c, 8, 4096)
+	keys := keysN(3)
+	f, err := s.BeginFill(keys, []int64{100, 100, 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks, err := f.Blocks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]uint32, 3)
+	for i, b := range blocks {
+		p := payloadFor(keys[i], 100)
+		copy(b, p)
+		want[i] = WireChecksum(keys[i], p)
+	}
+	flushes := 0
+	f.flush = func(off tier.Offset, n int64) error {
+		if flushes++; flushes == 2 {
+			return errors.New("flush failed")
+		}
+		return nil
+	}
+	if _, err := f.Commit(want, []bool{true, true, true}); err == nil {
+		t.Fatal("commit with a failing flush succeeded")
+	}
+	if st := s.Stats(); st.Reserved != 0 || st.Ready != 0 {
+		t.Errorf("after the failed commit: %d reserved, %d ready", st.Reserved, st.Ready)
+	}
+	mustCheck(t, s)
+}
+
+// A fill keeps its client open: a Close waits for it (and gives up), and
+// goes ahead once the fill ends.
+func TestFillHoldsTheClientOpen(t *testing.T) {
+	r, _ := testTier(t, 1)
+	c, err := r.Attach(tier.ClientOptions{Name: "filler", CloseWait: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Create(c, Config{Name: "f", Blocks: 4, BlockBytes: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := s.BeginFill(keysN(1), []int64{100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); !errors.Is(err, tier.ErrHoldsInFlight) {
+		t.Fatalf("close during a fill: %v", err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("close after the fill: %v", err)
+	}
+}
+
+// A client reaped between its reserve and its transfer (stalled past its
+// lease) is told so before it writes, and its commit publishes nothing.
+func TestFillAfterAReapWritesNothing(t *testing.T) {
+	r, c := testTier(t, 1)
+	testStore(t, c, 8, 4096)
+	z, sz := stalledClient(t, r)
+	f, err := sz.BeginFill(keysN(2), []int64{100, 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reapUntilFenced(t, r, z)
+	if _, err := f.Blocks(); !errors.Is(err, tier.ErrLeaseLost) {
+		t.Fatalf("blocks after the reap: %v", err)
+	}
+	if _, err := f.Commit(make([]uint32, 2), []bool{true, true}); !errors.Is(err, ErrLost) {
+		t.Fatalf("commit after the reap: %v", err)
 	}
 }
 
@@ -167,14 +271,14 @@ func TestWirePayloadChecksTheEntry(t *testing.T) {
 			// index's own checksum, so a plain read verifies it.
 			k := keyN(99)
 			p := payloadFor(k, 1500)
-			res, err := s.Reserve([]Key{k}, []int64{1500})
+			f, err := s.BeginFill([]Key{k}, []int64{1500})
 			if err != nil {
 				t.Fatal(err)
 			}
-			blk, _ := s.Block(res[0])
-			copy(blk, p)
-			if ok, err := s.PublishWritten(res, []uint32{WireChecksum(k, p)}); err != nil || !ok[0] {
-				t.Fatalf("publish written: %v %v", ok, err)
+			blk, _ := f.Blocks()
+			copy(blk[0], p)
+			if ok, err := f.Commit([]uint32{WireChecksum(k, p)}, []bool{true}); err != nil || !ok[0] {
+				t.Fatalf("fill commit: %v %v", ok, err)
 			}
 			dst := [][]byte{make([]byte, 1500)}
 			if n, err := s.Get([]Key{k}, dst); n != 1 || err != nil {

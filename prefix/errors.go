@@ -22,4 +22,5 @@ var (
 	ErrStale       = errkind.New(errkind.Closed, "index destroyed or replaced since this handle opened it")
 	ErrIncomplete  = errkind.New(errkind.Invalid, "layer-wise load closed before its last layer")
 	ErrPoisoned    = errkind.New(errkind.Closed, "a call on this handle panicked mid-mutation; close it and open the index again")
+	ErrFillOver    = errkind.New(errkind.Closed, "the fill was committed or closed")
 )

@@ -313,3 +313,40 @@ func TestLockRechecksTheLeaseAfterWinning(t *testing.T) {
 	}
 	other.Unlock(FirstUserLock)
 }
+
+// TestRegionCloseThatGivesUpChangesNothing: while Region.Close waits for
+// a hold in flight, the region's own calls go on; when it gives up, the
+// region and its client are as they were. (The region was marked closed
+// before the wait, so its calls failed for as long as the wait lasted.)
+func TestRegionCloseThatGivesUpChangesNothing(t *testing.T) {
+	r := formatTest(t, testGeometry())
+	c, err := r.Attach(ClientOptions{Name: "busy", CloseWait: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := c.Hold()
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- r.Close() }()
+	for c.gate.state.Load() != gateClosed {
+		time.Sleep(time.Millisecond)
+	}
+	if err := r.live("a call during the close's wait"); err != nil {
+		t.Errorf("during the wait: %v", err)
+	}
+	if len(r.Leases()) == 0 {
+		t.Error("during the wait the region lists no lease")
+	}
+	if err := <-closed; !errors.Is(err, ErrHoldsInFlight) {
+		t.Fatalf("close with a hold in flight: %v", err)
+	}
+	held.Done()
+	if _, err := c.AllocChunks(1); err != nil {
+		t.Fatalf("after the close gave up: %v", err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatalf("close once the hold ended: %v", err)
+	}
+}

@@ -316,7 +316,7 @@ func (m *Manager) ReapOnce() []Reaped {
 			if !m.ended(inf, node, &reason) {
 				continue
 			}
-			if !m.r.markDead(slot) {
+			if !m.r.markDead(slot, inf.Gen) {
 				continue
 			}
 		case "dead":
@@ -354,7 +354,7 @@ func (m *Manager) Reap(slot int, reason string) (Reaped, error) {
 		return Reaped{}, fmt.Errorf("tier: reap slot %d: process %d is alive and could not be ended: %w", slot, inf.PID, ErrLockTimeout)
 	}
 	switch {
-	case inf.State == "live" && m.r.markDead(slot):
+	case inf.State == "live" && m.r.markDead(slot, inf.Gen):
 	case inf.State == "dead":
 	default:
 		return Reaped{}, fmt.Errorf("tier: reap slot %d: %w: no lease there", slot, ErrNotFound)
@@ -367,11 +367,15 @@ func (m *Manager) Reap(slot int, reason string) (Reaped, error) {
 	return rp, nil
 }
 
-// markDead moves slot's lease from live to dead, as other hosts see it;
-// false if it was not live (another reaper, or its client, got there).
-func (r *Region) markDead(slot int) bool {
+// markDead moves slot's lease of generation gen from live to dead, as
+// other hosts see it; false if it was not live (another reaper, or its
+// client, got there) or is another generation's: the slot was freed and
+// taken again since it was judged, by a client that runs. State and
+// generation change in one compare-and-swap (state is the low word).
+func (r *Region) markDead(slot int, gen uint32) bool {
 	line := r.leaseLine(slot)
-	if !atomic.CompareAndSwapUint32(u32At(line, 0), leaseLive, leaseDead) {
+	g := uint64(gen) << 32
+	if !atomic.CompareAndSwapUint64(u64At(line, 0), g|uint64(leaseLive), g|uint64(leaseDead)) {
 		return false
 	}
 	r.sync.publish(line)

@@ -918,3 +918,32 @@ func TestUnsealIgnoresAHolderWhoseProcessIsGone(t *testing.T) {
 		t.Fatalf("unseal after the holder's process is gone: %v", err)
 	}
 }
+
+// TestMarkDeadNamesTheGeneration: a reaper that judged a slot's lease dead
+// and marks it after the slot was freed and taken again by a new client
+// leaves the new client alone. (It compared the state word alone, and a
+// second reaper could mark a running client dead and free its memory.)
+func TestMarkDeadNamesTheGeneration(t *testing.T) {
+	r := formatTest(t, testGeometry())
+	old, err := r.Attach(ClientOptions{Name: "old"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	judged := r.readLease(old.Slot())
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c := attachTest(t, r, 0)
+	if c.Slot() != judged.Slot {
+		t.Fatalf("the new client took slot %d, not %d", c.Slot(), judged.Slot)
+	}
+	if r.markDead(judged.Slot, judged.Gen) {
+		t.Fatal("marked the new client's lease dead on the old one's judgement")
+	}
+	if err := c.Err(); err != nil || r.readLease(c.Slot()).State != "live" {
+		t.Fatalf("the new client: %v, lease %s", err, r.readLease(c.Slot()).State)
+	}
+	if !r.markDead(c.Slot(), r.readLease(c.Slot()).Gen) {
+		t.Fatal("could not mark the new client's own generation dead")
+	}
+}

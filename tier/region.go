@@ -33,8 +33,9 @@ type Region struct {
 	ctl      []byte // control area of device 0
 	sync     syncer
 	readOnly bool
-	closed   atomic.Bool
-	pidns    uint32 // this process's PID namespace (0: unknown), as leases record it
+	closed   atomic.Bool // set once Close has drained and goes on to unmap
+	closing  atomic.Bool // Close runs (or ran): a second one is refused
+	pidns    uint32      // this process's PID namespace (0: unknown), as leases record it
 
 	clientsMu sync.Mutex
 	clients   map[*Client]struct{} // attached here and not closed
@@ -221,7 +222,10 @@ func (r *Region) checkDevice(i int, m *mapping, l layout, expect int64) error {
 // which no recover catches. If they do not finish, it reports
 // ErrHoldsInFlight and the region stays mapped and usable.
 func (r *Region) Close() error {
-	if !r.closed.CompareAndSwap(false, true) {
+	// Closed only once the holds have drained: a close that gives up
+	// leaves the region as it was, and while it waits, the region's own
+	// calls go on (its clients' gates turn new holds away meanwhile).
+	if !r.closing.CompareAndSwap(false, true) {
 		return fmt.Errorf("tier: close: %w", ErrClosed)
 	}
 	r.clientsMu.Lock()
@@ -237,10 +241,11 @@ func (r *Region) Close() error {
 			for j, done := range left[:i] {
 				done.gate.state.Store(was[j])
 			}
-			r.closed.Store(false)
+			r.closing.Store(false)
 			return fmt.Errorf("tier: close: client slot %d: %w", c.slot, err)
 		}
 	}
+	r.closed.Store(true)
 	for _, c := range left {
 		c.abandon()
 	}

@@ -4,9 +4,9 @@ package main
 import "C"
 
 import (
-	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -169,9 +169,12 @@ func cxl_uplink_address(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char,
 // cxl_tier_mappings writes the address and length of each device mapping
 // of the tier in this process (at most cap), and their count: what a
 // transfer engine registers to move bytes in and out of the tier in place.
+// The addresses stay mapped under a hold on the tier, whose handle goes to
+// *hold: give it back (cxl_tier_release) once the transfer engine no
+// longer uses them (unregistered); a detach waits for it (bounded).
 //
 //export cxl_tier_mappings
-func cxl_tier_mappings(h C.uint64_t, ptrs *unsafe.Pointer, lens *C.int64_t, capacity C.int64_t, n *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+func cxl_tier_mappings(h C.uint64_t, ptrs *unsafe.Pointer, lens *C.int64_t, capacity C.int64_t, n *C.int64_t, hold *C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_tier_mappings", errbuf, errlen, &code)
 	err := func() error {
 		a, done, err := use[*attached](uint64(h))
@@ -179,7 +182,7 @@ func cxl_tier_mappings(h C.uint64_t, ptrs *unsafe.Pointer, lens *C.int64_t, capa
 			return err
 		}
 		defer done.Done()
-		if n == nil || capacity < 0 || (capacity > 0 && (ptrs == nil || lens == nil)) {
+		if n == nil || hold == nil || capacity < 0 || (capacity > 0 && (ptrs == nil || lens == nil)) {
 			return fmt.Errorf("tier mappings: %w", errBadArg)
 		}
 		devs := a.r.NumDevices()
@@ -187,14 +190,36 @@ func cxl_tier_mappings(h C.uint64_t, ptrs *unsafe.Pointer, lens *C.int64_t, capa
 		if int64(devs) > int64(capacity) {
 			return fmt.Errorf("tier mappings: %w: %d devices, room for %d", errRange, devs, capacity)
 		}
+		maps, id, err := mappings(uint64(h))
+		if err != nil {
+			return err
+		}
 		ps, ls := unsafe.Slice(ptrs, devs), unsafe.Slice((*int64)(unsafe.Pointer(lens)), devs)
-		for i := range devs {
-			m := a.r.Device(i)
+		for i, m := range maps {
 			ps[i], ls[i] = unsafe.Pointer(unsafe.SliceData(m)), int64(len(m))
 		}
+		*hold = C.uint64_t(id)
 		return nil
 	}()
 	return report(err, errbuf, errlen)
+}
+
+// mappings is each device mapping of tier h, and the handle of the hold
+// that keeps them mapped.
+func mappings(h uint64) ([][]byte, uint64, error) {
+	a, err := tierOf(h)
+	if err != nil {
+		return nil, 0, err
+	}
+	id, err := tierHold(h)
+	if err != nil {
+		return nil, 0, err
+	}
+	out := make([][]byte, a.r.NumDevices())
+	for i := range out {
+		out[i] = a.r.Device(i)
+	}
+	return out, id, nil
 }
 
 // cxl_prefix_namespace writes the index's name across nodes.
@@ -214,21 +239,25 @@ func cxl_prefix_namespace(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.cha
 }
 
 // pinned is a set of hits an uplink holds while it reads their payloads in
-// place; closing it releases them.
+// place, under a hold on the tier: the mapping stays under the reads until
+// the pins are released.
 type pinned struct {
 	child
 }
 
 // cxl_prefix_pin pins each key's entry where it is present (present[i] 1,
 // else 0) and writes where its payload lies in this process, its length,
-// and its WireChecksum, computed now from the payload (an entry that fails
-// its own checksum is dropped and reported absent). The pins hold until
-// cxl_prefix_unpin of *out. The bytes of a block from its payload's end
-// to cxl_prefix_room belong to no payload: the uplink writes a page's
-// trailer there, to send page and trailer as one transfer.
+// and its page trailer (cluster.TrailerBytes at trailers + i*TrailerBytes:
+// the payload's length and WireChecksum, computed now from the payload; an
+// entry that fails its own checksum is dropped and reported absent). Where
+// the block has room after the payload, the trailer is written there too,
+// flushed, under a lease check (inplace[i] 1): the page and its trailer
+// then leave as one transfer of length + TrailerBytes. The pins, and a
+// hold on the tier that keeps the addresses mapped, last until
+// cxl_prefix_unpin of *out; a detach waits for them (bounded).
 //
 //export cxl_prefix_pin
-func cxl_prefix_pin(h C.uint64_t, keys *C.uint8_t, n C.int64_t, addrs *unsafe.Pointer, lens *C.int64_t, crcs *C.uint32_t, present *C.int8_t, out *C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
+func cxl_prefix_pin(h C.uint64_t, keys *C.uint8_t, n C.int64_t, addrs *unsafe.Pointer, lens *C.int64_t, trailers *C.uint8_t, inplace, present *C.int8_t, out *C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_prefix_pin", errbuf, errlen, &code)
 	err := func() error {
 		s, ks, done, err := indexKeys(h, keys, n)
@@ -236,30 +265,57 @@ func cxl_prefix_pin(h C.uint64_t, keys *C.uint8_t, n C.int64_t, addrs *unsafe.Po
 		if err != nil {
 			return err
 		}
-		if out == nil || (n > 0 && (addrs == nil || lens == nil || crcs == nil || present == nil)) {
+		if out == nil || (n > 0 && (addrs == nil || lens == nil || trailers == nil || inplace == nil || present == nil)) {
 			return fmt.Errorf("prefix pin: %w", errBadArg)
 		}
-		hits, err := pinEach(s, ks, unsafe.Slice(addrs, n), unsafe.Slice((*int64)(unsafe.Pointer(lens)), n),
-			unsafe.Slice((*uint32)(unsafe.Pointer(crcs)), n), unsafe.Slice((*int8)(unsafe.Pointer(present)), n))
-		if err != nil {
-			return err
+		id, err := pinKeys(s, ks, pinOut{
+			addrs:    unsafe.Slice(addrs, n),
+			lens:     unsafe.Slice((*int64)(unsafe.Pointer(lens)), n),
+			trailers: unsafe.Slice((*byte)(unsafe.Pointer(trailers)), int(n)*cluster.TrailerBytes),
+			inplace:  unsafe.Slice((*int8)(unsafe.Pointer(inplace)), n),
+			present:  unsafe.Slice((*int8)(unsafe.Pointer(present)), n),
+		})
+		if err == nil {
+			*out = C.uint64_t(id)
 		}
-		a, err := tierOf(s.tier)
-		if err != nil {
-			s.Release(hits)
-			return err
-		}
-		p := &pinned{child: child{tier: s.tier, close: func() error { s.Release(hits); return nil }}}
-		*out = C.uint64_t(handles.addChild(a, p, p.child))
-		return nil
+		return err
 	}()
 	return report(err, errbuf, errlen)
 }
 
-func pinEach(s *index, ks []prefix.Key, addrs []unsafe.Pointer, lens []int64, crcs []uint32, present []int8) ([]prefix.Hit, error) {
+// pinKeys pins ks's present entries of index s, answering into o, and
+// returns the pins' handle, which holds the tier until it is closed.
+func pinKeys(s *index, ks []prefix.Key, o pinOut) (uint64, error) {
+	a, err := tierOf(s.tier)
+	if err != nil {
+		return 0, err
+	}
+	held, err := a.c.Hold()
+	if err != nil {
+		return 0, err
+	}
+	hits, err := pinEach(s, ks, o)
+	if err != nil {
+		held.Done()
+		return 0, err
+	}
+	p := &pinned{child: child{tier: s.tier, close: func() error { s.Release(hits); held.Done(); return nil }}}
+	return handles.addChild(a, p, p.child), nil
+}
+
+// pinOut is where cxl_prefix_pin writes each key's answer.
+type pinOut struct {
+	addrs    []unsafe.Pointer
+	lens     []int64
+	trailers []byte
+	inplace  []int8
+	present  []int8
+}
+
+func pinEach(s *index, ks []prefix.Key, o pinOut) ([]prefix.Hit, error) {
 	hits := make([]prefix.Hit, 0, len(ks))
 	for i := range ks {
-		present[i] = 0
+		o.present[i], o.inplace[i] = 0, 0
 		before := len(hits)
 		var err error
 		hits, err = s.LookupAppend(hits, ks[i:i+1])
@@ -277,7 +333,17 @@ func pinEach(s *index, ks []prefix.Key, addrs []unsafe.Pointer, lens []int64, cr
 			hits = hits[:before]
 			continue
 		}
-		addrs[i], lens[i], crcs[i], present[i] = unsafe.Pointer(unsafe.SliceData(b)), hit.Len, wire, 1
+		tr := o.trailers[i*cluster.TrailerBytes : (i+1)*cluster.TrailerBytes]
+		cluster.Trailer{Length: uint32(hit.Len), CRC: wire}.Put(tr)
+		written, err := s.WriteSlack(hit, tr)
+		if err != nil {
+			s.Release(hits)
+			return nil, err
+		}
+		if written {
+			o.inplace[i] = 1
+		}
+		o.addrs[i], o.lens[i], o.present[i] = unsafe.Pointer(unsafe.SliceData(b)), hit.Len, 1
 	}
 	return hits, nil
 }
@@ -293,55 +359,169 @@ func cxl_prefix_unpin(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	return report(handles.closeChild(uint64(h), p.child), errbuf, errlen)
 }
 
-// reserved is a reservation an uplink fills in place.
-type reserved struct {
+// filling is a fill (prefix.Fill) an uplink's transfer writes into: Go
+// owns its lease checks, its hold on the tier, its commit and its abort.
+type filling struct {
 	child
-	s   *index
-	res []prefix.Reservation
+	f    *prefix.Fill
+	lens []int64
 }
 
-// cxl_prefix_reserve reserves a block of sizes[i] bytes for each key, as
-// an insert does (evicting if it must), and writes where each block lies in
-// this process (NULL when not reserved) and each key's status as
-// cxl_prefix_set does. Fill the blocks, then cxl_prefix_publish_written or
-// cxl_prefix_abort *out. A process that dies first leaves reservations
-// that the reaper reclaims: never a half-written entry.
+// cxl_prefix_fill_begin reserves a block of sizes[i] bytes for each key,
+// as an insert does (evicting if it must), writes each key's status as
+// cxl_prefix_set does, and starts a fill of the reserved blocks (*out):
+// cxl_prefix_fill_blocks right before the transfer, then
+// cxl_prefix_fill_commit, or cxl_prefix_fill_close to abort. Until then
+// the fill holds the tier mapped (a detach waits for it, bounded). A
+// process that dies first leaves reservations the reaper reclaims: never
+// a half-written entry.
 //
-//export cxl_prefix_reserve
-func cxl_prefix_reserve(h C.uint64_t, keys *C.uint8_t, n C.int64_t, sizes *C.int64_t, addrs *unsafe.Pointer, statuses *C.int8_t, out *C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
-	defer recoverCall("cxl_prefix_reserve", errbuf, errlen, &code)
+//export cxl_prefix_fill_begin
+func cxl_prefix_fill_begin(h C.uint64_t, keys *C.uint8_t, n C.int64_t, sizes *C.int64_t, statuses *C.int8_t, out *C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_fill_begin", errbuf, errlen, &code)
 	err := func() error {
 		s, ks, done, err := indexKeys(h, keys, n)
 		defer done.Done()
 		if err != nil {
 			return err
 		}
-		if out == nil || (n > 0 && (sizes == nil || addrs == nil || statuses == nil)) {
-			return fmt.Errorf("prefix reserve: %w", errBadArg)
+		if out == nil || (n > 0 && (sizes == nil || statuses == nil)) {
+			return fmt.Errorf("prefix fill begin: %w", errBadArg)
 		}
-		res, err := s.Reserve(ks, int64sAt(unsafe.Pointer(sizes), int64(n)))
-		if res == nil {
-			return err
+		id, st, err := fillBegin(s, ks, slices.Clone(int64sAt(unsafe.Pointer(sizes), int64(n))))
+		if st != nil {
+			writeStatuses(statuses, n, st)
+			*out = C.uint64_t(id)
 		}
-		ptrs := unsafe.Slice(addrs, n)
-		for i, r := range res {
-			ptrs[i] = nil
-			if b, berr := s.Block(r); berr == nil {
-				ptrs[i] = unsafe.Pointer(unsafe.SliceData(b))
-			}
-		}
-		writeStatuses(statuses, n, prefix.Statuses(res))
-		a, aerr := tierOf(s.tier)
-		if aerr != nil {
-			s.Abort(res)
-			return aerr
-		}
-		rv := &reserved{s: s, res: res}
-		rv.child = child{tier: s.tier, close: func() error { return s.Abort(res) }}
-		*out = C.uint64_t(handles.addChild(a, rv, rv.child))
 		return err
 	}()
 	return report(err, errbuf, errlen)
+}
+
+// fillBegin starts a fill of ks in index s and returns its handle (which
+// holds the tier until the fill ends) and each key's status.
+func fillBegin(s *index, ks []prefix.Key, lens []int64) (uint64, []prefix.Status, error) {
+	f, err := s.BeginFill(ks, lens)
+	if f == nil {
+		return 0, nil, err
+	}
+	a, aerr := tierOf(s.tier)
+	if aerr != nil {
+		f.Close()
+		return 0, nil, aerr
+	}
+	fl := &filling{f: f, lens: lens}
+	fl.child = child{tier: s.tier, close: f.Close}
+	return handles.addChild(a, fl, fl.child), f.Statuses(), err
+}
+
+// cxl_prefix_fill_blocks checks this client's lease and writes where each
+// reserved block lies in this process (NULL for a key without a block):
+// call it right before the transfer. A block may be filled with its
+// payload and, right after it, its page trailer where cxl_prefix_room
+// leaves room for both.
+//
+//export cxl_prefix_fill_blocks
+func cxl_prefix_fill_blocks(h C.uint64_t, addrs *unsafe.Pointer, n C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_fill_blocks", errbuf, errlen, &code)
+	err := func() error {
+		fl, done, err := use[*filling](uint64(h))
+		if err != nil {
+			return err
+		}
+		defer done.Done()
+		if int(n) != len(fl.lens) || (n > 0 && addrs == nil) {
+			return fmt.Errorf("prefix fill blocks: %w: room for %d of %d keys", errBadArg, n, len(fl.lens))
+		}
+		blocks, err := fl.f.Blocks()
+		if err != nil {
+			return err
+		}
+		ps := unsafe.Slice(addrs, n)
+		for i, b := range blocks {
+			ps[i] = nil
+			if b != nil {
+				ps[i] = unsafe.Pointer(unsafe.SliceData(b))
+			}
+		}
+		return nil
+	}()
+	return report(err, errbuf, errlen)
+}
+
+// cxl_prefix_fill_commit ends fill h: each reserved key whose transfer
+// filled its block (published[i] 1 on entry) is checked against its page
+// trailer (trailers[i], or, where NULL, the trailer right after the payload
+// in its block) and published if its payload matches; every other
+// reservation is aborted. On return published[i] says which were
+// published. A client reaped meanwhile publishes nothing (CXL_ECLOSED).
+//
+//export cxl_prefix_fill_commit
+func cxl_prefix_fill_commit(h C.uint64_t, trailers *unsafe.Pointer, n C.int64_t, published *C.int8_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_fill_commit", errbuf, errlen, &code)
+	err := func() error {
+		fl, done, err := use[*filling](uint64(h))
+		if err != nil {
+			return err
+		}
+		defer done.Done()
+		if int(n) != len(fl.lens) || (n > 0 && (trailers == nil || published == nil)) {
+			return fmt.Errorf("prefix fill commit: %w: %d answers for %d keys", errBadArg, n, len(fl.lens))
+		}
+		handles.forgetChild(uint64(h), fl.child) // committed below, not closed
+		out := unsafe.Slice((*int8)(unsafe.Pointer(published)), n)
+		filled, want := fillTrailers(fl, unsafe.Slice(trailers, n), out)
+		ok, err := fl.f.Commit(want, filled)
+		for i := range out {
+			out[i] = 0
+			if i < len(ok) && ok[i] {
+				out[i] = 1
+			}
+		}
+		return err
+	}()
+	return report(err, errbuf, errlen)
+}
+
+// fillTrailers reads each filled key's trailer: where it came apart from
+// the payload (trailers[i]), or right after the payload in its block. A
+// trailer that does not parse, or names another length, unfills the key.
+func fillTrailers(fl *filling, trailers []unsafe.Pointer, published []int8) ([]bool, []uint32) {
+	filled, want := make([]bool, len(fl.lens)), make([]uint32, len(fl.lens))
+	blocks, _ := fl.f.Slack(cluster.TrailerBytes)
+	for i := range fl.lens {
+		if published[i] != 1 {
+			continue
+		}
+		var raw []byte
+		switch {
+		case trailers[i] != nil:
+			raw = unsafe.Slice((*byte)(trailers[i]), cluster.TrailerBytes)
+		case blocks != nil && blocks[i] != nil:
+			raw = blocks[i]
+		default:
+			continue
+		}
+		t, err := cluster.ParseTrailer(raw, fl.lens[i])
+		if err != nil {
+			continue
+		}
+		filled[i], want[i] = true, t.CRC
+	}
+	return filled, want
+}
+
+// cxl_prefix_fill_close aborts what fill h did not commit and ends it.
+//
+//export cxl_prefix_fill_close
+func cxl_prefix_fill_close(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_fill_close", errbuf, errlen, &code)
+	fl, done, err := use[*filling](uint64(h))
+	if err != nil {
+		return report(err, errbuf, errlen)
+	}
+	defer done.Done()
+	return report(handles.closeChild(uint64(h), fl.child), errbuf, errlen)
 }
 
 // cxl_prefix_room writes how many bytes each block of the index spans
@@ -362,67 +542,7 @@ func cxl_prefix_room(h C.uint64_t, room *C.int64_t, errbuf *C.char, errlen C.int
 	return report(nil, errbuf, errlen)
 }
 
-// cxl_prefix_fenced fails with CXL_ECLOSED once this client's lease is
-// gone: call it right before a transfer writes into reserved blocks.
+// cxl_page_trailer_bytes is the size of a page's trailer on the wire.
 //
-//export cxl_prefix_fenced
-func cxl_prefix_fenced(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
-	defer recoverCall("cxl_prefix_fenced", errbuf, errlen, &code)
-	s, done, err := use[*index](uint64(h))
-	if err != nil {
-		return report(err, errbuf, errlen)
-	}
-	defer done.Done()
-	return report(s.Fenced(), errbuf, errlen)
-}
-
-// cxl_prefix_publish_written publishes the reserved blocks of reservation
-// h that the transfer filled (published[i] 1 on entry; 0 aborts that one)
-// and whose contents match crcs[i] (each key's WireChecksum), aborts the
-// others, and closes h; on return published[i] says which were published.
-//
-//export cxl_prefix_publish_written
-func cxl_prefix_publish_written(h C.uint64_t, crcs *C.uint32_t, n C.int64_t, published *C.int8_t, errbuf *C.char, errlen C.int) (code C.int) {
-	defer recoverCall("cxl_prefix_publish_written", errbuf, errlen, &code)
-	err := func() error {
-		rv, done, err := use[*reserved](uint64(h))
-		if err != nil {
-			return err
-		}
-		defer done.Done()
-		if int(n) != len(rv.res) || (n > 0 && (crcs == nil || published == nil)) {
-			return fmt.Errorf("prefix publish written: %w: %d checksums for %d reservations", errBadArg, n, len(rv.res))
-		}
-		handles.forgetChild(uint64(h), rv.child) // published or aborted below, not closed
-		out := unsafe.Slice((*int8)(unsafe.Pointer(published)), n)
-		var unfilled []prefix.Reservation
-		for i := range out {
-			if out[i] != 1 { // not filled: aborted, whatever its checksum
-				unfilled = append(unfilled, rv.res[i])
-				rv.res[i].Status = prefix.NoSpace
-			}
-		}
-		aerr := rv.s.Abort(unfilled)
-		ok, err := rv.s.PublishWritten(rv.res, unsafe.Slice((*uint32)(unsafe.Pointer(crcs)), n))
-		err = errors.Join(err, aerr)
-		for i := range out {
-			out[i] = 0
-			if i < len(ok) && ok[i] {
-				out[i] = 1
-			}
-		}
-		return err
-	}()
-	return report(err, errbuf, errlen)
-}
-
-//export cxl_prefix_abort
-func cxl_prefix_abort(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
-	defer recoverCall("cxl_prefix_abort", errbuf, errlen, &code)
-	rv, done, err := use[*reserved](uint64(h))
-	if err != nil {
-		return report(err, errbuf, errlen)
-	}
-	defer done.Done()
-	return report(handles.closeChild(uint64(h), rv.child), errbuf, errlen)
-}
+//export cxl_page_trailer_bytes
+func cxl_page_trailer_bytes() C.int { return cluster.TrailerBytes }

@@ -34,17 +34,18 @@
 //	cxl_prefix_names(tier, buf, buf_len, &n)             the tier's prefix indexes, each name NUL-terminated
 //	cxl_uplink_off(tier)                                 indexes opened on tier from now on never ask the uplink (the uplink's own)
 //	cxl_uplink_address(tier, buf, cap)                   the socket path of the node's uplink (for the uplink)
-//	cxl_tier_mappings(tier, ptrs, lens, cap, &n)         each device mapping, to register with a transfer engine
+//	cxl_tier_mappings(tier, ptrs, lens, cap, &n, &hold)  each device mapping, to register with a transfer engine, mapped until cxl_tier_release(hold)
 //	cxl_tier_replaced(tier, buf, cap)                    why the tier is not the one its paths name any more ("" while it is)
 //	cxl_tier_registered(tier, &yes, why, why_cap)        whether this client proved who it is to its node's daemon
 //	cxl_prefix_namespace(index, buf, cap)                the index's name across nodes (name, and a digest of its key)
-//	cxl_prefix_pin(index, keys, n, addrs, lens, wire_crcs, present, &pins)   pins each present key's payload in place
+//	cxl_prefix_pin(index, keys, n, addrs, lens, trailers, inplace, present, &pins)   pins each present key's payload in place, with its page trailer
 //	cxl_prefix_unpin(pins)
-//	cxl_prefix_reserve(index, keys, n, sizes, addrs, statuses, &res)   blocks to fill in place (a network transfer)
+//	cxl_prefix_fill_begin(index, keys, n, sizes, statuses, &fill)   blocks a transfer fills in place (prefix.Fill)
+//	cxl_prefix_fill_blocks(fill, addrs, n)               the lease checked, where each block lies: right before the transfer
+//	cxl_prefix_fill_commit(fill, trailer_ptrs, n, published)   checks each filled page against its trailer, publishes or aborts
+//	cxl_prefix_fill_close(fill)                          aborts what was not committed
+//	cxl_page_trailer_bytes()                             the size of a page's trailer on the wire
 //	cxl_prefix_room(index, &bytes)                       a block's span: a transfer may fill that much of one
-//	cxl_prefix_fenced(index)                             CXL_ECLOSED once the lease is gone: check before filling
-//	cxl_prefix_publish_written(res, wire_crcs, n, published)   publishes the blocks that match, aborts the rest
-//	cxl_prefix_abort(res)
 //	cxl_engram_hash(spec, layer, ids, n, out, out_cap, &n_rows) spec: preset name or JSON geometry
 //	cxl_engram_table_name(model, table, rank, world, out, out_len)   SGLang's host table's object name (per-rank when world > 1)
 //	cxl_engram_checkpoint_digest(checkpoint, layer, out, out_len)    a V4.1 checkpoint layer's digest, as seals record it

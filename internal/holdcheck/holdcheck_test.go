@@ -173,6 +173,7 @@ var abiExempt = map[string]string{
 	"cxl_attach":                   "makes the handle",
 	"cxl_detach":                   "closes the client, which is the gate",
 	"cxl_abi_version":              "a constant",
+	"cxl_page_trailer_bytes":       "a constant",
 	"cxl_engram_hash":              "hashes the caller's ids",
 	"cxl_engram_table_name":        "makes a name from the caller's strings",
 	"cxl_tier_release":             "gives back a hold cxl_tier_hold took (it touches no tier memory)",
@@ -227,4 +228,149 @@ func hasExport(cg *ast.CommentGroup) bool {
 		}
 	}
 	return false
+}
+
+// addressExports are the C exports that hand tier addresses out past the
+// call, and what keeps the mapping under them until the caller is done:
+// a hold its handle keeps ("handle": the export takes a hold and gives it
+// to a handle), another handle's hold, or the package's views.
+var addressExports = map[string]string{
+	"cxl_tier_mappings":      "handle",
+	"cxl_prefix_pin":         "handle",
+	"cxl_prefix_fill_blocks": "the fill's hold, taken by cxl_prefix_fill_begin and kept until its commit or close",
+	"cxl_object_create":      "the package's views: TierObject.buffer tracks each with cxl_tier_hold (sglang/tests/test_region.py checks)",
+	"cxl_object_open":        "the package's views: TierObject.buffer tracks each with cxl_tier_hold (sglang/tests/test_region.py checks)",
+	"cxl_region_alloc":       "the package's views: Region.buffer tracks each with cxl_tier_hold (sglang/tests/test_region.py checks)",
+}
+
+// handsOutAddress reports whether body, or a function of the package it
+// calls, stores an unsafe.Pointer into memory the caller reads (an
+// assignment to an index or a dereference).
+func (fns pkgFuncs) handsOutAddress(body *ast.BlockStmt, depth int, seen map[*ast.BlockStmt]bool) bool {
+	if depth == 0 || seen[body] {
+		return false
+	}
+	seen[body] = true
+	found := false
+	ast.Inspect(body, func(n ast.Node) bool {
+		if found {
+			return false
+		}
+		switch n := n.(type) {
+		case *ast.AssignStmt:
+			for i, lhs := range n.Lhs {
+				switch lhs.(type) {
+				case *ast.IndexExpr, *ast.StarExpr:
+				default:
+					continue
+				}
+				if i < len(n.Rhs) && isPointerConversion(n.Rhs[i]) {
+					found = true
+				}
+			}
+		case *ast.CallExpr:
+			var name string
+			switch fn := n.Fun.(type) {
+			case *ast.Ident:
+				name = fn.Name
+			case *ast.SelectorExpr:
+				name = fn.Sel.Name
+			}
+			for _, b := range fns[name] {
+				if fns.handsOutAddress(b, depth-1, seen) {
+					found = true
+				}
+			}
+		}
+		return !found
+	})
+	return found
+}
+
+func isPointerConversion(e ast.Expr) bool {
+	call, ok := e.(*ast.CallExpr)
+	if !ok {
+		return false
+	}
+	sel, ok := call.Fun.(*ast.SelectorExpr)
+	if !ok || sel.Sel.Name != "Pointer" {
+		return false
+	}
+	pkg, ok := sel.X.(*ast.Ident)
+	return ok && pkg.Name == "unsafe"
+}
+
+// callsAny reports whether body, or a function it calls, calls one of names.
+func (fns pkgFuncs) callsAny(body *ast.BlockStmt, names map[string]bool, depth int, seen map[*ast.BlockStmt]bool) bool {
+	if depth == 0 || seen[body] {
+		return false
+	}
+	seen[body] = true
+	found := false
+	ast.Inspect(body, func(n ast.Node) bool {
+		call, ok := n.(*ast.CallExpr)
+		if !ok || found {
+			return !found
+		}
+		var name string
+		switch fn := call.Fun.(type) {
+		case *ast.Ident:
+			name = fn.Name
+		case *ast.SelectorExpr:
+			name = fn.Sel.Name
+		}
+		if names[name] {
+			found = true
+			return false
+		}
+		for _, b := range fns[name] {
+			if fns.callsAny(b, names, depth-1, seen) {
+				found = true
+			}
+		}
+		return !found
+	})
+	return found
+}
+
+// TestAddressesOutliveNoHold: every C export that hands tier addresses out
+// past its call is listed with what keeps the mapping under them; one
+// listed as "handle" takes a hold (Hold or tierHold) and makes a handle of
+// it. An export added later that hands out addresses fails until it says.
+func TestAddressesOutliveNoHold(t *testing.T) {
+	files := parseDir(t, filepath.Join("cmd", "libcxltier"))
+	fns := funcsOf(files)
+	seen := map[string]bool{}
+	for _, f := range files {
+		for _, d := range f.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok || fd.Doc == nil || !hasExport(fd.Doc) {
+				continue
+			}
+			name := fd.Name.Name
+			if !fns.handsOutAddress(fd.Body, 4, map[*ast.BlockStmt]bool{}) {
+				if _, listed := addressExports[name]; listed {
+					t.Errorf("%s is listed as handing out addresses but does not", name)
+				}
+				continue
+			}
+			seen[name] = true
+			how, listed := addressExports[name]
+			switch {
+			case !listed:
+				t.Errorf("%s hands tier addresses out: keep them under a hold its handle keeps, and list it", name)
+			case how == "handle":
+				holds := fns.callsAny(fd.Body, map[string]bool{"Hold": true, "tierHold": true}, 4, map[*ast.BlockStmt]bool{})
+				hands := fns.callsAny(fd.Body, map[string]bool{"add": true, "addChild": true}, 4, map[*ast.BlockStmt]bool{})
+				if !holds || !hands {
+					t.Errorf("%s: takes a hold %v, makes a handle %v: its addresses must stay under a hold its handle keeps", name, holds, hands)
+				}
+			}
+		}
+	}
+	for name := range addressExports {
+		if !seen[name] {
+			t.Errorf("%s is listed but not found handing out addresses", name)
+		}
+	}
 }

@@ -58,9 +58,10 @@ from collections import deque
 
 logger = logging.getLogger("cxltier.uplink")
 
-TRAILER = struct.Struct("<4sHHII")  # magic, version, reserved, payload length, wire CRC-32C
-TRAILER_MAGIC = b"CXLP"
-TRAILER_BYTES = TRAILER.size  # 16
+# A page's trailer on the wire: its format is Go's (cluster.Trailer), which
+# writes and checks it; the uplink only moves its bytes. Its size is checked
+# against the library's at start.
+TRAILER_BYTES = 16
 
 _REQ_HEADER = struct.Struct("<4sBBHI")
 _REQ_MAGIC = b"CXU1"
@@ -164,8 +165,11 @@ class _Slots:
         self._map = mmap.mmap(-1, n * TRAILER_BYTES)
         self._buf = (ctypes.c_char * (n * TRAILER_BYTES)).from_buffer(self._map)
         self.base = ctypes.addressof(self._buf)
-        if store is not None and store.register_buffer(self.base, n * TRAILER_BYTES) != 0:
-            raise UplinkError("mooncake: register_buffer of the trailer slots failed")
+        self._registered = False
+        if store is not None:
+            if store.register_buffer(self.base, n * TRAILER_BYTES) != 0:
+                raise UplinkError("mooncake: register_buffer of the trailer slots failed")
+            self._registered = True
         self._free = deque(range(n))
         self._lock = threading.Lock()
 
@@ -182,11 +186,19 @@ class _Slots:
     def addr(self, slot):
         return self.base + slot * TRAILER_BYTES
 
-    def write(self, slot, length, crc):
-        TRAILER.pack_into(self._map, slot * TRAILER_BYTES, TRAILER_MAGIC, 1, 0, length, crc)
+    def free(self):
+        """How many slots are free (all of them, when no transfer runs)."""
+        with self._lock:
+            return len(self._free)
 
-    def read(self, slot):
-        return TRAILER.unpack_from(self._map, slot * TRAILER_BYTES)
+    def unregister(self, store):
+        if self._registered:
+            store.unregister_buffer(self.base)
+            self._registered = False
+
+    def put(self, slot, raw):
+        """Copies a trailer's bytes (as Go wrote them) into slot."""
+        self._map[slot * TRAILER_BYTES:(slot + 1) * TRAILER_BYTES] = bytes(raw)
 
 
 class NodeIndex:
@@ -218,38 +230,74 @@ class NodeIndex:
         return self.index.exists(keys)
 
     def pin(self, keys):
-        """Pins the present keys: (handle, [(i, address, length, crc)])."""
+        """Pins the present keys, with a hold on the tier until unpin:
+        (handle, [(i, address, length, inplace)], trailers). Go writes each
+        present key's trailer into trailers (TRAILER_BYTES at i), and also
+        right after the payload in its block where it fits (inplace: page
+        and trailer then leave as one piece)."""
         n = len(keys)
         arr = (ctypes.c_uint8 * (n * KEY_BYTES)).from_buffer_copy(b"".join(keys))
         addrs, lens = (ctypes.c_void_p * n)(), (ctypes.c_int64 * n)()
-        crcs, present, h = (ctypes.c_uint32 * n)(), (ctypes.c_int8 * n)(), ctypes.c_uint64()
-        self._native.call("cxl_prefix_pin", self.index.handle, arr, n, addrs, lens, crcs, present, ctypes.byref(h))
-        return h.value, [(i, addrs[i], lens[i], crcs[i]) for i in range(n) if present[i]]
+        trailers = (ctypes.c_uint8 * (n * TRAILER_BYTES))()
+        inplace, present, h = (ctypes.c_int8 * n)(), (ctypes.c_int8 * n)(), ctypes.c_uint64()
+        self._native.call("cxl_prefix_pin", self.index.handle, arr, n, addrs, lens, trailers, inplace, present,
+                          ctypes.byref(h))
+        return h.value, [(i, addrs[i], lens[i], inplace[i] == 1) for i in range(n) if present[i]], trailers
 
     def unpin(self, h):
         self._native.call("cxl_prefix_unpin", h)
 
-    def reserve(self, keys, sizes):
-        """Reserves blocks: (handle, [address or None], [status])."""
+    def begin_fill(self, keys, sizes):
+        """A fill of blocks reserved for keys (prefix.Fill, owned by Go):
+        a context manager that aborts whatever was not committed."""
+        return _Fill(self._native, self.index, keys, sizes)
+
+
+class _Fill:
+    """Blocks a transfer writes into, as one transaction that Go owns: it
+    holds the tier mapped from begin to commit or close, checks the lease
+    before it says where to write (blocks) and again at commit, checks each
+    page against its trailer, publishes the good ones and aborts the rest.
+    Leaving the `with` block aborts whatever was not committed, whatever
+    raised."""
+
+    def __init__(self, native, index, keys, sizes):
+        self._native = native
         n = len(keys)
         arr = (ctypes.c_uint8 * (n * KEY_BYTES)).from_buffer_copy(b"".join(keys))
-        addrs, st, h = (ctypes.c_void_p * n)(), (ctypes.c_int8 * n)(), ctypes.c_uint64()
-        self._native.call("cxl_prefix_reserve", self.index.handle, arr, n, (ctypes.c_int64 * n)(*sizes), addrs, st,
-                          ctypes.byref(h))
-        return h.value, [addrs[i] if st[i] == 0 else None for i in range(n)], [st[i] for i in range(n)]
+        st, h = (ctypes.c_int8 * n)(), ctypes.c_uint64()
+        native.call("cxl_prefix_fill_begin", index.handle, arr, n, (ctypes.c_int64 * n)(*sizes), st, ctypes.byref(h))
+        self._h, self.n = h.value, n
+        self.reserved = [i for i in range(n) if st[i] == 0]
 
-    def fenced(self):
-        self._native.call("cxl_prefix_fenced", self.index.handle)
+    def blocks(self):
+        """Where each reserved key's page goes (None for the others), after
+        a check of the lease (ClosedError once this client was reaped)."""
+        addrs = (ctypes.c_void_p * self.n)()
+        self._native.call("cxl_prefix_fill_blocks", self._h, addrs, self.n)
+        return [addrs[i] for i in range(self.n)]
 
-    def publish(self, h, filled, crcs):
-        """Publishes the filled blocks whose checksum matches; aborts the rest."""
-        n = len(filled)
-        io = (ctypes.c_int8 * n)(*[1 if f else 0 for f in filled])
-        self._native.call("cxl_prefix_publish_written", h, (ctypes.c_uint32 * n)(*crcs), n, io)
-        return [io[i] == 1 for i in range(n)]
+    def commit(self, filled, trailers):
+        """Publishes each filled key whose page matches its trailer
+        (trailers[i]: the address of a trailer that came apart from its
+        page, or None for one right after the page in its block); aborts the
+        others. Returns which were published."""
+        io = (ctypes.c_int8 * self.n)(*[1 if f else 0 for f in filled])
+        ptrs = (ctypes.c_void_p * self.n)(*trailers)
+        h, self._h = self._h, None
+        self._native.call("cxl_prefix_fill_commit", h, ptrs, self.n, io)
+        return [io[i] == 1 for i in range(self.n)]
 
-    def abort(self, h):
-        self._native.call("cxl_prefix_abort", h)
+    def close(self):
+        if self._h is not None:
+            h, self._h = self._h, None
+            self._native.call("cxl_prefix_fill_close", h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def _replica_size(descs):
@@ -296,31 +344,66 @@ class Uplink:
         self._calls_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = []
+        self._conns = {}  # the threads serving connections, while they run: their connections
+        self._conns_lock = threading.Lock()
         self.events = None  # the KV event stream (cxltier.kvevents), when --events asks for one
+        self._signalled = False  # set by the signal handlers, and nothing else
+        self._mapped, self._mapped_hold, self._registered, self.slots = [], None, [], None
+        self._sock, self._lock_fd = None, None
+        try:
+            self._start(prefault)
+        except BaseException:
+            self._undo()
+            raise
+
+    def _start(self, prefault):
+        """What the uplink takes at start: its socket's path, its trailer
+        slots, the tier's mappings (under a hold) registered with the
+        transfer engine, and its socket."""
+        _native, store = self._native, self.store
         buf = ctypes.create_string_buffer(4096)
         _native.call("cxl_uplink_address", self.tier.handle, buf, len(buf))
         self.address = buf.value.decode()
+        if _native.lib().cxl_page_trailer_bytes() != TRAILER_BYTES:
+            raise UplinkError(f"the library's page trailer is {_native.lib().cxl_page_trailer_bytes()} bytes, "
+                              f"this uplink's {TRAILER_BYTES}: library and package are of different versions")
         self.slots = _Slots(store)
-        mappings = self._mappings()
+        self._mapped, self._mapped_hold = self._mappings()
         if prefault:
-            for addr, length in mappings:
+            for addr, length in self._mapped:
                 _populate(addr, length)
         if store is not None:
-            for i, (addr, length) in enumerate(mappings):
+            for i, (addr, length) in enumerate(self._mapped):
                 if store.register_buffer(addr, length) != 0:
                     raise UplinkError(f"mooncake: register_buffer of tier device {i} ({length} bytes) failed; "
                                       "on RDMA, back the tier with huge pages or devdax (docs/operations.md)")
+                self._registered.append(addr)
         self._sock, self._lock_fd = _bind_socket(self.address)
-        self._signalled = False  # set by the signal handlers, and nothing else
+
+    def _undo(self):
+        """Gives back what the uplink took, in reverse: the transfer engine's
+        registrations, the mappings' hold, then the tier (whose detach would
+        otherwise wait for that hold)."""
+        if self.store is not None:
+            for addr in self._registered:
+                self.store.unregister_buffer(addr)
+            if self.slots is not None:
+                self.slots.unregister(self.store)
+        self._registered = []
+        if self._mapped_hold is not None:
+            self._native.call("cxl_tier_release", self._mapped_hold)
+            self._mapped_hold = None
+        self.tier.close()
 
     def _mappings(self):
         """(address, length) of each device mapping of the tier in this
         process: what the transfer engine registers, so that puts read and
-        gets write tier memory in place."""
-        n = ctypes.c_int64()
+        gets write tier memory in place; and the hold on the tier that keeps
+        them mapped until close gives it back (after unregistering them)."""
+        n, hold = ctypes.c_int64(), ctypes.c_uint64()
         ptrs, lens = (ctypes.c_void_p * 64)(), (ctypes.c_int64 * 64)()
-        self._native.call("cxl_tier_mappings", self.tier.handle, ptrs, lens, 64, ctypes.byref(n))
-        return [(ptrs[i], lens[i]) for i in range(n.value)]
+        self._native.call("cxl_tier_mappings", self.tier.handle, ptrs, lens, 64, ctypes.byref(n), ctypes.byref(hold))
+        return [(ptrs[i], lens[i]) for i in range(n.value)], hold.value
 
     # The cluster's health. A Mooncake call to a master that stopped
     # answering (a partition, a stalled host) does not return for minutes,
@@ -445,6 +528,15 @@ class Uplink:
 
     def stop(self):
         self._stop.set()
+        with self._conns_lock:
+            conns = list(self._conns.values())
+        for c in conns:  # wakes the threads waiting for their clients' next message
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._sock is None:
+            return
         try:
             self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
         except OSError:
@@ -463,9 +555,19 @@ class Uplink:
             if not _same_user(conn):
                 conn.close()
                 continue
-            threading.Thread(target=self._serve_conn, args=(conn,), daemon=True).start()
+            t = threading.Thread(target=self._serve_conn, args=(conn,), daemon=True, name="uplink-conn")
+            with self._conns_lock:
+                self._conns[t] = conn
+            t.start()
 
     def _serve_conn(self, conn):
+        try:
+            self._serve(conn)
+        finally:
+            with self._conns_lock:
+                self._conns.pop(threading.current_thread(), None)
+
+    def _serve(self, conn):
         with conn:
             while not self._stop.is_set():
                 try:
@@ -574,23 +676,25 @@ class Uplink:
         self.metrics.add("put_skipped_pages", len(keys) - len(todo))
         if not todo:
             return []
-        h, hits = ix.pin([keys[i] for i in todo])  # pages evicted since are gone: nothing to put
-        slots = self.slots.take(len(hits)) if hits else []
+        h, hits, trailers = ix.pin([keys[i] for i in todo])  # pages evicted since are gone: nothing to put
+        apart = [hit for hit in hits if not hit[3]]
+        slots = self.slots.take(len(apart)) if apart else []
         try:
             if not hits:
                 return []
             if slots is None:
                 return [keys[todo[j]] for j, *_ in hits]
-            # A page whose block has room gets its trailer written right
-            # after it (bytes no reader reads) and goes as one piece; the
-            # others go as two, the trailer from registered memory.
-            one, two = [], []
-            for (j, addr, length, crc), slot in zip(hits, slots):
-                if ix.fits(length):
-                    ctypes.memmove(addr + length, TRAILER.pack(TRAILER_MAGIC, 1, 0, length, crc), TRAILER_BYTES)
+            # A page whose block had room has its trailer right after it
+            # (Go wrote it there under the pin, flushed) and goes as one
+            # piece; the others go as two, the trailer from registered
+            # memory.
+            one, two, free = [], [], iter(slots)
+            for j, addr, length, inplace in hits:
+                if inplace:
                     one.append((j, addr, length + TRAILER_BYTES, length))
                 else:
-                    self.slots.write(slot, length, crc)
+                    slot = next(free)
+                    self.slots.put(slot, trailers[j * TRAILER_BYTES:(j + 1) * TRAILER_BYTES])
                     two.append((j, [addr, self.slots.addr(slot)], [length, TRAILER_BYTES], length))
             cfg = _replicate_config(self.replicas)
             failed, sent = [], 0
@@ -698,51 +802,22 @@ class Uplink:
             return False
         keys, ckeys = keys[: len(sizes)], ckeys[: len(sizes)]
         asked = time.monotonic()
-        h, addrs, _ = ix.reserve(keys, sizes)
-        take = [i for i, a in enumerate(addrs) if a]
-        slots = self.slots.take(len(take)) if take else []
-        if not take or slots is None:
-            ix.abort(h)
-            return slots is None
-        filled, crcs = [False] * len(keys), [0] * len(keys)
-        try:
-            ix.fenced()  # a reaped client's blocks may be another's now
-        except self._native.ClosedError:
-            ix.abort(h)
-            self.slots.give(slots)
-            raise
-        # A page whose block has room lands with its trailer in one piece;
-        # the others in two, the trailer into registered memory.
-        one = [i for i in take if ix.fits(sizes[i])]
-        two = [(i, s) for i, s in zip(take, slots) if not ix.fits(sizes[i])]
-        got, cluster_failed = {}, False
-        if one:
-            res = self._call("batch_get_into", self.store.batch_get_into, [ckeys[i] for i in one],
-                             [addrs[i] for i in one], [sizes[i] + TRAILER_BYTES for i in one],
-                             nbytes=sum(sizes[i] for i in one))
-            cluster_failed |= res is None
-            for i, r in zip(one, res if res is not None else [-1] * len(one)):
-                got[i] = (r, TRAILER.unpack(ctypes.string_at(addrs[i] + sizes[i], TRAILER_BYTES)) if r > 0 else None)
-        if two:
-            res = self._call("batch_get_into_multi_buffers", self.store.batch_get_into_multi_buffers,
-                             [ckeys[i] for i, _ in two], [[addrs[i], self.slots.addr(s)] for i, s in two],
-                             [[sizes[i], TRAILER_BYTES] for i, _ in two], nbytes=sum(sizes[i] for i, _ in two))
-            cluster_failed |= res is None
-            for (i, s), r in zip(two, res if res is not None else [-1] * len(two)):
-                got[i] = (r, self.slots.read(s) if r > 0 else None)
-        for i in take:
-            r, trailer = got[i]
-            if r == sizes[i] + TRAILER_BYTES and trailer[0] == TRAILER_MAGIC and trailer[1] == 1 and trailer[3] == sizes[i]:
-                filled[i], crcs[i] = True, trailer[4]
-            elif r < 0:
-                if not cluster_failed:
-                    self.metrics.add("remote_errors")
-            else:
-                self.metrics.add("rejected_pages")
-        self.slots.give(slots)
-        _test_pause("CXLTIER_UPLINK_TEST_PAUSE_BEFORE_PUBLISH")
-        moved = time.monotonic()
-        published = ix.publish(h, filled, crcs)
+        with ix.begin_fill(keys, sizes) as fill:
+            take = fill.reserved
+            if not take:
+                return False
+            apart = [i for i in take if not ix.fits(sizes[i])]
+            slots = self.slots.take(len(apart)) if apart else []
+            if slots is None:
+                return True
+            try:
+                filled, trailers, cluster_failed = self._transfer(fill, take, apart, slots, ckeys, sizes)
+                _test_pause("CXLTIER_UPLINK_TEST_PAUSE_BEFORE_PUBLISH")
+                moved = time.monotonic()
+                published = fill.commit(filled, trailers)
+            finally:
+                if slots:
+                    self.slots.give(slots)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("fetch of %d pages: master %.2f ms, reserve and transfer %.2f ms, check and publish %.2f ms",
                          len(keys), (asked - started) * 1e3, (moved - asked) * 1e3, (time.monotonic() - moved) * 1e3)
@@ -752,13 +827,65 @@ class Uplink:
         self.metrics.fetch_took(time.monotonic() - started)
         return cluster_failed
 
-    def close(self):
+    def _transfer(self, fill, take, apart, slots, ckeys, sizes):
+        """Has the transfer engine write the reserved keys' pages (and
+        trailers) into the fill's blocks: a page whose block has room lands
+        with its trailer in one piece, the others in two, the trailer into
+        registered memory. Returns (filled, trailer addresses, whether the
+        cluster failed)."""
+        addrs = fill.blocks()  # the lease is checked here: a reaped client's blocks may be another's
+        n = len(addrs)
+        filled, trailers, cluster_failed = [False] * n, [None] * n, False
+        one = [i for i in take if i not in set(apart)]
+        two = list(zip(apart, slots))
+        got = {}
+        if one:
+            res = self._call("batch_get_into", self.store.batch_get_into, [ckeys[i] for i in one],
+                             [addrs[i] for i in one], [sizes[i] + TRAILER_BYTES for i in one],
+                             nbytes=sum(sizes[i] for i in one))
+            cluster_failed |= res is None
+            got.update(zip(one, res if res is not None else [-1] * len(one)))
+        if two:
+            res = self._call("batch_get_into_multi_buffers", self.store.batch_get_into_multi_buffers,
+                             [ckeys[i] for i, _ in two], [[addrs[i], self.slots.addr(s)] for i, s in two],
+                             [[sizes[i], TRAILER_BYTES] for i, _ in two], nbytes=sum(sizes[i] for i, _ in two))
+            cluster_failed |= res is None
+            got.update(zip((i for i, _ in two), res if res is not None else [-1] * len(two)))
+            for i, s in two:
+                trailers[i] = self.slots.addr(s)
+        for i in take:
+            r = got[i]
+            if r == sizes[i] + TRAILER_BYTES:
+                filled[i] = True  # Go checks the page against its trailer at commit
+            elif r < 0:
+                if not cluster_failed:
+                    self.metrics.add("remote_errors")
+            else:
+                self.metrics.add("rejected_pages")
+        return filled, trailers, cluster_failed
+
+    def close(self, wait=10.0):
+        """Stops the uplink, waits (up to wait seconds) for its threads, so
+        that no transfer still reads or writes tier memory, unregisters the
+        tier from the transfer engine, gives the mapping's hold back and
+        detaches. A thread that does not stop in time keeps the tier mapped
+        (it goes with the process)."""
         self.stop()
         if self.events is not None:
             self.events.stop()
+        deadline = time.monotonic() + wait
+        with self._conns_lock:
+            threads = list(self._threads) + list(self._conns)
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        stuck = [t.name for t in threads if t.is_alive()]
         _unbind_socket(self.address, self._lock_fd)
         self._lock_fd = None
-        self.tier.close()
+        if stuck:
+            logger.error("cxltier uplink: %s did not stop within %.0f s; the tier stays mapped under them", stuck, wait)
+            return False
+        self._undo()
+        return True
 
 
 _MADV_POPULATE_WRITE = 23  # Linux 5.14

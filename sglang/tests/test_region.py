@@ -149,3 +149,27 @@ def test_a_forked_child_does_not_use_its_parents_lease(built, device):
     assert got == "closed,closed", got
     assert ix.exists([bytes(32)]) == 1  # the parent goes on
     t.close()
+
+
+def test_tier_memory_is_touched_only_under_a_view_hold():
+    """Every place the package turns a tier address into memory it reads or
+    writes (ctypes from_address, string_at, memmove) is in a function that
+    tracks the view with a hold on the tier (track_view): the library keeps
+    the mapping under it (cmd/libcxltier lists the addresses it hands out,
+    internal/holdcheck). Transfer engines get tier addresses only through
+    the uplink's pins and fills, which hold the tier in Go."""
+    import ast
+    import pathlib
+
+    pkg = pathlib.Path(cxltier.__file__).parent
+    unguarded = []
+    for path in sorted(pkg.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            names = {n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", None)
+                     for n in ast.walk(fn) if isinstance(n, (ast.Attribute, ast.Name))}
+            if names & {"from_address", "string_at", "memmove"} and "track_view" not in names:
+                unguarded.append(f"{path.name}:{fn.lineno} {fn.name}")
+    assert not unguarded, f"tier memory touched without a view hold: {unguarded}"

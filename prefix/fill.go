@@ -1,0 +1,193 @@
+package prefix
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/cxltier/cxltier/tier"
+)
+
+// A Fill is a transfer into reserved blocks that something other than this
+// process's stores writes (a network transfer: the node uplink's cluster
+// fetch), as one transaction owned here, so that its rules have one home:
+//
+//   - it holds the client's gate (tier.Hold) from BeginFill until Commit or
+//     Close, so the mapping stays under the transfer whatever closes;
+//   - Blocks checks the lease right before it says where to write: a block
+//     of a client that was reaped may be another's;
+//   - Commit checks the lease again, checks each filled block against the
+//     checksum it must match, flushes and publishes the good ones and aborts
+//     the others; any failure aborts what was not published;
+//   - Close aborts whatever was not committed.
+//
+// A fill neither committed nor closed keeps its client open: Client.Close
+// waits for it (bounded by the client's CloseWait).
+type Fill struct {
+	s    *Store
+	held tier.Hold
+	res  []Reservation
+
+	mu   sync.Mutex
+	over bool // committed or closed
+
+	// flush, in tests, stands in for the payload flush (tier.Region.Publish).
+	flush func(off tier.Offset, n int64) error
+}
+
+// BeginFill reserves a block of sizes[i] bytes for each key, as Reserve
+// does, and starts a fill of them. Statuses says which keys got a block.
+func (s *Store) BeginFill(keys []Key, sizes []int64) (*Fill, error) {
+	held, err := s.hold("begin fill")
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.Reserve(keys, sizes)
+	if res == nil {
+		held.Done()
+		return nil, err
+	}
+	f := &Fill{s: s, held: held, res: res, flush: s.r.Publish}
+	return f, err
+}
+
+// Statuses is each key's reservation status (Reserved: it has a block).
+func (f *Fill) Statuses() []Status { return Statuses(f.res) }
+
+// Blocks is where each reserved key's payload goes, in place in the tier
+// mapping (nil for a key without a block), valid until Commit or Close.
+// It checks the lease first: call it right before the transfer starts.
+func (f *Fill) Blocks() ([][]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.over {
+		return nil, ErrFillOver
+	}
+	if err := f.held.Fenced(); err != nil {
+		return nil, fmt.Errorf("prefix: %q: fill: %w", f.s.name, err)
+	}
+	out := make([][]byte, len(f.res))
+	for i, r := range f.res {
+		if r.Status != Reserved {
+			continue
+		}
+		b, err := f.s.r.Slice(r.Offset, r.Len)
+		if err != nil {
+			return nil, fmt.Errorf("prefix: %q: %v: %w", f.s.name, r.Key, err)
+		}
+		out[i] = b
+	}
+	return out, nil
+}
+
+// Slack is, for each reserved key whose block has room for n bytes after
+// its payload, those n bytes as the transfer left them (where a one-piece
+// transfer put the page's trailer); nil for the others. Valid until Commit
+// or Close.
+func (f *Fill) Slack(n int) ([][]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.over {
+		return nil, ErrFillOver
+	}
+	out := make([][]byte, len(f.res))
+	for i, r := range f.res {
+		if r.Status != Reserved || r.Len+int64(n) > f.s.g.BlockStride {
+			continue
+		}
+		b, err := f.s.payload(r.Offset+tier.Offset(r.Len), int64(n))
+		if err != nil {
+			return nil, fmt.Errorf("prefix: %q: %v: %w", f.s.name, r.Key, err)
+		}
+		out[i] = b
+	}
+	return out, nil
+}
+
+// Commit ends the fill: it publishes each reserved block that the transfer
+// filled (filled[i]) and that holds a payload matching want[i] (its
+// WireChecksum), aborts the others, and reports which were published. A
+// lost lease (ErrLost) publishes nothing: the reaper has taken the
+// reservations back.
+func (f *Fill) Commit(want []uint32, filled []bool) ([]bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.over {
+		return nil, ErrFillOver
+	}
+	f.over = true
+	defer f.held.Done()
+	if len(want) != len(f.res) || len(filled) != len(f.res) {
+		err := fmt.Errorf("prefix: %q: fill commit: %d reservations, %d checksums, %d filled flags: %w",
+			f.s.name, len(f.res), len(want), len(filled), ErrBadConfig)
+		return nil, errors.Join(err, f.s.Abort(f.res))
+	}
+	if err := f.held.Fenced(); err != nil {
+		return nil, fmt.Errorf("prefix: %q: fill commit: %w: %w", f.s.name, ErrLost, err)
+	}
+	for i := range f.res {
+		if !filled[i] && f.res[i].Status == Reserved {
+			if err := f.s.Abort(f.res[i : i+1]); err != nil {
+				return nil, errors.Join(err, f.s.Abort(f.res))
+			}
+			f.res[i].Status = NoSpace
+		}
+	}
+	return f.s.publishWritten(f.res, want, f.flush)
+}
+
+// Close aborts whatever the fill did not commit; after Commit it does
+// nothing.
+func (f *Fill) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.over {
+		return nil
+	}
+	f.over = true
+	defer f.held.Done()
+	return f.s.Abort(f.res)
+}
+
+// publishWritten publishes the reservations whose blocks, written in place
+// by a transfer, hold a payload matching want, and aborts the others: a
+// damaged or short transfer becomes a miss, never an entry. A block that
+// cannot be flushed aborts every reservation not yet published.
+func (s *Store) publishWritten(res []Reservation, want []uint32, flush func(tier.Offset, int64) error) ([]bool, error) {
+	held, herr := s.hold("publish written")
+	if herr != nil {
+		return nil, errors.Join(herr, s.Abort(res))
+	}
+	defer held.Done()
+	ok := make([]bool, len(res))
+	good, crcs := make([]Reservation, 0, len(res)), make([]uint32, 0, len(res))
+	bad := make([]Reservation, 0)
+	for i, r := range res {
+		if r.Status != Reserved {
+			continue
+		}
+		b, err := s.payload(r.Offset, r.Len)
+		if err != nil || WireChecksum(r.Key, b) != want[i] {
+			bad = append(bad, r)
+			continue
+		}
+		if err := flush(r.Offset, r.Len); err != nil {
+			err = fmt.Errorf("prefix: %q: %v: flush: %w", s.name, r.Key, err)
+			return make([]bool, len(res)), errors.Join(err, s.Abort(res))
+		}
+		ok[i] = true
+		good = append(good, r)
+		// The tier's own checksum, which differs from the wire's only on
+		// layouts before 5.
+		if s.wireIsEntry() {
+			crcs = append(crcs, want[i])
+		} else {
+			crcs = append(crcs, s.Checksum(r.Key, b))
+		}
+	}
+	aerr := s.Abort(bad)
+	if err := s.Publish(good, crcs); err != nil {
+		return ok, errors.Join(err, aerr)
+	}
+	return ok, aerr
+}
