@@ -18,7 +18,8 @@ Two sides:
   there, and publishes the difference from what it published last:
   BlockStored (block hash, parent hash, token ids, page size, medium
   EXTERNAL) parents first, and BlockRemoved for pages evicted, deleted or
-  replaced by a restore. Records whose page stays absent are deleted.
+  replaced by a restore. Records of pages that went stay until the token
+  index evicts them (a page stored again is then announced again).
 
 Sequence numbers start at the publisher's start time in microseconds, so a
 restarted publisher continues above its predecessor; a subscriber that
@@ -36,6 +37,7 @@ carries the pages of one key only.
 
 import ctypes
 import logging
+import os
 import struct
 import threading
 import time
@@ -153,19 +155,18 @@ class _Watched:
         self.tokens = tier.prefix(name + TOKENS_SUFFIX, key=key)
         self._buf = bytearray(self.tokens.stats()["block_bytes"])  # a record is at most a block: read into one buffer
         self.records = {}  # entry key -> _Page, or None for a damaged or unusable record
-        self.absent = set()  # entry keys whose page was absent at the last scan
 
     def scan(self, stats):
-        """{block hash: _Page} of the pages present now."""
+        """{block hash: _Page} of the pages present now. The token record of
+        a page that is gone stays (the token index evicts what it must, LRU):
+        deleting it here would race a store of the same page, which finds
+        its record present and writes none, and the page would never be
+        announced again."""
         keys = self.tokens.keys()
         present = self.pages.has(keys) if keys else []
-        out, gone, absent = {}, [], set()
+        out = {}
         for k, here in zip(keys, present):
             if not here:
-                if k in self.absent:
-                    gone.append(k)
-                else:
-                    absent.add(k)
                 continue
             page = self.records.get(k, _UNREAD)
             if page is _UNREAD:
@@ -177,11 +178,6 @@ class _Watched:
                 out[page.hash] = page
         for k in set(self.records) - set(keys):
             del self.records[k]
-        if gone:  # absent two scans running: the page went; so does its record
-            self.tokens.delete(gone)
-            for k in gone:
-                self.records.pop(k, None)
-        self.absent = absent
         return out
 
     def _read(self, k, stats):
@@ -221,6 +217,7 @@ class Scanner:
     def __init__(self, tier, names=None, keys=None):
         self.tier, self.names, self.keys = tier, names, dict(keys or {})
         self._watched = {}
+        self._last = {}  # index name -> its last good scan
 
     def scan(self, stats):
         """{block hash: _Page} over the indexes. An index destroyed (or
@@ -232,15 +229,29 @@ class Scanner:
         for name in names:
             w = self._watch(name)
             if w is None:
+                self._last.pop(name, None)
                 continue
             try:
-                current.update(w.scan(stats))
+                pages = w.scan(stats)
+            except _native.BusyError as e:
+                # Busy for now (a lock another client holds): the index is
+                # as it was, as far as anyone knows. Its last good scan
+                # stands; published as gone, every page would be removed
+                # and stored again.
+                logger.info("cxltier kv events: index %r: %s; keeping its last scan", name, e)
+                current.update(self._last.get(name, {}))
+                continue
             except _native.CxlTierError as e:
                 self._watched.pop(name).close()
+                self._last.pop(name, None)
                 self.tier.prefix_names()  # raises when the client itself is gone, not just the index
                 logger.info("cxltier kv events: index %r: %s; opening it afresh", name, e)
+                continue
+            self._last[name] = pages
+            current.update(pages)
         for name in set(self._watched) - set(names):
             self._watched.pop(name).close()
+            self._last.pop(name, None)
         return current
 
     def _default_names(self):
@@ -403,6 +414,7 @@ class EventStream:
         self._stop = threading.Event()
         self._thread = None
         self._last_error = None
+        self.failure = None  # why the stream stopped publishing on its own, once it has
 
     # The loop: scans, publishes, answers replays. One thread owns the sockets.
 
@@ -411,12 +423,26 @@ class EventStream:
         self._thread.start()
         return self
 
-    def stop(self):
+    def alive(self):
+        """Whether the stream publishes: started, and not stopped by a
+        failure (its tier client gone, say). A router keeps the last view
+        of a node whose stream died: the node's health says so."""
+        return self._thread is not None and self._thread.is_alive() and self.failure is None
+
+    def stop(self, wait=10.0):
+        """Stops the loop and, once its thread has ended, closes the
+        sockets, the ZMQ context and the tier. A thread that does not end in
+        time keeps them (they go with the process): closing the context
+        under a thread that uses its sockets is undefined."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=wait)
+            if self._thread.is_alive():
+                logger.error("cxltier kv events: the publishing thread did not stop within %.0f s; its sockets stay", wait)
+                return False
         self.scanner.close()
         self._close_sockets()
+        return True
 
     def _close_sockets(self):
         for s in (self._pub, self._replay):
@@ -426,16 +452,28 @@ class EventStream:
         self.tier.close()
 
     def _run(self):
+        try:
+            self._loop()
+        except BaseException as e:  # the stream is down: say so to whoever asks (the uplink's /healthz)
+            self.failure = f"{type(e).__name__}: {e}"
+            logger.exception("cxltier kv events: stopped")
+
+    def _loop(self):
         last_sent = 0.0
         next_scan = 0.0
+        # A failure the tests inject (the stream's client lost); unset in production.
+        fail_at = float(os.environ.get("CXLTIER_KV_EVENTS_TEST_FAIL_AFTER", "inf")) + time.monotonic()
         while not self._stop.is_set():
             now = time.monotonic()
+            if now >= fail_at:
+                raise _native.ClosedError(-6, "CXLTIER_KV_EVENTS_TEST_FAIL_AFTER: a failure injected by a test")
             if now >= next_scan:
                 next_scan = now + self.interval
                 try:
                     if self.step():
                         last_sent = now
                 except _native.ClosedError as e:
+                    self.failure = str(e)
                     logger.error("cxltier kv events: %s; stopping", e)
                     return
                 except Exception as e:

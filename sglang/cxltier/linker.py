@@ -253,6 +253,7 @@ class _Base:
                                            max(64, self.index.stats()["blocks"] // max(1, len(self._kvpools))),
                                            self.page_size)
         self._node_tokens = threading.local()  # set by the wrap for the offload call it makes
+        self._lookup_tokens = threading.local()  # set by the wrap of match for the lookup it makes
         # Which parts copy a layer of theirs at each model layer, in order.
         self._schedule = [[i for i, (p, _, _) in enumerate(self._kvpools) if layer in p.layers]
                           for layer in range(self.num_layers)]
@@ -319,6 +320,13 @@ class _Base:
             return []
         keys = list(kv.keys)
         n = self.index.exists_pages(keys, self._masks["kv"])
+        looked_up = getattr(self._lookup_tokens, "value", None)
+        if n and looked_up is not None and self._recorder is not None:
+            # Hits may be pages the node's uplink just brought from the
+            # cluster, which this server never offloaded: recorded now, they
+            # are announced too (a record already there is left as it is).
+            tokens, prefix = looked_up
+            self._record(keys[:n], tokens[: n * self.page_size], prefix)
         lengths = list(range(1, n + 1))
         swa = by.get("swa")
         if swa is not None and n:
@@ -513,13 +521,17 @@ def install_token_records():
     tokens, so the wrap of UnifiedRadixCache.insert keeps the inserted key,
     and the wrap of _offload_node takes the node's slice of it (after its
     ancestors' pages), recorded only when SGLang's page keys of that slice
-    are the node's own. The cxltier plugin calls it; True when installed."""
+    are the node's own. The wrap of UnifiedCacheLinkerWrapper.match hands
+    the looked-up tail's tokens to the lookup, which records its hits: they
+    may be pages the node's uplink just brought from the cluster. The
+    cxltier plugin calls it; True when installed."""
     if UnifiedCacheLinker is None:
         return False
     from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinkerWrapper
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
     offload, insert = UnifiedCacheLinkerWrapper._offload_node, UnifiedRadixCache.insert
+    match = UnifiedCacheLinkerWrapper.match
     if getattr(offload, "_cxltier_token_records", False):
         return False
 
@@ -545,10 +557,41 @@ def install_token_records():
             if hasattr(linker, "_node_tokens"):
                 linker._node_tokens.value = None
 
+    @functools.wraps(match)
+    def match_with_tokens(self, key, req, result):
+        linker = getattr(self, "cache_linker", None)
+        if getattr(linker, "_recorder", None) is not None:
+            try:  # a match must never fail for its record
+                linker._lookup_tokens.value = _tail_tokens(self, key, result, linker.page_size)
+            except Exception:
+                logger.exception("cxltier linker: the tokens of a lookup were not found; its hits go unannounced")
+        try:
+            return match(self, key, req, result)
+        finally:
+            if hasattr(linker, "_lookup_tokens"):
+                linker._lookup_tokens.value = None
+
     offload_with_tokens._cxltier_token_records = True
     UnifiedCacheLinkerWrapper._offload_node = offload_with_tokens
+    UnifiedCacheLinkerWrapper.match = match_with_tokens
     UnifiedRadixCache.insert = insert_keeping_key
     return True
+
+
+def _tail_tokens(wrapper, key, result, page_size):
+    """(tokens, prefix keys) of the pages a match looks up: the tail past
+    what the device holds, as SGLang's wrapper hashes it (its _tail_hashes),
+    or None when they cannot be told."""
+    key, _ = key.maybe_to_bigram_view(wrapper.cache.tree_core.is_eagle)
+    start = result.device_prefix_len
+    prefix = []
+    if start > 0:
+        last = wrapper.cache.get_last_hash_value(result.last_device_node)
+        if last is None:
+            return None
+        prefix = [last]
+    tokens = [int(t) for t in list(key.token_ids)[start:]]
+    return tokens[: len(tokens) // page_size * page_size], prefix
 
 
 def _node_tokens(cache, node_id, transfers, page_size):

@@ -134,7 +134,7 @@ class Metrics:
             else:
                 self._hist[-1] += 1
 
-    def text(self, queue_depth, cluster_up):
+    def text(self, queue_depth, cluster_up, slots_free=0):
         with self._lock:
             values, hist, total = dict(self.values), list(self._hist), self._sum
         out = []
@@ -153,7 +153,9 @@ class Metrics:
                 "# HELP cxltier_uplink_queue_pages write-behind pages waiting", "# TYPE cxltier_uplink_queue_pages gauge",
                 f"cxltier_uplink_queue_pages {queue_depth}",
                 "# HELP cxltier_uplink_cluster_up 1 while the cluster store answers", "# TYPE cxltier_uplink_cluster_up gauge",
-                f"cxltier_uplink_cluster_up {1 if cluster_up else 0}"]
+                f"cxltier_uplink_cluster_up {1 if cluster_up else 0}",
+                "# HELP cxltier_uplink_trailer_slots_free trailer slots not lent to a transfer (all of them when idle)",
+                "# TYPE cxltier_uplink_trailer_slots_free gauge", f"cxltier_uplink_trailer_slots_free {slots_free}"]
         return "\n".join(out) + "\n"
 
 
@@ -298,6 +300,34 @@ class _Fill:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _Flight:
+    """One fetch of keys from the cluster that requests for the same keys
+    join (single flight): they wait as long as the fetch may take, however
+    long that is (its deadline grows once its bytes are known), and share
+    its outcome. A fetch whose Mooncake call hangs past its deadline lets
+    them go as failed."""
+
+    def __init__(self, deadline):
+        self._done = threading.Event()
+        self._deadline = deadline
+        self.failed = False
+
+    def extend(self, deadline):
+        self._deadline = max(self._deadline, deadline)
+
+    def land(self, failed):
+        self.failed = failed
+        self._done.set()
+
+    def join(self):
+        """Waits for the fetch; whether it failed (True also if it is past
+        its deadline)."""
+        while not self._done.wait(max(0.0, min(0.1, self._deadline - time.monotonic()))):
+            if time.monotonic() >= self._deadline:
+                return True
+        return self.failed
 
 
 def _replica_size(descs):
@@ -447,13 +477,30 @@ class Uplink:
         return -1.0 if due is None else time.monotonic() - due
 
     def _watch_cluster(self):
-        """Marks the cluster down while a call is stalled."""
+        """Marks the cluster down while a call is stalled, and drops (and
+        counts) the pages waiting to be written behind meanwhile: the
+        write-behind thread may be stuck in the stalled call for minutes,
+        and pages queued behind it would go out long after they were
+        stored, or never."""
         while not self._stop.wait(0.1):
             late = self._stalled()
             if late > 0:
                 if self.cluster_up():
                     logger.warning("cxltier uplink: a cluster call is %.1f s past its time", late)
                 self._cluster_down_until = time.monotonic() + 1.0
+            if not self.cluster_up():
+                self._drop_queued()
+
+    def _drop_queued(self):
+        n = 0
+        while True:
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                break
+            n += 1
+        if n:
+            self.metrics.add("dropped_pages", n)
 
     def _probe_cluster(self):
         """Asks the master about one key every half second while the
@@ -499,12 +546,28 @@ class Uplink:
             elif time.monotonic() >= next_check:
                 next_check = time.monotonic() + 1.0
                 self._check_tier()
+                if self.events is not None and self.events.failure and not self.stopped_because:
+                    # The stream stopped for good: the uplink stops too, and a
+                    # supervisor starts a fresh one, stream and all.
+                    self.stopped_because = f"the KV event stream stopped ({self.events.failure})"
+                    logger.error("cxltier uplink: %s; stopping", self.stopped_because)
+                    self.stop()
+
+    def unhealthy(self):
+        """Why the uplink does not serve as it should, "" while it does: its
+        KV event stream stopped (a router would keep the node's last view),
+        or its tier was replaced under it."""
+        if self.stopped_because:
+            return self.stopped_because
+        if self.events is not None and not self.events.alive():
+            return f"the KV event stream stopped ({self.events.failure or 'not running'})"
+        return ""
 
     def signal_stop(self, *_):
         """The SIGTERM/SIGINT handler: sets a flag that serve_forever acts on."""
         self._signalled = True
 
-    replaced = None  # why the tier this uplink serves is not the node's tier any more
+    stopped_because = None  # why the uplink stopped on its own (its tier replaced, its event stream gone): exit 3
 
     def _check_tier(self):
         """Stops the uplink when its tier was destroyed or formatted again
@@ -517,8 +580,8 @@ class Uplink:
             logger.warning("cxltier uplink: checking the tier: %s", e)
             return
         if buf.value:
-            self.replaced = buf.value.decode()
-            logger.error("cxltier uplink: %s; stopping (start the uplink again to serve the new tier)", self.replaced)
+            self.stopped_because = buf.value.decode()
+            logger.error("cxltier uplink: %s; stopping (start the uplink again to serve the new tier)", self.stopped_because)
             self.stop()
 
     def _spawn(self, fn, *args):
@@ -602,6 +665,9 @@ class Uplink:
                     return
 
     def _enqueue(self, name, keys):
+        if self.store is not None and not self.cluster_up():
+            self.metrics.add("dropped_pages", len(keys))  # the cluster is down: never queued behind a stalled call
+            return
         for k in keys:
             try:
                 self.queue.put_nowait((name, k))
@@ -751,31 +817,34 @@ class Uplink:
     def _fill_missing(self, ix, keys):
         ckeys = ix.cluster_keys(keys)
         mine, theirs = [], []
+        flight = _Flight(time.monotonic() + self.fill_timeout + self.STALL)
         with self._inflight_lock:
             for i, ck in enumerate(ckeys):
-                ev = self._inflight.get(ck)
-                if ev is None:
-                    self._inflight[ck] = threading.Event()
+                other = self._inflight.get(ck)
+                if other is None:
+                    self._inflight[ck] = flight
                     mine.append(i)
                 else:
-                    theirs.append(ev)
+                    theirs.append(other)
         failed = False
         try:
             if mine:
-                failed = self._fetch(ix, [keys[i] for i in mine], [ckeys[i] for i in mine])
+                failed = self._fetch(ix, [keys[i] for i in mine], [ckeys[i] for i in mine], flight)
+        except BaseException:
+            failed = True
+            raise
         finally:
             with self._inflight_lock:
                 for i in mine:
-                    self._inflight.pop(ckeys[i]).set()
+                    self._inflight.pop(ckeys[i])
+            flight.land(failed)
         if theirs:
             self.metrics.add("joined_pages", len(theirs))
-            deadline = time.monotonic() + self.fill_timeout
-            for ev in theirs:
-                if not ev.wait(max(0.0, deadline - time.monotonic())):
-                    return True
+            for other in dict.fromkeys(theirs):  # each flight once
+                failed |= other.join()
         return failed
 
-    def _fetch(self, ix, keys, ckeys):
+    def _fetch(self, ix, keys, ckeys, flight=None):
         """One fetch batch: the leading run of keys the cluster holds and
         their sizes (replica descriptors, one master call), blocks reserved,
         pages written into them by the transfer engine, checked, published.
@@ -801,6 +870,8 @@ class Uplink:
                 return True
             return False
         keys, ckeys = keys[: len(sizes)], ckeys[: len(sizes)]
+        if flight is not None:  # those who joined wait as long as this fetch may take
+            flight.extend(time.monotonic() + self.STALL + sum(sizes) / self.STALL_RATE + self.fill_timeout)
         asked = time.monotonic()
         with ix.begin_fill(keys, sizes) as fill:
             take = fill.reserved
@@ -834,6 +905,7 @@ class Uplink:
         registered memory. Returns (filled, trailer addresses, whether the
         cluster failed)."""
         addrs = fill.blocks()  # the lease is checked here: a reaped client's blocks may be another's
+        _test_raise("CXLTIER_UPLINK_TEST_RAISE_IN_TRANSFER")
         n = len(addrs)
         filled, trailers, cluster_failed = [False] * n, [None] * n, False
         one = [i for i in take if i not in set(apart)]
@@ -904,6 +976,13 @@ def _populate(addr, length):
                        os.strerror(ctypes.get_errno()))
         return
     logger.info("cxltier uplink: prefaulted %d MiB of tier in %.2f s", length >> 20, time.monotonic() - started)
+
+
+def _test_raise(var):
+    """A failure the tests inject between a fill's reserve and its commit;
+    unset in production."""
+    if os.environ.get(var):
+        raise RuntimeError(f"{var}: a failure injected by a test")
 
 
 def _test_pause(var):
@@ -1093,15 +1172,22 @@ def serve_metrics(uplink, addr):
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             if self.path == "/metrics":
-                body = (uplink.metrics.text(uplink.queue.qsize(), uplink.cluster_up())
+                body = (uplink.metrics.text(uplink.queue.qsize(), uplink.cluster_up(), uplink.slots.free())
                         + _events_text(uplink.events)).encode()
                 ctype = "text/plain; version=0.0.4"
             elif self.path == "/healthz":
+                why = uplink.unhealthy()
+                if why:
+                    self._answer(503, f"unhealthy: {why}\n".encode(), "text/plain")
+                    return
                 body, ctype = b"ok\n", "text/plain"
             else:
                 self.send_error(404)
                 return
-            self.send_response(200)
+            self._answer(200, body, ctype)
+
+        def _answer(self, code, body, ctype):
+            self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -1220,8 +1306,8 @@ def main(argv=None):
     threading.Thread(target=_warn_without_daemon, args=(up,), daemon=True, name="uplink-daemon-check").start()
     up.serve_forever()
     up.close()
-    if up.replaced:
-        print(f"cxltier-uplink: {up.replaced}; exiting (start it again for the new tier)", file=sys.stderr)
+    if up.stopped_because:
+        print(f"cxltier-uplink: {up.stopped_because}; exiting (start it again for the new tier)", file=sys.stderr)
         return 3
     return 0
 

@@ -9,6 +9,7 @@ import re
 import signal
 import struct
 import subprocess
+import threading
 import sys
 import textwrap
 import time
@@ -762,3 +763,128 @@ def test_sigterm_under_write_behind_load_exits_cleanly(cluster, built):
     finally:
         writer.kill()
         writer.wait()
+
+
+def test_failure_mid_fill_leaves_nothing_reserved(cluster):
+    """Anything that raises between a fill's reserve and its commit (here a
+    failure injected right after the blocks were handed out) aborts the
+    fill: no reservation and no trailer slot stays taken. (They leaked, and
+    once the 65,536 slots were gone every two-piece page failed.)"""
+    m = cluster.master()
+    a = cluster.node("a").start_uplink(m)
+    b = cluster.node("b").start_uplink(m, env={"CXLTIER_UPLINK_TEST_RAISE_IN_TRANSFER": "1"})
+    keys, payloads = pages(4, seed=9)
+    ta, ia = index(a)
+    tb, ib = index(b)
+    try:
+        big = [p + b"x" * (BLOCK - len(p) - 4) for p in payloads]  # no room for the trailer: two pieces
+        assert ia.set(keys, big) == ["stored"] * 4
+        wait_metric(a, "put_pages", 4)
+        assert ib.exists(keys) == 0
+        assert "a failure injected by a test" in b.tail(40)
+        st = ib.stats()
+        assert st["reserved"] == 0 and st["ready"] == 0, st
+        assert b.metrics()["trailer_slots_free"] == 1 << 16
+    finally:
+        ta.close()
+        tb.close()
+
+
+def test_a_dead_event_stream_is_unhealthy(cluster):
+    """The KV event stream stops for good (here a failure injected into its
+    loop, as its tier client's loss would): the uplink's /healthz says so
+    (503) instead of ok, and the uplink stops (exit status 3), so that a
+    supervisor starts a fresh one; a router would otherwise keep the node's
+    last view forever."""
+    import urllib.error
+    import urllib.request
+
+    node = cluster.node("a")
+    node.start_uplink(args=["--events", f"tcp://127.0.0.1:{ch.free_port()}", "--events-interval", "0.05"],
+                      env={"CXLTIER_KV_EVENTS_TEST_FAIL_AFTER": "1.5"})
+    codes = []
+
+    def health():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/healthz", timeout=1) as r:
+                codes.append(r.status)
+        except urllib.error.HTTPError as e:
+            codes.append((e.code, e.read()))
+        except OSError:
+            codes.append(None)  # gone
+        return codes[-1] != 200
+
+    ch.wait_for(health, 15, "the uplink's health after its stream stopped")
+    assert node.proc.wait(timeout=15) == 3, node.tail()
+    assert "event stream stopped" in node.tail(), node.tail()
+    unhealthy = [c for c in codes if isinstance(c, tuple)]
+    assert not unhealthy or (unhealthy[0][0] == 503 and b"event stream stopped" in unhealthy[0][1]), codes
+
+
+def test_joiners_wait_as_long_as_the_fetch(cluster, built, tmp_path):
+    """A fetch that takes longer than the fill timeout (here 1.5 s between
+    its transfer and its publish, as a large one might): the processes that
+    joined it wait as long as it takes and get the hit. (Joiners gave up
+    after the fill timeout, 1 s, and reported a miss while the page came.)"""
+    m = cluster.master()
+    a = cluster.node("a").start_uplink(m)
+    b = cluster.node("b").start_uplink(m, env={"CXLTIER_UPLINK_TEST_PAUSE_BEFORE_PUBLISH": "1.5"})
+    keys, payloads = pages(6, seed=11)
+    ta, ia = index(a)
+    tb, ib = index(b)
+    try:
+        ia.set(keys, payloads)
+        wait_metric(a, "put_pages", 6)
+        go = tmp_path / "go"
+        env = dict(os.environ, CXLTIER_LIB=built["lib"], PYTHONPATH=os.path.join(ch.REPO, "sglang"),
+                   CXLTIER_UPLINK_TIMEOUT="10s")
+        procs = [subprocess.Popen([sys.executable, "-c", CLIENT.replace("page-0-", "page-11-"), b.devices, str(go), "6"],
+                                  stdout=subprocess.PIPE, text=True, env=env) for _ in range(4)]
+        time.sleep(1.0)
+        go.write_text("")
+        results = [int(p.communicate(timeout=60)[0].strip() or -1) for p in procs]
+        mb = b.metrics()
+        assert results == [6] * 4, (results, mb)
+        assert mb["fetched_pages"] == 6 and mb["joined_pages"] > 0
+    finally:
+        ta.close()
+        tb.close()
+
+
+def test_a_hung_write_behind_drops_and_counts(cluster):
+    """A master that stops answering while the write-behind puts pages: the
+    stalled call marks the cluster down, and the pages stored meanwhile are
+    dropped and counted at once instead of queueing behind the call, which
+    may not return for minutes; writers never wait."""
+    m = cluster.master()
+    a = cluster.node("a").start_uplink(m)
+    t = cxltier.Tier(a.devices)
+    ix = t.prefix("hung", blocks=4096, block_bytes=4096)
+    try:
+        first = [cxltier.string_key(f"hung-first-{i}") for i in range(8)]
+        assert set(ix.set(first, [b"f" * 256] * 8)) == {"stored"}
+        wait_metric(a, "put_pages", 8)
+        os.kill(m.proc.pid, signal.SIGSTOP)
+        try:
+            # Pages until a put hangs and the watchdog notices.
+            n = 0
+            deadline = time.monotonic() + 20
+            while a.metrics()["cluster_up"] == 1 and time.monotonic() < deadline:
+                keys = [cxltier.string_key(f"hung-{n}-{i}") for i in range(32)]
+                assert set(ix.set(keys, [b"x" * 256] * 32)) == {"stored"}
+                n += 1
+                time.sleep(0.05)
+            assert a.metrics()["cluster_up"] == 0, "the stall was not noticed"
+            before = a.metrics()
+            later = [cxltier.string_key(f"hung-later-{i}") for i in range(500)]
+            started = time.monotonic()
+            assert set(ix.set(later, [b"y" * 256] * 500)) == {"stored"}
+            assert time.monotonic() - started < 2.0
+            after = ch.wait_for(lambda: (lambda x: x if x["dropped_pages"] - before["dropped_pages"]
+                                          + ix.stats()["uplink"]["dropped"] >= 500 and x["queue_pages"] == 0
+                                          else None)(a.metrics()), 5, "the pages stored while down dropped and counted")
+            assert after["queue_pages"] == 0
+        finally:
+            os.kill(m.proc.pid, signal.SIGCONT)
+    finally:
+        t.close()

@@ -213,3 +213,33 @@ def test_pages_a_node_fetched_from_the_cluster_are_announced(built, tmp_path, sg
         a.destroy()
         b.destroy()
         master.kill()
+
+
+def test_pages_the_linker_fetched_from_the_cluster_are_announced(built, tmp_path):
+    """Node B's unified-cache linker never offloads these pages: its lookup
+    (SGLang's UnifiedCacheLinkerWrapper.match, wrapped as the plugin wraps
+    it) finds them through B's uplink in the cluster, and from then on B
+    announces them too. (Only the HiCache prefetch path recorded them.)"""
+    from cxltier import linker
+    from linker_stack import Stack, publish_server_args
+
+    linker.install_token_records()
+    py = ch.require_mooncake()
+    master = ch.Master(py, str(tmp_path)).start()
+    a, b = (ch.Node(py, built["cli"], built["lib"], str(tmp_path), n) for n in ("a", "b"))
+    try:
+        a.start_uplink(master)
+        b.start_uplink(master, args=["--events", f"tcp://127.0.0.1:{ch.free_port()}", "--events-interval", "0.1"])
+        tokens = list(range(900, 900 + 5 * 4))
+        with Stack(publish_server_args(a.devices, 4, kv_events=1), "mla", 4) as s:
+            s.store(tokens, seed=3)
+        settle(lambda: a.metrics().get("put_pages", 0) >= 5, "node A's write-behind")
+        assert b.metrics().get("events_stored", 0) == 0
+        with Stack(publish_server_args(b.devices, 4, kv_events=1), "mla", 4) as s:
+            hit, _, _, failed = s.load(tokens)
+        assert hit == len(tokens) and not failed and b.metrics()["fetched_pages"] >= 5, (hit, failed)
+        settle(lambda: b.metrics().get("events_stored", 0) == 5, "node B announcing the pages it fetched")
+    finally:
+        a.destroy()
+        b.destroy()
+        master.kill()
