@@ -151,31 +151,42 @@ func ParseReply(b []byte, asked int) (Reply, error) {
 }
 
 // A page travels between nodes as its payload and a trailer: the magic,
-// the version, two reserved bytes, the payload's length and its
-// WireChecksum (CRC-32C of the key, then the payload), little endian. The
-// receiving node checks both before it publishes the page. The trailer
-// follows the payload in one transfer where the block has room after the
-// payload (written there by Go under the sender's pin, flushed), and
-// travels as a second piece from the uplink's registered memory where not.
-const TrailerBytes = 16
+// the version, flags, the payload's length, its WireChecksum (CRC-32C of
+// the key, then the payload) and, from a node given the cluster's key, a
+// MAC of the page (PageAuth), little endian. The receiving node checks
+// them before it publishes the page. The trailer follows the payload in
+// one transfer where the block has room after the payload (written there
+// by Go under the sender's pin, flushed), and travels as a second piece
+// from the uplink's registered memory where not.
+const TrailerBytes = 32
 
 var trailerMagic = [4]byte{'C', 'X', 'L', 'P'}
 
-const trailerVersion = 1
+const (
+	trailerVersion = 2
+	trailerHasMAC  = 1 << 0 // flags: the trailer carries a MAC
+)
 
 // Trailer is a page's trailer.
 type Trailer struct {
 	Length uint32
 	CRC    uint32 // prefix.WireChecksum of the key and the payload
+	MAC    [MACBytes]byte
+	Signed bool // MAC holds the page's MAC (the sender had the cluster key)
 }
 
 // Put writes t's wire form into b (at least TrailerBytes long).
 func (t Trailer) Put(b []byte) {
+	var flags uint16
+	if t.Signed {
+		flags |= trailerHasMAC
+	}
 	copy(b, trailerMagic[:])
 	binary.LittleEndian.PutUint16(b[4:], trailerVersion)
-	binary.LittleEndian.PutUint16(b[6:], 0)
+	binary.LittleEndian.PutUint16(b[6:], flags)
 	binary.LittleEndian.PutUint32(b[8:], t.Length)
 	binary.LittleEndian.PutUint32(b[12:], t.CRC)
+	copy(b[16:32], t.MAC[:])
 }
 
 // ParseTrailer reads a trailer; the length must be the payload's.
@@ -186,7 +197,12 @@ func ParseTrailer(b []byte, length int64) (Trailer, error) {
 	if v := binary.LittleEndian.Uint16(b[4:]); v != trailerVersion {
 		return Trailer{}, fmt.Errorf("cluster: %w: trailer version %d, this build reads %d", ErrBadMessage, v, trailerVersion)
 	}
-	t := Trailer{Length: binary.LittleEndian.Uint32(b[8:]), CRC: binary.LittleEndian.Uint32(b[12:])}
+	flags := binary.LittleEndian.Uint16(b[6:])
+	if flags&^trailerHasMAC != 0 {
+		return Trailer{}, fmt.Errorf("cluster: %w: trailer flags %#x", ErrBadMessage, flags)
+	}
+	t := Trailer{Length: binary.LittleEndian.Uint32(b[8:]), CRC: binary.LittleEndian.Uint32(b[12:]), Signed: flags&trailerHasMAC != 0}
+	copy(t.MAC[:], b[16:32])
 	if int64(t.Length) != length {
 		return Trailer{}, fmt.Errorf("cluster: %w: trailer of a %d-byte payload on %d bytes", ErrBadMessage, t.Length, length)
 	}

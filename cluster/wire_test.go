@@ -104,3 +104,99 @@ func FuzzParseRequest(f *testing.F) {
 		}
 	})
 }
+
+func TestTrailerRoundTrip(t *testing.T) {
+	for _, tr := range []Trailer{{Length: 7, CRC: 0xdeadbeef}, {Length: 1 << 20, CRC: 1, MAC: [MACBytes]byte{1, 2, 3}, Signed: true}} {
+		b := make([]byte, TrailerBytes)
+		tr.Put(b)
+		got, err := ParseTrailer(b, int64(tr.Length))
+		if err != nil || got != tr {
+			t.Errorf("%+v came back as %+v, %v", tr, got, err)
+		}
+		if _, err := ParseTrailer(b, int64(tr.Length)+1); !errors.Is(err, ErrBadMessage) {
+			t.Errorf("a trailer of another length: %v", err)
+		}
+	}
+	b := make([]byte, TrailerBytes)
+	Trailer{Length: 3}.Put(b)
+	for name, damage := range map[string]func([]byte){
+		"magic": func(b []byte) { b[0] = 'X' }, "version": func(b []byte) { b[4] = 1 }, "flags": func(b []byte) { b[6] = 4 },
+	} {
+		c := append([]byte(nil), b...)
+		damage(c)
+		if _, err := ParseTrailer(c, 3); !errors.Is(err, ErrBadMessage) {
+			t.Errorf("%s damaged: %v", name, err)
+		}
+	}
+	if _, err := ParseTrailer(b[:TrailerBytes-1], 3); !errors.Is(err, ErrBadMessage) {
+		t.Errorf("a short trailer: %v", err)
+	}
+}
+
+func FuzzParseTrailer(f *testing.F) {
+	b := make([]byte, TrailerBytes)
+	Trailer{Length: 10, CRC: 5, Signed: true}.Put(b)
+	f.Add(b, int64(10))
+	f.Fuzz(func(t *testing.T, b []byte, length int64) {
+		tr, err := ParseTrailer(b, length)
+		if err != nil {
+			return
+		}
+		out := make([]byte, TrailerBytes)
+		tr.Put(out)
+		if !bytes.Equal(out, b[:TrailerBytes]) {
+			t.Fatalf("%x parsed to %+v, which writes %x", b[:TrailerBytes], tr, out)
+		}
+	})
+}
+
+// TestPageAuth: a page signed with the cluster key passes its check on a
+// node with the same key; a page signed with another cluster key, for
+// another index or tenant, unsigned, or with a payload changed is refused,
+// and a node without the key checks the CRC alone.
+func TestPageAuth(t *testing.T) {
+	secret := []byte("a cluster secret of some length")
+	a, err := NewPageAuth(secret, "m", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, payload := prefix.StringKey("page"), bytes.Repeat([]byte("kv"), 100000)
+	crc, mac := a.Seal(k, payload)
+	if crc != prefix.WireChecksum(k, payload) {
+		t.Fatalf("the sealed checksum %#x is not the wire checksum", crc)
+	}
+	good := Trailer{Length: uint32(len(payload)), CRC: crc, MAC: mac, Signed: true}
+	if got, err := a.Check(good, k, payload); err != nil || got != crc {
+		t.Fatalf("a good page: %#x, %v", got, err)
+	}
+	var none *PageAuth
+	if _, err := none.Check(Trailer{Length: good.Length, CRC: crc}, k, payload); err != nil {
+		t.Fatalf("no key, an unsigned page with a good checksum: %v", err)
+	}
+	other, _ := NewPageAuth([]byte("another cluster's secret key"), "m", nil)
+	otherIndex, _ := NewPageAuth(secret, "n", nil)
+	tenant, _ := NewPageAuth(secret, "m", []byte("acme"))
+	changed := append([]byte(nil), payload...)
+	changed[12345] ^= 1
+	changedCRC := prefix.WireChecksum(k, changed)
+	for name, tc := range map[string]struct {
+		auth    *PageAuth
+		tr      Trailer
+		payload []byte
+		want    error
+	}{
+		"another cluster's key":        {other, good, payload, ErrAuth},
+		"another index":                {otherIndex, good, payload, ErrAuth},
+		"another tenant":               {tenant, good, payload, ErrAuth},
+		"unsigned":                     {a, Trailer{Length: good.Length, CRC: crc}, payload, ErrAuth},
+		"a changed payload, CRC fixed": {a, Trailer{Length: good.Length, CRC: changedCRC, MAC: mac, Signed: true}, changed, ErrAuth},
+		"a changed payload":            {a, good, changed, prefix.ErrChecksum},
+	} {
+		if _, err := tc.auth.Check(tc.tr, k, tc.payload); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", name, err, tc.want)
+		}
+	}
+	if _, err := NewPageAuth([]byte("short"), "m", nil); err == nil {
+		t.Error("a 5-byte cluster key was taken")
+	}
+}

@@ -36,6 +36,21 @@ func namespace(name, key string) string {
 	return name + "~" + hex.EncodeToString(d[:12])
 }
 
+// tenantSecret is what an index's tenant key adds to the key that
+// authenticates its pages across nodes: only processes that hold the tenant
+// key can make a page of the index that other nodes accept.
+func tenantSecret(name, key string) []byte {
+	if key == "" {
+		return nil
+	}
+	d := sha256.Sum256([]byte("cxltier tenant page key\x00" + name + "\x00" + key))
+	return d[:]
+}
+
+// TenantSecret is the index's part of the key that authenticates its
+// pages across nodes (nil for an index without a tenant key).
+func (s *Store) TenantSecret() []byte { return s.tenant }
+
 // Namespace is the index's name across nodes: what an uplink puts before
 // its keys in the cluster store. Indexes of one name on different tiers
 // share a namespace when they were opened with the same tenant key.

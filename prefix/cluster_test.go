@@ -31,16 +31,16 @@ func TestFillChecksBlocks(t *testing.T) {
 		want[i] = WireChecksum(keys[i], p)
 		copy(b, p)
 	}
-	blocks[1][500] ^= 1                                              // damaged in transit
-	want[3] = want[3] ^ 0x100                                        // a trailer from another page
-	ok, err := f.Commit(want, []bool{true, true, true, true, false}) // the last: the transfer failed
+	blocks[1][500] ^= 1                                                                                                 // damaged in transit
+	want[3] = want[3] ^ 0x100                                                                                           // a trailer from another page
+	ok, err := f.Commit([]bool{true, true, true, true, false}, WantChecksums(func(i int) Key { return keys[i] }, want)) // the last: the transfer failed
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !ok[0] || ok[1] || !ok[2] || ok[3] || ok[4] {
 		t.Fatalf("published %v, want [true false true false false]", ok)
 	}
-	if _, err := f.Commit(want, make([]bool, 5)); !errors.Is(err, ErrFillOver) {
+	if _, err := f.Commit(make([]bool, 5), WantChecksums(func(i int) Key { return keys[i] }, want)); !errors.Is(err, ErrFillOver) {
 		t.Errorf("a second commit: %v", err)
 	}
 	if _, err := f.Blocks(); !errors.Is(err, ErrFillOver) {
@@ -182,7 +182,7 @@ func TestFillFlushFailureAbortsTheRest(t *testing.T) {
 		}
 		return nil
 	}
-	if _, err := f.Commit(want, []bool{true, true, true}); err == nil {
+	if _, err := f.Commit([]bool{true, true, true}, WantChecksums(func(i int) Key { return keys[i] }, want)); err == nil {
 		t.Fatal("commit with a failing flush succeeded")
 	}
 	if st := s.Stats(); st.Reserved != 0 || st.Ready != 0 {
@@ -232,7 +232,7 @@ func TestFillAfterAReapWritesNothing(t *testing.T) {
 	if _, err := f.Blocks(); !errors.Is(err, tier.ErrLeaseLost) {
 		t.Fatalf("blocks after the reap: %v", err)
 	}
-	if _, err := f.Commit(make([]uint32, 2), []bool{true, true}); !errors.Is(err, ErrLost) {
+	if _, err := f.Commit([]bool{true, true}, func(int, []byte) (uint32, error) { return 0, nil }); !errors.Is(err, ErrLost) {
 		t.Fatalf("commit after the reap: %v", err)
 	}
 }
@@ -277,7 +277,7 @@ func TestWirePayloadChecksTheEntry(t *testing.T) {
 			}
 			blk, _ := f.Blocks()
 			copy(blk[0], p)
-			if ok, err := f.Commit([]uint32{WireChecksum(k, p)}, []bool{true}); err != nil || !ok[0] {
+			if ok, err := f.Commit([]bool{true}, WantChecksums(func(int) Key { return k }, []uint32{WireChecksum(k, p)})); err != nil || !ok[0] {
 				t.Fatalf("fill commit: %v %v", ok, err)
 			}
 			dst := [][]byte{make([]byte, 1500)}

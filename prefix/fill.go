@@ -104,12 +104,26 @@ func (f *Fill) Slack(n int) ([][]byte, error) {
 	return out, nil
 }
 
+// Check judges the payload a transfer wrote for key i of a fill: nil and
+// the payload's WireChecksum if it is the page it should be, an error
+// (damaged, unauthenticated) if not. It reads the payload once.
+type Check func(i int, payload []byte) (uint32, error)
+
+// WantChecksums is the Check of pages that must match known checksums.
+func WantChecksums(keys func(i int) Key, want []uint32) Check {
+	return func(i int, payload []byte) (uint32, error) {
+		if got := WireChecksum(keys(i), payload); got != want[i] {
+			return 0, fmt.Errorf("%w: %#x, want %#x", ErrChecksum, got, want[i])
+		}
+		return want[i], nil
+	}
+}
+
 // Commit ends the fill: it publishes each reserved block that the transfer
-// filled (filled[i]) and that holds a payload matching want[i] (its
-// WireChecksum), aborts the others, and reports which were published. A
-// lost lease (ErrLost) publishes nothing: the reaper has taken the
-// reservations back.
-func (f *Fill) Commit(want []uint32, filled []bool) ([]bool, error) {
+// filled (filled[i]) and whose payload check passes, aborts the others,
+// and reports which were published. A lost lease (ErrLost) publishes
+// nothing: the reaper has taken the reservations back.
+func (f *Fill) Commit(filled []bool, check Check) ([]bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.over {
@@ -117,9 +131,9 @@ func (f *Fill) Commit(want []uint32, filled []bool) ([]bool, error) {
 	}
 	f.over = true
 	defer f.held.Done()
-	if len(want) != len(f.res) || len(filled) != len(f.res) {
-		err := fmt.Errorf("prefix: %q: fill commit: %d reservations, %d checksums, %d filled flags: %w",
-			f.s.name, len(f.res), len(want), len(filled), ErrBadConfig)
+	if len(filled) != len(f.res) || check == nil {
+		err := fmt.Errorf("prefix: %q: fill commit: %d reservations, %d filled flags: %w",
+			f.s.name, len(f.res), len(filled), ErrBadConfig)
 		return nil, errors.Join(err, f.s.Abort(f.res))
 	}
 	if err := f.held.Fenced(); err != nil {
@@ -133,7 +147,7 @@ func (f *Fill) Commit(want []uint32, filled []bool) ([]bool, error) {
 			f.res[i].Status = NoSpace
 		}
 	}
-	return f.s.publishWritten(f.res, want, f.flush)
+	return f.s.publishWritten(f.res, check, f.flush)
 }
 
 // Close aborts whatever the fill did not commit; after Commit it does
@@ -150,10 +164,10 @@ func (f *Fill) Close() error {
 }
 
 // publishWritten publishes the reservations whose blocks, written in place
-// by a transfer, hold a payload matching want, and aborts the others: a
-// damaged or short transfer becomes a miss, never an entry. A block that
-// cannot be flushed aborts every reservation not yet published.
-func (s *Store) publishWritten(res []Reservation, want []uint32, flush func(tier.Offset, int64) error) ([]bool, error) {
+// by a transfer, pass check, and aborts the others: a damaged, short or
+// forged transfer becomes a miss, never an entry. A block that cannot be
+// flushed aborts every reservation not yet published.
+func (s *Store) publishWritten(res []Reservation, check Check, flush func(tier.Offset, int64) error) ([]bool, error) {
 	held, herr := s.hold("publish written")
 	if herr != nil {
 		return nil, errors.Join(herr, s.Abort(res))
@@ -167,7 +181,11 @@ func (s *Store) publishWritten(res []Reservation, want []uint32, flush func(tier
 			continue
 		}
 		b, err := s.payload(r.Offset, r.Len)
-		if err != nil || WireChecksum(r.Key, b) != want[i] {
+		var wire uint32
+		if err == nil {
+			wire, err = check(i, b)
+		}
+		if err != nil {
 			bad = append(bad, r)
 			continue
 		}
@@ -180,7 +198,7 @@ func (s *Store) publishWritten(res []Reservation, want []uint32, flush func(tier
 		// The tier's own checksum, which differs from the wire's only on
 		// layouts before 5.
 		if s.wireIsEntry() {
-			crcs = append(crcs, want[i])
+			crcs = append(crcs, wire)
 		} else {
 			crcs = append(crcs, s.Checksum(r.Key, b))
 		}

@@ -77,6 +77,7 @@ type Store struct {
 	hdr    []byte
 	maint  bool   // opened by Maintain: counters and upkeep only, no entries
 	ns     string // the index's name across nodes (Namespace)
+	tenant []byte // TenantSecret: nil for an index without a key
 
 	blockOff []tier.Offset // tier offset of every payload block (use blockAt)
 
@@ -325,7 +326,7 @@ func open(c *tier.Client, name, key string, maint, anyLayout bool) (*Store, erro
 			return nil, fmt.Errorf("prefix: open %q: %w", name, ErrDenied)
 		}
 	}
-	s := &Store{c: c, r: r, name: name, g: g, meta: de.Offset, hdr: hdr, ns: namespace(name, key),
+	s := &Store{c: c, r: r, name: name, g: g, meta: de.Offset, hdr: hdr, ns: namespace(name, key), tenant: tenantSecret(name, key),
 		shared: r.Info().Coherence == tier.Shared, maint: maint, perClient: g.Version >= 3}
 	if r.NumDevices() == 1 {
 		s.one = r.Device(0)

@@ -334,7 +334,12 @@ func pinEach(s *index, ks []prefix.Key, o pinOut) ([]prefix.Hit, error) {
 			continue
 		}
 		tr := o.trailers[i*cluster.TrailerBytes : (i+1)*cluster.TrailerBytes]
-		cluster.Trailer{Length: uint32(hit.Len), CRC: wire}.Put(tr)
+		t := cluster.Trailer{Length: uint32(hit.Len), CRC: wire}
+		if auth := s.auth.Load(); auth != nil {
+			_, t.MAC = auth.Seal(hit.Key, b)
+			t.Signed = true
+		}
+		t.Put(tr)
 		written, err := s.WriteSlack(hit, tr)
 		if err != nil {
 			s.Release(hits)
@@ -364,6 +369,8 @@ func cxl_prefix_unpin(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 type filling struct {
 	child
 	f    *prefix.Fill
+	s    *index
+	keys []prefix.Key
 	lens []int64
 }
 
@@ -410,7 +417,7 @@ func fillBegin(s *index, ks []prefix.Key, lens []int64) (uint64, []prefix.Status
 		f.Close()
 		return 0, nil, aerr
 	}
-	fl := &filling{f: f, lens: lens}
+	fl := &filling{f: f, s: s, keys: slices.Clone(ks), lens: lens}
 	fl.child = child{tier: s.tier, close: f.Close}
 	return handles.addChild(a, fl, fl.child), f.Statuses(), err
 }
@@ -470,8 +477,11 @@ func cxl_prefix_fill_commit(h C.uint64_t, trailers *unsafe.Pointer, n C.int64_t,
 		}
 		handles.forgetChild(uint64(h), fl.child) // committed below, not closed
 		out := unsafe.Slice((*int8)(unsafe.Pointer(published)), n)
-		filled, want := fillTrailers(fl, unsafe.Slice(trailers, n), out)
-		ok, err := fl.f.Commit(want, filled)
+		filled, parsed := fillTrailers(fl, unsafe.Slice(trailers, n), out)
+		auth := fl.s.auth.Load()
+		ok, err := fl.f.Commit(filled, func(i int, payload []byte) (uint32, error) {
+			return auth.Check(parsed[i], fl.keys[i], payload)
+		})
 		for i := range out {
 			out[i] = 0
 			if i < len(ok) && ok[i] {
@@ -486,8 +496,8 @@ func cxl_prefix_fill_commit(h C.uint64_t, trailers *unsafe.Pointer, n C.int64_t,
 // fillTrailers reads each filled key's trailer: where it came apart from
 // the payload (trailers[i]), or right after the payload in its block. A
 // trailer that does not parse, or names another length, unfills the key.
-func fillTrailers(fl *filling, trailers []unsafe.Pointer, published []int8) ([]bool, []uint32) {
-	filled, want := make([]bool, len(fl.lens)), make([]uint32, len(fl.lens))
+func fillTrailers(fl *filling, trailers []unsafe.Pointer, published []int8) ([]bool, []cluster.Trailer) {
+	filled, parsed := make([]bool, len(fl.lens)), make([]cluster.Trailer, len(fl.lens))
 	blocks, _ := fl.f.Slack(cluster.TrailerBytes)
 	for i := range fl.lens {
 		if published[i] != 1 {
@@ -506,9 +516,9 @@ func fillTrailers(fl *filling, trailers []unsafe.Pointer, published []int8) ([]b
 		if err != nil {
 			continue
 		}
-		filled[i], want[i] = true, t.CRC
+		filled[i], parsed[i] = true, t
 	}
-	return filled, want
+	return filled, parsed
 }
 
 // cxl_prefix_fill_close aborts what fill h did not commit and ends it.
@@ -540,6 +550,37 @@ func cxl_prefix_room(h C.uint64_t, room *C.int64_t, errbuf *C.char, errlen C.int
 	}
 	*room = C.int64_t(s.Room())
 	return report(nil, errbuf, errlen)
+}
+
+// cxl_prefix_cluster_key gives index h the cluster's key (n bytes at key;
+// n 0 takes it away): from then on the pages it pins for the cluster carry
+// a MAC, and a fill into it publishes only pages whose MAC checks
+// (cluster.PageAuth). Every uplink of a cluster needs the same key.
+//
+//export cxl_prefix_cluster_key
+func cxl_prefix_cluster_key(h C.uint64_t, key *C.uint8_t, n C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_cluster_key", errbuf, errlen, &code)
+	err := func() error {
+		s, done, err := use[*index](uint64(h))
+		if err != nil {
+			return err
+		}
+		defer done.Done()
+		if n < 0 || (n > 0 && key == nil) {
+			return fmt.Errorf("prefix cluster key: %w", errBadArg)
+		}
+		if n == 0 {
+			s.auth.Store(nil)
+			return nil
+		}
+		auth, err := cluster.NewPageAuth(unsafe.Slice((*byte)(unsafe.Pointer(key)), n), s.Namespace(), s.TenantSecret())
+		if err != nil {
+			return err
+		}
+		s.auth.Store(auth)
+		return nil
+	}()
+	return report(err, errbuf, errlen)
 }
 
 // cxl_page_trailer_bytes is the size of a page's trailer on the wire.

@@ -59,7 +59,8 @@ func (c child) tierHandle() uint64 { return c.tier }
 type index struct {
 	*prefix.Store
 	child
-	link *cluster.Link // the tier's, or nil
+	link *cluster.Link                    // the tier's, or nil
+	auth atomic.Pointer[cluster.PageAuth] // the cluster key's, for its pages (cxl_prefix_cluster_key), or nil
 }
 
 // addChild registers o, opened on tier a, as the handle it returns. Its

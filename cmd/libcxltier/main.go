@@ -45,6 +45,7 @@
 //	cxl_prefix_fill_commit(fill, trailer_ptrs, n, published)   checks each filled page against its trailer, publishes or aborts
 //	cxl_prefix_fill_close(fill)                          aborts what was not committed
 //	cxl_page_trailer_bytes()                             the size of a page's trailer on the wire
+//	cxl_prefix_cluster_key(index, key, n)                pages pinned carry a MAC; fills publish only pages whose MAC checks
 //	cxl_prefix_room(index, &bytes)                       a block's span: a transfer may fill that much of one
 //	cxl_engram_hash(spec, layer, ids, n, out, out_cap, &n_rows) spec: preset name or JSON geometry
 //	cxl_engram_table_name(model, table, rank, world, out, out_len)   SGLang's host table's object name (per-rank when world > 1)

@@ -17,10 +17,12 @@ var gated = []struct {
 	types  []string
 	exempt map[string]string
 }{
-	{"prefix", []string{"Store", "Mover", "LayerLoad"}, map[string]string{
+	{"prefix", []string{"Store", "Mover", "LayerLoad", "Fill"}, map[string]string{
+		"Fill.Blocks": "under the fill's own hold, taken by BeginFill", "Fill.Slack": "under the fill's own hold, taken by BeginFill",
+		"Fill.Statuses":   "Go memory",
 		"Store.Namespace": "a string", "Store.Room": "the geometry", "Store.Checksum": "hashes the caller's bytes",
 		"Store.VerifyReads": "a flag", "Store.Extent": "the geometry", "Store.Name": "a string",
-		"Store.BlockBytes": "the geometry", "Mover.Close": "engine ranges only", "LayerLoad.Pages": "a count",
+		"Store.BlockBytes": "the geometry", "Store.TenantSecret": "Go memory", "Mover.Close": "engine ranges only", "LayerLoad.Pages": "a count",
 	}},
 	{"topk", []string{"Pool"}, map[string]string{
 		"Pool.Config": "the configuration", "Pool.Buffer": "an engine buffer", "Pool.Row": "arithmetic",

@@ -107,6 +107,7 @@ _PROTOTYPES = {
     "cxl_prefix_fill_blocks": [_u64, _p(ctypes.c_void_p), _i64] + _err,
     "cxl_prefix_fill_commit": [_u64, _p(ctypes.c_void_p), _i64, _p(_i8)] + _err,
     "cxl_prefix_fill_close": [_u64] + _err,
+    "cxl_prefix_cluster_key": [_u64, _p(ctypes.c_uint8), _i64] + _err,
     "cxl_prefix_unpin": [_u64] + _err,
     "cxl_prefix_room": [_u64, _p(_i64)] + _err,
     "cxl_kvpool_open": [_u64, _cstr, _u64, _i64, _i64, _p(ctypes.c_void_p), _p(_i64), _i64, _i64, _int, _int, _p(_u64)] + _err,

@@ -61,7 +61,7 @@ logger = logging.getLogger("cxltier.uplink")
 # A page's trailer on the wire: its format is Go's (cluster.Trailer), which
 # writes and checks it; the uplink only moves its bytes. Its size is checked
 # against the library's at start.
-TRAILER_BYTES = 16
+TRAILER_BYTES = 32
 
 _REQ_HEADER = struct.Struct("<4sBBHI")
 _REQ_MAGIC = b"CXU1"
@@ -205,9 +205,11 @@ class _Slots:
 
 class NodeIndex:
     """A prefix index as the uplink uses it: pages pinned in place, blocks
-    reserved and published after a transfer fills them."""
+    reserved and published after a transfer fills them. cluster_key: the
+    cluster's key (bytes), which signs the pages it sends and must sign the
+    pages it takes."""
 
-    def __init__(self, tier, name, key=None):
+    def __init__(self, tier, name, key=None, cluster_key=None):
         from . import _native
 
         self._native = _native
@@ -215,6 +217,9 @@ class NodeIndex:
         buf = ctypes.create_string_buffer(256)
         _native.call("cxl_prefix_namespace", self.index.handle, buf, len(buf))
         self.name, self.namespace = name, buf.value.decode()
+        if cluster_key:
+            raw = (ctypes.c_uint8 * len(cluster_key)).from_buffer_copy(cluster_key)
+            _native.call("cxl_prefix_cluster_key", self.index.handle, raw, len(cluster_key))
         room = ctypes.c_int64()
         _native.call("cxl_prefix_room", self.index.handle, ctypes.byref(room))
         self.room = room.value  # a block's span: a page whose trailer fits moves in one transfer
@@ -349,7 +354,7 @@ class Uplink:
     (everything then stays local)."""
 
     def __init__(self, devices, store, replicas=1, admit="all", queue_pages=65536, batch=256, keys=None,
-                 fill_timeout=1.0, name="cxltier-uplink", prefault=True):
+                 fill_timeout=1.0, name="cxltier-uplink", prefault=True, cluster_key=None):
         from . import _native
         from .tier import Tier
 
@@ -361,6 +366,7 @@ class Uplink:
         self.admit = _admission(admit)
         self.batch = batch
         self.keys = dict(keys or {})
+        self.cluster_key = cluster_key
         self.fill_timeout = fill_timeout
         self.metrics = Metrics()
         self.queue = queue.Queue(maxsize=queue_pages)
@@ -520,7 +526,7 @@ class Uplink:
             ix = self._indexes.get(name)
             if ix is None:
                 try:
-                    ix = NodeIndex(self.tier, name, self.keys.get(name))
+                    ix = NodeIndex(self.tier, name, self.keys.get(name), self.cluster_key)
                 except self._native.DeniedError:
                     return None
                 self._indexes[name] = ix
@@ -1125,6 +1131,20 @@ def _admission(rule):
     raise ValueError(f"--admit {rule!r}: use all, none or index:NAME[,NAME...]")
 
 
+def _cluster_key_file(path):
+    """The cluster's key: the bytes of a file readable by its owner alone."""
+    if not path:
+        return None
+    st = os.stat(path)
+    if st.st_mode & 0o077:
+        raise UplinkError(f"--cluster-key {path}: readable by group or others (chmod 600 it)")
+    with open(path, "rb") as f:
+        key = f.read().strip()
+    if len(key) < 16:
+        raise UplinkError(f"--cluster-key {path}: {len(key)} bytes; use at least 16 (openssl rand -hex 32 > FILE)")
+    return key
+
+
 def _keys_file(path):
     """index=key lines (a tenant's key per keyed index); # starts a comment."""
     if not path:
@@ -1244,6 +1264,9 @@ def main(argv=None):
     p.add_argument("--admit", default="all", help="which stored pages go to the cluster: all, none, index:A,B")
     p.add_argument("--queue", type=int, default=65536, help="write-behind queue, in pages (full: dropped and counted)")
     p.add_argument("--keys", help="file of INDEX=KEY lines: tenant keys of keyed indexes to serve (mode 0600)")
+    p.add_argument("--cluster-key", metavar="FILE",
+                   help="the cluster's key (mode 0600, the same on every node): pages sent carry a MAC, and pages "
+                        "taken must carry a valid one; without it any process that reaches the master can plant pages")
     p.add_argument("--metrics", help="HOST:PORT for Prometheus text at /metrics")
     p.add_argument("--events", metavar="ENDPOINT",
                    help="publish this tier's KV events (ZMQ PUB, bound here: tcp://*:5557) for routers such as "
@@ -1269,12 +1292,16 @@ def main(argv=None):
     try:
         _admission(args.admit)  # a malformed rule is refused before anything starts
         keys = _keys_file(args.keys)
+        cluster_key = _cluster_key_file(args.cluster_key)
         store = None
         if args.master:
             store = connect_mooncake(args.master, args.protocol, args.metadata, args.hostname or socket.gethostname(),
                                      _size(args.segment), rdma_devices=args.rdma_devices)
         up = Uplink(args.tier, store, replicas=args.replicas, admit=args.admit, queue_pages=args.queue, keys=keys,
-                    fill_timeout=args.fill_timeout, prefault=args.prefault)
+                    fill_timeout=args.fill_timeout, prefault=args.prefault, cluster_key=cluster_key)
+        if store is not None and cluster_key is None:
+            logger.warning("cxltier uplink: no --cluster-key: pages from the cluster are checked for damage but not "
+                           "authenticated, so any process that reaches the master can plant pages this node serves")
     except (UplinkError, ValueError, OSError, CxlTierError) as e:
         print(f"cxltier-uplink: {e}", file=sys.stderr)
         return 2

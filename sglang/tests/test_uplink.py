@@ -337,6 +337,12 @@ def put_raw(mooncake_py, master, key, data):
     return p
 
 
+def trailer(length, crc, mac=None):
+    """A page trailer as Go's cluster.Trailer writes it (version 2: magic,
+    version, flags, length, CRC-32C, a MAC where flag 1 says so)."""
+    return struct.pack("<4sHHII16s", b"CXLP", 2, 1 if mac else 0, length, crc, mac or bytes(16))
+
+
 def test_damaged_transfer_is_a_miss(cluster, mooncake_py):
     m = cluster.master()
     b = cluster.node("b").start_uplink(m)
@@ -345,9 +351,8 @@ def test_damaged_transfer_is_a_miss(cluster, mooncake_py):
     holders = []
     try:
         good = payloads[0]
-        trailer = struct.Struct("<4sHHII")  # Go's cluster.Trailer, written here wrong on purpose
-        bad_crc = trailer.pack(b"CXLP", 1, 0, len(good), 0x12345678)
-        short = trailer.pack(b"CXLP", 1, 0, len(good) + 5, 0)
+        bad_crc = trailer(len(good), 0x12345678)  # Go's cluster.Trailer, written here wrong on purpose
+        short = trailer(len(good) + 5, 0)
         holders.append(put_raw(mooncake_py, m, f"cxltier/m/{keys[0].hex()}", good + bad_crc))
         holders.append(put_raw(mooncake_py, m, f"cxltier/m/{keys[1].hex()}", good + short))
         assert ib.exists(keys[:1]) == 0
@@ -888,3 +893,48 @@ def test_a_hung_write_behind_drops_and_counts(cluster):
             os.kill(m.proc.pid, signal.SIGCONT)
     finally:
         t.close()
+
+
+def _crc32c(data, crc=0):
+    """CRC-32C (Castagnoli), as Go's hash/crc32 computes it."""
+    crc ^= 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def test_a_forged_page_is_refused_with_the_cluster_key(cluster, mooncake_py, tmp_path):
+    """A process that reaches the master puts a page under a node's key with
+    an attacker's payload and a correct CRC-32C of key and payload: without
+    the cluster key, node B serves it (what the key is for); with the
+    cluster key on every uplink, B refuses it and still takes the pages A
+    signed."""
+    key_file = tmp_path / "cluster.key"
+    key_file.write_text("a cluster secret of some length\n")
+    key_file.chmod(0o600)
+    keys, payloads = pages(3, seed=21)
+    forged = b"the attacker's KV" * 2000
+    crc = _crc32c(forged, _crc32c(keys[2]))
+    for signed in (False, True):
+        m = cluster.master()
+        args = ["--cluster-key", str(key_file)] if signed else []
+        a = cluster.node(f"a{signed}").start_uplink(m, args=args)
+        b = cluster.node(f"b{signed}").start_uplink(m, args=args)
+        ta, ia = index(a)
+        tb, ib = index(b)
+        holder = put_raw(mooncake_py, m, f"cxltier/m/{keys[2].hex()}", forged + trailer(len(forged), crc))
+        try:
+            assert ia.set(keys[:2], payloads[:2]) == ["stored"] * 2
+            wait_metric(a, "put_pages", 2)
+            assert ib.exists(keys[:2]) == 2 and read_back(ib, keys[:2]) == payloads[:2]
+            if signed:
+                assert ib.exists(keys[2:]) == 0
+                assert b.metrics()["rejected_pages"] == 1 and ib.stats()["reserved"] == 0
+            else:
+                assert ib.exists(keys[2:]) == 1 and read_back(ib, keys[2:]) == [forged]
+        finally:
+            holder.kill()
+            ta.close()
+            tb.close()
