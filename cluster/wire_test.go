@@ -2,7 +2,11 @@ package cluster
 
 import (
 	"bytes"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -198,5 +202,100 @@ func TestPageAuth(t *testing.T) {
 	}
 	if _, err := NewPageAuth([]byte("short"), "m", nil); err == nil {
 		t.Error("a 5-byte cluster key was taken")
+	}
+}
+
+// wirePython parses, with the uplink's own Python (sglang/cxltier/uplink.py),
+// each request given as hex, and makes the replies asked for: what the
+// other side of this wire reads and writes.
+const wirePython = `
+import json, sys
+from cxltier import uplink
+job = json.load(sys.stdin)
+out = {"requests": [], "replies": []}
+for raw in job["requests"]:
+    try:
+        op, name, keys = uplink.parse_request(bytes.fromhex(raw))
+        out["requests"].append({"op": op, "name": name, "keys": [k.hex() for k in keys]})
+    except ValueError as e:
+        out["requests"].append({"error": str(e)})
+for filled, failed in job["replies"]:
+    out["replies"].append(uplink.reply(filled, failed).hex())
+json.dump(out, sys.stdout)
+`
+
+// TestWireAgreesWithThePython: requests Go builds are what the uplink's
+// Python parses, field by field; damaged ones it refuses; and the replies
+// the Python builds are what Go parses. (The Python test of the parser
+// built its messages itself, and so checked nothing of Go's.)
+func TestWireAgreesWithThePython(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3")
+	}
+	reqs := []Request{
+		{Op: OpFill, Index: "m", Keys: keys(3)},
+		{Op: OpStored, Index: strings.Repeat("n", MaxName), Keys: keys(MaxNoticeKey)},
+		{Op: OpFill, Index: "ümlaut", Keys: keys(1)},
+	}
+	var job struct {
+		Requests []string `json:"requests"`
+		Replies  [][2]any `json:"replies"`
+	}
+	for _, r := range reqs {
+		b, err := r.AppendBinary(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		job.Requests = append(job.Requests, hex.EncodeToString(b))
+	}
+	good, _ := reqs[0].AppendBinary(nil)
+	job.Requests = append(job.Requests, hex.EncodeToString(good[:len(good)-1]), hex.EncodeToString(append([]byte("XXXX"), good[4:]...)))
+	replies := []Reply{{Filled: 0}, {Filled: 7, Failed: true}, {Filled: MaxFillKeys}}
+	for _, r := range replies {
+		job.Replies = append(job.Replies, [2]any{r.Filled, r.Failed})
+	}
+	in, _ := json.Marshal(job)
+	cmd := exec.Command(py, "-c", wirePython)
+	cmd.Env = append(os.Environ(), "PYTHONPATH=../sglang")
+	cmd.Stdin = bytes.NewReader(in)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("the uplink's Python: %v", err)
+	}
+	var got struct {
+		Requests []struct {
+			Op    int      `json:"op"`
+			Name  string   `json:"name"`
+			Keys  []string `json:"keys"`
+			Error string   `json:"error"`
+		} `json:"requests"`
+		Replies []string `json:"replies"`
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	for i, r := range reqs {
+		g := got.Requests[i]
+		if g.Error != "" || g.Op != int(r.Op) || g.Name != r.Index || len(g.Keys) != len(r.Keys) {
+			t.Fatalf("request %d: Python read %+v", i, g)
+		}
+		for j, k := range r.Keys {
+			if g.Keys[j] != hex.EncodeToString(k[:]) {
+				t.Fatalf("request %d key %d: Python read %s", i, j, g.Keys[j])
+			}
+		}
+	}
+	for _, g := range got.Requests[len(reqs):] {
+		if g.Error == "" {
+			t.Errorf("the Python took a damaged request: %+v", g)
+		}
+	}
+	for i, raw := range got.Replies {
+		b, _ := hex.DecodeString(raw)
+		r, err := ParseReply(b, MaxFillKeys)
+		if err != nil || r != replies[i] {
+			t.Errorf("reply %d: Go read %+v, %v from the Python's %s", i, r, err, raw)
+		}
 	}
 }

@@ -76,6 +76,11 @@ func (c *Client) HoldToRelease() (Hold, error) { return c.hold(gateClosing, "rel
 func (c *Client) hold(upTo uint32, op string) (Hold, error) {
 	s := &c.gate.shards[rand.Uint32()&(holdShards-1)].n
 	s.Add(1)
+	// Counted first, checked second: a closer that set the state before
+	// this check waits for this count; one that set it after is seen here.
+	if c.betweenCountAndCheck != nil {
+		c.betweenCountAndCheck()
+	}
 	if st := c.gate.state.Load(); st > upTo {
 		s.Add(-1)
 		return Hold{}, fmt.Errorf("tier: %s on client slot %d: %s: %w", op, c.slot, gateStateName(st), ErrClosed)

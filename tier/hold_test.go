@@ -350,3 +350,41 @@ func TestRegionCloseThatGivesUpChangesNothing(t *testing.T) {
 		t.Fatalf("close once the hold ended: %v", err)
 	}
 }
+
+// TestHoldCountsBeforeItChecks: a Close that starts between a hold's count
+// and its check of the gate waits for the hold, and the hold, seeing the
+// gate closing, backs out: the Close then finishes and the hold fails.
+// (Checked first and counted second, a hold could pass its check, let a
+// whole Close run, unmap and all, and then proceed on a closed client.)
+func TestHoldCountsBeforeItChecks(t *testing.T) {
+	r := formatTest(t, testGeometry())
+	c, err := r.Attach(ClientOptions{Name: "racer", CloseWait: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan error, 1)
+	c.betweenCountAndCheck = func() {
+		c.betweenCountAndCheck = nil
+		go func() { closed <- c.Close() }()
+		deadline := time.Now().Add(5 * time.Second)
+		for c.gate.state.Load() == gateOpen && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		select {
+		case err := <-closed:
+			closed <- err // the close finished while this hold was between its steps
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	held, err := c.Hold()
+	if err == nil {
+		held.Done()
+		t.Fatal("a hold went ahead while the client closed")
+	}
+	if !errors.Is(err, ErrClosed) {
+		t.Fatalf("the hold: %v, want ErrClosed", err)
+	}
+	if err := <-closed; err != nil {
+		t.Fatalf("the close: %v", err)
+	}
+}

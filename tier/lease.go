@@ -151,6 +151,9 @@ type Client struct {
 	// afterHolderCheck, in tests, runs in RemoveObject between its check
 	// of the holders and the removal.
 	afterHolderCheck func()
+	// betweenCountAndCheck, in tests, runs in a hold between its count and
+	// its check of the gate's state.
+	betweenCountAndCheck func()
 
 	// The client's proof to its node's daemon (peer.go): the heartbeat
 	// goroutine registers; Close ends it.

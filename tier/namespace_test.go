@@ -439,3 +439,37 @@ func TestSocketsInADeepDirectory(t *testing.T) {
 		t.Fatalf("the socket %s outlived its daemon", path)
 	}
 }
+
+// TestAKillThatDoesNotEndInTimeQuarantines: a proven client whose process
+// has not exited within the wait after its SIGKILL (here a wait too short
+// for any exit) keeps its lease and its memory for that pass, counted as
+// quarantined; the next pass finds it gone and reaps it. (Every other
+// test stubs the stop: a stop that took the timeout for an end would hand
+// on the memory of a process that may still run.)
+func TestAKillThatDoesNotEndInTimeQuarantines(t *testing.T) {
+	g, r, m := reaperTest(t)
+	m.stop = func(p *peer, _ time.Duration) error { return stopPeer(p, time.Nanosecond) }
+	k := spawn(t, r, "rawwriter", 0)
+	if line, err := k.out.ReadString('\n'); err != nil || !strings.HasPrefix(line, "ready ") {
+		t.Fatalf("writer said %q, %v", line, err)
+	}
+	waitProven(t, m, k.cmd.Process.Pid)
+	if err := k.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	used := r.Usage().UsedChunks
+	var reaped []Reaped
+	for deadline := time.Now().Add(20 * g.LeaseTimeout); m.Stats().Quarantined == 0; time.Sleep(g.LeaseTimeout / 4) {
+		if time.Now().After(deadline) {
+			t.Fatal("the stalled client was never judged")
+		}
+		reaped = append(reaped, m.ReapOnce()...)
+	}
+	if len(reaped) != 0 || r.Usage().UsedChunks != used {
+		t.Fatalf("reaped %+v and chunks %d -> %d in the pass whose kill had not ended the process", reaped, used, r.Usage().UsedChunks)
+	}
+	k.cmd.Wait() // the SIGKILL went out: the process ends
+	if reaped := m.ReapOnce(); len(reaped) != 1 || !strings.Contains(reaped[0].Reason, "exited") {
+		t.Fatalf("the next pass: %+v, want it reaped as exited", reaped)
+	}
+}

@@ -421,3 +421,29 @@ L:
 	}
 	b.ReportMetric(float64(s.Instructions)/b.Elapsed().Seconds(), "thread-inst/s")
 }
+
+// TestAccessesEndingPastTheirAllocation: an access that starts inside an
+// allocation and ends outside it faults, in global, shared and local
+// memory (a check of the start alone lets it read or write past the end).
+func TestAccessesEndingPastTheirAllocation(t *testing.T) {
+	for _, c := range []struct {
+		name, decls, body, reason string
+	}{
+		{"global", "", "ld.global.u32 %r2, [%rd1+28];\n\tret;", "run 2 bytes past the end of the allocation"},
+		{"shared", "\t.shared .align 4 .b8 buf[30];\n", "ld.shared.u32 %r2, [buf+28];\n\tret;", "outside the 30 bytes of shared memory"},
+		{"local", "\t.local .align 8 .b8 __local_depot0[12];\n", "mov.u64 %rd2, __local_depot0;\n\tld.local.u64 %rd3, [%rd2+8];\n\tret;", "outside the 12 bytes of local memory"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			k := kernel(t, 1, c.decls, "\tld.param.u64 %rd1, [k_param_0];\n\t"+c.body+"\n")
+			s := NewSpace()
+			dev, err := s.Map(make([]byte, 64)[:30])
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = s.Launch(k, Config{Grid: 1, Block: 1, Params: []uint64{dev}, MaxSteps: 1 << 10})
+			if !errors.Is(err, ErrFault) || !strings.Contains(err.Error(), c.reason) {
+				t.Fatalf("a 4- or 8-byte access at the last bytes: %v, want a fault saying %q", err, c.reason)
+			}
+		})
+	}
+}

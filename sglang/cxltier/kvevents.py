@@ -366,6 +366,16 @@ def _packer():
         return msgspec.msgpack.Encoder().encode
 
 
+def replay_from(buffer, start):
+    """The buffered (seq, payload) batches from sequence start on, or None
+    when start is older than the oldest batch buffered (the subscriber then
+    gets the current contents instead). A request for exactly the oldest
+    batch is answered from the buffer."""
+    if not buffer or buffer[0][0] > start:
+        return None
+    return [(seq, payload) for seq, payload in buffer if seq >= start]
+
+
 class EventStream:
     """Publishes the KV events of a tier's page indexes on a ZMQ PUB socket
     (endpoint, bound), with an optional ROUTER replay socket (replay). It
@@ -519,10 +529,10 @@ class EventStream:
         client, _, start = frames
         start = int.from_bytes(start, "big")
         self.stats["replays"] += 1
-        if self._buffer and self._buffer[0][0] <= start:
-            for seq, payload in self._buffer:
-                if seq >= start:
-                    self._replay.send_multipart((client, b"", self.topic, seq.to_bytes(8, "big"), payload))
+        batches = replay_from(self._buffer, start)
+        if batches is not None:
+            for seq, payload in batches:
+                self._replay.send_multipart((client, b"", self.topic, seq.to_bytes(8, "big"), payload))
         else:
             # Older than the buffer: the state now, as of the newest batch
             # sent (a subscriber then skips the live batches it holds).

@@ -251,3 +251,17 @@ def test_a_busy_index_keeps_its_last_scan(built, device, monkeypatch):
         assert (events, stored, removed) == ([], 0, 0)  # and after it, nothing to make up for
         sc.close()
         rec.close()
+
+
+def test_replay_from_the_buffer_and_its_edges():
+    """A replay from exactly the oldest buffered batch is answered from the
+    buffer (every batch from it on), from an older one with the current
+    contents (None here), from past the newest with nothing."""
+    from collections import deque
+
+    buffer = deque([(s, b"batch %d" % s) for s in range(100, 105)], maxlen=5)
+    assert kv.replay_from(buffer, 100) == list(buffer)
+    assert kv.replay_from(buffer, 103) == list(buffer)[3:]
+    assert kv.replay_from(buffer, 99) is None
+    assert kv.replay_from(buffer, 105) == []
+    assert kv.replay_from(deque(), 0) is None

@@ -25,7 +25,10 @@ import cluster_harness as ch
 # The wire format and rules, which need no cluster.
 
 
-def test_parse_request_matches_go():
+def test_parse_request_refuses_damage():
+    """The parser's refusals. That it reads what Go writes, and Go what it
+    writes, is cluster/wire_test.go's TestWireAgreesWithThePython, which
+    runs this module on messages Go built."""
     keys = [bytes([i]) * 32 for i in range(3)]
     msg = up._REQ_HEADER.pack(b"CXU1", up.OP_STORED, 0, 1, 3) + b"m" + b"".join(keys)
     assert up.parse_request(msg) == (up.OP_STORED, "m", keys)
