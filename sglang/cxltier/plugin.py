@@ -8,7 +8,9 @@ live in the tier, one persistent copy per node (cxltier.engram_host); with
 CXLTIER_ENGRAM set (a preset or a geometry file) it starts Engram prefetches
 at the top of every forward pass (cxltier.engram_hook). Unless
 CXLTIER_KV_EVENTS=0 it lets a HiCache backend with "kv_events" record the
-tokens of the pages it backs up (cxltier.kvevents). CXLTIER_PLUGIN=0
+tokens of the pages it backs up (cxltier.kvevents). Unless CXLTIER_DISAGG=0
+it adds the "cxltier" disaggregation transfer backend
+(--disaggregation-transfer-backend cxltier: cxltier.disagg). CXLTIER_PLUGIN=0
 makes it do nothing. The HiCache backend needs no plugin: SGLang loads it
 through the dynamic backend (cxltier.hicache).
 
@@ -56,6 +58,14 @@ def _linker_token_records():
     return linker.install_token_records()
 
 
+def _disagg():
+    try:
+        from . import disagg  # needs SGLang's disaggregation package
+    except ImportError:
+        return False
+    return disagg.install()
+
+
 def install():
     """Installs the parts the environment asks for. Returns the names of
     those installed."""
@@ -76,6 +86,9 @@ def install():
             installed.append("kv-event-tokens")
         if _part("token records of linker offloads (KV events)", _linker_token_records):
             installed.append("kv-event-linker-tokens")
+    if os.environ.get("CXLTIER_DISAGG", "1") != "0":
+        if _part("the cxltier disaggregation transfer backend", _disagg):
+            installed.append("disaggregation")
     if os.environ.get("CXLTIER_HISPARSE_HOST_POOL") == "1":
         from . import hisparse
 

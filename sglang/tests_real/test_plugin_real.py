@@ -15,7 +15,7 @@ from cxltier import engram_hook, hisparse
 SGLANG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_loader(tmp_path, device, extra_code="", **env):
+def run_loader(tmp_path, device, extra_code="", _after=None, **env):
     """Loads plugins in a fresh process with SGLang's loader, our entry
     point declared in dist-info metadata as pip would write it."""
     dist = tmp_path / "cxltier-0.1.0.dist-info"
@@ -42,7 +42,7 @@ def run_loader(tmp_path, device, extra_code="", **env):
         from sglang.srt.mem_cache.unified_cache.unified_cache_linker import UnifiedCacheLinkerWrapper
         print("TOKENS", getattr(HiCacheController._page_backup, "_cxltier_token_records", False),
               getattr(UnifiedCacheLinkerWrapper._offload_node, "_cxltier_token_records", False))
-    """)
+    """) + textwrap.dedent(_after or "")
     full_env = dict(os.environ, SGLANG_PLUGINS="cxltier", CXLTIER_DEVICES=device, **env)
     out = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -60,6 +60,27 @@ def test_loader_installs_every_part(built, device, tmp_path):
     assert "TOKENS True True" in bare, bare[-3000:]  # on by default: it acts only for a backend with "kv_events"
     off = run_loader(tmp_path, device, CXLTIER_KV_EVENTS="0")
     assert "TOKENS False False" in off, off[-3000:]
+
+
+def test_loader_makes_the_disaggregation_backend_a_choice(built, device, tmp_path):
+    """After SGLang's loader ran the plugin, SGLang's own argument parser
+    takes --disaggregation-transfer-backend cxltier and get_kv_class finds
+    its classes; CXLTIER_DISAGG=0 leaves the choices as they were."""
+    code = """
+        from sglang.srt.server_args import prepare_server_args
+        from sglang.srt.disaggregation.utils import KVClassType, TransferBackend, get_kv_class
+        try:
+            a = prepare_server_args(["--model-path", "m", "--device", "cpu", "--disaggregation-mode", "prefill",
+                                     "--disaggregation-transfer-backend", "cxltier"])
+        except SystemExit:
+            print("REFUSED")
+        else:
+            print("SENDER", get_kv_class(TransferBackend(a.disaggregation_transfer_backend), KVClassType.SENDER).__name__)
+    """
+    log = run_loader(tmp_path, device, extra_code="", CXLTIER_DISAGG="1", _after=code)
+    assert "SENDER CxlTierKVSender" in log, log[-3000:]
+    off = run_loader(tmp_path, device, CXLTIER_DISAGG="0", _after=code)
+    assert "REFUSED" in off and "SENDER" not in off, off[-3000:]
 
 
 def test_unknown_sglang_classes_are_named_not_raised(built, device, tmp_path):

@@ -1,0 +1,695 @@
+"""SGLang's prefill-decode disaggregation through the tier (TraCT): the
+transfer is the cache insert.
+
+    --disaggregation-mode prefill|decode --disaggregation-transfer-backend cxltier
+
+with the cxltier plugin installed (SGLANG_PLUGINS=cxltier) and, on both
+sides, CXLTIER_DEVICES naming the tier they share (shm:cxltier by default)
+and CXLTIER_PD_INDEX the prefix index (the model path by default;
+CXLTIER_PD_BLOCKS creates it when missing, with blocks of one page).
+
+The prefill worker writes each page of a request's KV (every layer, as
+the unified-cache linker lays a page out) into the tier under SGLang's own
+page key (the hash chain of the page's tokens, masked by the model, the
+pool's geometry, the KV dtype and, for MHA, the TP rank): a page already
+there, from an earlier request with the same prefix, is not written again.
+The last page, when partial, and the request's aux data (first token,
+logprobs, hidden states) go under keys of the request's bootstrap room.
+The decode worker reads the pages straight into the pages it allocated,
+past the prefix it already holds, and the aux data into its metadata
+buffer. Nothing crosses a network: the two find each other through small
+records in a second index of the tier ("<index>@pd"), keyed by the room:
+
+- hello (decode): the prefix it holds and its layout; the prefill's
+  bootstrap ends when it is there (SGLang's bootstrap timeout bounds it).
+- done (prefill): the pages are written (or why not: the tier is full).
+- ack (decode): the pages landed and checked; the prefill's send is over.
+- abort (either side): the request went; the other side stops waiting.
+
+Every wait is bounded by SGLang's own timeouts, and a page whose checksum
+fails on the decode side fails the request (never damaged KV). The decode
+side needs no bootstrap server; SGLang's prefill starts the no-op one here.
+
+Served: MHA and MLA KV pools of one pipeline stage, the same TP size on
+both sides (an MHA page holds a rank's heads). Hybrid state (SWA, Mamba,
+DSA's indexer) is refused at start, naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from typing import List, Optional
+
+from . import _native
+from .kvpool import KVPool
+from .prefix import page_keys, part_keys, part_mask, string_key
+from .tier import Tier
+
+logger = logging.getLogger(__name__)
+
+try:  # SGLang is only there on serving machines.
+    from sglang.srt.disaggregation.base.conn import (
+        BaseKVManager,
+        BaseKVReceiver,
+        BaseKVSender,
+        KVPoll,
+        KVTransferMetric,
+    )
+except ImportError:  # pragma: no cover - exercised where SGLang is installed
+    BaseKVManager = BaseKVSender = BaseKVReceiver = object
+    KVPoll = KVTransferMetric = None
+
+BACKEND = "cxltier"
+ROOMS_SUFFIX = "@pd"
+# How often a side looks for the other's record, at most.
+POLL_EVERY = 0.002
+
+
+class DisaggError(RuntimeError):
+    """A request's transfer through the tier failed; the message says why."""
+
+
+def _timeout(name, default):
+    try:
+        from sglang.srt.environ import envs
+
+        return float(getattr(envs, name).get())
+    except Exception:
+        return float(os.environ.get(name, default))
+
+
+class _PrefillInfo:
+    """What SGLang's decode queue asks of a prefill's parallel layout: the
+    tier has no per-prefill server to ask, and one DP rank serves a room."""
+
+    dp_size = 1
+    follow_bootstrap_room = True
+
+
+class CxlTierKVManager(BaseKVManager):
+    """One worker's side of disaggregation: its KV pool bound to the tier
+    (KVPool per part), the rooms index, and a thread that moves pages so
+    that the scheduler never waits on a copy."""
+
+    supports_host_destination = False
+    enable_deferred_decode_kv_release = False
+
+    def __init__(self, args, disaggregation_mode, server_args, is_mla_backend=False, **_):
+        self.kv_args = args
+        self.mode = str(getattr(disaggregation_mode, "value", disaggregation_mode))
+        self.is_mla = bool(is_mla_backend)
+        self.page_size = int(args.page_size)
+        self.attn_cp_rank, self.attn_cp_size = 0, 1
+        self.enable_all_cp_ranks_for_transfer = False
+        self.prefill_info_table = {}
+        self.transfer_infos = {}
+        _refuse_unserved(args)
+        self.tp_rank = int(getattr(args, "engine_rank", 0))
+        self.tp_size = int(getattr(server_args, "tp_size", 1) or 1)
+        pp_rank, pp_size = int(getattr(args, "pp_rank", 0) or 0), int(getattr(server_args, "pp_size", 1) or 1)
+        model = str(getattr(server_args, "model_path", None) or "default").replace("/", "-")
+        shard = f"_pp{pp_rank}_{pp_size}_cp0_1"
+        self.key_suffix = model + shard if self.is_mla else f"{model}_tp{self.tp_rank}_{self.tp_size}{shard}"
+        engine = "cpu" if str(getattr(server_args, "device", "cuda")) == "cpu" else "cuda"
+        self.tier = Tier(os.environ.get("CXLTIER_DEVICES") or "shm:cxltier", name=f"sglang-pd-{self.mode}-{os.getpid()}")
+        try:
+            self._open(args, model, engine)
+        except BaseException:
+            self.tier.close()
+            raise
+        self._work = queue.Queue()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"cxltier-pd-{self.mode}-tp{self.tp_rank}")
+        self._thread.start()
+        logger.info("cxltier disaggregation (%s) on %s, index %r: %d layers, %d-byte pages, %s", self.mode,
+                    self.tier.devices, self.index_name, self.layers, self.page_bytes, self.layout)
+
+    def _open(self, args, model, engine):
+        ptrs, lens, items = list(args.kv_data_ptrs), list(args.kv_data_lens), list(args.kv_item_lens)
+        n = len(ptrs)
+        per_layer = 1 if self.is_mla else 2
+        if n == 0 or n % per_layer or len(set(items)) != 1:
+            raise DisaggError(f"cxltier disaggregation: {n} KV buffers of page sizes {sorted(set(items))}: "
+                              "want one geometry, K and V of every layer for MHA or the latent for MLA")
+        self.layers = n // per_layer
+        if per_layer == 2:  # K of every layer, then V of every layer: pair them layer by layer
+            order = [i for layer in range(self.layers) for i in (layer, self.layers + layer)]
+            ptrs, lens = [ptrs[i] for i in order], [lens[i] for i in order]
+        chunk = items[0]
+        self.page_bytes = chunk * n
+        dtype = str(getattr(args, "kv_cache_dtype_str", None) or "auto")
+        self.layout = f"L{self.layers}x{per_layer}x{chunk}/{dtype}"
+        self.index_name = os.environ.get("CXLTIER_PD_INDEX") or model
+        blocks = int(os.environ.get("CXLTIER_PD_BLOCKS", "0") or 0)
+        key = os.environ.get("CXLTIER_PREFIX_KEY") or None
+        self.index = self.tier.prefix(self.index_name, blocks, self.page_bytes + 64 if blocks else 0, key)
+        if self.index.stats()["block_bytes"] < self.page_bytes:
+            raise DisaggError(f"cxltier disaggregation: index {self.index_name!r} has "
+                              f"{self.index.stats()['block_bytes']}-byte blocks; a page is {self.page_bytes} bytes")
+        aux = [int(x) for x in args.aux_item_lens]
+        self.rooms = self.tier.prefix(self.index_name + ROOMS_SUFFIX, max(blocks // 4, 256) if blocks else 0,
+                                      max(4096, max(aux, default=0)), key)
+        self.pool = KVPool(self.index, list(zip(ptrs, lens)), per_layer, chunk, chunk, engine=engine,
+                           device=engine != "cpu")
+        # The unified-cache linker's tag for this pool: pages the backend
+        # writes are the linker's cache entries, and the other way round.
+        self.mask = part_mask(f"{self.key_suffix}/linker/v1/kv.0/p{self.page_size}/{self.layout}")
+
+    # What SGLang's queues ask of a manager.
+
+    def register_to_bootstrap(self):
+        pass  # no bootstrap server: the rooms are in the tier
+
+    def try_ensure_parallel_info(self, bootstrap_addr):
+        self.prefill_info_table.setdefault(bootstrap_addr, _PrefillInfo())
+        return True
+
+    def get_transfer_metric(self):  # pragma: no cover - a sender's, not the manager's
+        return KVTransferMetric()
+
+    # Keys.
+
+    def page_keys(self, tokens):
+        """The entry keys of the whole pages of tokens (SGLang's hash chain,
+        masked for this pool), as a KeyBlock."""
+        return part_keys(page_keys(tokens, self.page_size), [self.mask])
+
+    def room_key(self, room, kind, i=0):
+        return string_key(f"cxltier-pd/{room}/{kind}/{i}")
+
+    # Records.
+
+    def put_record(self, room, kind, record):
+        raw = json.dumps(record).encode()
+        self.rooms.delete([self.room_key(room, kind)])
+        status = self.rooms.set([self.room_key(room, kind)], [raw])[0]
+        if status == "no_space":
+            raise DisaggError(f"cxltier disaggregation: no room in index {self.index_name + ROOMS_SUFFIX!r} for "
+                              f"the {kind} record of room {room}")
+
+    def get_record(self, room, kind):
+        buf = bytearray(4096)
+        n, lens = self.rooms.get([self.room_key(room, kind)], [buf])
+        return json.loads(bytes(buf[: lens[0]])) if n else None
+
+    def drop_records(self, room, aux=0):
+        keys = [self.room_key(room, k) for k in ("hello", "done", "ack", "abort", "tail")]
+        keys += [self.room_key(room, "aux", i) for i in range(aux)]
+        self.rooms.delete(keys)
+
+    # The mover thread.
+
+    def submit(self, fn):
+        self._work.put(fn)
+
+    def _run(self):
+        while True:
+            fn = self._work.get()
+            if fn is None:
+                return
+            try:
+                fn()
+            except Exception:  # each task records its own failure; this is a last resort
+                logger.exception("cxltier disaggregation: a transfer task failed")
+
+    def close(self):
+        self._work.put(None)
+        self._thread.join(timeout=10)
+        self.tier.close()
+
+
+def _refuse_unserved(args):
+    states = [str(getattr(s, "value", s)) for s in (getattr(args, "state_types", None) or [])]
+    if states:
+        raise DisaggError(f"cxltier disaggregation: the KV pool carries state {states} (SWA, Mamba, DSA indexer, ...), "
+                          "which this backend does not move; use the mooncake backend for this model")
+    if getattr(args, "num_draft_entries", 0):
+        raise DisaggError("cxltier disaggregation: speculative decoding's draft KV is not moved by this backend yet")
+
+
+class _Side:
+    """What a sender and a receiver share: the room, the conclusion, the
+    clock of the wait in progress."""
+
+    def __init__(self, mgr, bootstrap_addr, bootstrap_room):
+        self.kv_mgr = mgr
+        self.bootstrap_addr = bootstrap_addr
+        self.room = int(bootstrap_room) if bootstrap_room is not None else 0
+        self.tokens = None  # the request's prompt, set by the plugin's wrap of the queue that made this side
+        self.conclude_state = None
+        self.reason = None
+        self._lock = threading.Lock()
+        self._next_look = 0.0
+        self.bytes = 0
+        self.started = None
+        self.finished = None
+        # Whether this side read the other's last word (its ack, its done
+        # record of a failure, its abort): it then drops the room's records.
+        # The side that wrote the last word leaves them for the other to read.
+        self.read_last_word = False
+
+    def _conclude(self, state, reason=None):
+        with self._lock:
+            if self.conclude_state is None:
+                self.conclude_state, self.reason = state, reason
+                self.finished = time.monotonic()
+                if reason:
+                    logger.warning("cxltier disaggregation: room %d: %s", self.room, reason)
+
+    def _look(self):
+        """Whether it is time to read the tier again (the scheduler polls
+        in a tight loop)."""
+        now = time.monotonic()
+        if now < self._next_look:
+            return False
+        self._next_look = now + POLL_EVERY
+        return True
+
+    def failure_exception(self):
+        raise DisaggError(self.reason or "cxltier disaggregation: the transfer failed")
+
+    def get_transfer_metric(self):
+        took = (self.finished - self.started) if self.started and self.finished else None
+        return KVTransferMetric(transfer_latency_s=took, transfer_total_bytes=self.bytes)
+
+
+class CxlTierKVSender(_Side, BaseKVSender):
+    """The prefill side of one request: waits for the decode's hello,
+    writes the pages as SGLang sends them, then the aux data and the done
+    record, and ends when the decode acks."""
+
+    def __init__(self, mgr, bootstrap_addr, bootstrap_room, req_has_disagg_prefill_dp_rank=False):
+        _Side.__init__(self, mgr, bootstrap_addr, bootstrap_room)
+        self.hello = None
+        self.num_pages = 0
+        self.aux_index = None
+        self.sent_pages = 0
+        self.first_page = 0
+        self.done_written = False
+        self.written = 0
+        self.present = 0
+        self._since = time.monotonic()
+
+    def pop_decode_prefix_len(self):
+        return int((self.hello or {}).get("decode_prefix_len", 0))
+
+    def init(self, num_kv_indices, aux_index=None):
+        self.num_pages, self.aux_index = int(num_kv_indices), aux_index
+        self.first_page = self.pop_decode_prefix_len() // self.kv_mgr.page_size
+        self._since = time.monotonic()
+
+    def should_send_kv_chunk(self, num_pages, last_chunk):
+        return num_pages > 0 or last_chunk
+
+    def send(self, kv_indices, state_indices=None, num_kv_tokens=None, **_):
+        if self.conclude_state is not None:
+            return
+        pages = [int(p) for p in kv_indices]
+        start = self.first_page + self.sent_pages
+        self.sent_pages += len(pages)
+        last = self.sent_pages >= self.num_pages
+        if self.started is None:
+            self.started = time.monotonic()
+        self.kv_mgr.submit(lambda: self._store(start, pages, last))
+
+    def _store(self, start, pages, last):
+        mgr = self.kv_mgr
+        try:
+            if self.conclude_state is not None:
+                return
+            if self.tokens is None:
+                raise DisaggError("cxltier disaggregation: the request's tokens were not given to its sender "
+                                  "(is the cxltier plugin installed? SGLANG_PLUGINS=cxltier)")
+            whole = len(self.tokens) // mgr.page_size
+            full = [(i, p) for i, p in zip(range(start, start + len(pages)), pages) if i < whole]
+            if full:
+                keys = mgr.page_keys(self.tokens[: (full[-1][0] + 1) * mgr.page_size])
+                block = _slice(keys, full[0][0], len(full))
+                statuses = mgr.pool.store(block, [p for _, p in full])
+                if "no_space" in statuses:
+                    raise DisaggError(f"cxltier disaggregation: room {self.room}: the tier is full "
+                                      f"(index {mgr.index_name!r}): {statuses.count('no_space')} of {len(full)} pages not stored")
+                self.written += statuses.count("stored")
+                self.present += statuses.count("present")
+                self.bytes += statuses.count("stored") * mgr.page_bytes
+            tail = [(i, p) for i, p in zip(range(start, start + len(pages)), pages) if i >= whole]
+            if tail:  # the last page, partial: the request's own, under its room
+                key = mgr.room_key(self.room, "tail")
+                mgr.pool.store(part_keys([key.hex()], [mgr.mask]), [tail[0][1]])
+                self.bytes += mgr.page_bytes
+            if last:
+                self._finish()
+        except Exception as e:
+            self._fail(e)
+
+    def _finish(self):
+        mgr = self.kv_mgr
+        args = mgr.kv_args
+        n = len(args.aux_data_ptrs)
+        if self.aux_index is not None and n:
+            keys = [mgr.room_key(self.room, "aux", i) for i in range(n)]
+            bufs = [(args.aux_data_ptrs[i] + self.aux_index * args.aux_item_lens[i], args.aux_item_lens[i]) for i in range(n)]
+            mgr.rooms.delete(keys)
+            if "no_space" in mgr.rooms.set(keys, bufs):
+                raise DisaggError(f"cxltier disaggregation: room {self.room}: no room for the aux data in the tier")
+        mgr.put_record(self.room, "done", {"status": "ok", "pages": self.num_pages, "first_page": self.first_page,
+                                           "tokens": len(self.tokens), "aux": n, "layout": mgr.layout})
+        self.done_written = True
+        self._since = time.monotonic()
+
+    def _fail(self, e):
+        reason = str(e)
+        try:
+            self.kv_mgr.put_record(self.room, "done", {"status": "failed", "reason": reason})
+        except Exception:
+            pass
+        self._conclude(KVPoll.Failed, reason)
+
+    def poll(self):
+        if self.conclude_state is not None:
+            return self.conclude_state
+        if not self._look():
+            return KVPoll.Bootstrapping if self.hello is None else KVPoll.Transferring if self.started else KVPoll.WaitingForInput
+        mgr = self.kv_mgr
+        try:
+            if mgr.get_record(self.room, "abort") is not None:
+                self.read_last_word = True
+                self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the decode side aborted")
+                return self.conclude_state
+            if self.hello is None:
+                hello = mgr.get_record(self.room, "hello")
+                if hello is None:
+                    return self._waited("bootstrap", "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", KVPoll.Bootstrapping)
+                if hello.get("layout") != mgr.layout or hello.get("key_suffix") != mgr.key_suffix:
+                    self._fail(DisaggError(f"cxltier disaggregation: room {self.room}: the decode's KV layout "
+                                           f"{hello.get('layout')} ({hello.get('key_suffix')}) is not this prefill's "
+                                           f"{mgr.layout} ({mgr.key_suffix}): same model, KV dtype and TP size needed"))
+                    return self.conclude_state
+                self.hello = hello
+                return KVPoll.WaitingForInput
+            if not self.done_written:
+                return KVPoll.Transferring if self.started else KVPoll.WaitingForInput
+            if mgr.get_record(self.room, "ack") is not None:
+                self.read_last_word = True
+                self._conclude(KVPoll.Success)
+                return KVPoll.Success
+            return self._waited("the decode side's ack", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", KVPoll.Transferring)
+        except _native.CxlTierError as e:
+            self._fail(e)
+            return self.conclude_state
+
+    def _waited(self, what, timeout_env, state):
+        if time.monotonic() - self._since > _timeout(timeout_env, 300):
+            self._fail(DisaggError(f"cxltier disaggregation: room {self.room}: no {what} within {timeout_env}"))
+            return self.conclude_state
+        return state
+
+    def poll_pp_consensus(self):
+        return self.poll()
+
+    def mark_prefill_complete(self):
+        pass
+
+    def abort(self):
+        try:
+            self.kv_mgr.put_record(self.room, "abort", {"by": "prefill"})
+        except Exception:
+            pass
+        self._conclude(KVPoll.Failed, self.reason or f"cxltier disaggregation: room {self.room}: aborted")
+
+    def clear(self):
+        _clear(self)
+
+
+def _clear(side):
+    """Drops the room's records when this side read the other's last word;
+    otherwise they stay for the other side to read (a side that died leaves
+    them to the rooms index's LRU)."""
+    if side.read_last_word:
+        try:
+            side.kv_mgr.drop_records(side.room, len(side.kv_mgr.kv_args.aux_data_ptrs))
+        except Exception:
+            pass
+
+
+class CxlTierKVReceiver(_Side, BaseKVReceiver):
+    """The decode side of one request: says hello with the prefix it holds,
+    waits for the prefill's done record, reads the pages into the pages it
+    allocated and the aux data into its metadata buffer, and acks."""
+
+    def __init__(self, mgr, bootstrap_addr, bootstrap_room=None):
+        _Side.__init__(self, mgr, bootstrap_addr, bootstrap_room)
+        self.bootstrap_done = False
+        self.has_sent_metadata = False
+        self.require_staging = False
+        self.abort_notified = False
+        self.bootstrap_infos = []
+        self.loading = False
+        self._since = time.monotonic()
+
+    @property
+    def supports_host_destination(self):
+        return False
+
+    def init(self, prefill_dp_rank=0):
+        self.bootstrap_done = True
+        self._since = time.monotonic()
+
+    def send_metadata(self, kv_indices, aux_index=None, state_indices=None, decode_prefix_len=None, destination=None):
+        mgr = self.kv_mgr
+        self.pages = [int(p) for p in kv_indices]
+        self.aux_index = aux_index
+        self.decode_prefix_len = int(decode_prefix_len or 0)
+        try:
+            mgr.put_record(self.room, "hello", {"decode_prefix_len": self.decode_prefix_len, "layout": mgr.layout,
+                                                "key_suffix": mgr.key_suffix})
+        except Exception as e:
+            self._conclude(KVPoll.Failed, str(e))
+            return
+        self.has_sent_metadata = True
+        self._since = time.monotonic()
+
+    def poll(self):
+        if self.conclude_state is not None:
+            return self.conclude_state
+        if not self.bootstrap_done:
+            return KVPoll.Bootstrapping
+        if not self.has_sent_metadata:
+            return KVPoll.WaitingForInput
+        if self.loading or not self._look():
+            return KVPoll.Transferring if self.loading else KVPoll.WaitingForInput
+        mgr = self.kv_mgr
+        try:
+            if mgr.get_record(self.room, "abort") is not None:
+                self.read_last_word = True
+                self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the prefill side aborted")
+                return self.conclude_state
+            done = mgr.get_record(self.room, "done")
+        except _native.CxlTierError as e:
+            self._conclude(KVPoll.Failed, str(e))
+            return self.conclude_state
+        if done is None:
+            if time.monotonic() - self._since > _timeout("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300):
+                self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the prefill side wrote "
+                                              "nothing within SGLANG_DISAGGREGATION_WAITING_TIMEOUT (did it die?)")
+                return self.conclude_state
+            return KVPoll.WaitingForInput
+        if done.get("status") != "ok":
+            self.read_last_word = True
+            self._conclude(KVPoll.Failed, done.get("reason") or "cxltier disaggregation: the prefill side failed")
+            return self.conclude_state
+        self.loading = True
+        self.started = time.monotonic()
+        mgr.submit(lambda: self._load(done))
+        return KVPoll.Transferring
+
+    def _load(self, done):
+        mgr = self.kv_mgr
+        gate = os.environ.get("CXLTIER_PD_TEST_GATE_BEFORE_LOAD")  # a file the tests create; unset in production
+        deadline = time.monotonic() + 60
+        while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        try:
+            if self.tokens is None:
+                raise DisaggError("cxltier disaggregation: the request's tokens were not given to its receiver "
+                                  "(is the cxltier plugin installed? SGLANG_PLUGINS=cxltier)")
+            first = int(done["first_page"])
+            if first != self.decode_prefix_len // mgr.page_size:
+                raise DisaggError(f"cxltier disaggregation: room {self.room}: the prefill sent from page {first}, "
+                                  f"this decode holds {self.decode_prefix_len} tokens")
+            whole = len(self.tokens) // mgr.page_size
+            ours = list(zip(range(first, first + len(self.pages)), self.pages))
+            full = [(i, p) for i, p in ours if i < whole]
+            if full:
+                keys = mgr.page_keys(self.tokens[: (full[-1][0] + 1) * mgr.page_size])
+                self._land(_slice(keys, full[0][0], len(full)), [p for _, p in full])
+            tail = [(i, p) for i, p in ours if i >= whole]
+            if tail:
+                key = mgr.room_key(self.room, "tail")
+                self._land(part_keys([key.hex()], [mgr.mask]), [tail[0][1]])
+            self._read_aux(int(done.get("aux", 0)))
+            mgr.put_record(self.room, "ack", {"pages": len(self.pages)})
+            self._conclude(KVPoll.Success)
+        except Exception as e:
+            self._conclude(KVPoll.Failed, str(e))
+            try:
+                mgr.put_record(self.room, "abort", {"by": "decode", "reason": str(e)})
+            except Exception:
+                pass
+        finally:
+            self.loading = False
+
+    def _land(self, block, pages):
+        """Reads the pages of block into pages, a layer at a time; checked
+        against their checksums after the last layer."""
+        mgr = self.kv_mgr
+        try:
+            load = mgr.pool.load(block, pages)
+        except _native.NotFoundError as e:
+            raise DisaggError(f"cxltier disaggregation: room {self.room}: a page is not in the tier ({e}); "
+                              "evicted before the decode read it?") from None
+        try:
+            for layer in range(mgr.pool.layers):
+                load.layer(layer)
+        finally:
+            load.close()
+        self.bytes += len(pages) * mgr.page_bytes
+
+    def _read_aux(self, n):
+        mgr = self.kv_mgr
+        args = mgr.kv_args
+        if self.aux_index is None or not n:
+            return
+        if n != len(args.aux_data_ptrs):
+            raise DisaggError(f"cxltier disaggregation: room {self.room}: {n} aux buffers from the prefill, "
+                              f"{len(args.aux_data_ptrs)} here")
+        keys = [mgr.room_key(self.room, "aux", i) for i in range(n)]
+        bufs = [(args.aux_data_ptrs[i] + self.aux_index * args.aux_item_lens[i], args.aux_item_lens[i]) for i in range(n)]
+        got, _ = mgr.rooms.get(keys, bufs)
+        if got != n:
+            raise DisaggError(f"cxltier disaggregation: room {self.room}: {got} of {n} aux buffers in the tier")
+
+    def abort(self):
+        try:
+            self.kv_mgr.put_record(self.room, "abort", {"by": "decode"})
+            self.abort_notified = True
+        except Exception:
+            pass
+        self._conclude(KVPoll.Failed, self.reason or f"cxltier disaggregation: room {self.room}: aborted")
+
+    def ensure_abort_notified(self, *, force_arm=False):
+        if not self.abort_notified:
+            self.abort()
+
+    def is_abort_release_safe(self):
+        return not self.loading
+
+    def clear(self):
+        _clear(self)
+
+
+class CxlTierKVBootstrapServer:
+    """SGLang's prefill starts a bootstrap server for its backend; this
+    backend needs none (the rooms are in the tier), so it listens nowhere."""
+
+    def __init__(self, host=None, port=None, **_):
+        self.host, self.port = host, port
+
+    def close(self):
+        pass
+
+
+def _slice(block, start, n):
+    """Keys start .. start+n of a KeyBlock, as a KeyBlock."""
+    from .prefix import KEY_BYTES, KeyBlock
+    import ctypes
+
+    raw = bytes(block.array)[start * KEY_BYTES : (start + n) * KEY_BYTES]
+    return KeyBlock((ctypes.c_uint8 * len(raw)).from_buffer_copy(raw), n)
+
+
+# The plugin's part: SGLang learns the backend's name, its classes, and
+# hands each sender and receiver its request's prompt.
+
+_TARGETS = {
+    "get_kv_class": "sglang.srt.disaggregation.utils.get_kv_class",
+    "sender": "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.create_sender",
+    "receiver": "sglang.srt.disaggregation.decode.DecodePreallocQueue._create_receiver_and_enqueue",
+}
+
+
+def _kv_class(original, transfer_backend, class_type):
+    if str(getattr(transfer_backend, "value", transfer_backend)) != BACKEND:
+        return original(transfer_backend, class_type)
+    name = str(getattr(class_type, "value", class_type))
+    return {"kvargs": original(transfer_backend, class_type) if name == "kvargs" else None,
+            "manager": CxlTierKVManager, "sender": CxlTierKVSender, "receiver": CxlTierKVReceiver,
+            "bootstrap_server": CxlTierKVBootstrapServer}.get(name)
+
+
+def _kvargs_class(original, transfer_backend, class_type):
+    """KVArgs is every backend's one container: asked for ours, SGLang's own."""
+    if str(getattr(class_type, "value", class_type)) == "kvargs":
+        from sglang.srt.disaggregation.base import KVArgs
+
+        return KVArgs
+    return _kv_class(original, transfer_backend, class_type)
+
+
+def _give_sender_its_prompt(original, queue_, req, *args, **kwargs):
+    made = original(queue_, req, *args, **kwargs)
+    sender = getattr(req, "disagg_kv_sender", None)
+    if isinstance(sender, CxlTierKVSender):
+        sender.tokens = list(req.origin_input_ids)
+    return made
+
+
+def _give_receiver_its_prompt(original, queue_, req, *args, **kwargs):
+    decode_req = original(queue_, req, *args, **kwargs)
+    receiver = getattr(decode_req, "kv_receiver", None)
+    if isinstance(receiver, CxlTierKVReceiver):
+        receiver.tokens = list(req.origin_input_ids)
+    return decode_req
+
+
+def _add_backend_member(TransferBackend):
+    """Adds CXLTIER = "cxltier" to SGLang's TransferBackend, in place: every
+    module that holds the class (the scheduler, the queues, the services)
+    then takes the name. An Enum has no public way to grow; this is the
+    one CPython's own Enum uses for its members (a member is an instance
+    with _name_ and _value_, listed in the class's maps)."""
+    if BACKEND in TransferBackend._value2member_map_:
+        return False
+    member = object.__new__(TransferBackend)
+    member._name_, member._value_ = BACKEND.upper(), BACKEND
+    type.__setattr__(TransferBackend, BACKEND.upper(), member)
+    TransferBackend._member_map_[BACKEND.upper()] = member
+    TransferBackend._value2member_map_[BACKEND] = member
+    TransferBackend._member_names_.append(BACKEND.upper())
+    return True
+
+
+def install():
+    """Registers the backend with SGLang: its name among the choices of
+    --disaggregation-transfer-backend, a member of TransferBackend, its
+    classes in get_kv_class, and the wraps that give each sender and
+    receiver its request's prompt (the keys of its pages). Through SGLang's
+    hook registry; True when it installed."""
+    from sglang.srt.arg_groups.choices import DISAGG_TRANSFER_BACKEND_CHOICES, add_disagg_transfer_backend_choices
+    from sglang.srt.disaggregation.utils import TransferBackend
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if BACKEND in DISAGG_TRANSFER_BACKEND_CHOICES and BACKEND in TransferBackend._value2member_map_:
+        return False
+    if BACKEND not in DISAGG_TRANSFER_BACKEND_CHOICES:
+        add_disagg_transfer_backend_choices([BACKEND])
+    _add_backend_member(TransferBackend)
+    HookRegistry.register(_TARGETS["get_kv_class"], _kvargs_class, HookType.AROUND)
+    HookRegistry.register(_TARGETS["sender"], _give_sender_its_prompt, HookType.AROUND)
+    HookRegistry.register(_TARGETS["receiver"], _give_receiver_its_prompt, HookType.AROUND)
+    HookRegistry.apply_hooks()  # load_plugins applies them too; once each
+    return True

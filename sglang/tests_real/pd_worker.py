@@ -1,0 +1,194 @@
+"""One side of SGLang's prefill-decode disaggregation through the tier, on
+CPU, as a process of its own: SGLang's real KV pool (MHA or MLA) and
+metadata buffers, its KVArgs built as PrefillBootstrapQueue._init_kv_manager
+and DecodePreallocQueue build them, the transfer backend's classes found by
+SGLang's get_kv_class, the sender made by SGLang's own
+PrefillBootstrapQueue.create_sender and the receiver by
+DecodePreallocQueue._create_receiver_and_enqueue (the cxltier plugin's
+wraps hand them the prompt), then the calls in the order SGLang's queues
+make them. The queues themselves need a running scheduler (a model runner,
+a tree cache) that a CPU machine cannot build: the worker makes the
+queue objects with only the fields those two methods read, and drives
+them as follows.
+
+- prefill: create_sender; poll until the decode's hello (bootstrap);
+  pop_decode_prefix_len and init(num_pages, aux_index) (finalize_bootstrap);
+  the KV written as a forward would; send() per chunk (send_kv_chunk);
+  poll until Success or Failed (the inflight queue).
+- decode: _create_receiver_and_enqueue; init(0); send_metadata(pages it
+  allocated, aux_index, decode_prefix_len) (the prealloc queue); poll
+  until Success or Failed (the transfer queue).
+
+    python pd_worker.py ROLE JSON
+
+prints one JSON line: the outcome and a digest of every page it holds.
+"""
+
+import array
+import hashlib
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from linker_stack import kv_pool, layer_buffers  # noqa: E402
+
+
+def server_args(kind):
+    from sglang.srt.server_args import ServerArgs
+
+    return ServerArgs(model_path="pd-test-model", device="cpu", page_size=PAGE, disaggregation_mode=ROLE,
+                      disaggregation_transfer_backend="cxltier")
+
+
+def kv_args(pool, meta):
+    """KVArgs as PrefillBootstrapQueue._init_kv_manager makes them (the
+    fields this backend reads, from the same SGLang calls)."""
+    from sglang.srt.disaggregation.utils import KVClassType, TransferBackend, get_kv_class, get_kv_transfer_buf_infos
+
+    args = get_kv_class(TransferBackend("cxltier"), KVClassType.KVARGS)()
+    args.engine_rank, args.pp_rank = 0, 0
+    args.kv_cache_dtype_str = "bfloat16"
+    args.kv_data_ptrs, args.kv_data_lens, args.kv_item_lens = get_kv_transfer_buf_infos(pool)
+    args.page_size = pool.page_size
+    args.aux_data_ptrs, args.aux_data_lens, args.aux_item_lens = meta.get_buf_infos()
+    args.state_types, args.num_draft_entries = [], 0
+    return args
+
+
+def page_digest(pool, page):
+    """sha256 over every layer's bytes of one page (K then V, or the latent)."""
+    h = hashlib.sha256()
+    for layer in range(pool.layer_num):
+        for buf, _ in layer_buffers(pool, layer):
+            h.update(buf[page * PAGE : (page + 1) * PAGE].contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def fill(pool, page, seed):
+    gen = torch.Generator().manual_seed(seed)
+    for layer in range(pool.layer_num):
+        for buf, _ in layer_buffers(pool, layer):
+            rows = buf[page * PAGE : (page + 1) * PAGE]
+            rows.copy_(torch.randn(rows.shape, generator=gen).to(buf.dtype))
+
+
+def request(tokens, room):
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    req = Req("r", "", array.array("i", tokens), SamplingParams(max_new_tokens=8))
+    req.bootstrap_host, req.bootstrap_port, req.bootstrap_room = "127.0.0.1", 8998, room
+    req.disagg_prefill_dp_rank = None
+    return req
+
+
+def wait(side, states, limit):
+    from sglang.srt.disaggregation.base import KVPoll
+
+    deadline = time.monotonic() + limit
+    while True:
+        st = side.poll()
+        if st in states or st == KVPoll.Failed:
+            return st
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.001)
+
+
+def prefill(job, pool, meta, mgr):
+    from sglang.srt.disaggregation.base import KVPoll
+    from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue
+    from sglang.srt.disaggregation.utils import TransferBackend
+
+    q = object.__new__(PrefillBootstrapQueue)  # only what create_sender reads: see the module comment
+    q.kv_manager, q.transfer_backend, q.bootstrap_port, q.max_input_len = mgr, TransferBackend("cxltier"), 8998, 1 << 20
+    req = request(job["tokens"], job["room"])
+    assert q.create_sender(req, num_kv_heads=2)
+    sender = req.disagg_kv_sender
+    out = {"role": "prefill"}
+    if wait(sender, (KVPoll.WaitingForInput,), job.get("bootstrap_limit", 30)) != KVPoll.WaitingForInput:
+        out["state"], out["reason"] = "failed", sender.reason
+        return out
+    prefix = sender.pop_decode_prefix_len()
+    n_pages = -(-(len(job["tokens"]) - prefix) // PAGE)
+    aux_index = 3
+    sender.init(n_pages, aux_index)
+    first = prefix // PAGE
+    pages = [job["first_slot_page"] + i for i in range(n_pages)]
+    for i, p in enumerate(pages):
+        fill(pool, p, seed=job["seed"] * 1000 + first + i)
+    meta.output_ids[aux_index][0] = job["first_token"]
+    out["digests"] = [page_digest(pool, p) for p in pages]
+    if job.get("die_before_send"):
+        print(json.dumps({"role": "prefill", "state": "about to die"}), flush=True)
+        time.sleep(60)
+    chunk = job.get("chunk_pages", 2)
+    for i in range(0, n_pages, chunk):
+        sender.send(torch.tensor(pages[i : i + chunk], dtype=torch.int64).numpy(), None,
+                    num_kv_tokens=min(chunk * PAGE, len(job["tokens"]) - prefix - i * PAGE))
+    st = wait(sender, (KVPoll.Success,), job.get("limit", 30))
+    out["state"] = {KVPoll.Success: "success", KVPoll.Failed: "failed", None: "timeout"}.get(st, str(st))
+    out["reason"] = sender.reason
+    out["written"], out["present"] = sender.written, sender.present
+    out["metric"] = sender.get_transfer_metric().transfer_total_bytes
+    sender.clear()
+    return out
+
+
+def decode(job, pool, meta, mgr):
+    from sglang.srt.disaggregation.base import KVPoll
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue
+    from sglang.srt.disaggregation.utils import TransferBackend
+
+    q = object.__new__(DecodePreallocQueue)  # only what _create_receiver_and_enqueue reads
+    q.kv_manager, q.transfer_backend, q.queue = mgr, TransferBackend("cxltier"), []
+    req = request(job["tokens"], job["room"])
+    decode_req = q._create_receiver_and_enqueue(req)
+    receiver = decode_req.kv_receiver
+    receiver.init(0)
+    prefix = job.get("decode_prefix_len", 0)
+    n_pages = -(-(len(job["tokens"]) - prefix) // PAGE)
+    pages = [job["first_slot_page"] + i for i in range(n_pages)]
+    aux_index = 5
+    receiver.send_metadata(torch.tensor(pages).numpy(), aux_index, None, decode_prefix_len=prefix)
+    if job.get("abort_after"):
+        time.sleep(job["abort_after"])
+        receiver.abort()
+        return {"role": "decode", "state": "aborted"}
+    st = wait(receiver, (KVPoll.Success,), job.get("limit", 30))
+    out = {"role": "decode", "state": {KVPoll.Success: "success", KVPoll.Failed: "failed", None: "timeout"}.get(st, str(st)),
+           "reason": receiver.reason, "digests": [page_digest(pool, p) for p in pages],
+           "first_token": int(meta.output_ids[aux_index][0])}
+    return out
+
+
+def main():
+    global ROLE, PAGE
+    ROLE, job = sys.argv[1], json.loads(sys.argv[2])
+    PAGE = job["page_size"]
+    from cxltier import disagg
+
+    disagg.install()  # what the plugin does in every SGLang process, before SGLang looks the backend up
+    from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType, MetadataBuffers, TransferBackend, get_kv_class
+    pool = kv_pool(job["kind"], PAGE, job["pool_tokens"])
+    meta = MetadataBuffers(8, hidden_size=16, hidden_states_dtype=torch.bfloat16, max_sampling_mask_tokens=1)
+    mgr_class = get_kv_class(TransferBackend("cxltier"), KVClassType.MANAGER)
+    try:
+        mgr = mgr_class(kv_args(pool, meta), DisaggregationMode(ROLE), server_args(job["kind"]),
+                        is_mla_backend=job["kind"] == "mla")
+    except Exception as e:
+        print(json.dumps({"role": ROLE, "state": "refused", "reason": str(e)}), flush=True)
+        return
+    out = (prefill if ROLE == "prefill" else decode)(job, pool, meta, mgr)
+    print(json.dumps(out), flush=True)
+    mgr.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""Prefill to decode through the tier, with SGLang's own disaggregation
+classes: a prefill process and a decode process (pd_worker.py, which says
+what each runs of SGLang and in which order), SGLang's real MHA and MLA KV
+pools on CPU, the cxltier transfer backend registered as the plugin
+registers it. The transfer is the cache insert: a second request with the
+same prefix writes nothing."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import cxltier
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PAGE = 4
+
+
+def env(built, device, extra=None):
+    e = dict(os.environ, CXLTIER_LIB=built["lib"], CXLTIER_DEVICES=device, CXLTIER_PD_INDEX="pd",
+             PYTHONPATH=os.path.dirname(HERE), SGLANG_DISAGGREGATION_WAITING_TIMEOUT="20",
+             SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT="20")
+    e.update(extra or {})
+    return e
+
+
+def start(built, device, role, job, extra=None):
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "pd_worker.py"), role, json.dumps(job)],
+                            env=env(built, device, extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def result(p, timeout=120):
+    out, err = p.communicate(timeout=timeout)
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    assert lines, f"no result (exit {p.returncode}): {err[-2000:]}"
+    return json.loads(lines[-1])
+
+
+def job(kind, tokens, room, **kw):
+    j = {"kind": kind, "page_size": PAGE, "pool_tokens": 256, "tokens": tokens, "room": room, "seed": 7,
+         "first_token": 4242, "first_slot_page": 2}
+    j.update(kw)
+    return j
+
+
+def index_for(built, device, kind):
+    """The index the backend writes into, sized for the pool's pages."""
+    t = cxltier.Tier(device)
+    # Blocks of 4 KiB: an MHA page here is 3 layers x K and V x 4 tokens x 2 heads x 8 bf16 (768 bytes).
+    t.prefix("pd", 64, 4096)
+    t.prefix("pd@pd", 64, 4096)
+    t.close()
+
+
+def pair(built, device, pjob, djob, pextra=None, dextra=None):
+    p = start(built, device, "prefill", pjob, pextra)
+    d = start(built, device, "decode", djob, dextra)
+    return result(p), result(d)
+
+
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+def test_prefill_to_decode_and_the_prefix_after(built, device, kind):
+    """The decode's pages are the prefill's, byte for byte, with the first
+    token; a second request with the same prompt writes no page (they are
+    in the tier, the cache entries of the first) and lands the same bytes."""
+    index_for(built, device, kind)
+    tokens = list(range(1000, 1000 + 5 * PAGE + 2))  # five whole pages and a partial one
+    pr, dr = pair(built, device, job(kind, tokens, 11), job(kind, tokens, 11, first_slot_page=20))
+    assert pr["state"] == "success" and dr["state"] == "success", (pr, dr)
+    assert dr["digests"] == pr["digests"] and dr["first_token"] == 4242
+    assert pr["written"] == 5 and pr["present"] == 0
+    pr2, dr2 = pair(built, device, job(kind, tokens, 12, first_slot_page=40), job(kind, tokens, 12, first_slot_page=50))
+    assert pr2["state"] == "success" and dr2["state"] == "success", (pr2, dr2)
+    assert pr2["written"] == 0 and pr2["present"] == 5, pr2
+    assert dr2["digests"] == pr["digests"]
+
+
+def test_decode_that_holds_a_prefix_is_sent_the_rest(built, device):
+    """A decode that holds the first page (its own radix cache) gets the
+    pages after it only."""
+    index_for(built, device, "mha")
+    tokens = list(range(2000, 2000 + 4 * PAGE))
+    pr, dr = pair(built, device, job("mha", tokens, 21), job("mha", tokens, 21, decode_prefix_len=PAGE, first_slot_page=30))
+    assert pr["state"] == "success" and dr["state"] == "success", (pr, dr)
+    assert len(pr["digests"]) == 3 and dr["digests"] == pr["digests"]
+
+
+def test_a_prefill_that_dies_mid_send_fails_the_decode_in_time(built, device):
+    """kill -9 of the prefill after its bootstrap, before its pages: the
+    decode's poll says Failed within SGLang's waiting timeout, and nothing
+    stays reserved in the tier."""
+    index_for(built, device, "mha")
+    tokens = list(range(3000, 3000 + 3 * PAGE))
+    p = start(built, device, "prefill", job("mha", tokens, 31, die_before_send=True))
+    started = time.monotonic()
+    d = start(built, device, "decode", job("mha", tokens, 31, first_slot_page=30),
+              {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "3"})
+    while p.stdout.readline().find("about to die") < 0:
+        assert p.poll() is None, p.stderr.read()[-2000:]
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    dr = result(d)
+    assert dr["state"] == "failed" and "WAITING_TIMEOUT" in dr["reason"], dr
+    assert time.monotonic() - started < 20
+    t = cxltier.Tier(device)
+    assert t.prefix("pd").stats()["reserved"] == 0
+    t.close()
+
+
+def test_a_decode_that_aborts_ends_the_prefill(built, device):
+    index_for(built, device, "mha")
+    tokens = list(range(4000, 4000 + 3 * PAGE))
+    p = start(built, device, "prefill", job("mha", tokens, 41, die_before_send=False, limit=30),
+              {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "15"})
+    d = start(built, device, "decode", job("mha", tokens, 41, abort_after=0.5))
+    dr, pr = result(d), result(p)
+    assert dr["state"] == "aborted"
+    assert pr["state"] == "failed" and "aborted" in pr["reason"], pr
+
+
+def test_a_full_tier_fails_both_sides_saying_why(built, device):
+    """An index too small for the request: the prefill fails, naming the
+    full tier, and the decode fails with the prefill's reason."""
+    t = cxltier.Tier(device)
+    t.prefix("pd", 2, 4096)  # two blocks for five pages, all pinned by nothing: eviction frees only so much
+    t.prefix("pd@pd", 64, 4096)
+    t.close()
+    tokens = list(range(5000, 5000 + 5 * PAGE))
+    pr, dr = pair(built, device, job("mha", tokens, 51, chunk_pages=5), job("mha", tokens, 51, first_slot_page=30))
+    assert pr["state"] == "failed" and "the tier is full" in pr["reason"], pr
+    assert dr["state"] == "failed" and "the tier is full" in dr["reason"], dr
+
+
+def test_a_damaged_page_is_never_handed_to_the_decode(built, device, tmp_path):
+    """A page damaged in the tier between the prefill's write and the
+    decode's read: the decode's load checks every page and fails the
+    request instead of serving it."""
+    index_for(built, device, "mha")
+    tokens = list(range(6000, 6000 + 3 * PAGE))
+    # The prefill writes its pages; the test damages one; then the decode reads.
+    gate = str(tmp_path / "load-gate")
+    p = start(built, device, "prefill", job("mha", tokens, 61), {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "15"})
+    d = start(built, device, "decode", job("mha", tokens, 61, first_slot_page=30),
+              {"CXLTIER_PD_TEST_GATE_BEFORE_LOAD": gate})
+    _damage_one_page(built, device, want=3)
+    open(gate, "w").close()
+    dr, pr = result(d), result(p)
+    assert dr["state"] == "failed" and "checksum" in dr["reason"].lower(), dr
+    assert pr["state"] == "failed", pr
+
+
+def _damage_one_page(built, device, want):
+    """Flips a byte of one ready entry's payload of index pd, in place."""
+    t = cxltier.Tier(device)
+    ix = t.prefix("pd")
+    deadline = time.monotonic() + 60
+    while len(keys := ix.keys()) < want:
+        assert time.monotonic() < deadline, f"the prefill stored {len(keys)} of {want} pages"
+        time.sleep(0.02)
+    from cxltier import _native
+    import ctypes
+
+    n = len(keys)
+    arr = (ctypes.c_uint8 * (n * 32)).from_buffer_copy(b"".join(keys))
+    addrs, lens, present, h = (ctypes.c_void_p * n)(), (ctypes.c_int64 * n)(), (ctypes.c_int8 * n)(), ctypes.c_uint64()
+    trailers, inplace = (ctypes.c_uint8 * (n * 32))(), (ctypes.c_int8 * n)()
+    _native.call("cxl_prefix_pin", ix.handle, arr, n, addrs, lens, trailers, inplace, present, ctypes.byref(h))
+    view = (ctypes.c_uint8 * lens[0]).from_address(addrs[0])
+    t.track_view(view)
+    view[7] ^= 0xFF
+    _native.call("cxl_prefix_unpin", h.value)
+    del view
+    t.close()
+
+
+@pytest.fixture
+def shared_device(built):
+    """A tier formatted for hosts that do not share caches (-coherence
+    shared): every publish flushes its lines and every read refreshes."""
+    import subprocess
+    import uuid
+
+    name = f"cxltier-pd-shared-{uuid.uuid4().hex[:12]}"
+    subprocess.check_call([built["cli"], "format", "-device", f"shm:{name}", "-size", "64MiB", "-chunk", "256KiB",
+                           "-coherence", "shared"], stdout=subprocess.DEVNULL)
+    yield f"shm:{name}"
+    subprocess.run([built["cli"], "destroy", "-force", f"shm:{name}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_a_tier_formatted_for_several_hosts(built, shared_device):
+    """The round trip on a tier of -coherence shared: the records and the
+    pages go through the flushing paths. (The non-coherent simulator
+    stands in for a second host only inside Go's tests: prefix's host
+    tests cover the publish and refresh rules these calls rely on.)"""
+    index_for(built, shared_device, "mla")
+    tokens = list(range(7000, 7000 + 3 * PAGE + 1))
+    pr, dr = pair(built, shared_device, job("mla", tokens, 71), job("mla", tokens, 71, first_slot_page=20))
+    assert pr["state"] == "success" and dr["state"] == "success", (pr, dr)
+    assert dr["digests"] == pr["digests"] and pr["written"] == 3
+
+
+def test_sides_of_different_layouts_fail_saying_so(built, device):
+    """A decode whose KV layout is not the prefill's (another model, KV
+    dtype or TP size; here MLA against MHA) is refused by the prefill at
+    bootstrap, and the decode fails with the prefill's reason."""
+    index_for(built, device, "mha")
+    tokens = list(range(8000, 8000 + 2 * PAGE))
+    pr, dr = pair(built, device, job("mha", tokens, 81), job("mla", tokens, 81, first_slot_page=20))
+    assert pr["state"] == "failed" and "layout" in pr["reason"], pr
+    assert dr["state"] == "failed" and "layout" in dr["reason"], dr
