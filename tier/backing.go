@@ -399,6 +399,21 @@ func prefault(data []byte) {
 	wg.Wait()
 }
 
+// populate enters data's pages into the page tables: writable through
+// MADV_POPULATE_WRITE where the kernel has it, else (older kernels answer
+// EINVAL) by reading a byte of each page. ENOMEM (a tmpfs that cannot
+// supply the pages) and the rest are errors.
+func populate(data []byte, writable bool) error {
+	if writable {
+		err := unix.Madvise(data, unix.MADV_POPULATE_WRITE)
+		if err == nil || !errors.Is(err, unix.EINVAL) {
+			return err
+		}
+	}
+	prefault(data)
+	return nil
+}
+
 // ReadOnlyView is a second, read-only mapping of part of the tier: a
 // consumer that must never write a table maps it this way, so a stray
 // store faults in that process instead of damaging what every other

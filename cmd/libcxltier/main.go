@@ -37,6 +37,7 @@
 //	cxl_tier_mappings(tier, ptrs, lens, cap, &n, &hold)  each device mapping, to register with a transfer engine, mapped until cxl_tier_release(hold)
 //	cxl_tier_replaced(tier, buf, cap)                    why the tier is not the one its paths name any more ("" while it is)
 //	cxl_tier_registered(tier, &yes, why, why_cap)        whether this client proved who it is to its node's daemon
+//	cxl_tier_populate(tier, &bytes)                      enter every tier page into this process's page tables, once
 //	cxl_prefix_namespace(index, buf, cap)                the index's name across nodes (name, and a digest of its key)
 //	cxl_prefix_pin(index, keys, n, addrs, lens, trailers, inplace, present, &pins)   pins each present key's payload in place, with its page trailer
 //	cxl_prefix_unpin(pins)
@@ -113,7 +114,7 @@ package main
 import "C"
 
 // abiVersion changes whenever a call's meaning or signature does.
-const abiVersion = 12
+const abiVersion = 13
 
 //export cxl_abi_version
 func cxl_abi_version() C.int { return abiVersion }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 	"unsafe"
 
 	"github.com/cxltier/cxltier/prefix"
@@ -38,19 +39,54 @@ func prefixOpen(h uint64, name, key string, blocks, blockBytes int64) (uint64, e
 		return 0, err
 	}
 	defer done.Done()
-	s, err := prefix.OpenKey(a.c, name, key)
-	if errors.Is(err, tier.ErrNotFound) && blocks > 0 {
-		s, err = prefix.Create(a.c, prefix.Config{Name: name, Blocks: blocks, BlockBytes: blockBytes, Key: key})
-		if errors.Is(err, tier.ErrExists) { // another process created it first
-			s, err = prefix.OpenKey(a.c, name, key)
-		}
+	open := func() (*prefix.Store, error) { return prefix.OpenKey(a.c, name, key) }
+	create := func() (*prefix.Store, error) {
+		return prefix.Create(a.c, prefix.Config{Name: name, Blocks: blocks, BlockBytes: blockBytes, Key: key})
 	}
+	if blocks <= 0 {
+		create = nil
+	}
+	s, err := openOrCreate(open, create, createRaceWait)
 	if err != nil {
 		return 0, err
 	}
 	ix := &index{Store: s, child: child{tier: h, close: s.Close}, link: a.uplink()}
 	return handles.addChild(a, ix, ix.child), nil
 }
+
+// openOrCreate opens an index, or creates it when it is missing and create
+// is given. Processes that start together (a prefill and a decode worker)
+// may both find it missing and both create it: the second then fails,
+// with ErrExists or, when the first one's blocks took the space it
+// needed, with ErrNoSpace. Either way it opens the index the first made,
+// and reports its own failure only when there is none.
+func openOrCreate(open, create func() (*prefix.Store, error), wait time.Duration) (*prefix.Store, error) {
+	s, err := open()
+	if !errors.Is(err, tier.ErrNotFound) || create == nil {
+		return s, err
+	}
+	s, err = create()
+	if err == nil {
+		return s, nil
+	}
+	// The first creator formats the index before it names it: for a large
+	// index that takes a while, during which its space is taken and its
+	// name not yet there. A bounded wait, then the creator's own error.
+	deadline := time.Now().Add(wait)
+	for {
+		if again, oerr := open(); oerr == nil {
+			return again, nil
+		}
+		if !errors.Is(err, tier.ErrExhausted) || time.Now().After(deadline) {
+			return nil, err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// createRaceWait bounds how long a creator that found no space waits for
+// another process's index of the same name to appear.
+const createRaceWait = 5 * time.Second
 
 //export cxl_prefix_close
 func cxl_prefix_close(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {

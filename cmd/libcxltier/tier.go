@@ -166,6 +166,30 @@ func cxl_tier_replaced(h C.uint64_t, buf *C.char, bufCap C.int, errbuf *C.char, 
 	return report(err, errbuf, errlen)
 }
 
+// cxl_tier_populate enters every page of tier h into this process's page
+// tables, without changing a byte (tier.Region.Populate), and writes the
+// bytes it covered to *out: a process that moves many pages through the
+// tier pays its page faults once, at start, instead of on each first
+// transfer. The tier is held while it runs.
+//
+//export cxl_tier_populate
+func cxl_tier_populate(h C.uint64_t, out *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_tier_populate", errbuf, errlen, &code)
+	err := func() error {
+		a, done, err := use[*attached](uint64(h))
+		if err != nil {
+			return err
+		}
+		defer done.Done() // the hold that keeps the mapping while it runs
+		n, err := a.r.Populate()
+		if out != nil {
+			*out = C.int64_t(n)
+		}
+		return err
+	}()
+	return report(err, errbuf, errlen)
+}
+
 // cxl_tier_registered says whether this process's client of tier h proved
 // who it is to its node's daemon (tier.Client.Registered): *out is 1 if
 // so, else 0, with why in buf (no daemon listens at its socket, or the

@@ -173,3 +173,13 @@ def test_tier_memory_is_touched_only_under_a_view_hold():
             if names & {"from_address", "string_at", "memmove"} and "track_view" not in names:
                 unguarded.append(f"{path.name}:{fn.lineno} {fn.name}")
     assert not unguarded, f"tier memory touched without a view hold: {unguarded}"
+
+
+def test_populate_covers_the_tier_and_needs_it_attached(device):
+    """populate() covers every device's mapping (the 64 MiB test tier) and,
+    once the tier is detached, fails instead of touching an unmapped range."""
+    t = cxltier.Tier(device)
+    assert t.populate() >= 64 << 20
+    t.close()
+    with pytest.raises(cxltier.ClosedError):
+        t.populate()

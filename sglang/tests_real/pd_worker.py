@@ -31,6 +31,7 @@ import os
 import sys
 import time
 
+import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -130,7 +131,7 @@ def prefill(job, pool, meta, mgr):
         time.sleep(60)
     chunk = job.get("chunk_pages", 2)
     for i in range(0, n_pages, chunk):
-        sender.send(torch.tensor(pages[i : i + chunk], dtype=torch.int64).numpy(), None,
+        sender.send(np.array(pages[i : i + chunk], dtype=np.int32), None,
                     num_kv_tokens=min(chunk * PAGE, len(job["tokens"]) - prefix - i * PAGE))
     st = wait(sender, (KVPoll.Success,), job.get("limit", 30))
     out["state"] = {KVPoll.Success: "success", KVPoll.Failed: "failed", None: "timeout"}.get(st, str(st))
@@ -156,7 +157,7 @@ def decode(job, pool, meta, mgr):
     n_pages = -(-(len(job["tokens"]) - prefix) // PAGE)
     pages = [job["first_slot_page"] + i for i in range(n_pages)]
     aux_index = 5
-    receiver.send_metadata(torch.tensor(pages).numpy(), aux_index, None, decode_prefix_len=prefix)
+    receiver.send_metadata(np.array(pages, dtype=np.int32), aux_index, None, decode_prefix_len=prefix)
     if job.get("abort_after"):
         time.sleep(job["abort_after"])
         receiver.abort()

@@ -1,0 +1,225 @@
+"""Prefill to decode: one request's KV from a prefill process to a decode
+process, through the tier (cxltier's transfer backend) against SGLang's own
+mooncake backend over loopback TCP (SGLang's mooncake_tcp), in one run.
+
+    python bench/pd/bench.py [--layouts mha,mla] [--tokens 1536,3072,6144]
+                             [--repeat 3] [--tier-size 8GiB] [--out FILE]
+
+Each backend runs as two OS processes (bench/pd/worker.py): SGLang 0.5.23's
+KV pool on CPU with a model's geometry, its MetadataBuffers, its KVArgs as
+PrefillBootstrapQueue fills them, the backend's manager, sender and
+receiver made by SGLang's queues' own methods, driven in their order. The
+mooncake side also runs SGLang's bootstrap server (HTTP), its process
+groups (gloo) and Mooncake's transfer engine with MC_FORCE_TCP=1.
+
+  first       a prompt neither side has seen: the prefill's pages go to the
+              decode (through the tier: written to it, then read from it)
+  repeat      a second request with the same prompt: mooncake moves the
+              pages again; the tier finds them stored and writes nothing
+
+"ms" runs from the prefill's first send() to the decode's poll() saying
+Success (both processes read the machine's one monotonic clock); "cpu ms"
+is the CPU time of both processes over the request, every thread counted.
+The decode's pages are compared with the prefill's, page by page, in
+every run. Layouts (sizes as flags):
+
+  mha   Llama-3-8B: 32 layers, 8 KV heads of 128, bf16, 16-token pages
+  mla   DeepSeek-V3: 61 layers, 512 + 64 latent, bf16, 64-token pages
+
+It needs the SGLang virtualenv of .ci/run (with prometheus-client, which
+SGLang's mooncake backend imports), Mooncake's transfer engine (from
+$CXLTIER_MOONCAKE_PYTHON's environment, or importable), libcxltier and the
+cxltier CLI (CXLTIER_LIB / CXLTIER_CLI, or Go to build them).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+
+from pybuild import build  # noqa: E402
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+LAYOUTS = {
+    "mha": {"kind": "mha", "layers": 32, "heads": 8, "head_dim": 128, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+            "page_size": 16, "bytes_per_token": 32 * 2 * 8 * 128 * 2},
+    "mla": {"kind": "mla", "layers": 61, "heads": 1, "head_dim": 1, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+            "page_size": 64, "bytes_per_token": 61 * 576 * 2},
+}
+
+
+def parse_size(text):
+    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    for u, m in units.items():
+        if text.endswith(u):
+            return int(text[: -len(u)]) * m
+    return int(text)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mooncake_path():
+    """The directory holding Mooncake's package, for the workers' PYTHONPATH."""
+    py = os.environ.get("CXLTIER_MOONCAKE_PYTHON")
+    if not py:
+        return None
+    out = subprocess.check_output([py, "-c", "import mooncake, os; print(os.path.dirname(os.path.dirname(mooncake.__file__)))"],
+                                  text=True)
+    return out.strip()
+
+
+class Pair:
+    """A prefill and a decode worker of one backend, fed requests on stdin."""
+
+    def __init__(self, backend, cfg, env):
+        port = free_port()
+        env = dict(env, PD_BENCH_BOOTSTRAP_PORT=str(port))
+        arg = json.dumps(dict(cfg, backend=backend))
+        self.procs = {role: subprocess.Popen([sys.executable, "-W", "ignore", WORKER, role, arg], env=env, text=True,
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                      for role in ("prefill", "decode")}
+        for role in self.procs:
+            self.read(role, 600)
+
+    def read(self, role, limit=300):
+        p = self.procs[role]
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            line = p.stdout.readline()
+            if not line:
+                raise RuntimeError(f"{role} worker ended (exit {p.wait()}): {p.stderr.read()[-3000:]}")
+            if line.startswith("{"):
+                return json.loads(line)
+        raise RuntimeError(f"{role} worker: no answer in {limit} s")
+
+    def run(self, request):
+        for p in self.procs.values():
+            p.stdin.write(json.dumps(request) + "\n")
+            p.stdin.flush()
+        return self.read("prefill"), self.read("decode")
+
+    def close(self):
+        for p in self.procs.values():
+            try:
+                p.stdin.write("\n")
+                p.stdin.close()
+                p.wait(timeout=30)
+            except Exception:
+                p.kill()
+
+
+def measure(backend, name, cfg, sizes, repeat, env):
+    pair = Pair(backend, cfg, env)
+    rows = []
+    room = 1
+    try:
+        for tokens in sizes:
+            for case in ("first", "repeat"):
+                took, cpu = [], []
+                written = []
+                for r in range(repeat):
+                    prompt = list(range(10_000_000 * (r + 1) + tokens, 10_000_000 * (r + 1) + 2 * tokens))
+                    room += 1
+                    slot = 1 + (room % 2) * (cfg["pool_tokens"] // (2 * cfg["page_size"]))
+                    # The KV of a prompt is a function of its tokens (as a model's is): the seed is the prompt's.
+                    pr, dr = pair.run({"tokens": prompt, "room": room, "first_slot_page": slot, "seed": prompt[0]})
+                    if pr.get("state") != "success" or dr.get("state") != "success":
+                        raise RuntimeError(f"{backend} {name} {tokens}: {pr} {dr}")
+                    if pr["sum"] != dr["sum"] or dr["first_token"] != 4242:
+                        raise RuntimeError(f"{backend} {name} {tokens}: the decode's pages are not the prefill's")
+                    took.append((dr["t_done"] - pr["t_send"]) * 1e3)
+                    cpu.append((pr["cpu_s"] + dr["cpu_s"]) * 1e3)
+                    written.append(pr.get("written"))
+                rows.append({"backend": backend, "layout": name, "tokens": tokens, "case": case,
+                             "kv_bytes": tokens * cfg["bytes_per_token"], "ms": statistics.median(took),
+                             "ms_all": took, "cpu_ms": statistics.median(cpu),
+                             "pages_written": written[-1] if backend == "cxltier" else None})
+                print(f"  {backend:9} {name} {tokens:6} {case:7} {rows[-1]['ms']:9.1f} ms {rows[-1]['cpu_ms']:9.1f} cpu ms"
+                      + (f"  pages written {written[-1]}" if backend == "cxltier" else ""), flush=True)
+    finally:
+        pair.close()
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layouts", default="mha,mla")
+    ap.add_argument("--tokens", default="1536,3072,6144")
+    ap.add_argument("--layers", type=int, default=0, help="override the layouts' layer counts (small runs)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--tier-size", default="8GiB")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    sizes = [int(x) for x in args.tokens.split(",")]
+    lib, cli = build(tempfile.mkdtemp(prefix="cxltier-pd-bench-"))
+    mpath = mooncake_path()
+    env = dict(os.environ, CXLTIER_LIB=lib, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), mpath])))
+    rows = []
+    for name in args.layouts.split(","):
+        cfg = dict(LAYOUTS[name])
+        if args.layers:
+            cfg["bytes_per_token"] = cfg["bytes_per_token"] // cfg["layers"] * args.layers
+            cfg["layers"] = args.layers
+        pages = -(-max(sizes) // cfg["page_size"])
+        cfg["pool_tokens"] = 2 * (pages + 1) * cfg["page_size"]
+        tier = f"shm:cxltier-pd-bench-{uuid.uuid4().hex[:10]}"
+        subprocess.check_call([cli, "format", "-device", tier, "-size", args.tier_size, "-chunk", "1MiB"],
+                              stdout=subprocess.DEVNULL)
+        page_bytes = cfg["page_size"] * cfg["bytes_per_token"]
+        blocks = parse_size(args.tier_size) * 3 // 4 // (page_bytes + 64)
+        tenv = dict(env, CXLTIER_DEVICES=tier, CXLTIER_PD_INDEX=f"pd-bench-{name}", CXLTIER_PD_BLOCKS=str(blocks))
+        try:
+            for backend in ("mooncake", "cxltier"):
+                rows += measure(backend, name, cfg, sizes, args.repeat, tenv)
+        finally:
+            subprocess.run([cli, "destroy", "-force", tier], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    table(rows)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                       "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+                       "args": vars(args), "rows": rows, "ratios": ratios(rows)}, f, indent=1)
+        print(f"wrote {args.out}")
+
+
+def ratios(rows):
+    out = []
+    by = {(r["backend"], r["layout"], r["tokens"], r["case"]): r for r in rows}
+    for (b, layout, tokens, case), r in sorted(by.items()):
+        if b != "cxltier" or ("mooncake", layout, tokens, case) not in by:
+            continue
+        m = by[("mooncake", layout, tokens, case)]
+        out.append({"layout": layout, "tokens": tokens, "case": case, "speedup": m["ms"] / r["ms"],
+                    "cpu_ratio": r["cpu_ms"] / m["cpu_ms"], "pages_written": r["pages_written"]})
+    return out
+
+
+def table(rows):
+    print(f"\n{'layout':6} {'tokens':>6} {'case':7} {'KV MiB':>7} {'mooncake ms':>11} {'tier ms':>8} {'speedup':>7} "
+          f"{'cpu (tier/mc)':>13} {'tier pages written':>18}")
+    for q in ratios(rows):
+        m = next(r for r in rows if r["backend"] == "mooncake" and r["layout"] == q["layout"] and r["tokens"] == q["tokens"]
+                 and r["case"] == q["case"])
+        t = next(r for r in rows if r["backend"] == "cxltier" and r["layout"] == q["layout"] and r["tokens"] == q["tokens"]
+                 and r["case"] == q["case"])
+        print(f"{q['layout']:6} {q['tokens']:6} {q['case']:7} {m['kv_bytes'] / 2**20:7.0f} {m['ms']:11.1f} {t['ms']:8.1f} "
+              f"{q['speedup']:6.2f}x {q['cpu_ratio']:12.2f}x {q['pages_written']!s:>18}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""One side of a prefill-to-decode transfer for bench/pd/bench.py, as an
+OS process of its own: SGLang's KV pool (MHA or MLA) on CPU, its
+MetadataBuffers and its transfer backend (cxltier, or SGLang's mooncake
+over TCP), the sender made by PrefillBootstrapQueue.create_sender and the
+receiver by DecodePreallocQueue._create_receiver_and_enqueue, driven in
+the order SGLang's queues drive them (as sglang/tests_real/pd_worker.py
+does, which says why the queues themselves are not built).
+
+    python worker.py ROLE JSON
+
+Prints JSON lines: {"ready": ...} once the manager is up, then one result
+per request: monotonic times (the machine's one clock, shared by both
+processes), the process's CPU seconds over the request, bytes moved.
+Requests come on stdin, one JSON line each; an empty line ends.
+"""
+
+import array
+import json
+import os
+import resource
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "sglang"))
+sys.path.insert(0, os.path.join(REPO, "sglang", "tests_real"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from linker_stack import kv_pool, layer_buffers  # noqa: E402
+
+BOOTSTRAP_PORT = int(os.environ.get("PD_BENCH_BOOTSTRAP_PORT", "18998"))
+
+
+def cpu_s():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def server_args(cfg, role):
+    from sglang.srt.server_args import ServerArgs
+
+    return ServerArgs(model_path="dummy", device="cpu", page_size=cfg["page_size"], disaggregation_mode=role,
+                      disaggregation_transfer_backend=cfg["backend"], disaggregation_bootstrap_port=BOOTSTRAP_PORT,
+                      host="127.0.0.1")
+
+
+def kv_args(backend, pool, meta, layers):
+    """KVArgs as PrefillBootstrapQueue._init_kv_manager fills them, with
+    SGLang's own helpers (no draft model, no PP, no Rust server)."""
+    from sglang.srt.disaggregation.utils import (KVClassType, TransferBackend, build_kv_layer_ids, get_kv_class,
+                                                 get_kv_transfer_buf_infos, get_pd_kv_layout, setup_state_kv_args)
+
+    args = get_kv_class(TransferBackend(backend), KVClassType.KVARGS)()
+    args.engine_rank, args.pp_rank, args.system_dp_rank, args.rust_http_port = 0, 0, 0, None
+    args.kv_cache_dtype_str = "bfloat16"
+    args.kv_layout = get_pd_kv_layout(pool)
+    args.prefill_start_layer, args.prefill_end_layer = 0, getattr(pool, "end_layer", None)
+    args.kv_data_ptrs, args.kv_data_lens, args.kv_item_lens = get_kv_transfer_buf_infos(pool)
+    args.num_draft_entries = 0
+    args.kv_layer_ids = build_kv_layer_ids(token_to_kv_pool=pool, draft_token_to_kv_pool=None, num_draft_entries=0,
+                                           num_hidden_layers=layers)
+    if hasattr(pool, "head_num"):
+        args.kv_head_num = args.total_kv_head_num = pool.head_num
+    args.page_size = pool.page_size
+    args.aux_data_ptrs, args.aux_data_lens, args.aux_item_lens = meta.get_buf_infos()
+    args.ib_device, args.gpu_id = None, 0
+    setup_state_kv_args(args, pool, None, layers, req_to_token_pool=None)
+    return args
+
+
+def fill(pool, pages, page_size, seed):
+    gen = torch.Generator().manual_seed(seed)
+    for layer in range(pool.layer_num):
+        for buf, _ in layer_buffers(pool, layer):
+            for p in pages:
+                rows = buf[p * page_size : (p + 1) * page_size]
+                rows.copy_(torch.randn(rows.shape, generator=gen).to(buf.dtype))
+
+
+def page_sum(pool, pages, page_size):
+    """A cheap fingerprint of pages (sum of their bytes as int64), to check
+    that the decode landed the prefill's bytes."""
+    out = []
+    for layer in range(pool.layer_num):
+        for buf, _ in layer_buffers(pool, layer):
+            out.append([int(buf[p * page_size : (p + 1) * page_size].contiguous().view(torch.uint8).sum()) for p in pages])
+    return out
+
+
+def _reason(side):
+    try:
+        side.failure_exception()
+    except Exception as e:  # the backend's own words for the failure
+        return str(e)
+    return "no reason given"
+
+
+def request(tokens, room):
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    req = Req("r", "", array.array("i", tokens), SamplingParams(max_new_tokens=8))
+    req.bootstrap_host, req.bootstrap_port, req.bootstrap_room = "127.0.0.1", BOOTSTRAP_PORT, room
+    req.disagg_prefill_dp_rank = 0
+    return req
+
+
+def wait(side, want, limit=120):
+    from sglang.srt.disaggregation.base import KVPoll
+
+    deadline = time.monotonic() + limit
+    while True:
+        st = side.poll()
+        if st == want or st == KVPoll.Failed:
+            return st
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.0002)
+
+
+def prefill(cfg, pool, meta, mgr, r):
+    from sglang.srt.disaggregation.base import KVPoll
+    from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue
+    from sglang.srt.disaggregation.utils import TransferBackend
+
+    page = cfg["page_size"]
+    q = object.__new__(PrefillBootstrapQueue)
+    q.kv_manager, q.transfer_backend, q.bootstrap_port, q.max_input_len = mgr, TransferBackend(cfg["backend"]), BOOTSTRAP_PORT, 1 << 30
+    req = request(r["tokens"], r["room"])
+    assert q.create_sender(req, num_kv_heads=8)
+    sender = req.disagg_kv_sender
+    if wait(sender, KVPoll.WaitingForInput) != KVPoll.WaitingForInput:
+        return {"state": "failed", "reason": _reason(sender)}
+    prefix = sender.pop_decode_prefix_len() if hasattr(sender, "pop_decode_prefix_len") else 0
+    n_pages = -(-(len(r["tokens"]) - prefix) // page)
+    aux_index = r["room"] % 8
+    sender.init(n_pages, aux_index)
+    pages = list(range(r["first_slot_page"], r["first_slot_page"] + n_pages))
+    fill(pool, pages, page, seed=r["seed"])
+    meta.output_ids[aux_index][0] = 4242
+    out = {"sum": page_sum(pool, pages, page)}
+    c0, t0 = cpu_s(), time.monotonic()
+    chunk = cfg.get("chunk_pages", n_pages)
+    for i in range(0, n_pages, chunk):
+        sender.send(np.array(pages[i : i + chunk], dtype=np.int32), None)
+    st = wait(sender, KVPoll.Success)
+    out.update(t_send=t0, t_done=time.monotonic(), cpu_s=cpu_s() - c0,
+               state={KVPoll.Success: "success", KVPoll.Failed: "failed", None: "timeout"}.get(st, str(st)))
+    out["written"] = getattr(sender, "written", None)
+    if hasattr(sender, "clear"):
+        sender.clear()
+    return out
+
+
+def decode(cfg, pool, meta, mgr, r):
+    from sglang.srt.disaggregation.base import KVPoll
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue
+    from sglang.srt.disaggregation.utils import TransferBackend
+
+    page = cfg["page_size"]
+    q = object.__new__(DecodePreallocQueue)
+    q.kv_manager, q.transfer_backend, q.queue = mgr, TransferBackend(cfg["backend"]), []
+    req = request(r["tokens"], r["room"])
+    decode_req = q._create_receiver_and_enqueue(req)
+    receiver = decode_req.kv_receiver
+    # The prealloc queue's slow path (_ensure_prefill_info), then _init_receiver.
+    addr, deadline = f"127.0.0.1:{BOOTSTRAP_PORT}", time.monotonic() + 60
+    while not mgr.try_ensure_parallel_info(addr):
+        if time.monotonic() > deadline:
+            return {"state": "failed", "reason": f"no parallel info from {addr}"}
+        time.sleep(0.05)
+    receiver.init(0)
+    if wait(receiver, KVPoll.WaitingForInput) != KVPoll.WaitingForInput:  # the prealloc queue's poll
+        return {"state": "failed", "reason": _reason(receiver)}
+    n_pages = -(-len(r["tokens"]) // page)
+    pages = list(range(r["first_slot_page"], r["first_slot_page"] + n_pages))
+    aux_index = r["room"] % 8
+    c0 = cpu_s()
+    receiver.send_metadata(np.array(pages, dtype=np.int32), aux_index, None)
+    st = wait(receiver, KVPoll.Success)
+    t1 = time.monotonic()
+    return {"t_done": t1, "cpu_s": cpu_s() - c0, "sum": page_sum(pool, pages, page),
+            "first_token": int(meta.output_ids[aux_index][0]),
+            "state": {KVPoll.Success: "success", KVPoll.Failed: "failed", None: "timeout"}.get(st, str(st))}
+
+
+def manager(cfg, role, pool, meta):
+    from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType, TransferBackend, get_kv_class
+
+    backend = cfg["backend"]
+    sa = server_args(cfg, role)
+    if backend == "mooncake":
+        os.environ["MC_FORCE_TCP"] = "1"
+        from sglang.srt.runtime_context import SpawnRanks, publish
+        from sglang.srt.distributed.device_communicators.mooncake_transfer_engine import init_mooncake_transfer_engine
+
+        publish(sa, role="test", ranks=SpawnRanks(world_rank=0, dp_rank=None))
+        # The process groups a launched server builds, on gloo for one process.
+        from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
+
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"tcp://127.0.0.1:{BOOTSTRAP_PORT + (1 if role == 'prefill' else 2)}")
+        initialize_model_parallel(backend="gloo")
+        init_mooncake_transfer_engine(hostname="127.0.0.1", gpu_id=0, ib_device=None)
+    server = None
+    if role == "prefill":  # SGLang starts it before the schedulers (start_disagg_service)
+        server = get_kv_class(TransferBackend(backend), KVClassType.BOOTSTRAP_SERVER)(host="127.0.0.1", port=BOOTSTRAP_PORT)
+    cls = get_kv_class(TransferBackend(backend), KVClassType.MANAGER)
+    mgr = cls(kv_args(backend, pool, meta, cfg["layers"]), DisaggregationMode(role), sa, is_mla_backend=cfg["kind"] == "mla")
+    return mgr, server
+
+
+def main():
+    role, cfg = sys.argv[1], json.loads(sys.argv[2])
+    if cfg["backend"] == "cxltier":
+        from cxltier import disagg
+
+        disagg.install()
+    from sglang.srt.disaggregation.utils import MetadataBuffers
+
+    dims = {"head_num": cfg["heads"], "head_dim": cfg["head_dim"], "kv_lora_rank": cfg["kv_lora_rank"],
+            "qk_rope_head_dim": cfg["qk_rope_head_dim"]}
+    pool = kv_pool(cfg["kind"], cfg["page_size"], cfg["pool_tokens"], layers=cfg["layers"], dims=dims)
+    meta = MetadataBuffers(8, hidden_size=16, hidden_states_dtype=torch.bfloat16, max_sampling_mask_tokens=1)
+    mgr, _server = manager(cfg, role, pool, meta)
+    print(json.dumps({"ready": role}), flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            break
+        r = json.loads(line)
+        out = (prefill if role == "prefill" else decode)(cfg, pool, meta, mgr, r)
+        out["room"] = r["room"]
+        print(json.dumps(out), flush=True)
+    os._exit(0)  # the mooncake engine's threads do not end on their own
+
+
+if __name__ == "__main__":
+    main()
