@@ -5,9 +5,9 @@ through ctypes: attach to a tier, store and load prefix KV pages, hash and
 prefetch Engram rows, resolve sparse-attention top-k steps. On top of it,
 `cxltier.hicache` holds the SGLang HiCache storage backend,
 `cxltier.hisparse` the HiSparse host pool in the tier,
-`cxltier.engram_hook` the Engram prefetch of SGLang's forward pass and
-`cxltier.plugin` the SGLang plugin entry point; they import SGLang only
-when used.
+`cxltier.engram_hook` the Engram prefetch of SGLang's forward pass,
+`cxltier.plugin` the SGLang plugin entry point and `cxltier.vllm` vLLM's
+KV connector; they import SGLang (or vLLM) only when used.
 """
 
 from ._native import (

@@ -56,6 +56,8 @@ import threading
 import time
 from collections import deque
 
+from .sizes import parse_size
+
 logger = logging.getLogger("cxltier.uplink")
 
 # A page's trailer on the wire: its format is Go's (cluster.Trailer), which
@@ -1169,13 +1171,7 @@ def connect_mooncake(master, protocol="tcp", metadata="P2PHANDSHAKE", hostname="
                      segment_size=1 << 30, local_buffer=16 << 20, rdma_devices=""):
     """A Mooncake Store client, set up; UplinkError with the reason when it
     cannot be."""
-    try:
-        from mooncake.store import MooncakeDistributedStore
-    except ImportError as e:
-        raise UplinkError(f"mooncake is not installed ({e}): pip install mooncake-transfer-engine "
-                          "(mooncake-transfer-engine-non-cuda on machines without CUDA; it needs "
-                          "libibverbs1 and librdmacm1 even for TCP)") from e
-    store = MooncakeDistributedStore()
+    store = _mooncake_store_class()()
     cfg = {"local_hostname": hostname, "metadata_server": metadata, "global_segment_size": segment_size,
            "local_buffer_size": local_buffer, "protocol": protocol, "master_server_addr": master}
     if rdma_devices:
@@ -1184,6 +1180,18 @@ def connect_mooncake(master, protocol="tcp", metadata="P2PHANDSHAKE", hostname="
         raise UplinkError(f"mooncake: setup against master {master} ({protocol}, metadata {metadata}) failed; "
                           "is mooncake_master running there?")
     return store
+
+
+def _mooncake_store_class():
+    """Mooncake's store client class; UplinkError with the install line
+    when this Python lacks it."""
+    try:
+        from mooncake.store import MooncakeDistributedStore
+    except ImportError as e:
+        raise UplinkError(f"mooncake is not installed ({e}): pip install mooncake-transfer-engine "
+                          "(mooncake-transfer-engine-non-cuda on machines without CUDA; it needs "
+                          "libibverbs1 and librdmacm1 even for TCP)") from e
+    return MooncakeDistributedStore
 
 
 def serve_metrics(uplink, addr):
@@ -1242,12 +1250,29 @@ def _events_text(stream):
     return "\n".join(out) + "\n"
 
 
-def _size(s):
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    s = s.strip().lower().removesuffix("ib").removesuffix("b")
-    if s and s[-1] in units:
-        return int(float(s[:-1]) * units[s[-1]])
-    return int(s)
+def _master_address(text):
+    """(host, port) of --master; ValueError naming the form otherwise."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--master {text!r}: want HOST:PORT, mooncake_master's address (10.0.0.1:50051)")
+    return host.strip("[]"), int(port)
+
+
+def _probe_master(host, port, timeout=3.0):
+    """A TCP connect to the master first: Mooncake's own client retries for
+    about 100 s, with a log line each time, before it gives up."""
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        raise UplinkError(f"no mooncake_master answers at {host}:{port} ({e}): start it there, or fix --master") from None
+
+
+def _check_tier(devices):
+    """Attach and detach the tier before joining a cluster: a tier that is
+    not there is reported at once, not after the cluster setup."""
+    from .tier import Tier
+
+    Tier(devices, name="cxltier-uplink").close()
 
 
 def main(argv=None):
@@ -1259,7 +1284,8 @@ def main(argv=None):
     p.add_argument("--metadata", default="P2PHANDSHAKE", help="Mooncake metadata: P2PHANDSHAKE or a metadata server URL")
     p.add_argument("--hostname", default=None, help="this node's address as other nodes reach it (default: the host's name)")
     p.add_argument("--rdma-devices", default="", help="RDMA NICs for --protocol rdma (mlx5_0,mlx5_1)")
-    p.add_argument("--segment", default="1GiB", help="memory this node lends to the cluster store (0: none)")
+    p.add_argument("--segment", default="1GiB",
+                   help="memory this node lends to the cluster store: 1GiB, 512MiB (MB/GB are refused as ambiguous; 0: none)")
     p.add_argument("--replicas", type=int, default=1, help="copies of each page in the cluster (2 survives a node)")
     p.add_argument("--admit", default="all", help="which stored pages go to the cluster: all, none, index:A,B")
     p.add_argument("--queue", type=int, default=65536, help="write-behind queue, in pages (full: dropped and counted)")
@@ -1293,10 +1319,15 @@ def main(argv=None):
         _admission(args.admit)  # a malformed rule is refused before anything starts
         keys = _keys_file(args.keys)
         cluster_key = _cluster_key_file(args.cluster_key)
+        segment = parse_size(args.segment)
+        master = _master_address(args.master) if args.master else None
+        _check_tier(args.tier)
         store = None
-        if args.master:
+        if master:
+            _mooncake_store_class()  # the install line before any probe
+            _probe_master(*master)
             store = connect_mooncake(args.master, args.protocol, args.metadata, args.hostname or socket.gethostname(),
-                                     _size(args.segment), rdma_devices=args.rdma_devices)
+                                     segment, rdma_devices=args.rdma_devices)
         up = Uplink(args.tier, store, replicas=args.replicas, admit=args.admit, queue_pages=args.queue, keys=keys,
                     fill_timeout=args.fill_timeout, prefault=args.prefault, cluster_key=cluster_key)
         if store is not None and cluster_key is None:

@@ -1,3 +1,4 @@
+import contextlib
 import os
 import shutil
 import subprocess
@@ -27,20 +28,29 @@ def built(tmp_path_factory):
     return {"lib": lib, "cli": cli}
 
 
+@contextlib.contextmanager
+def tier_device(cli, size="64MiB", prefix="cxltier-py"):
+    """A fresh tier in /dev/shm of size, formatted by the CLI, removed after."""
+    name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+    subprocess.check_call([cli, "format", "-device", f"shm:{name}", "-size", size, "-chunk", "256KiB"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield f"shm:{name}"
+    finally:
+        # destroy takes the sockets a killed uplink left beside the tier too.
+        subprocess.run([cli, "destroy", "-force", f"shm:{name}"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        try:
+            os.remove(f"/dev/shm/{name}")
+        except FileNotFoundError:
+            pass
+
+
 @pytest.fixture
 def device(built):
     """A fresh 64 MiB tier in /dev/shm, formatted by the CLI."""
-    name = f"cxltier-py-{uuid.uuid4().hex[:12]}"
-    subprocess.check_call([built["cli"], "format", "-device", f"shm:{name}", "-size", "64MiB", "-chunk", "256KiB"],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    yield f"shm:{name}"
-    # destroy takes the sockets a killed uplink left beside the tier too.
-    subprocess.run([built["cli"], "destroy", "-force", f"shm:{name}"], stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
-    try:
-        os.remove(f"/dev/shm/{name}")
-    except FileNotFoundError:
-        pass
+    with tier_device(built["cli"]) as dev:
+        yield dev
 
 
 @pytest.fixture

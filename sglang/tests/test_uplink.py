@@ -941,3 +941,43 @@ def test_a_forged_page_is_refused_with_the_cluster_key(cluster, mooncake_py, tmp
             holder.kill()
             ta.close()
             tb.close()
+
+
+# What the uplink says at start about a bad command line, before it joins
+# anything (issue: "the uplink explains itself").
+
+@pytest.mark.parametrize("argv,what", [
+    (["--segment", "64MB"], "MB is ambiguous"),
+    (["--segment", "1.5GiB"], "non-negative integer"),
+    (["--master", "localhost"], "want HOST:PORT"),
+    (["--master", "localhost:"], "want HOST:PORT"),
+    (["--master", "localhost:70000"], "want HOST:PORT"),
+])
+def test_a_bad_flag_is_refused_at_once_naming_it(built, device, capsys, argv, what):
+    started = time.monotonic()
+    assert up.main(["--tier", device, *argv]) == 2
+    assert what in capsys.readouterr().err
+    assert time.monotonic() - started < 10
+
+
+def test_a_missing_tier_is_reported_before_the_cluster_is_asked(built, capsys):
+    # The master's port is checked after the tier: nothing listens at port 1.
+    assert up.main(["--tier", "shm:cxltier-nosuch-tier", "--master", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert "cxltier-nosuch-tier" in err and "mooncake_master" not in err
+
+
+def test_no_master_is_reported_within_seconds(built, device):
+    """Where Mooncake is installed, a master that is not there is said at
+    once, not after Mooncake's client has retried for a minute and more."""
+    import socket
+
+    py = ch.require_mooncake()
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    r = _run_uplink(built, "--tier", device, "--master", f"127.0.0.1:{port}", python=py)
+    assert r.returncode == 2, r.stderr[-500:]
+    assert f"no mooncake_master answers at 127.0.0.1:{port}" in r.stderr, r.stderr[-500:]
+    assert time.monotonic() - started < 20

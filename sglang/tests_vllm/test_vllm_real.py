@@ -1,0 +1,195 @@
+"""cxltier.vllm.CxlTierConnector in vLLM's real engine on CPU.
+
+One sequence of engines, each its own process tree, on one tier, each
+started after the one before it exited:
+
+  A      kv_both, KV events on: stores P1 and P2 (a gate between them lets
+         the test tell P2's blocks from P1's)
+  C      kv_producer: P1 again (a restart: found in the tier), stores P3
+         and returns kv_transfer_params for a proxy
+  (the test clears P2's blocks in the tier to zeros)
+  M      kv_consumer with verify 0, its own prefix cache off: loads P2's
+         zeroed blocks as they are. Its tokens must differ from a plain
+         run's, or the comparisons below could not catch wrong KV
+  B      kv_consumer: P1 (found), P1 under another cache salt (computed: the
+         same engine without the tier's blocks), P2 (fails its check:
+         recomputed), P3 with C's params (found), P4 (never stored:
+         computed, and B stores nothing)
+  plain  no connector: the reference tokens
+  MLA    a dense DeepSeek-V2 on vLLM's CPU MLA backend, kv_both, in an
+         index with room for 12 blocks: a 25-block prompt overfills it. That
+         backend cannot prefill after a prefix it did not compute, so the
+         connector loads nothing there (tests_vllm/test_vllm_layout.py moves
+         MLA blocks through the connector's own calls)
+"""
+
+import os
+import random
+
+import pytest
+
+from conftest import damage, read_when, records, run_engine, start_engine, tier_device
+
+BLOCK = 128  # vLLM's CPU block size
+
+
+def prompt(seed, n):
+    rng = random.Random(seed)
+    return [rng.randrange(3, 1000) for _ in range(n)]
+
+
+P1, P2, P3, P4 = prompt(1, 400), prompt(2, 300), prompt(3, 300), prompt(4, 300)
+Q1 = prompt(5, 400)
+
+
+@pytest.fixture(scope="module")
+def tier(built):
+    with tier_device(built["cli"], "256MiB", "cxltier-vllm") as dev:
+        yield dev
+
+
+def connector(device, role, **extra):
+    return {"kv_connector": "CxlTierConnector", "kv_connector_module_path": "cxltier.vllm", "kv_role": role,
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"device": device, "index": "vllm-test", "index_bytes": "32MiB", **extra}}
+
+
+def same(a, b):
+    """Two runs agree: the same tokens, and at each step the same 5
+    likeliest tokens with logprobs within bf16 noise."""
+    if a["tokens"] != b["tokens"] or len(a["top"]) != len(b["top"]):
+        return False
+    for x, y in zip(a["top"], b["top"]):
+        if [t for t, _ in x] != [t for t, _ in y] or any(abs(p - q) > 1e-3 for (_, p), (_, q) in zip(x, y)):
+            return False
+    return True
+
+
+def index_keys(device, name="vllm-test"):
+    import cxltier
+
+    with cxltier.Tier(device) as t:
+        ix = t.prefix(name)
+        try:
+            return set(ix.keys())
+        finally:
+            ix.close()
+
+
+@pytest.fixture(scope="module")
+def runs(tier, tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("vllm"))
+    from vllm_engine import DEEPSEEK, write_model
+
+    model = write_model(os.path.join(tmp, "llama"))
+    gate = os.path.join(tmp, "gate-a")
+    spec = lambda conn, reqs, **kw: {"model_dir": model, "connector": conn, "requests": reqs, **kw}  # noqa: E731
+    out = {"keys": {}}
+
+    proc, path = start_engine(spec(connector(tier, "kv_both", kv_events=1), [
+        {"name": "P1", "tokens": P1}, {"name": "P2", "tokens": P2, "wait_for": gate}]), tmp, "A")
+    out["A"] = read_when(path, "P1", proc)
+    out["keys"]["after P1"] = index_keys(tier)
+    open(gate, "w").close()
+    assert proc.wait(timeout=900) == 0, proc.stderr.read()[-6000:]
+    out["A"] = read_when(path, "P2", proc)
+    out["keys"]["after A"] = index_keys(tier)
+    out["records"] = records(tier, "vllm-test")
+
+    out["C"], _ = run_engine(spec(connector(tier, "kv_producer"), [
+        {"name": "P1", "tokens": P1}, {"name": "P3", "tokens": P3}]), tmp, "C")
+    out["keys"]["after C"] = index_keys(tier)
+
+    out["P2 keys"] = sorted(out["keys"]["after A"] - out["keys"]["after P1"])
+    damage(tier, "vllm-test", out["P2 keys"], zero=True)
+    out["M"], _ = run_engine(spec(connector(tier, "kv_consumer", verify=0), [{"name": "P2", "tokens": P2}],
+                                  prefix_caching=False), tmp, "M")
+
+    params = out["C"]["P3"]["params"]
+    out["B"], _ = run_engine(spec(connector(tier, "kv_consumer"), [
+        {"name": "P1", "tokens": P1}, {"name": "P1 salted", "tokens": P1, "salt": "another tenant"},
+        {"name": "P2", "tokens": P2}, {"name": "P3", "tokens": P3, "params": params},
+        {"name": "P4", "tokens": P4}]), tmp, "B")
+    out["keys"]["after B"] = index_keys(tier)
+
+    out["plain"], _ = run_engine(spec(None, [{"name": "P1", "tokens": P1}, {"name": "P2", "tokens": P2}]), tmp,
+                                 "plain")
+
+    mla = write_model(os.path.join(tmp, "deepseek"), DEEPSEEK)
+    small = connector(tier, "kv_both", index="vllm-mla", index_bytes=str(MLA_ROOM * MLA_BLOCK_BYTES))
+    out["MLA"], _ = run_engine({"model_dir": mla, "connector": small, "prefix_caching": False, "requests": [
+        {"name": "Q1", "tokens": Q1}, {"name": "Q1 again", "tokens": Q1}]}, tmp, "MLA")
+    out["keys"]["MLA"] = index_keys(tier, "vllm-mla")
+    return out
+
+
+# vLLM's CPU MLA backend runs 16-token blocks: one in the index is 2 layers x
+# 16 tokens x (512 + 64) bf16, and its trailer's room.
+MLA_BLOCK = 16
+MLA_BLOCK_BYTES = 2 * MLA_BLOCK * 576 * 2 + 64
+MLA_ROOM = 12  # blocks: Q1's 25 do not fit
+
+
+def full_blocks(tokens):
+    return (len(tokens) - 1) // BLOCK
+
+
+def test_the_first_engine_stores_every_whole_block(runs):
+    assert len(runs["keys"]["after P1"]) == len(P1) // BLOCK
+    assert len(runs["keys"]["after A"]) == len(P1) // BLOCK + len(P2) // BLOCK
+    assert runs["A"]["P1"]["cached"] == 0
+
+
+def test_a_restarted_engine_finds_the_blocks_and_computes_the_same_tokens(runs):
+    got = runs["C"]["P1"]
+    assert got["cached"] == full_blocks(P1) * BLOCK
+    assert same(got, runs["plain"]["P1"])
+
+
+def test_output_through_the_tier_equals_a_run_without_the_connector(runs):
+    assert same(runs["A"]["P1"], runs["plain"]["P1"])
+    assert same(runs["B"]["P1"], runs["plain"]["P1"])
+    assert runs["B"]["P1"]["cached"] == full_blocks(P1) * BLOCK
+    # The same engine computing P1 itself (another salt: no block of the tier's,
+    # none of its own cache) gives the same tokens.
+    assert runs["B"]["P1 salted"]["cached"] == 0
+    assert same(runs["B"]["P1 salted"], runs["B"]["P1"])
+
+
+def test_the_consumer_loads_what_the_producer_stored(runs):
+    params = runs["C"]["P3"]["params"]
+    assert params["do_remote_prefill"] is True and params["cxltier_blocks"] == len(P3) // BLOCK
+    assert runs["B"]["P3"]["cached"] == full_blocks(P3) * BLOCK
+    assert same(runs["B"]["P3"], runs["C"]["P3"])
+
+
+def test_wrong_kv_changes_the_output(runs):
+    """The power of every comparison here: an engine that trusts the tier
+    (verify 0) and loads P2's zeroed blocks answers differently."""
+    assert runs["M"]["P2"]["cached"] == (len(P2) - 1) // BLOCK * BLOCK
+    assert not same(runs["M"]["P2"], runs["plain"]["P2"])
+
+
+def test_a_damaged_block_is_recomputed_not_used(runs):
+    assert same(runs["B"]["P2"], runs["plain"]["P2"])
+    # The damaged entries were dropped when their check failed.
+    assert not set(runs["P2 keys"]) & runs["keys"]["after B"]
+
+
+def test_stored_blocks_carry_their_tokens_for_kv_events(runs):
+    by_key = {page: (parent, tokens) for page, parent, tokens in runs["records"]}
+    assert set(by_key) == runs["keys"]["after A"]
+    firsts = sorted(tuple(t) for p, (parent, t) in by_key.items() if parent is None)
+    assert firsts == sorted([tuple(P1[:BLOCK]), tuple(P2[:BLOCK])])
+    # Each later block names the block before it, whose record is there too.
+    for page, (parent, tokens) in by_key.items():
+        assert parent is None or parent in by_key
+        assert len(tokens) == BLOCK
+
+
+def test_an_overfull_index_and_an_engine_that_cannot_load_stay_correct(runs):
+    mla = runs["MLA"]
+    assert mla["Q1"]["cached"] == 0 and mla["Q1 again"]["cached"] == 0
+    assert same(mla["Q1 again"], mla["Q1"])
+    # 25 blocks stored into room for 12: the index holds what fits.
+    assert 0 < len(runs["keys"]["MLA"]) <= MLA_ROOM
