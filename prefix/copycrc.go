@@ -1,44 +1,84 @@
 package prefix
 
-import "hash/crc32"
+import (
+	"hash/crc32"
+	"unsafe"
+)
 
 // Block moves with their checksums. A payload is copied and its CRC-32C
 // computed in one pass: on amd64 with SSE 4.2 by copyCRC3 (non-temporal
 // stores, as a large memmove makes, and three interleaved CRC32 chains,
 // which is what the instruction's latency needs to keep up with memory),
-// elsewhere by copying a cache-sized piece and checksumming it while it is
-// still in the core's cache.
+// or copyCRC3T (the same with ordinary stores) where the destination's
+// place in its page would make non-temporal stores stall the loop's
+// loads; elsewhere by copying a cache-sized piece and checksumming it
+// while it is still in the core's cache.
 
 // copyPiece keeps each piece in the core's cache between its copy and its
 // checksum, so a payload is read from memory once, not twice.
 const copyPiece = 64 << 10
 
-// fusedSeg is the bytes each of copyCRC3's three chains covers per call;
-// the chains' registers are then joined with two multiplications, so
-// longer segments spread that cost thinner.
-const fusedSeg = 32 << 10
+// fusedSegs are the bytes each of the fused kernel's three chains covers
+// per call, largest first, with x^(8·seg) and x^(16·seg) mod the
+// Castagnoli polynomial (TestShiftConstants recomputes them): multiplying
+// a CRC register by them appends that many zero bytes. The chains'
+// registers are joined with two multiplications per call, so longer
+// segments spread that cost thinner; the shorter ones serve blocks below
+// 96 KiB (a 64 KiB page: 48 KiB in 16 KiB segments, then 12 KiB in 4 KiB
+// ones) and the tails of longer ones.
+var fusedSegs = [...]struct {
+	seg           int
+	shift, shift2 uint32
+}{
+	{32 << 10, 0xe2ea32dc, 0xfe7740e6},
+	{16 << 10, 0xbf455269, 0xe2ea32dc},
+	{8 << 10, 0x28461564, 0xbf455269},
+	{4 << 10, 0x35d73a62, 0x28461564},
+}
 
-// shiftSeg and shift2Seg are x^(8·fusedSeg) and x^(16·fusedSeg) mod the
-// Castagnoli polynomial (TestShiftConstants recomputes them): multiplying a
-// CRC register by them appends that many zero bytes.
-const (
-	shiftSeg  = 0xe2ea32dc
-	shift2Seg = 0xfe7740e6
-)
+// fusedSeg is the longest segment (copyCRC's tests size their inputs by it).
+const fusedSeg = 32 << 10
 
 // copyCRC copies src into dst (at least as long) and returns crc, the
 // CRC-32C of what came before, updated with the bytes copied.
 func copyCRC(crc uint32, dst, src []byte) uint32 {
 	dst = dst[:len(src)]
-	if len(src) >= 3*fusedSeg && fusedCopyCRC(dst) {
+	if kernel := fusedKernel(dst, src); kernel != nil && len(src) >= 3*fusedSegs[len(fusedSegs)-1].seg {
 		r := ^crc
-		for len(src) >= 3*fusedSeg {
-			ra, rb, rc := copyCRC3(&dst[0], &src[0], fusedSeg, r)
-			r = multModP(ra, shift2Seg) ^ multModP(rb, shiftSeg) ^ rc
-			dst, src = dst[3*fusedSeg:], src[3*fusedSeg:]
+		for _, f := range fusedSegs {
+			for len(src) >= 3*f.seg {
+				ra, rb, rc := kernel(&dst[0], &src[0], f.seg, r)
+				r = multModP(ra, f.shift2) ^ multModP(rb, f.shift) ^ rc
+				dst, src = dst[3*f.seg:], src[3*f.seg:]
+			}
 		}
 		crc = ^r
 	}
+	return copyCRCPieces(crc, dst, src)
+}
+
+// fusedKernel's signature: copies 3*seg bytes and returns the three
+// segments' raw CRC registers (copycrc_amd64.s).
+type fused func(dst, src *byte, seg int, r uint32) (ra, rb, rc uint32)
+
+// aliasWindow: a destination that starts less than this many bytes past
+// the source's offset within a 4 KiB page makes the fused loop's loads
+// wait on its own non-temporal stores to the same page offsets (4K
+// aliasing). Measured on 2 MiB blocks: 9x slower at +16 and +64, 2x at
+// +128, none from +256 on or behind the source. Ordinary stores retire
+// without that wait.
+const aliasWindow = 256
+
+// aliases reports whether dst starts within aliasWindow bytes after
+// src's offset within a page.
+func aliases(dst, src []byte) bool {
+	d := (uintptr(unsafe.Pointer(unsafe.SliceData(dst))) - uintptr(unsafe.Pointer(unsafe.SliceData(src)))) % 4096
+	return d != 0 && d < aliasWindow
+}
+
+// copyCRCPieces is copyCRC's portable path: a piece at a time, copied,
+// then checksummed while it is in the core's cache.
+func copyCRCPieces(crc uint32, dst, src []byte) uint32 {
 	for off := 0; off < len(src); off += copyPiece {
 		end := min(off+copyPiece, len(src))
 		n := copy(dst[off:end], src[off:end])

@@ -82,3 +82,81 @@ loop:
 	MOVL	BX, rb+36(FP)
 	MOVL	DX, rc+40(FP)
 	RET
+
+// func copyCRC3T(dst, src *byte, seg int, r uint32) (ra, rb, rc uint32)
+//
+// copyCRC3 with ordinary stores, for a destination whose offset within a
+// page is just past the source's, where non-temporal stores would stall
+// the loads (aliasWindow in copycrc.go), or that is not 16-byte aligned:
+// dst may start anywhere.
+TEXT ·copyCRC3T(SB), NOSPLIT, $0-44
+	MOVQ	dst+0(FP), DI
+	MOVQ	src+8(FP), SI
+	MOVQ	seg+16(FP), CX
+	MOVL	r+24(FP), AX
+	XORL	BX, BX
+	XORL	DX, DX
+	MOVQ	CX, R8			// offset of segment B
+	LEAQ	(CX)(CX*1), R9		// offset of segment C
+
+loopT:
+	MOVOU	0(SI), X0
+	MOVOU	16(SI), X1
+	MOVOU	32(SI), X2
+	MOVOU	48(SI), X3
+	MOVOU	0(SI)(R8*1), X4
+	MOVOU	16(SI)(R8*1), X5
+	MOVOU	32(SI)(R8*1), X6
+	MOVOU	48(SI)(R8*1), X7
+	MOVOU	0(SI)(R9*1), X8
+	MOVOU	16(SI)(R9*1), X9
+	MOVOU	32(SI)(R9*1), X10
+	MOVOU	48(SI)(R9*1), X11
+
+	CRC32Q	0(SI), AX
+	CRC32Q	0(SI)(R8*1), BX
+	CRC32Q	0(SI)(R9*1), DX
+	CRC32Q	8(SI), AX
+	CRC32Q	8(SI)(R8*1), BX
+	CRC32Q	8(SI)(R9*1), DX
+	CRC32Q	16(SI), AX
+	CRC32Q	16(SI)(R8*1), BX
+	CRC32Q	16(SI)(R9*1), DX
+	CRC32Q	24(SI), AX
+	CRC32Q	24(SI)(R8*1), BX
+	CRC32Q	24(SI)(R9*1), DX
+	CRC32Q	32(SI), AX
+	CRC32Q	32(SI)(R8*1), BX
+	CRC32Q	32(SI)(R9*1), DX
+	CRC32Q	40(SI), AX
+	CRC32Q	40(SI)(R8*1), BX
+	CRC32Q	40(SI)(R9*1), DX
+	CRC32Q	48(SI), AX
+	CRC32Q	48(SI)(R8*1), BX
+	CRC32Q	48(SI)(R9*1), DX
+	CRC32Q	56(SI), AX
+	CRC32Q	56(SI)(R8*1), BX
+	CRC32Q	56(SI)(R9*1), DX
+
+	MOVOU	X0, 0(DI)
+	MOVOU	X1, 16(DI)
+	MOVOU	X2, 32(DI)
+	MOVOU	X3, 48(DI)
+	MOVOU	X4, 0(DI)(R8*1)
+	MOVOU	X5, 16(DI)(R8*1)
+	MOVOU	X6, 32(DI)(R8*1)
+	MOVOU	X7, 48(DI)(R8*1)
+	MOVOU	X8, 0(DI)(R9*1)
+	MOVOU	X9, 16(DI)(R9*1)
+	MOVOU	X10, 32(DI)(R9*1)
+	MOVOU	X11, 48(DI)(R9*1)
+
+	ADDQ	$64, SI
+	ADDQ	$64, DI
+	SUBQ	$64, CX
+	JNZ	loopT
+
+	MOVL	AX, ra+32(FP)
+	MOVL	BX, rb+36(FP)
+	MOVL	DX, rc+40(FP)
+	RET

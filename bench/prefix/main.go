@@ -9,7 +9,10 @@
 //   - a batch of block moves (64 × 2 MiB) put, got with and without
 //     checksum verification, against a plain copy of the same bytes between
 //     the same fresh buffers, on one core and split over every core (the
-//     store splits a batch of megabytes over the cores too);
+//     store splits a batch of megabytes over the cores too), for
+//     destinations at each of -move-dst-offsets past a page (a verified
+//     get's kernel depends on it; verified_get.py does the same from
+//     Python);
 //
 //   - the round trip of one KV block of an 8B-class model (16 and 64
 //     tokens) through the tier — from host memory, and from a paged KV pool
@@ -34,6 +37,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -80,6 +84,7 @@ type options struct {
 	moveBlocks    int
 	moveBytes     int64
 	moveRounds    int
+	moveOffsets   []int
 	redis         string
 	engine        string
 	out           string
@@ -103,6 +108,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.moveBlocks, "move-blocks", 64, "blocks per batch in the block-move cases (0 skips them)")
 	fs.Int64Var(&o.moveBytes, "move-bytes", 2<<20, "bytes per block in the block-move cases")
 	fs.IntVar(&o.moveRounds, "move-rounds", 5, "rounds of the block-move cases")
+	offsets := fs.String("move-dst-offsets", "0,16", "where the block-move cases' destinations start past a 4 KiB page, in bytes")
 	fs.StringVar(&o.redis, "redis", "redis-server", "redis-server binary for the baseline ('' skips it)")
 	fs.StringVar(&o.engine, "engine", "cpu", "gather engine for the paged cases: cpu, cuda or auto")
 	fs.StringVar(&o.out, "out", "", "JSON output (default bench/results/local/prefix-ENGINE.json)")
@@ -139,6 +145,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.duration <= 0 || o.rounds < 1 || o.runs < 1 || o.bytesPerToken < 64 || o.bytesPerToken%64 != 0 {
 		return o, fmt.Errorf("-duration, -runs and -rounds must be positive, -bytes-per-token a multiple of 64")
+	}
+	if o.moveOffsets, err = pageOffsets(*offsets); err != nil {
+		return o, err
 	}
 	if o.moveBlocks < 0 || o.moveBlocks > 1<<16 || o.moveBytes < 1 || o.moveBytes > 1<<30 || o.moveRounds < 1 {
 		return o, fmt.Errorf("-move-blocks must be in [0, 65536], -move-bytes in [1, 1GiB], -move-rounds positive")
@@ -183,4 +192,17 @@ func parseOps(list string) (map[string]bool, error) {
 		}
 	}
 	return ops, nil
+}
+
+// pageOffsets parses -move-dst-offsets: byte offsets in [0, 4095].
+func pageOffsets(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || v < 0 || v > 4095 {
+			return nil, fmt.Errorf("-move-dst-offsets: %q is not a byte offset in [0, 4095]", f)
+		}
+		out = append(out, v)
+	}
+	return out, nil
 }

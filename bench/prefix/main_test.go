@@ -53,12 +53,15 @@ func TestSmallRun(t *testing.T) {
 			t.Errorf("ops case not measured: %+v", o)
 		}
 	}
-	if len(rep.Moves) != 3 {
-		t.Errorf("%d block-move cases, want put, get and get-unverified", len(rep.Moves))
+	if len(rep.Moves) != 6 {
+		t.Errorf("%d block-move cases, want put, get and get-unverified at +0 and +16", len(rep.Moves))
 	}
-	for _, m := range rep.Moves {
-		if m.MedianMs <= 0 || m.CopyMs <= 0 || m.VsCopy <= 0 || m.Blocks != 4 {
+	for i, m := range rep.Moves {
+		if m.MedianMs <= 0 || m.CopyMs <= 0 || m.VsCopy <= 0 || m.Blocks != 4 || m.DstOffset != []int{0, 16}[i/3] {
 			t.Errorf("block move not measured: %+v", m)
+		}
+		if (m.Op == "get") != (m.VerifiedOverUnverified > 0) {
+			t.Errorf("a get and only a get has its ratio to the unverified one: %+v", m)
 		}
 	}
 	paths := map[string]int{}

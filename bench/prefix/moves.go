@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/cxltier/cxltier/prefix"
 )
@@ -19,7 +20,8 @@ import (
 // a cache the previous one warmed), every buffer written once before the
 // clock starts so page faults are not measured on either side.
 type MoveResult struct {
-	Op         string  `json:"op"` // put, get (verified), get-unverified
+	Op         string  `json:"op"`         // put, get (verified), get-unverified
+	DstOffset  int     `json:"dst_offset"` // where the get's destinations start past a page
 	Blocks     int     `json:"blocks"`
 	BlockBytes int64   `json:"block_bytes"`
 	Rounds     int     `json:"rounds"`
@@ -33,10 +35,15 @@ type MoveResult struct {
 	// store splits a batch of megabytes: what one core's copy leaves unused.
 	CoresCopyMs float64 `json:"cores_copy_median_ms"`
 	VsCoresCopy float64 `json:"vs_cores_copy"`
+	// On a get: its median over the unverified get's, same destinations.
+	VerifiedOverUnverified float64 `json:"verified_over_unverified,omitempty"`
 }
 
 // moveCases times put, get and unverified get of a batch of blocks, each
-// round beside a plain copy of the same bytes between the same buffers.
+// round beside a plain copy of the same bytes between the same buffers,
+// once for each destination offset past a page (-move-dst-offsets: a
+// verified get's speed depends on it; numpy, torch and malloc buffers
+// usually start 16 bytes past a page).
 func moveCases(o options, log io.Writer) ([]MoveResult, error) {
 	if o.moveBlocks == 0 {
 		return nil, nil
@@ -53,13 +60,28 @@ func moveCases(o options, log io.Writer) ([]MoveResult, error) {
 		return nil, err
 	}
 	defer s.Close()
-	fmt.Fprintf(log, "block moves: %d × %d KiB, %d rounds...\n", n, size>>10, o.moveRounds)
-	src, dst := make([][]byte, n), make([][]byte, n)
-	keys := make([]prefix.Key, n)
+	src, keys := make([][]byte, n), make([]prefix.Key, n)
 	for i := range src {
-		src[i], dst[i] = randomBlock(size, uint64(i)+100), make([]byte, size)
-		clear(dst[i]) // faulted in now, not inside a timed round
-		keys[i] = benchKey(11, uint64(i))
+		src[i], keys[i] = randomBlock(size, uint64(i)+100), benchKey(11, uint64(i))
+	}
+	var out []MoveResult
+	for _, off := range o.moveOffsets {
+		fmt.Fprintf(log, "block moves: %d × %d KiB into destinations %d bytes past a page, %d rounds...\n",
+			n, size>>10, off, o.moveRounds)
+		rows, err := moveCasesAt(o, s, keys, src, off)
+		if err != nil {
+			return nil, fmt.Errorf("destinations +%d: %w", off, err)
+		}
+		out = append(out, rows...)
+	}
+	return out, nil
+}
+
+// moveCasesAt is moveCases for destinations off bytes past a page.
+func moveCasesAt(o options, s *prefix.Store, keys []prefix.Key, src [][]byte, off int) ([]MoveResult, error) {
+	dst := make([][]byte, len(src))
+	for i := range dst {
+		dst[i] = pagePlus(len(src[i]), off) // faulted in now, not inside a timed round
 	}
 	var put, get, raw, plain, cores []time.Duration
 	for round := range o.moveRounds + 1 { // round 0 warms the tier's pages
@@ -103,14 +125,23 @@ func moveCases(o options, log io.Writer) ([]MoveResult, error) {
 		op string
 		d  []time.Duration
 	}{{"put", put}, {"get", get}, {"get-unverified", raw}} {
-		res := MoveResult{Op: m.op, Blocks: n, BlockBytes: size, Rounds: len(m.d), MinMs: ms(slices.Min(m.d)),
-			MedianMs: median(m.d), MaxMs: ms(slices.Max(m.d)), CopyMs: copyMs, CoresCopyMs: coresMs}
-		res.GBps = float64(int64(n)*size) / (res.MedianMs * 1e6)
+		res := MoveResult{Op: m.op, DstOffset: off, Blocks: len(src), BlockBytes: int64(len(src[0])), Rounds: len(m.d),
+			MinMs: ms(slices.Min(m.d)), MedianMs: median(m.d), MaxMs: ms(slices.Max(m.d)), CopyMs: copyMs,
+			CoresCopyMs: coresMs}
+		res.GBps = float64(int64(len(src))*res.BlockBytes) / (res.MedianMs * 1e6)
 		res.VsCopy = copyMs / res.MedianMs
 		res.VsCoresCopy = coresMs / res.MedianMs
 		out = append(out, res)
 	}
+	out[1].VerifiedOverUnverified = out[1].MedianMs / out[2].MedianMs
 	return out, nil
+}
+
+// pagePlus is size zeroed bytes starting off bytes past a 4 KiB boundary.
+func pagePlus(size, off int) []byte {
+	buf := make([]byte, size+off+4096)
+	skip := (4096 - int(uintptr(unsafe.Pointer(&buf[0]))%4096)) % 4096
+	return buf[skip+off : skip+off+size]
 }
 
 // coresCopy copies src to dst on GOMAXPROCS goroutines, each a run of the

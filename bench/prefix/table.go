@@ -20,9 +20,14 @@ func printTable(w io.Writer, rep Report) {
 		fmt.Fprintf(w, "\nblock moves: %d × %d KiB per batch, %d rounds, against a copy of the same bytes (%.2f ms median; %.2f ms split over every core)\n",
 			m.Blocks, m.BlockBytes>>10, m.Rounds, m.CopyMs, m.CoresCopyMs)
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "op\tmin ms\tmedian ms\tmax ms\tGB/s\tvs copy\tvs copy on every core\t")
+		fmt.Fprintln(tw, "op\tdst past a page\tmin ms\tmedian ms\tmax ms\tGB/s\tvs copy\tvs copy on every core\tverified / unverified\t")
 		for _, m := range rep.Moves {
-			fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f×\t%.2f×\t\n", m.Op, m.MinMs, m.MedianMs, m.MaxMs, m.GBps, m.VsCopy, m.VsCoresCopy)
+			ratio := "-"
+			if m.VerifiedOverUnverified > 0 {
+				ratio = fmt.Sprintf("%.2f×", m.VerifiedOverUnverified)
+			}
+			fmt.Fprintf(tw, "%s\t+%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f×\t%.2f×\t%s\t\n", m.Op, m.DstOffset, m.MinMs, m.MedianMs,
+				m.MaxMs, m.GBps, m.VsCopy, m.VsCoresCopy, ratio)
 		}
 		tw.Flush()
 	}
