@@ -377,7 +377,7 @@ class Uplink:
         self._inflight = {}  # cluster key -> Event of the fetch that brings it
         self._inflight_lock = threading.Lock()
         self._fill_slots = threading.BoundedSemaphore(8)
-        self._cluster_down_until = 0.0
+        self._cluster_down = False  # set by a failure or a stall; only a probe's answer clears it
         self._calls = {}  # Mooncake calls out now -> when they started
         self._calls_lock = threading.Lock()
         self._stop = threading.Event()
@@ -449,25 +449,31 @@ class Uplink:
     # failure, or while any call has been out longer than it may take (STALL
     # seconds, and a second more for every STALL_RATE bytes it moves), the
     # cluster counts as down and fills answer at once as failed (local
-    # misses) until a probe succeeds again.
+    # misses) until a probe succeeds again. Down stays down until then: a
+    # timed return would let the next misses wait on a dead master again,
+    # and /metrics would say up between probes.
 
     STALL = 1.0
     STALL_RATE = 100 << 20
 
     def cluster_up(self):
-        return self.store is not None and time.monotonic() >= self._cluster_down_until
+        return self.store is not None and not self._cluster_down
 
     def _cluster_failed(self, what, err=None):
         self.metrics.add("remote_errors")
-        self._cluster_down_until = time.monotonic() + 1.0
-        logger.warning("cxltier uplink: cluster %s failed%s", what, f": {err}" if err else "")
+        was_up, self._cluster_down = self.cluster_up(), True
+        if was_up:
+            logger.warning("cxltier uplink: cluster %s failed%s; the cluster counts as down (misses stay local) "
+                           "until the master answers a probe", what, f": {err}" if err else "")
+        else:  # a probe, or a call begun before the cluster went down: said once above
+            logger.debug("cxltier uplink: cluster %s failed%s", what, f": {err}" if err else "")
 
     def _call(self, what, fn, *args, nbytes=0):
         """A Mooncake call moving nbytes, watched for stalls; an exception
         is counted, marks the cluster down and comes back as None."""
         token = object()
         with self._calls_lock:
-            self._calls[token] = time.monotonic() + self.STALL + nbytes / self.STALL_RATE
+            self._calls[token] = (time.monotonic() + self.STALL + nbytes / self.STALL_RATE, what, time.monotonic())
         try:
             return fn(*args)
         except Exception as e:
@@ -479,10 +485,11 @@ class Uplink:
 
     def _stalled(self):
         """How long the most overdue Mooncake call is past its time (<= 0:
-        none is)."""
+        none is), what it is and how long it has been out."""
         with self._calls_lock:
-            due = min(self._calls.values(), default=None)
-        return -1.0 if due is None else time.monotonic() - due
+            due, what, started = min(self._calls.values(), default=(None, None, None))
+        now = time.monotonic()
+        return (-1.0, None, 0.0) if due is None else (now - due, what, now - started)
 
     def _watch_cluster(self):
         """Marks the cluster down while a call is stalled, and drops (and
@@ -491,11 +498,14 @@ class Uplink:
         and pages queued behind it would go out long after they were
         stored, or never."""
         while not self._stop.wait(0.1):
-            late = self._stalled()
+            late, what, out = self._stalled()
             if late > 0:
                 if self.cluster_up():
-                    logger.warning("cxltier uplink: a cluster call is %.1f s past its time", late)
-                self._cluster_down_until = time.monotonic() + 1.0
+                    logger.warning("cxltier uplink: Mooncake call %r has been out %.1f s, %.1f s past the %.1f s it "
+                                   "may take: the cluster counts as down (misses stay local, pages queued to be "
+                                   "written behind are dropped) until the master answers a probe",
+                                   what, out, late, out - late)
+                self._cluster_down = True
             if not self.cluster_up():
                 self._drop_queued()
 
@@ -517,8 +527,8 @@ class Uplink:
             if self.store is None or self.cluster_up():
                 continue
             got = self._call("probe", self.store.batch_is_exist, ["cxltier/probe"])
-            if got is not None and all(r >= 0 for r in got) and self._stalled() <= 0:
-                self._cluster_down_until = 0.0
+            if got is not None and all(r >= 0 for r in got) and self._stalled()[0] <= 0:
+                self._cluster_down = False
                 logger.info("cxltier uplink: cluster answers again")
 
     def index(self, name):

@@ -252,6 +252,29 @@ def test_stalled_master_is_a_local_miss(cluster):
         tb.close()
 
 
+def test_a_dead_master_stays_down_until_a_probe_answers(cluster):
+    """A master that is gone: once a call fails, /metrics says the cluster
+    is down at every scrape (no timed return to up between probes), and
+    every miss meanwhile answers at once instead of trying the master."""
+    m = cluster.master()
+    b = cluster.node("b").start_uplink(m)
+    keys, _ = pages(4)
+    tb, ib = index(b)
+    try:
+        m.proc.kill()
+        m.proc.wait()
+        ch.wait_for(lambda: ib.exists(keys[:1]) == 0 and b.metrics()["cluster_up"] == 0, 10,
+                    "B's uplink noticing the master is gone")
+        for i in range(8):
+            started = time.monotonic()
+            assert ib.exists(keys[1 + i % 3:]) == 0
+            assert time.monotonic() - started <= 0.2, "a miss waited on a master known to be gone"
+            assert b.metrics()["cluster_up"] == 0, f"scrape {i}: up with the master gone"
+            time.sleep(0.5)
+    finally:
+        tb.close()
+
+
 def test_uplink_killed_and_restarted(cluster):
     m = cluster.master()
     # B lends no memory: its death must not fail A's puts (that is the
