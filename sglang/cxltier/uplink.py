@@ -1277,6 +1277,14 @@ def _probe_master(host, port, timeout=3.0):
         raise UplinkError(f"no mooncake_master answers at {host}:{port} ({e}): start it there, or fix --master") from None
 
 
+def _master_reachable(host, port):
+    try:
+        _probe_master(host, port, timeout=1.0)
+    except UplinkError:
+        return False
+    return True
+
+
 def _check_tier(devices):
     """Attach and detach the tier before joining a cluster: a tier that is
     not there is reported at once, not after the cluster setup."""
@@ -1374,10 +1382,20 @@ def main(argv=None):
     threading.Thread(target=_warn_without_daemon, args=(up,), daemon=True, name="uplink-daemon-check").start()
     up.serve_forever()
     up.close()
+    code = 0
     if up.stopped_because:
         print(f"cxltier-uplink: {up.stopped_because}; exiting (start it again for the new tier)", file=sys.stderr)
-        return 3
-    return 0
+        code = 3
+    if up.store is not None and not (up.cluster_up() and _master_reachable(*master)):
+        # Mooncake's client, torn down at exit, unmounts this node's segment
+        # from the master, retrying for about ten seconds against one that
+        # is gone. The tier is detached and the socket unbound already.
+        logger.info("cxltier uplink: the cluster is down; leaving without Mooncake's teardown")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -275,6 +275,21 @@ def test_a_dead_master_stays_down_until_a_probe_answers(cluster):
         tb.close()
 
 
+def test_sigterm_after_the_master_died_exits_at_once(cluster):
+    """Mooncake's client, torn down at exit, would retry unmounting the
+    node's segment from a master that is gone for about ten seconds: the
+    uplink leaves without that teardown, cleanly, within seconds."""
+    m = cluster.master()
+    node = cluster.node("a")
+    node.start_uplink(m)
+    m.kill()
+    started = time.monotonic()
+    node.proc.send_signal(signal.SIGTERM)
+    assert node.proc.wait(timeout=30) == 0, node.tail()
+    assert time.monotonic() - started < 4, f"{time.monotonic() - started:.1f} s to exit: {node.tail()}"
+    assert "terminate called" not in node.tail(50) and "leaving without Mooncake's teardown" in node.tail(50)
+
+
 def test_uplink_killed_and_restarted(cluster):
     m = cluster.master()
     # B lends no memory: its death must not fail A's puts (that is the
