@@ -1189,6 +1189,9 @@ def connect_mooncake(master, protocol="tcp", metadata="P2PHANDSHAKE", hostname="
     if store.setup(cfg) != 0:
         raise UplinkError(f"mooncake: setup against master {master} ({protocol}, metadata {metadata}) failed; "
                           "is mooncake_master running there?")
+    logger.info("cxltier uplink: joined the cluster at %s; Mooncake's \"Local segment descriptor not found\" "
+                "line above comes with every healthy setup (its client looks this node's segment up before "
+                "publishing it) and needs nothing done", master)
     return store
 
 
