@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -176,8 +178,28 @@ func liveClients(r *tier.Region) []string {
 	var live []string
 	for _, c := range r.Leases() {
 		if c.State == "live" && !c.Gone && time.Since(c.LastBeat) < r.Info().Geometry.LeaseTimeout {
-			live = append(live, fmt.Sprintf("slot %d pid %d %q", c.Slot, c.PID, c.Name))
+			live = append(live, clientLabel(c, "/proc"))
 		}
 	}
 	return live
+}
+
+// clientLabel names a live client so that an operator recognises it: its
+// slot, pid and lease name (8 bytes, so "cxltier-" for most), and what the
+// process with that pid runs now, from procfs, where the lease was taken
+// in this PID namespace. That last part is only shown, never acted on.
+func clientLabel(c tier.LeaseInfo, procfs string) string {
+	label := fmt.Sprintf("slot %d pid %d %q", c.Slot, c.PID, c.Name)
+	if c.ElsewhereNS {
+		return label + " (in another PID namespace)"
+	}
+	raw, err := os.ReadFile(filepath.Join(procfs, strconv.Itoa(c.PID), "cmdline"))
+	if err != nil || len(raw) == 0 {
+		return label
+	}
+	cmd := strings.Join(strings.Fields(strings.ReplaceAll(string(raw), "\x00", " ")), " ")
+	if len(cmd) > 80 {
+		cmd = cmd[:77] + "..."
+	}
+	return fmt.Sprintf("%s, running %q", label, cmd)
 }

@@ -34,6 +34,8 @@ func TestDestroy(t *testing.T) {
 	}
 	if code, _, errs := runCLI(t, "destroy", path); code != 1 || !strings.Contains(errs, `"busy"`) {
 		t.Fatalf("destroy with a live client: exit %d, %q", code, errs)
+	} else if self := filepath.Base(os.Args[0]); !strings.Contains(errs, "running") || !strings.Contains(errs, self) {
+		t.Errorf("the refusal does not say what the client runs (%s): %q", self, errs)
 	}
 	c.Close()
 	r.Close()
@@ -135,5 +137,39 @@ func TestTopIsPlainIntoAPipe(t *testing.T) {
 	code, out, errs := runCLI(t, "top", "-addr", strings.TrimPrefix(srv.URL, "http://"), "-interval", "100ms", "-n", "2")
 	if code != 0 || strings.Contains(out, "\033[") || strings.Count(out, "cxltier top") != 2 {
 		t.Fatalf("top -n 2 into a buffer: exit %d, %q %q", code, out, errs)
+	}
+}
+
+// clientLabel: a client in this PID namespace is named with what its pid
+// runs (whole, where the lease name is 8 bytes), one elsewhere says so, and
+// a pid procfs does not know is named by its lease alone.
+func TestClientLabel(t *testing.T) {
+	procfs := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(procfs, "42"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmdline := "python3\x00-m\x00cxltier.uplink\x00--tier\x00shm:cxltier\x00"
+	if err := os.WriteFile(filepath.Join(procfs, "42", "cmdline"), []byte(cmdline), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("x", 200)
+	if err := os.MkdirAll(filepath.Join(procfs, "43"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(procfs, "43", "cmdline"), []byte(long), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		lease tier.LeaseInfo
+		want  string
+	}{
+		{tier.LeaseInfo{Slot: 1, PID: 42, Name: "cxltier-"}, `slot 1 pid 42 "cxltier-", running "python3 -m cxltier.uplink --tier shm:cxltier"`},
+		{tier.LeaseInfo{Slot: 2, PID: 42, Name: "cxltier-", ElsewhereNS: true}, `slot 2 pid 42 "cxltier-" (in another PID namespace)`},
+		{tier.LeaseInfo{Slot: 3, PID: 7, Name: "sglang-1"}, `slot 3 pid 7 "sglang-1"`},
+		{tier.LeaseInfo{Slot: 4, PID: 43, Name: "x"}, `slot 4 pid 43 "x", running "` + long[:77] + `..."`},
+	} {
+		if got := clientLabel(tc.lease, procfs); got != tc.want {
+			t.Errorf("clientLabel(%+v) = %s, want %s", tc.lease, got, tc.want)
+		}
 	}
 }
