@@ -301,6 +301,9 @@ func TestReadOnlyViewFaults(t *testing.T) {
 	if !errors.As(err, &exit) || exit.ExitCode() != 2 { // the runtime's exit on a fault
 		t.Fatalf("a store through the read-only view: %v", err)
 	}
+	if !strings.Contains(k.err.String(), "SIGSEGV") { // the fault, captured rather than printed
+		t.Fatalf("the child's exit was not the fault: its stderr says %q", k.err)
+	}
 	if err := r.VerifyObject(mustOpen(t, r, o.Name)); err != nil {
 		t.Fatal(err)
 	}

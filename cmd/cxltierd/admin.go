@@ -130,6 +130,9 @@ func (a *admin) server() *fasthttp.Server {
 		Concurrency:           adminConcurrency,
 		NoDefaultServerHeader: true,
 		NoDefaultDate:         true,
+		// fasthttp's own lines (a connection closed mid-request) go where
+		// the daemon's log goes, not straight to the process's stderr.
+		Logger: a.logger,
 	}
 }
 
