@@ -1,5 +1,76 @@
 #include "textflag.h"
 
+// One round of the fused loop, 64 bytes of each of three segments (A at
+// SI, B at SI+R8, C at SI+R9): load them, run each segment's CRC32 chain
+// over them (AX, BX, DX), store them at DI alike.
+#define LOAD_192 \
+	MOVOU 0(SI), X0; \
+	MOVOU 16(SI), X1; \
+	MOVOU 32(SI), X2; \
+	MOVOU 48(SI), X3; \
+	MOVOU 0(SI)(R8*1), X4; \
+	MOVOU 16(SI)(R8*1), X5; \
+	MOVOU 32(SI)(R8*1), X6; \
+	MOVOU 48(SI)(R8*1), X7; \
+	MOVOU 0(SI)(R9*1), X8; \
+	MOVOU 16(SI)(R9*1), X9; \
+	MOVOU 32(SI)(R9*1), X10; \
+	MOVOU 48(SI)(R9*1), X11
+
+#define CRC_192 \
+	CRC32Q 0(SI), AX; \
+	CRC32Q 0(SI)(R8*1), BX; \
+	CRC32Q 0(SI)(R9*1), DX; \
+	CRC32Q 8(SI), AX; \
+	CRC32Q 8(SI)(R8*1), BX; \
+	CRC32Q 8(SI)(R9*1), DX; \
+	CRC32Q 16(SI), AX; \
+	CRC32Q 16(SI)(R8*1), BX; \
+	CRC32Q 16(SI)(R9*1), DX; \
+	CRC32Q 24(SI), AX; \
+	CRC32Q 24(SI)(R8*1), BX; \
+	CRC32Q 24(SI)(R9*1), DX; \
+	CRC32Q 32(SI), AX; \
+	CRC32Q 32(SI)(R8*1), BX; \
+	CRC32Q 32(SI)(R9*1), DX; \
+	CRC32Q 40(SI), AX; \
+	CRC32Q 40(SI)(R8*1), BX; \
+	CRC32Q 40(SI)(R9*1), DX; \
+	CRC32Q 48(SI), AX; \
+	CRC32Q 48(SI)(R8*1), BX; \
+	CRC32Q 48(SI)(R9*1), DX; \
+	CRC32Q 56(SI), AX; \
+	CRC32Q 56(SI)(R8*1), BX; \
+	CRC32Q 56(SI)(R9*1), DX
+
+#define STORE_192_NT \
+	MOVNTO X0, 0(DI); \
+	MOVNTO X1, 16(DI); \
+	MOVNTO X2, 32(DI); \
+	MOVNTO X3, 48(DI); \
+	MOVNTO X4, 0(DI)(R8*1); \
+	MOVNTO X5, 16(DI)(R8*1); \
+	MOVNTO X6, 32(DI)(R8*1); \
+	MOVNTO X7, 48(DI)(R8*1); \
+	MOVNTO X8, 0(DI)(R9*1); \
+	MOVNTO X9, 16(DI)(R9*1); \
+	MOVNTO X10, 32(DI)(R9*1); \
+	MOVNTO X11, 48(DI)(R9*1)
+
+#define STORE_192 \
+	MOVOU X0, 0(DI); \
+	MOVOU X1, 16(DI); \
+	MOVOU X2, 32(DI); \
+	MOVOU X3, 48(DI); \
+	MOVOU X4, 0(DI)(R8*1); \
+	MOVOU X5, 16(DI)(R8*1); \
+	MOVOU X6, 32(DI)(R8*1); \
+	MOVOU X7, 48(DI)(R8*1); \
+	MOVOU X8, 0(DI)(R9*1); \
+	MOVOU X9, 16(DI)(R9*1); \
+	MOVOU X10, 32(DI)(R9*1); \
+	MOVOU X11, 48(DI)(R9*1)
+
 // func copyCRC3(dst, src *byte, seg int, r uint32) (ra, rb, rc uint32)
 //
 // Copies 3*seg bytes from src to dst with non-temporal stores and returns
@@ -19,57 +90,9 @@ TEXT ·copyCRC3(SB), NOSPLIT, $0-44
 	LEAQ	(CX)(CX*1), R9		// offset of segment C
 
 loop:
-	MOVOU	0(SI), X0
-	MOVOU	16(SI), X1
-	MOVOU	32(SI), X2
-	MOVOU	48(SI), X3
-	MOVOU	0(SI)(R8*1), X4
-	MOVOU	16(SI)(R8*1), X5
-	MOVOU	32(SI)(R8*1), X6
-	MOVOU	48(SI)(R8*1), X7
-	MOVOU	0(SI)(R9*1), X8
-	MOVOU	16(SI)(R9*1), X9
-	MOVOU	32(SI)(R9*1), X10
-	MOVOU	48(SI)(R9*1), X11
-
-	CRC32Q	0(SI), AX
-	CRC32Q	0(SI)(R8*1), BX
-	CRC32Q	0(SI)(R9*1), DX
-	CRC32Q	8(SI), AX
-	CRC32Q	8(SI)(R8*1), BX
-	CRC32Q	8(SI)(R9*1), DX
-	CRC32Q	16(SI), AX
-	CRC32Q	16(SI)(R8*1), BX
-	CRC32Q	16(SI)(R9*1), DX
-	CRC32Q	24(SI), AX
-	CRC32Q	24(SI)(R8*1), BX
-	CRC32Q	24(SI)(R9*1), DX
-	CRC32Q	32(SI), AX
-	CRC32Q	32(SI)(R8*1), BX
-	CRC32Q	32(SI)(R9*1), DX
-	CRC32Q	40(SI), AX
-	CRC32Q	40(SI)(R8*1), BX
-	CRC32Q	40(SI)(R9*1), DX
-	CRC32Q	48(SI), AX
-	CRC32Q	48(SI)(R8*1), BX
-	CRC32Q	48(SI)(R9*1), DX
-	CRC32Q	56(SI), AX
-	CRC32Q	56(SI)(R8*1), BX
-	CRC32Q	56(SI)(R9*1), DX
-
-	MOVNTO	X0, 0(DI)
-	MOVNTO	X1, 16(DI)
-	MOVNTO	X2, 32(DI)
-	MOVNTO	X3, 48(DI)
-	MOVNTO	X4, 0(DI)(R8*1)
-	MOVNTO	X5, 16(DI)(R8*1)
-	MOVNTO	X6, 32(DI)(R8*1)
-	MOVNTO	X7, 48(DI)(R8*1)
-	MOVNTO	X8, 0(DI)(R9*1)
-	MOVNTO	X9, 16(DI)(R9*1)
-	MOVNTO	X10, 32(DI)(R9*1)
-	MOVNTO	X11, 48(DI)(R9*1)
-
+	LOAD_192
+	CRC_192
+	STORE_192_NT
 	ADDQ	$64, SI
 	ADDQ	$64, DI
 	SUBQ	$64, CX
@@ -99,63 +122,14 @@ TEXT ·copyCRC3T(SB), NOSPLIT, $0-44
 	MOVQ	CX, R8			// offset of segment B
 	LEAQ	(CX)(CX*1), R9		// offset of segment C
 
-loopT:
-	MOVOU	0(SI), X0
-	MOVOU	16(SI), X1
-	MOVOU	32(SI), X2
-	MOVOU	48(SI), X3
-	MOVOU	0(SI)(R8*1), X4
-	MOVOU	16(SI)(R8*1), X5
-	MOVOU	32(SI)(R8*1), X6
-	MOVOU	48(SI)(R8*1), X7
-	MOVOU	0(SI)(R9*1), X8
-	MOVOU	16(SI)(R9*1), X9
-	MOVOU	32(SI)(R9*1), X10
-	MOVOU	48(SI)(R9*1), X11
-
-	CRC32Q	0(SI), AX
-	CRC32Q	0(SI)(R8*1), BX
-	CRC32Q	0(SI)(R9*1), DX
-	CRC32Q	8(SI), AX
-	CRC32Q	8(SI)(R8*1), BX
-	CRC32Q	8(SI)(R9*1), DX
-	CRC32Q	16(SI), AX
-	CRC32Q	16(SI)(R8*1), BX
-	CRC32Q	16(SI)(R9*1), DX
-	CRC32Q	24(SI), AX
-	CRC32Q	24(SI)(R8*1), BX
-	CRC32Q	24(SI)(R9*1), DX
-	CRC32Q	32(SI), AX
-	CRC32Q	32(SI)(R8*1), BX
-	CRC32Q	32(SI)(R9*1), DX
-	CRC32Q	40(SI), AX
-	CRC32Q	40(SI)(R8*1), BX
-	CRC32Q	40(SI)(R9*1), DX
-	CRC32Q	48(SI), AX
-	CRC32Q	48(SI)(R8*1), BX
-	CRC32Q	48(SI)(R9*1), DX
-	CRC32Q	56(SI), AX
-	CRC32Q	56(SI)(R8*1), BX
-	CRC32Q	56(SI)(R9*1), DX
-
-	MOVOU	X0, 0(DI)
-	MOVOU	X1, 16(DI)
-	MOVOU	X2, 32(DI)
-	MOVOU	X3, 48(DI)
-	MOVOU	X4, 0(DI)(R8*1)
-	MOVOU	X5, 16(DI)(R8*1)
-	MOVOU	X6, 32(DI)(R8*1)
-	MOVOU	X7, 48(DI)(R8*1)
-	MOVOU	X8, 0(DI)(R9*1)
-	MOVOU	X9, 16(DI)(R9*1)
-	MOVOU	X10, 32(DI)(R9*1)
-	MOVOU	X11, 48(DI)(R9*1)
-
+loop:
+	LOAD_192
+	CRC_192
+	STORE_192
 	ADDQ	$64, SI
 	ADDQ	$64, DI
 	SUBQ	$64, CX
-	JNZ	loopT
-
+	JNZ	loop
 	MOVL	AX, ra+32(FP)
 	MOVL	BX, rb+36(FP)
 	MOVL	DX, rc+40(FP)
