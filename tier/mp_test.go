@@ -651,16 +651,7 @@ func TestStoppedWriterIsEndedBeforeItsMemoryMoves(t *testing.T) {
 	g.LeaseTimeout = 300 * time.Millisecond
 	r := formatTest(t, g)
 	m := runManager(t, r, ManagerOptions{Node: 0, GrantLocks: true})
-	k := spawn(t, r, "rawwriter", 0)
-	line, err := k.out.ReadString('\n')
-	var off Offset
-	if _, serr := fmt.Sscanf(line, "ready %d", &off); err != nil || serr != nil {
-		t.Fatalf("writer said %q: %v %v", line, err, serr)
-	}
-	waitProven(t, m, k.cmd.Process.Pid)
-	if err := k.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	k, off := stalledWriter(t, r, m)
 	defer k.cmd.Process.Signal(syscall.SIGCONT)
 	waitReaped(t, r, k.cmd.Process.Pid, 30*g.LeaseTimeout)
 	allocUntil(t, attachTest(t, r, 0), off)
@@ -716,6 +707,31 @@ func countDiff(a, b []byte) (n int) {
 		}
 	}
 	return n
+}
+
+// provenWriter spawns a rawwriter client, reads where its chunk is, and
+// waits until the manager holds the kernel's word for its lease.
+func provenWriter(t *testing.T, r *Region, m *Manager) (*child, Offset) {
+	t.Helper()
+	k := spawn(t, r, "rawwriter", 0)
+	line, err := k.out.ReadString('\n')
+	var off Offset
+	if _, serr := fmt.Sscanf(line, "ready %d", &off); err != nil || serr != nil {
+		t.Fatalf("writer said %q: %v %v", line, err, serr)
+	}
+	waitProven(t, m, k.cmd.Process.Pid)
+	return k, off
+}
+
+// stalledWriter is a provenWriter stopped (SIGSTOP): alive, past its lease
+// once the lease runs out.
+func stalledWriter(t *testing.T, r *Region, m *Manager) (*child, Offset) {
+	t.Helper()
+	k, off := provenWriter(t, r, m)
+	if err := k.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	return k, off
 }
 
 // waitProven waits until the manager holds the kernel's word for the
@@ -783,14 +799,7 @@ func TestLiveProcessPastItsLeaseIsQuarantined(t *testing.T) {
 	g, r, m := reaperTest(t)
 	failing := errors.New("operation not permitted")
 	m.stop = func(*peer, time.Duration) error { return failing }
-	k := spawn(t, r, "rawwriter", 0)
-	if line, err := k.out.ReadString('\n'); err != nil || !strings.HasPrefix(line, "ready ") {
-		t.Fatalf("writer said %q, %v", line, err)
-	}
-	waitProven(t, m, k.cmd.Process.Pid)
-	if err := k.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	stalledWriter(t, r, m)
 	used := r.Usage().UsedChunks
 	for range 4 {
 		if reaped := m.ReapOnce(); len(reaped) != 0 {

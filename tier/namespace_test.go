@@ -256,11 +256,7 @@ func TestForgedLeaseKillsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { bystander.Process.Kill(); bystander.Wait() })
-	client := spawn(t, r, "rawwriter", 0)
-	if line, err := client.out.ReadString('\n'); err != nil || !strings.HasPrefix(line, "ready ") {
-		t.Fatalf("client said %q, %v", line, err)
-	}
-	waitProven(t, m, client.cmd.Process.Pid)
+	client, _ := provenWriter(t, r, m)
 	victims := map[string]*exec.Cmd{"a process that does not map the tier": bystander, "a client of the tier": client.cmd}
 	slots := map[int]string{}
 	starts := map[int]uint64{}
@@ -314,11 +310,7 @@ func TestForgedLeaseKillsNothing(t *testing.T) {
 // of another tier, or a lease that is not there is refused.
 func TestRegistrationNamesTheKernelsProcess(t *testing.T) {
 	_, r, m := reaperTest(t)
-	k := spawn(t, r, "rawwriter", 0)
-	if line, err := k.out.ReadString('\n'); err != nil || !strings.HasPrefix(line, "ready ") {
-		t.Fatalf("client said %q, %v", line, err)
-	}
-	waitProven(t, m, k.cmd.Process.Pid)
+	k, _ := provenWriter(t, r, m)
 	var theirs LeaseInfo
 	for _, l := range r.Leases() {
 		if l.PID == k.cmd.Process.Pid {
@@ -449,14 +441,7 @@ func TestSocketsInADeepDirectory(t *testing.T) {
 func TestAKillThatDoesNotEndInTimeQuarantines(t *testing.T) {
 	g, r, m := reaperTest(t)
 	m.stop = func(p *peer, _ time.Duration) error { return stopPeer(p, time.Nanosecond) }
-	k := spawn(t, r, "rawwriter", 0)
-	if line, err := k.out.ReadString('\n'); err != nil || !strings.HasPrefix(line, "ready ") {
-		t.Fatalf("writer said %q, %v", line, err)
-	}
-	waitProven(t, m, k.cmd.Process.Pid)
-	if err := k.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	k, _ := stalledWriter(t, r, m)
 	used := r.Usage().UsedChunks
 	var reaped []Reaped
 	for deadline := time.Now().Add(20 * g.LeaseTimeout); m.Stats().Quarantined == 0; time.Sleep(g.LeaseTimeout / 4) {

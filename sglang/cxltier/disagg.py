@@ -43,7 +43,6 @@ import os
 import queue
 import threading
 import time
-from typing import List, Optional
 
 from . import _native
 from .kvpool import KVPool
@@ -280,6 +279,15 @@ class _Side:
         self._next_look = now + POLL_EVERY
         return True
 
+    def _other_aborted(self, other):
+        """Whether the other side (named other, for the reason) wrote an
+        abort: this side then concludes Failed. Raises the tier's error."""
+        if self.kv_mgr.get_record(self.room, "abort") is None:
+            return False
+        self.read_last_word = True
+        self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the {other} side aborted")
+        return True
+
     def failure_exception(self):
         raise DisaggError(self.reason or "cxltier disaggregation: the transfer failed")
 
@@ -387,9 +395,7 @@ class CxlTierKVSender(_Side, BaseKVSender):
             return KVPoll.Bootstrapping if self.hello is None else KVPoll.Transferring if self.started else KVPoll.WaitingForInput
         mgr = self.kv_mgr
         try:
-            if mgr.get_record(self.room, "abort") is not None:
-                self.read_last_word = True
-                self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the decode side aborted")
+            if self._other_aborted("decode"):
                 return self.conclude_state
             if self.hello is None:
                 hello = mgr.get_record(self.room, "hello")
@@ -495,9 +501,7 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
             return KVPoll.Transferring if self.loading else KVPoll.WaitingForInput
         mgr = self.kv_mgr
         try:
-            if mgr.get_record(self.room, "abort") is not None:
-                self.read_last_word = True
-                self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the prefill side aborted")
+            if self._other_aborted("prefill"):
                 return self.conclude_state
             done = mgr.get_record(self.room, "done")
         except _native.CxlTierError as e:

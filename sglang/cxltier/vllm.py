@@ -73,7 +73,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from ._native import CxlTierError
 from .kvevents import TokenRecorder
 from .kvpool import KVPool
-from .prefix import KEY_BYTES, KeyBlock, page_keys
+from .prefix import KEY_BYTES, KeyBlock, page_keys, part_keys, part_mask
 from .sizes import parse_size
 from .tier import Tier
 
@@ -465,14 +465,15 @@ class CxlTierConnector(KVConnectorBase_V1):
         except Exception:  # no TP group (a single process)
             return 0
 
-    def _rank_keys(self, mv):
-        """The keys of mv on this worker: the scheduler computed rank 0's;
-        an MHA rank above 0 holds other heads, under keys of its own."""
+    def _entry_keys(self, raw):
+        """The KeyBlock of raw chain keys (32 bytes each) as this worker
+        stores them: the scheduler computed rank 0's, and MLA blocks are
+        the same on every rank; an MHA rank above 0 holds other heads, under
+        its keys masked for its rank (part_keys: the XOR in Go)."""
         if self._geom.kind == "mla" or not self._rank:
-            return mv.keys
-        xor = hashlib.sha256(f"cxltier/vllm/rank/{self._rank}".encode()).digest()
-        return b"".join(bytes(a ^ b for a, b in zip(mv.keys[i:i + KEY_BYTES], xor))
-                        for i in range(0, len(mv.keys), KEY_BYTES))
+            return key_block(raw)
+        pages = [raw[i:i + KEY_BYTES].hex() for i in range(0, len(raw), KEY_BYTES)]
+        return part_keys(pages, [part_mask(f"vllm/rank/{self._rank}")])
 
     def start_load_kv(self, forward_context, **kwargs):
         if self._pool is None or not self.has_connector_metadata():
@@ -482,7 +483,7 @@ class CxlTierConnector(KVConnectorBase_V1):
 
     def _load(self, mv):
         try:
-            load = self._pool.load(key_block(self._rank_keys(mv)), mv.blocks)
+            load = self._pool.load(self._entry_keys(mv.keys), mv.blocks)
             try:
                 for layer in range(self._pool.layers):
                     load.layer(layer)
@@ -513,9 +514,9 @@ class CxlTierConnector(KVConnectorBase_V1):
     def _store(self, mv):
         if self._geom.kind == "mla" and self._rank:
             return  # rank 0 stores the one copy every rank loads
-        keys = self._rank_keys(mv)
+        block = self._entry_keys(mv.keys)
         try:
-            statuses = self._pool.store(key_block(keys), mv.blocks)
+            statuses = self._pool.store(block, mv.blocks)
         except CxlTierError as e:
             self._counts["store_errors"] += len(mv.blocks)
             logger.warning("cxltier: store of %d blocks for request %s failed (a later miss): %s",
@@ -528,9 +529,10 @@ class CxlTierConnector(KVConnectorBase_V1):
                            self._index_name, statuses.count("no_space"), len(statuses), mv.req_id)
         if self._recorder is not None and mv.tokens:
             n = statuses.index("no_space") if "no_space" in statuses else len(statuses)
-            ks = [keys[i * KEY_BYTES:(i + 1) * KEY_BYTES] for i in range(n)]
+            ks = block.keys()[:n]
+            parent = self._entry_keys(mv.parent).keys()[0] if mv.parent else None
             try:
-                self._recorder.record(ks, ks, mv.parent, mv.tokens[: n * self._geom.block_size])
+                self._recorder.record(ks, ks, parent, mv.tokens[: n * self._geom.block_size])
             except CxlTierError as e:
                 logger.warning("cxltier: token records of request %s not written: %s", mv.req_id, e)
 

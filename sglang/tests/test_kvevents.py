@@ -146,14 +146,22 @@ def stats():
     return dict.fromkeys(("unparented", "damaged"), 0)
 
 
+def recorded(t, tokens, payload=b"p" * 64):
+    """Index "m" of tier t holding the whole pages of tokens (payload
+    each) and their token records: (pages, index, recorder, records
+    written)."""
+    pages = [bytes.fromhex(k) for k in cxltier.page_keys(tokens, P)]
+    ix = t.prefix("m", 64, 1024)
+    ix.set(pages, [payload] * len(pages))
+    rec = kv.TokenRecorder(t, "m", None, 64, P)
+    return pages, ix, rec, rec.record(pages, pages, None, tokens)
+
+
 def test_scan_of_a_real_tier(built, device):
     tokens = list(range(100, 100 + 5 * P))
-    pages = [bytes.fromhex(k) for k in cxltier.page_keys(tokens, P)]
     with Tier(device, name="server") as t, Tier(device, name="events") as watcher:
-        ix = t.prefix("m", 64, 1024)
-        ix.set(pages, [b"p" * 64] * len(pages))
-        rec = kv.TokenRecorder(t, "m", None, 64, P)
-        assert rec.record(pages, pages, None, tokens) == 5
+        pages, ix, rec, written = recorded(t, tokens)
+        assert written == 5
         assert sorted(t.prefix_names()) == ["m", "m" + kv.TOKENS_SUFFIX]
         w = kv._Watched(watcher, "m", None)
         s = stats()
@@ -200,13 +208,9 @@ def test_scanner_survives_an_index_destroyed_and_made_again(built, device, cli):
     import subprocess
 
     tokens = list(range(7, 7 + 3 * P))
-    pages = [bytes.fromhex(k) for k in cxltier.page_keys(tokens, P)]
 
     def make(t):
-        ix = t.prefix("m", 64, 1024)
-        ix.set(pages, [b"p"] * 3)
-        rec = kv.TokenRecorder(t, "m", None, 64, P)
-        rec.record(pages, pages, None, tokens)
+        _, ix, rec, _ = recorded(t, tokens, b"p")
         return ix, rec
 
     with Tier(device, name="server") as t, Tier(device, name="events") as w1, Tier(device, name="events") as w2:
@@ -229,12 +233,8 @@ def test_a_busy_index_keeps_its_last_scan(built, device, monkeypatch):
     is as it was: its pages are not published as removed and then stored
     again; its last good scan stands."""
     tokens = list(range(300, 300 + 3 * P))
-    pages = [bytes.fromhex(k) for k in cxltier.page_keys(tokens, P)]
     with Tier(device, name="server") as t, Tier(device, name="events") as watcher:
-        ix = t.prefix("m", 64, 1024)
-        ix.set(pages, [b"p" * 64] * len(pages))
-        rec = kv.TokenRecorder(t, "m", None, 64, P)
-        rec.record(pages, pages, None, tokens)
+        _, _, rec, _ = recorded(t, tokens)
         sc, pub = kv.Scanner(watcher, names=["m"]), kv.Publication()
         events, stored, removed = pub.changes(sc.scan(stats()))
         assert (stored, removed) == (3, 0)
