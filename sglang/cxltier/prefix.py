@@ -150,6 +150,30 @@ def _pointers(buffers, writable):
     return ptrs, sizes, keep
 
 
+def _page_tokens(tokens, n):
+    """tokens (one sequence of token ids per page, all of one length) as one
+    flat list, checked before anything is stored."""
+    from .kvevents import MAX_TOKENS
+
+    if len(tokens) != n:
+        raise ValueError(f"{n} keys but tokens for {len(tokens)} pages")
+    flat = []
+    page_size = None
+    for i, page in enumerate(tokens):
+        page = [int(t) for t in page]
+        if page_size is None:
+            page_size = len(page)
+            if not 0 < page_size <= MAX_TOKENS:
+                raise ValueError(f"tokens: pages of {page_size} tokens (1..{MAX_TOKENS})")
+        elif len(page) != page_size:
+            raise ValueError(f"tokens: page {i} has {len(page)} tokens, page 0 {page_size}")
+        bad = [t for t in page if not 0 <= t < 1 << 32]
+        if bad:
+            raise ValueError(f"tokens: page {i} holds {bad[0]}, outside 0..2^32-1")
+        flat.extend(page)
+    return flat
+
+
 class PrefixIndex(_native.Child):
     """A prefix index of a tier. Keys are 32-byte digests (bytes) or their
     hex strings, as SGLang's get_hash_str makes them."""
@@ -163,12 +187,20 @@ class PrefixIndex(_native.Child):
                      ctypes.byref(h))
         self._opened(tier, h.value)
         self.name = name
+        self._tenant_key = key
+        self._recorder = None  # the token index, once set is given tokens
 
     @property
     def handle(self):
         if self._h is None or self._tier._h is None:
             raise _native.ClosedError(-6, f"prefix index {self.name!r}: closed")
         return self._h
+
+    def close(self):
+        if self._recorder is not None:
+            recorder, self._recorder = self._recorder, None
+            recorder.close()
+        super().close()
 
     def verify_reads(self, on=True):
         """Whether get and getv check each payload against its checksum (on
@@ -183,18 +215,55 @@ class PrefixIndex(_native.Child):
         _native.call("cxl_prefix_exists", self.handle, arr, n, ctypes.byref(out))
         return out.value
 
-    def set(self, keys, buffers):
+    def set(self, keys, buffers, tokens=None, parent=None):
         """Stores buffers[i] under keys[i]; buffers are bytes-like objects or
         (address, size) pairs (zero-copy from host memory). Returns each
-        key's status: "stored", "present" or "no_space"."""
+        key's status: "stored", "present" or "no_space".
+
+        tokens, when given, are the token ids of each page (one sequence per
+        key, all of one length: the page size), recorded beside the index
+        (in "<name>@tokens") for the pages stored or present, so that the
+        node's uplink publishes them as KV events (cxltier-uplink --events):
+        keys[i]'s parent is keys[i-1], and keys[0]'s is parent (the key of
+        the page before it; None when keys[0] starts a sequence). SGLang's
+        and vLLM's adapters record their pages themselves."""
         if len(buffers) != len(keys):
             raise ValueError(f"{len(keys)} keys but {len(buffers)} buffers")
+        flat = None if tokens is None else _page_tokens(tokens, len(keys))
+        first_parent = None if parent is None else _key(parent)
         arr, n = _keys(keys)
         ptrs, sizes, keep = _pointers(buffers, writable=False)
         st = (ctypes.c_int8 * max(n, 1))()
         _native.call("cxl_prefix_set", self.handle, arr, n, ptrs, sizes, st)
         del keep
-        return [_STATUS[st[i]] for i in range(n)]
+        status = [_STATUS[st[i]] for i in range(n)]
+        if flat is not None and n:
+            self._record_tokens(keys, status, flat, first_parent)
+        return status
+
+    def _record_tokens(self, keys, status, flat, first_parent):
+        page_size = len(flat) // len(keys)
+        if self._recorder is None or self._recorder.page_size != page_size:
+            from .kvevents import TokenRecorder
+
+            if self._recorder is not None:
+                self._recorder.close()
+            self._recorder = TokenRecorder(self._tier, self.name, self._tenant_key, self.stats()["blocks"], page_size)
+        raw = [_key(k) for k in keys]
+        # Records of consecutive stored pages, each run with its own first
+        # parent: a page left out (no room) is not announced, and the page
+        # after it still names it.
+        i = 0
+        while i < len(raw):
+            if status[i] == "no_space":
+                i += 1
+                continue
+            j = i
+            while j < len(raw) and status[j] != "no_space":
+                j += 1
+            self._recorder.record(raw[i:j], raw[i:j], first_parent if i == 0 else raw[i - 1],
+                                  flat[i * page_size : j * page_size])
+            i = j
 
     def get(self, keys, buffers):
         """Copies the payloads of the longest present prefix of keys into

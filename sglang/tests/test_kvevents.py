@@ -3,6 +3,7 @@ stream publishes for a scan, and the scan of real indexes of a real tier.
 The wire and Dynamo's indexer are tested in tests_real/test_kvevents_real.py."""
 
 import random
+import re
 import struct
 
 import pytest
@@ -193,6 +194,45 @@ def test_scan_of_a_real_tier(built, device):
         rec.close()
 
 
+def test_set_with_tokens_is_what_the_stream_publishes(built, device):
+    """The public way to record tokens: PrefixIndex.set(keys, payloads,
+    tokens=..., parent=...), for programs that store pages without SGLang."""
+    tokens = list(range(500, 500 + 6 * P))
+    pages = [bytes.fromhex(k) for k in cxltier.page_keys(tokens, P)]
+    per_page = [tokens[i * P : (i + 1) * P] for i in range(6)]
+    with Tier(device, name="server") as t, Tier(device, name="events") as watcher:
+        ix = t.prefix("m", 64, 1024)
+        assert ix.set([p.hex() for p in pages[:3]], [b"p" * 64] * 3, tokens=per_page[:3]) == ["stored"] * 3
+        # The rest of the sequence in a second call, chained to the first by parent.
+        ix.set(pages[3:], [b"p" * 64] * 3, tokens=per_page[3:], parent=pages[2].hex())
+        w = kv._Watched(watcher, "m", None)
+        now = w.scan(stats())
+        assert set(now) == {kv.block_hash(p) for p in pages}
+        for i, p in enumerate(pages):
+            assert now[kv.block_hash(p)].tokens == per_page[i]
+            assert now[kv.block_hash(p)].parent == (None if i == 0 else kv.block_hash(pages[i - 1]))
+        w.close()
+        ix.close()
+
+
+@pytest.mark.parametrize("tokens,parent,what", [
+    ([[1, 2, 3, 4]], None, "2 keys but tokens for 1 pages"),
+    ([[1, 2, 3, 4], [1, 2]], None, "page 1 has 2 tokens, page 0 4"),
+    ([[], []], None, "pages of 0 tokens"),
+    ([[1, 2, 3, 4], [1, 2, 3, -1]], None, "page 1 holds -1"),
+    ([[1, 2, 3, 4], [1, 2, 3, 1 << 32]], None, "outside 0..2^32-1"),
+    ([[1, 2, 3, 4], [5, 6, 7, 8]], "abc", "not a hex digest"),
+])
+def test_set_refuses_bad_tokens_before_storing(built, device, tokens, parent, what):
+    with Tier(device) as t:
+        ix = t.prefix("m", 64, 1024)
+        with pytest.raises(ValueError, match=re.escape(what)):
+            ix.set([key(1), key(2)], [b"x"] * 2, tokens=tokens, parent=parent)
+        assert ix.exists([key(1)]) == 0
+        assert t.prefix_names() == ["m"]
+        ix.close()
+
+
 def test_keyed_index_is_not_listed_without_its_key(built, device):
     with Tier(device, name="server") as t, Tier(device, name="events") as watcher:
         t.prefix("acme", 64, 1024, key="secret")
@@ -265,3 +305,22 @@ def test_replay_from_the_buffer_and_its_edges():
     assert kv.replay_from(buffer, 99) is None
     assert kv.replay_from(buffer, 105) == []
     assert kv.replay_from(deque(), 0) is None
+
+
+def test_events_cli_reads_both_encodings():
+    """cxltier-events prints a batch as cxltier's stream sends it (events as
+    maps) and as SGLang's publisher does (tagged arrays); the doc test runs
+    it against a real uplink's stream."""
+    from cxltier import events_cli
+
+    stored = {"type": "BlockStored", "block_hashes": [1, -2], "parent_block_hash": None,
+              "token_ids": list(range(8)), "block_size": 4, "lora_id": None, "medium": "EXTERNAL"}
+    as_array = ["BlockStored", [1, -2], None, list(range(8)), 4, None, "EXTERNAL"]
+    for event in (stored, as_array):
+        lines, n = events_cli.describe(7, [1.0, [event], None])
+        assert n == 2
+        assert lines == ["seq 7: BlockStored 2 page(s) 0000000000000001 fffffffffffffffe parent -, "
+                         "8 tokens: 0 1 2 3 4 5 ..."]
+    lines, n = events_cli.describe(8, [1.0, [{"type": "BlockRemoved", "block_hashes": [3]}, ["AllBlocksCleared"]], None])
+    assert (lines, n) == (["seq 8: BlockRemoved 1 page(s) 0000000000000003", "seq 8: AllBlocksCleared"], 0)
+    assert events_cli.describe(9, {"not": "a batch"}) == (["seq 9: not a KVEventBatch (dict)"], 0)
