@@ -168,6 +168,8 @@ def _candidates():
 def lib():
     """The loaded library: $CXLTIER_LIB, else libcxltier.so beside this file."""
     global _lib, _path
+    if _lib is not None:  # every call asks: no lock once loaded
+        return _lib
     with _lock:
         if _lib is not None:
             return _lib
@@ -234,6 +236,64 @@ def errbuf():
 def raise_for(code, buf):
     """Raises the exception code names, with the message in buf."""
     raise _BY_CODE.get(code, CxlTierError)(code, buf.value.decode("utf-8", "replace"))
+
+
+_raw = threading.local()
+
+
+def _unconverted(name):
+    """The library function without argtypes: ctypes then passes ctypes
+    values as they are, with no conversion step per argument (the larger
+    part of a small call's cost). The library is loaded a second time for
+    it (the same mapping), so the prototyped functions stay as they are."""
+    table = getattr(_raw, "lib", None)
+    if table is None:
+        lib()
+        table = _raw.lib = ctypes.CDLL(_path)
+    fn = getattr(table, name)
+    fn.restype = _int
+    return fn
+
+
+def prebuilt(name, *fixed):
+    """One library call whose leading arguments are converted to ctypes
+    values once, here (a hot path's handle and output words, made when the
+    path is set up): calling the returned function costs the call, not a
+    conversion of each argument, and no Python object is made per call.
+    Per-call arguments, when the call takes more, are given as ctypes
+    values of the function's prototype (or ints for its integer
+    parameters), in order after the fixed ones. The error buffer is the
+    call's own: use one from one thread at a time."""
+    proto = _PROTOTYPES[name]
+    takes = len(proto) - len(_err)
+    if len(fixed) > takes:
+        raise ValueError(f"{name}: {len(fixed)} fixed arguments, it takes {takes}")
+    fn = _unconverted(name)
+    buf = ctypes.create_string_buffer(_ERRLEN)
+    args = tuple(_converted(t, v) for t, v in zip(proto, fixed))
+    if len(fixed) == takes:
+        args += (buf, _ERRLEN)
+
+        def call():
+            code = fn(*args)
+            if code:
+                raise_for(code, buf)
+    else:
+        def call(*more):
+            code = fn(*args, *more, buf, _ERRLEN)
+            if code:
+                raise_for(code, buf)
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def _converted(argtype, v):
+    """v as a value of argtype, the way ctypes' argtypes would pass it."""
+    if isinstance(v, (ctypes._SimpleCData, ctypes.Array, ctypes._Pointer)) or type(v).__name__ == "CArgObject":
+        return v
+    if isinstance(argtype, type) and issubclass(argtype, ctypes._SimpleCData) and argtype._type_ not in "zZP":
+        return argtype(v)
+    return argtype.from_param(v)
 
 
 def call(name, *args):

@@ -367,11 +367,7 @@ class HiCacheAdapter:
 
     def _present(self, block):
         """Whether each key of block has an entry."""
-        out = []
-        for i in range(block.n):
-            one = (ctypes.c_uint8 * KEY_BYTES).from_buffer(block.array, i * KEY_BYTES)
-            out.append(self.index.exists_block(KeyBlock(one, 1)) == 1)
-        return out
+        return self.index.has_block(block)
 
     # Whole objects under any key (not pages): one entry per key. Targets are
     # tensors, buffers, or an address with target_sizes bytes (the form

@@ -12,6 +12,7 @@ damaging what every other process reads."""
 
 import ctypes
 import json
+import threading
 
 from . import _native
 from ._views import Views
@@ -173,7 +174,8 @@ class _Gatherer:
         self._at = (ctypes.c_int64 * self.n)(*(p[0] for p in planes))
         self._rb = (ctypes.c_int64 * self.n)(*self.row_bytes)
         self._at_addr, self._rb_addr = ctypes.addressof(self._at), ctypes.addressof(self._rb)
-        self._fn = _native.lib().cxl_object_gather
+        self._threads = ctypes.c_int(threads)
+        self._local = threading.local()  # the prebuilt call, per thread (its error buffer is its own)
 
     def __call__(self, ids, out):
         """Gathers the rows ids into out (len(ids) * the planes' row bytes,
@@ -183,13 +185,17 @@ class _Gatherer:
             obj._check()
         ids_ptr, n = _pointer(ids, 8)
         out_ptr, cap = _pointer(out, 1)
-        buf = _native.errbuf()
-        code = self._fn(obj._h, self.n, self._at_addr, self._rb_addr, self.rows, ids_ptr, n, out_ptr, cap,
-                        self.threads, buf, _native._ERRLEN)
-        if code:
+        call = getattr(self._local, "call", None)
+        if call is None or self._local.h != obj._h:
+            call = self._local.call = _native.prebuilt("cxl_object_gather", obj._h, self.n, self._at_addr,
+                                                        self._rb_addr, self.rows)
+            self._local.h = obj._h
+        try:
+            call(_vp(ids_ptr), _i64(n), _vp(out_ptr), _i64(cap), self._threads)
+        except _native.CxlTierError:
             if obj._tier._h is None:
                 obj._check()
-            _native.raise_for(code, buf)
+            raise
 
     def empty(self, n, pin_memory=False):
         """(out, views): a uint8 tensor for n rows of every plane and its
@@ -203,6 +209,9 @@ class _Gatherer:
             views.append(out.as_strided((n, rb), (rb, 1), at))
             at += n * rb
         return out, views
+
+
+_vp, _i64 = ctypes.c_void_p, ctypes.c_int64
 
 
 def _pointer(x, item):

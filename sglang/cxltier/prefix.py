@@ -3,6 +3,7 @@ get and delete on a shared index."""
 
 import ctypes
 import hashlib
+import threading
 from itertools import accumulate
 
 from . import _native
@@ -188,6 +189,7 @@ class PrefixIndex(_native.Child):
         self._opened(tier, h.value)
         self.name = name
         self._tenant_key = key
+        self._hot_calls = threading.local()  # prebuilt hot calls, per thread (each has its error buffer)
         self._recorder = None  # the token index, once set is given tokens
 
     @property
@@ -303,9 +305,29 @@ class PrefixIndex(_native.Child):
 
     def exists_block(self, block):
         """How many leading keys of block have entries."""
-        out = ctypes.c_int64()
-        _native.call("cxl_prefix_exists", self.handle, block.array, block.n, ctypes.byref(out))
+        fn, ref, out = self._hot("cxl_prefix_exists")
+        fn(block.array, ctypes.c_int64(block.n), ref)
         return out.value
+
+    def has_block(self, block):
+        """Whether each key of block has a ready entry, in one call."""
+        out = (ctypes.c_int8 * max(block.n, 1))()
+        self._hot("cxl_prefix_has")[0](block.array, ctypes.c_int64(block.n), out)
+        return [out[i] == 1 for i in range(block.n)]
+
+    def _hot(self, name):
+        """(call, pointer to its output word, the word) of a hot call with
+        this index's handle prebuilt (_native.prebuilt), one per thread and
+        name: only the keys and their count are converted per call."""
+        calls = getattr(self._hot_calls, "calls", None)
+        if calls is None or calls[0] != self._h:
+            self.handle  # a closed index raises here, before anything is built
+            calls = self._hot_calls.calls = (self._h, {})
+        hot = calls[1].get(name)
+        if hot is None:
+            out = ctypes.c_int64()
+            hot = calls[1][name] = (_native.prebuilt(name, self._h), ctypes.byref(out), out)
+        return hot
 
     def setv(self, block, per, ptrs, sizes):
         """Stores under key i the concatenation of its per buffers (ptrs and

@@ -86,3 +86,30 @@ def test_cli_script_runs_the_go_cli(cli):
     bad = subprocess.run([sys.executable, "-m", "cxltier._cli", "status"], env=env, capture_output=True, text=True,
                          cwd=os.path.join(os.path.dirname(__file__), ".."))
     assert bad.returncode == 127 and "CXLTIER_CLI" in bad.stderr
+
+
+def test_prebuilt_calls_raise_what_the_library_says(built, device):
+    """_native.prebuilt converts its fixed arguments once; its errors are the
+    generic path's, with the Go message."""
+    import ctypes
+
+    from cxltier import _native
+    from cxltier.prefix import KeyBlock
+
+    with pytest.raises(ValueError, match="3 fixed arguments, it takes 2"):
+        _native.prebuilt("cxl_prefix_verify_reads", 1, 1, 1)
+    with pytest.raises(cxltier.NotFoundError, match="handle 987654321"):
+        _native.prebuilt("cxl_prefix_verify_reads", 987654321, 1)()
+    with cxltier.Tier(device) as t:
+        ix = t.prefix("m", blocks=4, block_bytes=256)
+        keys = [cxltier.string_key(s) for s in "abc"]
+        ix.set(keys[:1] + keys[2:], [b"x", b"z"])
+        raw = b"".join(keys)
+        block = KeyBlock((ctypes.c_uint8 * len(raw)).from_buffer_copy(raw), 3)
+        assert ix.exists_block(block) == 1
+        assert ix.has_block(block) == [True, False, True]
+        with pytest.raises(cxltier.InvalidError):
+            ix._hot("cxl_prefix_exists")[0](None, ctypes.c_int64(-1), None)
+        ix.close()
+        with pytest.raises(cxltier.ClosedError):
+            ix.exists_block(block)
