@@ -34,11 +34,21 @@ def _key(k):
 
 
 def _keys(keys):
+    raw, n = _raw_keys(keys)
+    return (ctypes.c_uint8 * len(raw)).from_buffer_copy(raw) if raw else None, n
+
+
+def _raw_keys(keys):
+    """(the keys back to back as one bytes object, their count). A prebuilt
+    call (no argtypes) passes the bytes object's own buffer to the library,
+    which only reads keys: nothing is copied."""
     keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+    if len(keys) == 1 and type(keys[0]) is bytes and len(keys[0]) == KEY_BYTES:
+        return keys[0], 1
     raw = _joined(keys)
     if raw is None:  # mixed or malformed keys: one at a time, for the error that names the bad one
         raw = b"".join(_key(k) for k in keys)
-    return (ctypes.c_uint8 * len(raw)).from_buffer_copy(raw) if raw else None, len(keys)
+    return raw, len(keys)
 
 
 def _joined(keys):
@@ -212,9 +222,9 @@ class PrefixIndex(_native.Child):
 
     def exists(self, keys):
         """How many leading keys have entries (HiCache batch_exists)."""
-        arr, n = _keys(keys)
-        out = ctypes.c_int64()
-        _native.call("cxl_prefix_exists", self.handle, arr, n, ctypes.byref(out))
+        raw, n = _raw_keys(keys)
+        fn, ref, out = self._hot("cxl_prefix_exists")
+        fn(raw, ctypes.c_int64(n), ref)
         return out.value
 
     def set(self, keys, buffers, tokens=None, parent=None):
@@ -382,9 +392,9 @@ class PrefixIndex(_native.Child):
     def has(self, keys):
         """Whether each key has a ready entry (each on its own; exists
         stops at the first missing one)."""
-        arr, n = _keys(keys)
+        raw, n = _raw_keys(keys)
         out = (ctypes.c_int8 * max(n, 1))()
-        _native.call("cxl_prefix_has", self.handle, arr, n, out)
+        self._hot("cxl_prefix_has")[0](raw, ctypes.c_int64(n), out)
         return [out[i] == 1 for i in range(n)]
 
     def stats(self):
