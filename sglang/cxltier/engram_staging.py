@@ -110,10 +110,11 @@ def make_stager_class():
                 kept, self._scales = self._scales, None
                 if kept[0] is ids:
                     return kept[1]
-            if ids.numel() < SMALL_CALL:
+            n = ids.numel()
+            if n < SMALL_CALL:
                 try:
                     if self._pin:
-                        out = torch.empty((ids.numel(), table.shape[1]), dtype=table.dtype, pin_memory=True)
+                        out = torch.empty((n, table.shape[1]), dtype=table.dtype, pin_memory=True)
                         return torch.index_select(table, 0, ids, out=out)
                     return torch.index_select(table, 0, ids)
                 except IndexError as e:
@@ -122,7 +123,7 @@ def make_stager_class():
             given = ids
             if ids.dtype is not int64 or not ids.is_contiguous():
                 ids = ids.to(int64).contiguous()
-            out, views = gather.empty(ids.numel(), pin_memory=self._pin)
+            out, views = gather.empty(n, pin_memory=self._pin)
             gather(ids, out)
             if kind == "both":
                 self._scales = (given, views[1])
