@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cxltier/cxltier/internal/tiertest"
 	"github.com/cxltier/cxltier/tier"
 )
 
@@ -286,4 +287,53 @@ func TestWirePayloadChecksTheEntry(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A fill of megabytes is checked on several goroutines (checkWritten):
+// each damaged payload is still caught alone, whichever run checks it,
+// and the rest are published.
+func TestFillChecksMegabytesInParallel(t *testing.T) {
+	_, c := tiertest.Format(t, 1, 64<<20, 1<<20)
+	const n, size = 24, 1 << 20 // 24 MiB: three runs of moveGrain
+	s := testStore(t, c, n, size)
+	keys := keysN(n)
+	sizes := make([]int64, n)
+	for i := range sizes {
+		sizes[i] = size
+	}
+	f, err := s.BeginFill(keys, sizes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks, err := f.Blocks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]uint32, n)
+	for i, b := range blocks {
+		p := payloadFor(keys[i], size)
+		want[i] = WireChecksum(keys[i], p)
+		copy(b, p)
+	}
+	damaged := map[int]bool{0: true, 11: true, 12: true, 23: true}
+	for i := range damaged {
+		blocks[i][size/2] ^= 0x40
+	}
+	filled := make([]bool, n)
+	for i := range filled {
+		filled[i] = true
+	}
+	ok, err := f.Commit(filled, WantChecksums(func(i int) Key { return keys[i] }, want))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range ok {
+		if ok[i] == damaged[i] {
+			t.Errorf("key %d: published %v, damaged %v", i, ok[i], damaged[i])
+		}
+	}
+	if got := s.Exists(keys[1:11]); got != 10 {
+		t.Errorf("%d of the 10 good keys after the first damaged one found", got)
+	}
+	mustCheck(t, s)
 }

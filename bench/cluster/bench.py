@@ -314,6 +314,11 @@ def main():
             exists_run(result, a, b, args, nodes)
         network_run(result, args, env, nodes, master, segment)
         result["uplink_b"] = nodes["b"].metrics()
+        if args.verbose:
+            print("node B's uplink, where each fetch's time went:")
+            for line in nodes["b"].tail(400).splitlines():
+                if "fetch of" in line:
+                    print("  " + line.strip())
     finally:
         for n in nodes.values():
             n.destroy()
