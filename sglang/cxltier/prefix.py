@@ -328,7 +328,7 @@ class PrefixIndex(_native.Child):
     def _hot(self, name):
         """(call, pointer to its output word, the word) of a hot call with
         this index's handle prebuilt (_native.prebuilt), one per thread and
-        name: only the keys and their count are converted per call."""
+        name: only the per-call arguments are made per call."""
         calls = getattr(self._hot_calls, "calls", None)
         if calls is None or calls[0] != self._h:
             self.handle  # a closed index raises here, before anything is built
@@ -347,8 +347,8 @@ class PrefixIndex(_native.Child):
         if len(ptrs) != m or len(sizes) != m:
             raise ValueError(f"{block.n} keys of {per} pieces need {m} buffers, got {len(ptrs)} and {len(sizes)} sizes")
         st = (ctypes.c_int8 * max(block.n, 1))()
-        _native.call("cxl_prefix_setv", self.handle, block.array, block.n, per, (ctypes.c_void_p * max(m, 1))(*ptrs),
-                     (ctypes.c_int64 * max(m, 1))(*sizes), st)
+        self._hot("cxl_prefix_setv")[0](block.array, ctypes.c_int64(block.n), ctypes.c_int64(per),
+                                        (ctypes.c_void_p * max(m, 1))(*ptrs), (ctypes.c_int64 * max(m, 1))(*sizes), st)
         return [_STATUS[st[i]] for i in range(block.n)]
 
     def getv(self, block, per, ptrs, sizes):
@@ -358,10 +358,11 @@ class PrefixIndex(_native.Child):
         m = block.n * per
         if len(ptrs) != m or len(sizes) != m:
             raise ValueError(f"{block.n} keys of {per} pieces need {m} buffers, got {len(ptrs)} and {len(sizes)} sizes")
-        served = ctypes.c_int64()
+        fn, ref, served = self._hot("cxl_prefix_getv")
+        served.value = 0
         try:
-            _native.call("cxl_prefix_getv", self.handle, block.array, block.n, per, (ctypes.c_void_p * max(m, 1))(*ptrs),
-                         (ctypes.c_int64 * max(m, 1))(*sizes), ctypes.byref(served))
+            fn(block.array, ctypes.c_int64(block.n), ctypes.c_int64(per), (ctypes.c_void_p * max(m, 1))(*ptrs),
+               (ctypes.c_int64 * max(m, 1))(*sizes), ref)
         except _native.CxlTierError as e:
             e.served = served.value  # the payloads before the failure were copied and checked
             raise
