@@ -96,16 +96,20 @@ def test_a_prefill_that_dies_mid_send_fails_the_decode_in_time(built, device):
     index_for(built, device, "mha")
     tokens = list(range(3000, 3000 + 3 * PAGE))
     p = start(built, device, "prefill", job("mha", tokens, 31, die_before_send=True))
-    started = time.monotonic()
     d = start(built, device, "decode", job("mha", tokens, 31, first_slot_page=30),
               {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "3"})
     while p.stdout.readline().find("about to die") < 0:
         assert p.poll() is None, p.stderr.read()[-2000:]
     p.send_signal(signal.SIGKILL)
     p.wait()
+    killed = time.monotonic()
     dr = result(d)
     assert dr["state"] == "failed" and "WAITING_TIMEOUT" in dr["reason"], dr
-    assert time.monotonic() - started < 20
+    # The 3 s given, not SGLang's default of 300 s: the bound is many
+    # times the timeout (a loaded machine is slow), far below the default.
+    # (Timed from the kill: the processes' start, SGLang's imports, took
+    # 20 s beside other jobs.)
+    assert time.monotonic() - killed < 60
     t = cxltier.Tier(device)
     assert t.prefix("pd").stats()["reserved"] == 0
     t.close()
