@@ -238,7 +238,7 @@ def raise_for(code, buf):
     raise _BY_CODE.get(code, CxlTierError)(code, buf.value.decode("utf-8", "replace"))
 
 
-_raw = threading.local()
+_raw = None
 
 
 def _unconverted(name):
@@ -246,13 +246,14 @@ def _unconverted(name):
     values as they are, with no conversion step per argument (the larger
     part of a small call's cost). The library is loaded a second time for
     it (the same mapping), so the prototyped functions stay as they are."""
-    table = getattr(_raw, "lib", None)
-    if table is None:
-        lib()
-        table = _raw.lib = ctypes.CDLL(_path)
-    fn = getattr(table, name)
-    fn.restype = _int
-    return fn
+    global _raw
+    lib()
+    with _lock:
+        if _raw is None:
+            _raw = ctypes.CDLL(_path)
+            for fn_name in _PROTOTYPES:
+                getattr(_raw, fn_name).restype = _int
+    return getattr(_raw, name)
 
 
 def prebuilt(name, *fixed):
@@ -260,10 +261,12 @@ def prebuilt(name, *fixed):
     values once, here (a hot path's handle and output words, made when the
     path is set up): calling the returned function costs the call, not a
     conversion of each argument, and no Python object is made per call.
-    Per-call arguments, when the call takes more, are given as ctypes
-    values of the function's prototype (or ints for its integer
-    parameters), in order after the fixed ones. The error buffer is the
-    call's own: use one from one thread at a time."""
+    Per-call arguments, when the call takes more, are given in order after
+    the fixed ones as ctypes values of the function's prototype (nothing
+    converts them: a Python int passes as a C int, right only for int
+    parameters; bytes pass as a pointer to their own buffer, for
+    parameters the library only reads). The error buffer is the call's
+    own: use one from one thread at a time."""
     proto = _PROTOTYPES[name]
     takes = len(proto) - len(_err)
     if len(fixed) > takes:

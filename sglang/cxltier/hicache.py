@@ -34,14 +34,13 @@ and they move without a staging copy. Hybrid models (DSA indexer, SWA,
 Mamba) also store their extra pools' pages, through the v2 calls.
 """
 
-import ctypes
 import functools
 import logging
 import os
 
 from ._native import CxlTierError
 from .kvevents import TokenRecorder
-from .prefix import KEY_BYTES, KeyBlock, part_keys, part_mask
+from .prefix import KEY_BYTES, part_keys, part_mask
 from .tier import Tier
 
 logger = logging.getLogger(__name__)

@@ -35,7 +35,6 @@ a keyed index is published only when named, with its key, and one stream
 carries the pages of one key only.
 """
 
-import ctypes
 import logging
 import os
 import struct
