@@ -18,20 +18,7 @@ func TestFillChecksBlocks(t *testing.T) {
 	s := testStore(t, c, 16, 4096)
 	keys := keysN(5)
 	sizes := []int64{4096, 1000, 4096, 10, 300}
-	f, err := s.BeginFill(keys, sizes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	blocks, err := f.Blocks()
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := make([]uint32, len(keys))
-	for i, b := range blocks {
-		p := payloadFor(keys[i], int(sizes[i]))
-		want[i] = WireChecksum(keys[i], p)
-		copy(b, p)
-	}
+	f, blocks, want := filledAsTransferred(t, s, keys, sizes)
 	blocks[1][500] ^= 1                                                                                                 // damaged in transit
 	want[3] = want[3] ^ 0x100                                                                                           // a trailer from another page
 	ok, err := f.Commit([]bool{true, true, true, true, false}, WantChecksums(func(i int) Key { return keys[i] }, want)) // the last: the transfer failed
@@ -301,20 +288,7 @@ func TestFillChecksMegabytesInParallel(t *testing.T) {
 	for i := range sizes {
 		sizes[i] = size
 	}
-	f, err := s.BeginFill(keys, sizes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	blocks, err := f.Blocks()
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := make([]uint32, n)
-	for i, b := range blocks {
-		p := payloadFor(keys[i], size)
-		want[i] = WireChecksum(keys[i], p)
-		copy(b, p)
-	}
+	f, blocks, want := filledAsTransferred(t, s, keys, sizes)
 	damaged := map[int]bool{0: true, 11: true, 12: true, 23: true}
 	for i := range damaged {
 		blocks[i][size/2] ^= 0x40
@@ -336,4 +310,26 @@ func TestFillChecksMegabytesInParallel(t *testing.T) {
 		t.Errorf("%d of the 10 good keys after the first damaged one found", got)
 	}
 	mustCheck(t, s)
+}
+
+// filledAsTransferred begins a fill of keys and writes each reserved block
+// as a transfer would (payloadFor of its key and size): the fill, its
+// blocks and each page's wire checksum.
+func filledAsTransferred(t *testing.T, s *Store, keys []Key, sizes []int64) (*Fill, [][]byte, []uint32) {
+	t.Helper()
+	f, err := s.BeginFill(keys, sizes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks, err := f.Blocks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]uint32, len(keys))
+	for i, b := range blocks {
+		p := payloadFor(keys[i], int(sizes[i]))
+		want[i] = WireChecksum(keys[i], p)
+		copy(b, p)
+	}
+	return f, blocks, want
 }
