@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cxltier/cxltier/internal/syncbuf"
 )
 
 // Multi-process tests re-execute this test binary; TestMain sends a child to
@@ -250,26 +252,7 @@ func childSystemHolder(c *Client) error {
 type child struct {
 	cmd *exec.Cmd
 	out *bufio.Reader
-	err *lockedBuffer // its stderr: shown when the test fails, kept out of a passing run's output
-}
-
-// lockedBuffer is a bytes.Buffer a child's stderr copier and the test
-// share.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	err *syncbuf.Buffer // its stderr: shown when the test fails, kept out of a passing run's output
 }
 
 func spawn(t testing.TB, r *Region, role string, node int, extra ...string) *child {
@@ -290,7 +273,7 @@ func spawnWith(t testing.TB, r *Region, role string, node int, adjust func(*exec
 	cmd.Env = append(cmd.Env, extra...)
 	// A child's stderr (a fault some tests cause on purpose, a stack) goes
 	// to the test's log when the test fails, and nowhere when it passes.
-	errs := &lockedBuffer{}
+	errs := &syncbuf.Buffer{}
 	cmd.Stderr = errs
 	// A child outlives no test binary, even one that times out.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

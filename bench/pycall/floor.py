@@ -33,8 +33,8 @@ from cxltier import _native  # noqa: E402
 
 
 def per_call(fn, calls):
-    """CPU seconds per call of fn over calls calls (the loop's own cost
-    subtracted: an empty call of the same shape)."""
+    """CPU seconds per call of fn over calls calls, the loop included (run
+    subtracts the empty call's)."""
     t0 = time.process_time()
     for _ in range(calls):
         fn()

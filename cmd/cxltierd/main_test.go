@@ -14,12 +14,12 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cxltier/cxltier/cmd/internal/adminapi"
+	"github.com/cxltier/cxltier/internal/syncbuf"
 	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/tier"
 	"github.com/cxltier/cxltier/topk"
@@ -76,24 +76,6 @@ func holder() error {
 	select {}
 }
 
-// syncBuffer collects a daemon's log safely across goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 var addrRE = regexp.MustCompile(`admin API on http://([0-9.:]+)`)
 
 // waitAddr polls a daemon's log until it names its admin address.
@@ -109,11 +91,11 @@ func waitAddr(t *testing.T, log fmt.Stringer) string {
 }
 
 // startInProcess runs the daemon in this process until the test ends.
-func startInProcess(t *testing.T, args ...string) (addr, device string, log *syncBuffer) {
+func startInProcess(t *testing.T, args ...string) (addr, device string, log *syncbuf.Buffer) {
 	t.Helper()
 	device = fmt.Sprintf("shm:cxltierd-test-%d-%d", os.Getpid(), time.Now().UnixNano())
 	t.Cleanup(func() { os.Remove("/dev/shm/" + strings.TrimPrefix(device, "shm:")) })
-	log = &syncBuffer{}
+	log = &syncbuf.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	all := append([]string{"-device", device, "-size", "32MiB", "-chunk", "256KiB", "-listen", "127.0.0.1:0", "-prefix-blocks", "0"}, args...)
@@ -395,7 +377,7 @@ func TestNoFlags(t *testing.T) {
 	defer os.Remove(shmPath)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envRole+"=daemon", envArgs+"=")
-	log := &syncBuffer{}
+	log := &syncbuf.Buffer{}
 	cmd.Stderr = log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
