@@ -43,33 +43,21 @@
 	CRC32Q 56(SI)(R8*1), BX; \
 	CRC32Q 56(SI)(R9*1), DX
 
-#define STORE_192_NT \
-	MOVNTO X0, 0(DI); \
-	MOVNTO X1, 16(DI); \
-	MOVNTO X2, 32(DI); \
-	MOVNTO X3, 48(DI); \
-	MOVNTO X4, 0(DI)(R8*1); \
-	MOVNTO X5, 16(DI)(R8*1); \
-	MOVNTO X6, 32(DI)(R8*1); \
-	MOVNTO X7, 48(DI)(R8*1); \
-	MOVNTO X8, 0(DI)(R9*1); \
-	MOVNTO X9, 16(DI)(R9*1); \
-	MOVNTO X10, 32(DI)(R9*1); \
-	MOVNTO X11, 48(DI)(R9*1)
-
-#define STORE_192 \
-	MOVOU X0, 0(DI); \
-	MOVOU X1, 16(DI); \
-	MOVOU X2, 32(DI); \
-	MOVOU X3, 48(DI); \
-	MOVOU X4, 0(DI)(R8*1); \
-	MOVOU X5, 16(DI)(R8*1); \
-	MOVOU X6, 32(DI)(R8*1); \
-	MOVOU X7, 48(DI)(R8*1); \
-	MOVOU X8, 0(DI)(R9*1); \
-	MOVOU X9, 16(DI)(R9*1); \
-	MOVOU X10, 32(DI)(R9*1); \
-	MOVOU X11, 48(DI)(R9*1)
+// STORE_192(op) stores the round's 192 bytes with op: MOVNTO
+// (non-temporal) or MOVOU (ordinary).
+#define STORE_192(op) \
+	op X0, 0(DI); \
+	op X1, 16(DI); \
+	op X2, 32(DI); \
+	op X3, 48(DI); \
+	op X4, 0(DI)(R8*1); \
+	op X5, 16(DI)(R8*1); \
+	op X6, 32(DI)(R8*1); \
+	op X7, 48(DI)(R8*1); \
+	op X8, 0(DI)(R9*1); \
+	op X9, 16(DI)(R9*1); \
+	op X10, 32(DI)(R9*1); \
+	op X11, 48(DI)(R9*1)
 
 // func copyCRC3(dst, src *byte, seg int, r uint32) (ra, rb, rc uint32)
 //
@@ -92,7 +80,7 @@ TEXT ·copyCRC3(SB), NOSPLIT, $0-44
 loop:
 	LOAD_192
 	CRC_192
-	STORE_192_NT
+	STORE_192(MOVNTO)
 	ADDQ	$64, SI
 	ADDQ	$64, DI
 	SUBQ	$64, CX
@@ -125,7 +113,7 @@ TEXT ·copyCRC3T(SB), NOSPLIT, $0-44
 loop:
 	LOAD_192
 	CRC_192
-	STORE_192
+	STORE_192(MOVOU)
 	ADDQ	$64, SI
 	ADDQ	$64, DI
 	SUBQ	$64, CX
