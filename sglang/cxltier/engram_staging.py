@@ -38,6 +38,11 @@ logger = logging.getLogger(__name__)
 # Below this many rows a stager call is torch's index_select (_gather).
 SMALL_CALL = 1024
 
+# Tensors a stager remembers as its planes (a few a layer); past this many
+# a caller makes new views each call, and the memory starts over.
+_SEEN_MAX = 256
+_NONE = (None,)
+
 
 def _base():
     from sglang.srt.layers.engram_staging import EngramRowStager
@@ -83,14 +88,32 @@ def make_stager_class():
             # SGLang stages into pinned memory; a CPU-only process has none.
             self._pin = torch.cuda.is_available()
             self._threads = int(os.environ.get("CXLTIER_ENGRAM_GATHER_THREADS", "0")) if threads is None else threads
-            self.planes, self._scales = {}, None
+            self.planes, self._seen, self._scales = {}, {}, None
 
         def bind_planes(self, obj, rows, dim, scales, weight_ptr, scale_ptr):
             """Binds one table: rows of dim fp8 bytes at the start of tier
             object obj, then rows of scales bytes, read by SGLang through
             the tensors at weight_ptr and scale_ptr."""
-            self.planes[weight_ptr] = ("both", obj.gatherer([(0, dim), (rows * dim, scales)], rows, self._threads))
-            self.planes[scale_ptr] = ("scale", obj.gatherer([(rows * dim, scales)], rows, self._threads))
+            both = obj.gatherer([(0, dim), (rows * dim, scales)], rows, self._threads)
+            self.planes[weight_ptr] = ("both", both, weight_ptr, scale_ptr)
+            self.planes[scale_ptr] = ("scale", obj.gatherer([(rows * dim, scales)], rows, self._threads),
+                                      scale_ptr, scale_ptr)
+            self._seen.clear()
+
+        def _plane(self, table):
+            """(table, kind, gatherer, its address, its layer's scale
+            address) for a plane of ours, None for a table of SGLang's own.
+            Found by the tensor's address, then remembered by the tensor
+            itself: stage() passes the same tensors every batch, and a dict
+            keyed by the object costs a stage's small calls less than
+            data_ptr() does."""
+            found = self.planes.get(table.data_ptr()) if self.planes is not None else None
+            if found is None:
+                return None
+            if len(self._seen) >= _SEEN_MAX:  # a caller making new views every call
+                self._seen.clear()
+            entry = self._seen[id(table)] = (table, *found)  # holds table: its id is not reused
+            return entry
 
         def _gather(self, table, ids):
             """SGLang's stage() gathers a layer's weights, then its scales,
@@ -100,33 +123,53 @@ def make_stager_class():
             index_select on the same tier table: for a few hundred rows a
             library call and an output tensor made from Python cost more
             than the rows (bench/engramhost; index_select makes its output
-            inside one op). torch checks every id as the library does; one
-            out of range is an InvalidError naming the table."""
-            plane = self.planes.get(table.data_ptr()) if self.planes is not None else None
-            if plane is None:
-                return super()._gather(table, ids)
-            kind, gather = plane
-            if kind == "scale" and self._scales is not None:
-                kept, self._scales = self._scales, None
-                if kept[0] is ids:
-                    return kept[1]
+            inside one op), and this path is kept to a few bytecodes, since
+            a Python line costs as much as a row here. torch checks every
+            id as the library does; one out of range is an InvalidError
+            naming the table."""
+            if self._scales is None and self._seen.get(id(table), _NONE)[0] is table:
+                n = ids.numel()
+                if n < SMALL_CALL:
+                    try:
+                        if self._pin:
+                            out = torch.empty((n, table.shape[1]), dtype=table.dtype, pin_memory=True)
+                            return torch.index_select(table, 0, ids, out=out)
+                        return torch.index_select(table, 0, ids)
+                    except IndexError as e:
+                        raise self._outside(table, e) from e
+            return self._gather_planes(table, ids)
+
+        def _outside(self, table, err):
+            gather = self._seen[id(table)][2]
+            return _native.InvalidError(-1, f"Engram table {gather.obj.name}: an id outside [0, {gather.rows}) ({err})")
+
+        def _gather_planes(self, table, ids):
+            """_gather past its fast path: a table not seen yet, a scale
+            call after a weights' call, or a large call."""
+            plane = self._seen.get(id(table))
+            if plane is None or plane[0] is not table:
+                plane = self._plane(table)
+                if plane is None:
+                    return super()._gather(table, ids)
+            _, kind, gather, at, scale_at = plane
+            kept = self._scales
+            if kept is not None:
+                self._scales = None
+                if kind == "scale" and kept[0] is ids and kept[1] == at:
+                    return kept[2]
+            if ids.numel() < SMALL_CALL:
+                return self._gather(table, ids)  # _scales is None now
+            if table.data_ptr() != at:  # the tensor was pointed at other memory since
+                self._seen.pop(id(table), None)
+                return self._gather(table, ids)
             n = ids.numel()
-            if n < SMALL_CALL:
-                try:
-                    if self._pin:
-                        out = torch.empty((n, table.shape[1]), dtype=table.dtype, pin_memory=True)
-                        return torch.index_select(table, 0, ids, out=out)
-                    return torch.index_select(table, 0, ids)
-                except IndexError as e:
-                    raise _native.InvalidError(
-                        -1, f"Engram table {gather.obj.name}: an id outside [0, {gather.rows}) ({e})") from e
             given = ids
             if ids.dtype is not int64 or not ids.is_contiguous():
                 ids = ids.to(int64).contiguous()
             out, views = gather.empty(n, pin_memory=self._pin)
             gather(ids, out)
             if kind == "both":
-                self._scales = (given, views[1])
+                self._scales = (given, scale_at, views[1])
             return views[0]
 
     return TierRowStager

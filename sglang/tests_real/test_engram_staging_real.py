@@ -102,3 +102,37 @@ def test_tables_of_sglangs_own_are_left_to_sglang(tier_embeddings):
     s = stager_over(tier_embeddings)
     other = torch.randint(0, 256, (10, 256), dtype=torch.uint8)
     assert s.planes.get(other.data_ptr()) is None
+
+
+def test_kept_scales_are_only_their_own_layers(tier_embeddings):
+    """A large weights' call keeps its layer's scales for the scales' call
+    that follows with the same ids: a scale call of another layer with
+    those ids gets its own rows."""
+    s = stager_over(tier_embeddings)
+    (w0, _), (_, s1) = s.tables
+    ids = torch.randint(0, 5000, (engram_staging.SMALL_CALL + 5,), generator=torch.Generator().manual_seed(9))
+    s._gather(w0, ids)
+    assert torch.equal(s._gather(s1, ids), torch.index_select(s1, 0, ids))
+
+
+def test_new_views_and_repointed_tensors_read_their_own_memory(tier_embeddings):
+    """The stager remembers its tables by tensor object: a caller making a
+    new view every call stays right and bounded, and a tensor pointed at
+    another table since reads that table."""
+    s = stager_over(tier_embeddings)
+    (weight, _), (other, _) = s.tables
+    gen = torch.Generator().manual_seed(11)
+    for n in (24, engram_staging.SMALL_CALL + 1):
+        for _ in range(engram_staging._SEEN_MAX + 10):
+            view = weight.view(weight.shape)
+            ids = torch.randint(0, 5000, (n,), generator=gen)
+            assert torch.equal(s._gather(view, ids), torch.index_select(weight, 0, ids))
+        assert len(s._seen) <= engram_staging._SEEN_MAX
+    moved = weight.view(weight.shape)
+    ids = torch.randint(0, 5000, (engram_staging.SMALL_CALL + 1,), generator=gen)
+    s._gather(moved, ids)
+    moved.set_(other)
+    assert not torch.equal(weight, other)
+    for n in (24, engram_staging.SMALL_CALL + 1):
+        ids = torch.randint(0, 5000, (n,), generator=gen)
+        assert torch.equal(s._gather(moved, ids), torch.index_select(other, 0, ids))
