@@ -254,6 +254,7 @@ def main():
     ap.add_argument("--protocol", default="tcp", choices=["tcp", "rdma"])
     ap.add_argument("--hostname", default="127.0.0.1")
     ap.add_argument("--verbose", action="store_true", help="node B's uplink logs where each fetch's time went")
+    ap.add_argument("--fill-part", default="0", help="node B's uplink --fill-part (0: each fetch in one part)")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "cluster-cpu.json"))
     args = ap.parse_args()
     if args.worker:
@@ -289,10 +290,11 @@ def main():
     nodes = {n: ch.Node(py, cli, lib, tmp, n, size=tier_size) for n in ("a", "b")}
     result = {"date": datetime.date.today().isoformat(),
               "machine": {"arch": platform.machine(), "cpus": os.cpu_count()}, "sglang": sglang.__version__,
-              "protocol": args.protocol, "rows": [], "skipped": [], "exists": [], "network": []}
+              "protocol": args.protocol, "fill_part": args.fill_part, "rows": [], "skipped": [], "exists": [], "network": []}
     try:
         nodes["a"].start_uplink(master, segment=f"{segment >> 20}MiB")
-        nodes["b"].start_uplink(master, segment="0", args=["--verbose"] if args.verbose else [])
+        nodes["b"].start_uplink(master, segment="0",
+                                args=(["--verbose"] if args.verbose else []) + ["--fill-part", args.fill_part])
         common = {"backends": ["cxltier", "mooncake"], "master": master.address, "protocol": args.protocol,
                   "hostname": args.hostname, "segment": segment, "tp_size": 1, "tp_rank": 0}
         seed = 100

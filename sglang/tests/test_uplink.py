@@ -836,6 +836,62 @@ def test_failure_mid_fill_leaves_nothing_reserved(cluster):
         tb.close()
 
 
+def test_a_fetch_in_parts_serves_every_page(cluster):
+    """--fill-part: a fetch moves in parts, each checked and published
+    while the next transfers; pages in one piece and in two (the trailer
+    apart) are served as a fetch in one part serves them, and nothing stays
+    reserved or taken."""
+    m = cluster.master()
+    a = cluster.node("a").start_uplink(m)
+    b = cluster.node("b").start_uplink(m, args=["--fill-part", "80000", "--verbose"])
+    keys, payloads = pages(16, seed=12)
+    payloads[5:9] = [p + b"x" * (BLOCK - len(p) - 4) for p in payloads[5:9]]  # no room for the trailer
+    ta, ia = index(a)
+    tb, ib = index(b)
+    try:
+        assert ia.set(keys, payloads) == ["stored"] * 16
+        wait_metric(a, "put_pages", 16)
+        assert ib.exists(keys) == 16
+        assert read_back(ib, keys) == payloads
+        mb = b.metrics()
+        assert mb["fetched_pages"] == 16 and mb["fetch_seconds_count"] == 1 and mb["trailer_slots_free"] == 1 << 16
+        parts = [int(x) for x in re.findall(r"fetch of 16 pages in (\d+) part", b.tail(200))]
+        assert parts and parts[0] >= 3, b.tail(20)
+        st = ib.stats()
+        assert st["ready"] == 16 and st["reserved"] == 0
+    finally:
+        ta.close()
+        tb.close()
+
+
+def test_a_failure_in_a_later_part_keeps_the_parts_before_it(cluster):
+    """A fetch in parts that fails in its second part's transfer has
+    published its first part (the leading pages are hits) and left nothing
+    reserved and no trailer slot taken."""
+    m = cluster.master()
+    a = cluster.node("a").start_uplink(m)
+    b = cluster.node("b").start_uplink(m, args=["--fill-part", "80000"],
+                                       env={"CXLTIER_UPLINK_TEST_RAISE_IN_TRANSFER": "2"})
+    keys, payloads = pages(12, seed=13)
+    payloads = [p + b"x" * (BLOCK - len(p) - 4) for p in payloads]  # two pieces each
+    ta, ia = index(a)
+    tb, ib = index(b)
+    try:
+        assert ia.set(keys, payloads) == ["stored"] * 12
+        wait_metric(a, "put_pages", 12)
+        assert ib.exists(keys) == 0  # the fill failed: the reader is told so
+        assert "a failure injected by a test" in b.tail(40)
+        st = ib.stats()
+        first = st["ready"]
+        assert 0 < first < 12 and st["reserved"] == 0, st
+        assert ib.exists(keys[:first]) == first  # local hits: the uplink is not asked
+        assert read_back(ib, keys[:first]) == payloads[:first]
+        assert b.metrics()["trailer_slots_free"] == 1 << 16 and b.metrics()["fill_requests"] == 1
+    finally:
+        ta.close()
+        tb.close()
+
+
 def test_a_dead_event_stream_is_unhealthy(cluster):
     """The KV event stream stops for good (here a failure injected into its
     loop, as its tier client's loss would): the uplink's /healthz says so
