@@ -318,9 +318,10 @@ def main():
         result["uplink_b"] = nodes["b"].metrics()
         if args.verbose:
             print("node B's uplink, where each fetch's time went:")
-            for line in nodes["b"].tail(400).splitlines():
-                if "fetch of" in line:
-                    print("  " + line.strip())
+            result["uplink_b_fetches"] = [line.split("DEBUG ", 1)[-1].strip()
+                                          for line in nodes["b"].tail(400).splitlines() if "fetch of" in line]
+            for line in result["uplink_b_fetches"]:
+                print("  " + line)
     finally:
         for n in nodes.values():
             n.destroy()

@@ -116,6 +116,20 @@ def wait_metric(node, name, value, timeout=10):
     return ch.wait_for(lambda: node.metrics().get(name, 0) >= value, timeout, f"{node.name}: {name} >= {value}")
 
 
+def store_on(node, ix, keys, payloads):
+    """Stores the pages on node's index ix and waits for its uplink to have
+    written them to the cluster."""
+    assert ix.set(keys, payloads) == ["stored"] * len(keys)
+    wait_metric(node, "put_pages", len(keys))
+
+
+def assert_served(ix, keys, payloads):
+    """Every key is a hit on ix (filled from the cluster if need be) and
+    reads back its payload."""
+    assert ix.exists(keys) == len(keys)
+    assert read_back(ix, keys) == payloads
+
+
 def test_pages_stored_on_a_are_hits_on_b(cluster):
     m = cluster.master()
     a, b = cluster.node("a").start_uplink(m), cluster.node("b").start_uplink(m)
@@ -123,10 +137,8 @@ def test_pages_stored_on_a_are_hits_on_b(cluster):
     ta, ia = index(a)
     tb, ib = index(b)
     try:
-        assert ia.set(keys, payloads) == ["stored"] * 16
-        wait_metric(a, "put_pages", 16)
-        assert ib.exists(keys) == 16
-        assert read_back(ib, keys) == payloads
+        store_on(a, ia, keys, payloads)
+        assert_served(ib, keys, payloads)
         assert b.metrics()["fetched_pages"] == 16
         assert ib.exists(keys) == 16 and b.metrics()["fetch_seconds_count"] == 1  # local hits now
         assert ib.stats()["uplink"]["filled"] == 16
@@ -849,10 +861,8 @@ def test_a_fetch_in_parts_serves_every_page(cluster):
     ta, ia = index(a)
     tb, ib = index(b)
     try:
-        assert ia.set(keys, payloads) == ["stored"] * 16
-        wait_metric(a, "put_pages", 16)
-        assert ib.exists(keys) == 16
-        assert read_back(ib, keys) == payloads
+        store_on(a, ia, keys, payloads)
+        assert_served(ib, keys, payloads)
         mb = b.metrics()
         assert mb["fetched_pages"] == 16 and mb["fetch_seconds_count"] == 1 and mb["trailer_slots_free"] == 1 << 16
         parts = [int(x) for x in re.findall(r"fetch of 16 pages in (\d+) part", b.tail(200))]
@@ -877,8 +887,7 @@ def test_a_failure_in_a_later_part_keeps_the_parts_before_it(cluster):
     ta, ia = index(a)
     tb, ib = index(b)
     try:
-        assert ia.set(keys, payloads) == ["stored"] * 12
-        wait_metric(a, "put_pages", 12)
+        store_on(a, ia, keys, payloads)
         assert ib.exists(keys) == 0  # the fill failed: the reader is told so
         assert "a failure injected by a test" in b.tail(40)
         st = ib.stats()
