@@ -55,4 +55,9 @@ run "pin: seeded bug (pin left in the reader's cache)" fail pin.pml -DBUG_PIN_NO
 run "pin: seeded bug (high-water mark raised after the check)" fail pin.pml -DBUG_MARK_LATE --
 run "pin: seeded bug (high-water mark left in the reader's cache)" fail pin.pml -DBUG_MARK_NOT_FLUSHED --
 run "pin: seeded bug (reader writes the entry's line)" fail pin.pml -DBUG_READER_STAMPS --
+run "pin batch (TSO): one fence a batch keeps a pinned payload" pass pin_batch.pml --
+run "pin batch (TSO): seeded bug (no fence before the re-check)" fail pin_batch.pml -DBUG_NO_FENCE --
+run "pin batch (TSO): seeded bug (re-check before the pins)" fail pin_batch.pml -DBUG_CHECK_FIRST --
+run "pin batch (TSO): seeded bug (pin released before the read)" fail pin_batch.pml -DBUG_RELEASE_EARLY --
+run "pin batch (TSO): seeded bug (evictor scans before marking)" fail pin_batch.pml -DBUG_SCAN_FIRST --
 echo "models OK"
