@@ -1,7 +1,10 @@
 /*
- * Pins taken a batch at a time on coherent x86-TSO memory: the design
- * issue 54 asks for before it is built (prefix/pins.go takes one locked
- * instruction per key today).
+ * Pins taken a batch at a time on coherent x86-TSO memory, the design
+ * checked before it was built (prefix/pins.go takes one locked
+ * instruction per key). Built, it ran no faster on the machine measured
+ * (docs/architecture.md, "How the protocols are checked"), so it is not in
+ * the code; this stays as the proof for a machine where locked
+ * instructions cost more.
  *
  * A reader that looked up two entries (each READY with payload 1) writes
  * one pin record per entry with plain stores, which wait in its store
