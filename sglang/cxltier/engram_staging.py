@@ -157,12 +157,12 @@ def make_stager_class():
                 self._scales = None
                 if kind == "scale" and kept[0] is ids and kept[1] == at:
                     return kept[2]
-            if ids.numel() < SMALL_CALL:
-                return self._gather(table, ids)  # _scales is None now
+            n = ids.numel()
+            if n < SMALL_CALL:
+                return self._gather(table, ids)  # _scales is None now: the short path
             if table.data_ptr() != at:  # the tensor was pointed at other memory since
                 self._seen.pop(id(table), None)
                 return self._gather(table, ids)
-            n = ids.numel()
             given = ids
             if ids.dtype is not int64 or not ids.is_contiguous():
                 ids = ids.to(int64).contiguous()

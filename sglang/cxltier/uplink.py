@@ -928,11 +928,7 @@ class Uplink:
             flight.extend(time.monotonic() + self.STALL + sum(sizes) / self.STALL_RATE + self.fill_timeout)
         asked = time.monotonic()
         parts = _parts(sizes, self.part_bytes)
-        if len(parts) == 1:
-            moved = self._move(ix, keys, ckeys, sizes)
-            done = [self._publish(moved)] if moved is not None else []
-        else:
-            done = self._pipeline(ix, keys, ckeys, sizes, parts)
+        done = self._move_parts(ix, keys, ckeys, sizes, parts)
         cluster_failed = any(d.cluster_failed for d in done) or len(done) < len(parts)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("fetch of %d pages in %d part(s): master %.2f ms, reserve %.2f ms, transfer %.2f ms, "
@@ -947,30 +943,35 @@ class Uplink:
         self.metrics.fetch_took(time.monotonic() - started)
         return cluster_failed
 
-    def _pipeline(self, ix, keys, ckeys, sizes, parts):
-        """A fetch in parts: while one part is checked and published (on
-        every core, in a helper thread), the transfer engine writes the
-        next, so that only the last part's check adds to the fetch's time.
-        A part the cluster failed ends the fetch: the parts before it are
-        published. Returns the parts moved, each published."""
+    def _move_parts(self, ix, keys, ckeys, sizes, parts):
+        """Moves and publishes a fetch's parts in order. While one part is
+        checked and published (on every core, in a helper thread), the
+        transfer engine writes the next; the last part is published on
+        this thread, so a fetch in one part starts no thread. A part the
+        cluster failed ends the fetch: the parts before it are published.
+        Returns the parts moved, each published."""
         from concurrent.futures import ThreadPoolExecutor
 
-        done, pending = [], None
-        with ThreadPoolExecutor(1, thread_name_prefix="cxltier-uplink-publish") as publisher:
-            try:
-                for lo, hi in parts:
-                    moved = self._move(ix, keys[lo:hi], ckeys[lo:hi], sizes[lo:hi])
-                    if pending is not None:
-                        done.append(pending.result())
-                        pending = None
-                    if moved is None:
-                        break
-                    pending = publisher.submit(self._publish, moved)
-                    if moved.cluster_failed:
-                        break
-            finally:
+        done, pending, publisher = [], None, None
+        try:
+            for n, (lo, hi) in enumerate(parts):
+                moved = self._move(ix, keys[lo:hi], ckeys[lo:hi], sizes[lo:hi])
                 if pending is not None:
                     done.append(pending.result())
+                    pending = None
+                if moved is None:
+                    break
+                if n == len(parts) - 1 or moved.cluster_failed:
+                    done.append(self._publish(moved))
+                    break
+                if publisher is None:
+                    publisher = ThreadPoolExecutor(1, thread_name_prefix="cxltier-uplink-publish")
+                pending = publisher.submit(self._publish, moved)
+        finally:
+            if pending is not None:
+                done.append(pending.result())
+            if publisher is not None:
+                publisher.shutdown()
         return done
 
     def _move(self, ix, keys, ckeys, sizes):
@@ -981,10 +982,10 @@ class Uplink:
         fill = ix.begin_fill(keys, sizes)
         try:
             moved = _Moved(fill, sizes)
+            moved.reserve_s = time.monotonic() - t0
             take = fill.reserved
             if not take:
                 return moved
-            moved.reserve_s = time.monotonic() - t0
             apart = [i for i in take if not ix.fits(sizes[i])]
             moved.slots = self.slots.take(len(apart)) if apart else []
             if moved.slots is None:
