@@ -43,7 +43,13 @@ const fusedSeg = 32 << 10
 // CRC-32C of what came before, updated with the bytes copied.
 func copyCRC(crc uint32, dst, src []byte) uint32 {
 	dst = dst[:len(src)]
-	if kernel := fusedKernel(dst, src); kernel != nil && len(src) >= 3*fusedSegs[len(fusedSegs)-1].seg {
+	return copyCRCWith(fusedKernel(dst, src), crc, dst, src)
+}
+
+// copyCRCWith is copyCRC through kernel (nil: the portable path); dst is
+// exactly as long as src.
+func copyCRCWith(kernel fused, crc uint32, dst, src []byte) uint32 {
+	if kernel != nil && len(src) >= 3*fusedSegs[len(fusedSegs)-1].seg {
 		r := ^crc
 		for _, f := range fusedSegs {
 			for len(src) >= 3*f.seg {
@@ -66,14 +72,19 @@ type fused func(dst, src *byte, seg int, r uint32) (ra, rb, rc uint32)
 // wait on its own non-temporal stores to the same page offsets (4K
 // aliasing). Measured on 2 MiB blocks: 9x slower at +16 and +64, 2x at
 // +128, none from +256 on or behind the source. Ordinary stores retire
-// without that wait.
+// without that wait, but read each destination line first.
 const aliasWindow = 256
 
-// aliases reports whether dst starts within aliasWindow bytes after
-// src's offset within a page.
-func aliases(dst, src []byte) bool {
-	d := (uintptr(unsafe.Pointer(unsafe.SliceData(dst))) - uintptr(unsafe.Pointer(unsafe.SliceData(src)))) % 4096
-	return d != 0 && d < aliasWindow
+// lagReach: copyCRC3L stores a round of 64 bytes a segment behind its
+// loads, so its pending stores end at most this many bytes past the
+// page offsets it loads next, and a destination up to that far past the
+// source aliases none of them.
+const lagReach = 64
+
+// aliasDistance is how far dst starts past src's offset within a 4 KiB
+// page, 0 to 4095.
+func aliasDistance(dst, src []byte) uintptr {
+	return (uintptr(unsafe.Pointer(unsafe.SliceData(dst))) - uintptr(unsafe.Pointer(unsafe.SliceData(src)))) % 4096
 }
 
 // copyCRCPieces is copyCRC's portable path: a piece at a time, copied,
