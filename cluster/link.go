@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cxltier/cxltier/internal/errkind"
 	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
 )
@@ -163,11 +164,17 @@ func (l *Link) keep(c *net.UnixConn) {
 	c.Close()
 }
 
+// ErrFillFailed is an uplink's answer that its fill failed (the cluster
+// did not answer, a transfer broke). The pages it published before the
+// failure are in the local index all the same, and Fill counts them.
+var ErrFillFailed = errkind.New(errkind.Other, "the uplink could not fill")
+
 // Fill asks the uplink to bring keys of index into the local index from
 // the cluster, in order, and waits at most Options.Timeout. It returns how
-// many leading keys the uplink reports present now; on any failure 0 and
-// the reason (the caller counts the keys as misses either way). Keys past
-// MaxFillKeys are not asked for.
+// many leading keys the uplink reports present now, also when the uplink
+// reports that its fill failed part-way (ErrFillFailed: the pages before
+// the failure were published); on any other failure 0 and the reason.
+// Keys past MaxFillKeys are not asked for.
 func (l *Link) Fill(index string, keys []prefix.Key) (int, error) {
 	if len(keys) == 0 {
 		return 0, nil
@@ -183,11 +190,11 @@ func (l *Link) Fill(index string, keys []prefix.Key) (int, error) {
 	n, err := l.exchange(msg, len(keys))
 	if err != nil {
 		l.fillFailures.Add(1)
-		return 0, err
+	} else {
+		l.fills.Add(1)
 	}
-	l.fills.Add(1)
 	l.filled.Add(uint64(n))
-	return n, nil
+	return n, err
 }
 
 var errAbsent = errors.New("cluster: no uplink serves this tier")
@@ -206,9 +213,9 @@ func (l *Link) exchange(msg []byte, asked int) (int, error) {
 			return 0, fmt.Errorf("cluster: dial uplink: %w", err)
 		}
 		n, err := roundTrip(c, msg, asked, deadline)
-		if err == nil {
+		if err == nil || errors.Is(err, ErrFillFailed) { // a reply: the connection is sound
 			l.keep(c)
-			return n, nil
+			return n, err
 		}
 		c.Close()
 		if attempt > 0 || !staleConn(err) {
@@ -234,7 +241,7 @@ func roundTrip(c *net.UnixConn, msg []byte, asked int, deadline time.Time) (int,
 		return 0, err
 	}
 	if r.Failed {
-		return int(r.Filled), fmt.Errorf("cluster: the uplink could not fill (%d of %d present)", r.Filled, asked)
+		return int(r.Filled), fmt.Errorf("cluster: %w (%d of %d present)", ErrFillFailed, r.Filled, asked)
 	}
 	return int(r.Filled), nil
 }

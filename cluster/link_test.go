@@ -18,6 +18,7 @@ type standIn struct {
 	ln      *net.UnixListener
 	addr    string
 	stall   atomic.Bool // answer nothing
+	failed  atomic.Bool // answer that the fill failed (after all but one key)
 	reads   atomic.Bool // read notices (false: let the socket fill)
 	notices atomic.Int64
 	fills   atomic.Int64
@@ -91,7 +92,7 @@ func (s *standIn) serve(c *net.UnixConn) {
 		if s.stall.Load() {
 			continue
 		}
-		c.Write(Reply{Filled: uint32(len(r.Keys) - 1)}.AppendBinary(nil))
+		c.Write(Reply{Filled: uint32(len(r.Keys) - 1), Failed: s.failed.Load()}.AppendBinary(nil))
 	}
 }
 
@@ -110,6 +111,30 @@ func TestFillAsksTheUplink(t *testing.T) {
 	}
 	if n, err := l.Fill("m", keys(MaxFillKeys+10)); err != nil || n != MaxFillKeys-1 {
 		t.Errorf("fill past the limit: %d, %v (asks for the first %d)", n, err, MaxFillKeys)
+	}
+}
+
+// An uplink whose fill failed part-way answers with the pages it published
+// before the failure: Fill counts them, reports ErrFillFailed, and keeps
+// the connection (the answer was sound).
+func TestFillFailedPartWayCountsWhatIsThere(t *testing.T) {
+	s := startStandIn(t)
+	s.failed.Store(true)
+	l := NewLink(s.addr, Options{})
+	defer l.Close()
+	for range 2 {
+		if n, err := l.Fill("m", keys(5)); n != 4 || !errors.Is(err, ErrFillFailed) {
+			t.Fatalf("fill that failed part-way: %d, %v; want 4 and ErrFillFailed", n, err)
+		}
+	}
+	if st := l.Stats(); st.Fills != 0 || st.FillFailures != 2 || st.Filled != 8 {
+		t.Errorf("stats %+v", st)
+	}
+	s.mu.Lock()
+	conns := len(s.conns)
+	s.mu.Unlock()
+	if conns != 1 {
+		t.Errorf("%d connections for two fills: a failed fill's sound answer should keep its connection", conns)
 	}
 }
 

@@ -862,6 +862,13 @@ class Uplink:
             return have, True
         try:
             failed = self._fill_missing(ix, keys[have:])
+        except self._native.ClosedError:
+            raise  # the lease is gone: the serve loop stops
+        except Exception:
+            # Parts published before the failure are in the tier: the
+            # answer counts them, so the reader need not ask again.
+            logger.exception("cxltier uplink: fill of %d keys of %r failed", len(keys), name)
+            failed = True
         finally:
             self._fill_slots.release()
         if failed:

@@ -876,8 +876,9 @@ def test_a_fetch_in_parts_serves_every_page(cluster):
 
 def test_a_failure_in_a_later_part_keeps_the_parts_before_it(cluster):
     """A fetch in parts that fails in its second part's transfer has
-    published its first part (the leading pages are hits) and left nothing
-    reserved and no trailer slot taken."""
+    published its first part (the leading pages are hits), answers the
+    reader with those pages, and left nothing reserved and no trailer slot
+    taken."""
     m = cluster.master()
     a = cluster.node("a").start_uplink(m)
     b = cluster.node("b").start_uplink(m, args=["--fill-part", "80000"],
@@ -888,14 +889,14 @@ def test_a_failure_in_a_later_part_keeps_the_parts_before_it(cluster):
     tb, ib = index(b)
     try:
         store_on(a, ia, keys, payloads)
-        assert ib.exists(keys) == 0  # the fill failed: the reader is told so
+        first = ib.exists(keys)  # the fill failed after its first part: the reader gets that part
         assert "a failure injected by a test" in b.tail(40)
         st = ib.stats()
-        first = st["ready"]
-        assert 0 < first < 12 and st["reserved"] == 0, st
+        assert 0 < first < 12 and st["ready"] == first and st["reserved"] == 0, (first, st)
         assert ib.exists(keys[:first]) == first  # local hits: the uplink is not asked
         assert read_back(ib, keys[:first]) == payloads[:first]
-        assert b.metrics()["trailer_slots_free"] == 1 << 16 and b.metrics()["fill_requests"] == 1
+        mb = b.metrics()
+        assert mb["trailer_slots_free"] == 1 << 16 and mb["fill_requests"] == 1 and mb["fill_failures"] == 1, mb
     finally:
         ta.close()
         tb.close()
