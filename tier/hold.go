@@ -3,7 +3,6 @@ package tier
 import (
 	"fmt"
 	"maps"
-	"math/rand/v2"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -18,10 +17,10 @@ import (
 // the holds in flight before they unmap or free anything) and carries the
 // lease check that every write outside a lock makes (Hold.Fenced).
 //
-// Holds are counted in padded shards picked at random, so that two threads
-// working on one tier do not bounce one counter's cache line between them:
-// a hold is an add and a load on a line no other thread is likely to
-// touch. A closer sets the state first and then sums the shards; Go's
+// Holds are counted in padded shards picked by where the caller's stack
+// is (holdShard), so that two threads working on one tier do not bounce
+// one counter's cache line between them: a hold is an add and a load on a
+// line no other thread is likely to touch. A closer sets the state first and then sums the shards; Go's
 // atomics are sequentially consistent, so a hold either sees the state and
 // backs out, or is seen in the sum and waited for. Each shard only ever
 // counts its own holds, so no shard goes negative and a sum of zero means
@@ -74,7 +73,7 @@ func (c *Client) Hold() (Hold, error) { return c.hold(gateOpen, "hold") }
 func (c *Client) HoldToRelease() (Hold, error) { return c.hold(gateClosing, "release") }
 
 func (c *Client) hold(upTo uint32, op string) (Hold, error) {
-	s := &c.gate.shards[rand.Uint32()&(holdShards-1)].n
+	s := &c.gate.shards[holdShard()].n
 	s.Add(1)
 	// Counted first, checked second: a closer that set the state before
 	// this check waits for this count; one that set it after is seen here.

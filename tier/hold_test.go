@@ -388,3 +388,45 @@ func TestHoldCountsBeforeItChecks(t *testing.T) {
 		t.Fatalf("the close: %v", err)
 	}
 }
+
+// Holds of many goroutines at once spread over the gate's shards (each
+// goroutine's stack picks one), and every one is given back.
+func TestHoldsSpreadOverShards(t *testing.T) {
+	r := formatTest(t, testGeometry(), shmBacking(t))
+	c := attachTest(t, r, 0)
+	const goroutines = 64
+	holds := make(chan Hold, goroutines)
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h, err := c.Hold()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			holds <- h
+			<-release
+			h.Done()
+		}()
+	}
+	shards := map[*atomic.Int64]bool{}
+	for range goroutines {
+		shards[(<-holds).shard] = true
+	}
+	if n := c.gate.inFlight(); n != goroutines {
+		t.Errorf("%d holds counted, want %d", n, goroutines)
+	}
+	close(release)
+	wg.Wait()
+	// 64 picks over 32 shards: a spread pick leaves about 20 used; one
+	// that clusters goroutines would leave a few.
+	if len(shards) < holdShards/4 {
+		t.Errorf("%d goroutines' holds fell in %d of %d shards", goroutines, len(shards), holdShards)
+	}
+	if n := c.gate.inFlight(); n != 0 {
+		t.Errorf("%d holds still counted after every Done", n)
+	}
+}
