@@ -72,6 +72,64 @@ func BenchmarkLookupRandom(b *testing.B) {
 	}
 }
 
+// BenchmarkLookupParts splits a pinned lookup's cost, on BenchmarkLookupRandom's
+// index and draws, three ways in turn: the bare probe (Exists), the hits
+// read without their pins (probeHit, what a lookup does before it pins),
+// with the hold and read-ahead LookupAppend takes, and the pinned lookup
+// with its release. Each reports ns/key; their
+// ratios bound what any pin design can reach: pins cost the gap between
+// the last two.
+func BenchmarkLookupParts(b *testing.B) {
+	const n = 8192
+	for _, batch := range []int{1, 32} {
+		_, c := testTier(b, 1)
+		s, keys := filledStore(b, c, n, 64)
+		draws := make([]Key, 1<<16)
+		rng := rand.New(rand.NewPCG(1, 1))
+		for i := range draws {
+			draws[i] = keys[rng.IntN(n)]
+		}
+		window := func(i int) []Key { at := (i * batch) % (len(draws) - batch); return draws[at : at+batch] }
+		perKey := func(b *testing.B) {
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/key")
+		}
+		hits := make([]Hit, batch)
+		for range 3 { // in turn, so that a noisy moment hits each part alike
+			b.Run(fmt.Sprintf("batch%d/probe", batch), func(b *testing.B) {
+				for i := 0; b.Loop(); i++ {
+					if got := s.Exists(window(i)); got != batch {
+						b.Fatalf("probe: %d of %d", got, batch)
+					}
+				}
+				perKey(b)
+			})
+			b.Run(fmt.Sprintf("batch%d/unpinned", batch), func(b *testing.B) {
+				for i := 0; b.Loop(); i++ {
+					keys := window(i)
+					held, err := s.hold("lookup") // as LookupAppend
+					if err != nil {
+						b.Fatal(err)
+					}
+					for j := range keys {
+						if j%touchAhead == 0 && batch > 1 {
+							s.touchHomes(keys[j:min(j+touchAhead, batch)])
+						}
+						if _, ok := s.probeHit(&hits[j], &keys[j]); !ok {
+							b.Fatalf("key %d: no hit", j)
+						}
+					}
+					held.Done()
+				}
+				perKey(b)
+			})
+			b.Run(fmt.Sprintf("batch%d/pinned", batch), func(b *testing.B) {
+				benchLookups(b, s, draws, batch)
+				perKey(b)
+			})
+		}
+	}
+}
+
 // benchLookups looks up windows of keys, batch at a time, and releases
 // them, reporting keys per second.
 func benchLookups(b *testing.B, s *Store, keys []Key, batch int) {

@@ -245,27 +245,38 @@ func (s *Store) LookupAppend(dst []Hit, keys []Key) ([]Hit, error) {
 
 // lookupOne finds k and, if it is ready, pins it and fills h.
 func (s *Store) lookupOne(h *Hit, k *Key) (bool, error) {
-	i, w, ok := s.find(k)
-	if !ok || wordState(w) != stReady {
+	e, ok := s.probeHit(h, k)
+	if !ok {
 		return false, nil
 	}
-	e := s.entry(i)
-	h.Key, h.entry, h.word = *k, i, w
-	h.Len = int64(atomic.LoadUint32(u32At(e, entLen)))
-	h.CRC = atomic.LoadUint32(u32At(e, entCRC))
-	h.Block = atomic.LoadUint32(u32At(e, entBlock))
-	pin, err := s.pin(i, w)
+	pin, err := s.pin(h.entry, h.word)
 	if err != nil || pin < 0 {
 		return false, err
 	}
 	h.pin = pin
 	if int64(h.Block) >= s.g.Blocks || h.Len > s.g.BlockBytes {
 		s.unpin(pin)
-		return false, fmt.Errorf("%w: entry %d names block %d of %d bytes", ErrBadIndex, i, h.Block, h.Len)
+		return false, fmt.Errorf("%w: entry %d names block %d of %d bytes", ErrBadIndex, h.entry, h.Block, h.Len)
 	}
 	h.Offset = s.blockAt(h.Block)
 	s.touch(e)
 	return true, nil
+}
+
+// probeHit finds k and, if it is ready, fills h from its entry, which it
+// returns; nothing is pinned yet, so h holds only what was read.
+// (BenchmarkLookupParts times it alone: a hit without its pin.)
+func (s *Store) probeHit(h *Hit, k *Key) ([]byte, bool) {
+	i, w, ok := s.find(k)
+	if !ok || wordState(w) != stReady {
+		return nil, false
+	}
+	e := s.entry(i)
+	h.Key, h.entry, h.word = *k, i, w
+	h.Len = int64(atomic.LoadUint32(u32At(e, entLen)))
+	h.CRC = atomic.LoadUint32(u32At(e, entCRC))
+	h.Block = atomic.LoadUint32(u32At(e, entBlock))
+	return e, true
 }
 
 // touch marks a hit entry as used since it was last linked at the LRU
