@@ -77,6 +77,7 @@ TEXT ·copyCRC3(SB), NOSPLIT, $0-44
 	MOVQ	CX, R8			// offset of segment B
 	LEAQ	(CX)(CX*1), R9		// offset of segment C
 
+	PCALIGN	$64		// the loop at a line: its speed not left to the linker
 loop:
 	LOAD_192
 	CRC_192
@@ -110,6 +111,7 @@ TEXT ·copyCRC3T(SB), NOSPLIT, $0-44
 	MOVQ	CX, R8			// offset of segment B
 	LEAQ	(CX)(CX*1), R9		// offset of segment C
 
+	PCALIGN	$64		// the loop at a line: its speed not left to the linker
 loop:
 	LOAD_192
 	CRC_192
@@ -178,6 +180,7 @@ TEXT ·copyCRC3L(SB), NOSPLIT, $0-44
 	ADDQ	$64, SI
 	SUBQ	$64, CX
 
+	PCALIGN	$64		// the loop at a line: its speed not left to the linker
 loop:
 	JZ	lastP
 	LOADY(Y6, Y7, Y8, Y9, Y10, Y11)

@@ -21,6 +21,11 @@ TEXT ·copyVec(SB), NOSPLIT, $0-57
 	ANDQ $~63, R11 // bytes moved 64 at a time
 	XORQ R14, R14  // next sequential dst offset
 
+	// The loops start at a 64-byte line, so that where the linker puts
+	// the function does not decide how fast they run: a row loop that
+	// straddled a line ran the gather 10% slower, by build alone. The
+	// padding before the inner loops follows jumps and is never executed.
+	PCALIGN $64
 row:
 	MOVQ (BX), AX
 	IMULQ R13, AX
@@ -36,7 +41,9 @@ seq:
 	CMPQ R9, R11
 	JAE tail
 	TESTQ R10, R10
-	JEQ ymmline
+	JNE zmmline
+	JMP ymmline
+	PCALIGN $64
 zmmline:
 	VMOVDQU64 (R8)(R9*1), Z0
 	VMOVDQU64 Z0, (R15)(R9*1)
@@ -44,6 +51,7 @@ zmmline:
 	CMPQ R9, R11
 	JB zmmline
 	JMP tail
+	PCALIGN $64
 ymmline:
 	VMOVDQU (R8)(R9*1), Y0
 	VMOVDQU 32(R8)(R9*1), Y1
