@@ -60,16 +60,23 @@ func BenchmarkLookupRandom(b *testing.B) {
 	const n = 8192
 	for _, batch := range []int{1, 32} {
 		b.Run(fmt.Sprintf("batch%d", batch), func(b *testing.B) {
-			_, c := testTier(b, 1)
-			s, keys := filledStore(b, c, n, 64)
-			draws := make([]Key, 1<<16)
-			rng := rand.New(rand.NewPCG(1, 1))
-			for i := range draws {
-				draws[i] = keys[rng.IntN(n)]
-			}
+			s, draws := randomDraws(b, n)
 			benchLookups(b, s, draws, batch)
 		})
 	}
+}
+
+// randomDraws is an index of n ready entries of 64 bytes and 64Ki keys
+// drawn from them at random.
+func randomDraws(b *testing.B, n int) (*Store, []Key) {
+	_, c := testTier(b, 1)
+	s, keys := filledStore(b, c, n, 64)
+	draws := make([]Key, 1<<16)
+	rng := rand.New(rand.NewPCG(1, 1))
+	for i := range draws {
+		draws[i] = keys[rng.IntN(n)]
+	}
+	return s, draws
 }
 
 // BenchmarkLookupParts splits a pinned lookup's cost, on BenchmarkLookupRandom's
@@ -82,13 +89,7 @@ func BenchmarkLookupRandom(b *testing.B) {
 func BenchmarkLookupParts(b *testing.B) {
 	const n = 8192
 	for _, batch := range []int{1, 32} {
-		_, c := testTier(b, 1)
-		s, keys := filledStore(b, c, n, 64)
-		draws := make([]Key, 1<<16)
-		rng := rand.New(rand.NewPCG(1, 1))
-		for i := range draws {
-			draws[i] = keys[rng.IntN(n)]
-		}
+		s, draws := randomDraws(b, n)
 		window := func(i int) []Key { at := (i * batch) % (len(draws) - batch); return draws[at : at+batch] }
 		perKey := func(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/key")

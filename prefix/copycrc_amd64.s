@@ -59,6 +59,26 @@
 	op X10, 32(DI)(R9*1); \
 	op X11, 48(DI)(R9*1)
 
+// ARGS loads a kernel's arguments: DI dst, SI src, CX seg, and the
+// three chains' CRC registers (AX from r, BX and DX from 0); R8 and R9
+// are the offsets of segments B and C.
+#define ARGS \
+	MOVQ	dst+0(FP), DI; \
+	MOVQ	src+8(FP), SI; \
+	MOVQ	seg+16(FP), CX; \
+	MOVL	r+24(FP), AX; \
+	XORL	BX, BX; \
+	XORL	DX, DX; \
+	MOVQ	CX, R8; \
+	LEAQ	(CX)(CX*1), R9
+
+// RESULTS returns the three chains' CRC registers.
+#define RESULTS \
+	MOVL	AX, ra+32(FP); \
+	MOVL	BX, rb+36(FP); \
+	MOVL	DX, rc+40(FP); \
+	RET
+
 // func copyCRC3(dst, src *byte, seg int, r uint32) (ra, rb, rc uint32)
 //
 // Copies 3*seg bytes from src to dst with non-temporal stores and returns
@@ -68,14 +88,7 @@
 // hidden; copyCRC joins them. seg is a positive multiple of 64 and dst is
 // 16-byte aligned (checked by the caller).
 TEXT ·copyCRC3(SB), NOSPLIT, $0-44
-	MOVQ	dst+0(FP), DI
-	MOVQ	src+8(FP), SI
-	MOVQ	seg+16(FP), CX
-	MOVL	r+24(FP), AX
-	XORL	BX, BX
-	XORL	DX, DX
-	MOVQ	CX, R8			// offset of segment B
-	LEAQ	(CX)(CX*1), R9		// offset of segment C
+	ARGS
 
 	PCALIGN	$64		// the loop at a line: its speed not left to the linker
 loop:
@@ -90,10 +103,7 @@ loop:
 	// Non-temporal stores are weakly ordered: fence them before the
 	// caller's publish makes the payload visible to other processes.
 	SFENCE
-	MOVL	AX, ra+32(FP)
-	MOVL	BX, rb+36(FP)
-	MOVL	DX, rc+40(FP)
-	RET
+	RESULTS
 
 // func copyCRC3T(dst, src *byte, seg int, r uint32) (ra, rb, rc uint32)
 //
@@ -102,14 +112,7 @@ loop:
 // the loads (aliasWindow in copycrc.go), or that is not 16-byte aligned:
 // dst may start anywhere.
 TEXT ·copyCRC3T(SB), NOSPLIT, $0-44
-	MOVQ	dst+0(FP), DI
-	MOVQ	src+8(FP), SI
-	MOVQ	seg+16(FP), CX
-	MOVL	r+24(FP), AX
-	XORL	BX, BX
-	XORL	DX, DX
-	MOVQ	CX, R8			// offset of segment B
-	LEAQ	(CX)(CX*1), R9		// offset of segment C
+	ARGS
 
 	PCALIGN	$64		// the loop at a line: its speed not left to the linker
 loop:
@@ -120,10 +123,7 @@ loop:
 	ADDQ	$64, DI
 	SUBQ	$64, CX
 	JNZ	loop
-	MOVL	AX, ra+32(FP)
-	MOVL	BX, rb+36(FP)
-	MOVL	DX, rc+40(FP)
-	RET
+	RESULTS
 
 // The lagged kernel: AVX2 loads of a round into one set of six YMM
 // registers while the previous round is stored from the other set.
@@ -166,14 +166,7 @@ loop:
 // no pending store at a page offset the next loads read (4K aliasing:
 // see aliasWindow in copycrc.go). Needs AVX2; dst is 16-byte aligned.
 TEXT ·copyCRC3L(SB), NOSPLIT, $0-44
-	MOVQ	dst+0(FP), DI
-	MOVQ	src+8(FP), SI
-	MOVQ	seg+16(FP), CX
-	MOVL	r+24(FP), AX
-	XORL	BX, BX
-	XORL	DX, DX
-	MOVQ	CX, R8			// offset of segment B
-	LEAQ	(CX)(CX*1), R9		// offset of segment C
+	ARGS
 
 	LOADY(Y0, Y1, Y2, Y3, Y4, Y5)
 	CRC_192
@@ -206,7 +199,4 @@ lastQ:
 done:
 	SFENCE			// before the caller's publish, as in copyCRC3
 	VZEROUPPER
-	MOVL	AX, ra+32(FP)
-	MOVL	BX, rb+36(FP)
-	MOVL	DX, rc+40(FP)
-	RET
+	RESULTS
