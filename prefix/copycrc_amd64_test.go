@@ -10,15 +10,26 @@ import (
 	"golang.org/x/sys/cpu"
 )
 
+// namedKernel is a fused kernel and its name, for tests and benchmarks.
+type namedKernel struct {
+	name string
+	k    fused
+}
+
+// kernelsOnThisCore are the fused kernels this core can run.
+func kernelsOnThisCore() []namedKernel {
+	ks := []namedKernel{{"copyCRC3", copyCRC3}, {"copyCRC3T", copyCRC3T}}
+	if cpu.X86.HasAVX2 {
+		ks = append(ks, namedKernel{"copyCRC3L", copyCRC3L})
+	}
+	return ks
+}
+
 // Every fused kernel the core can run copies and checksums exactly at
 // every page offset its stores allow, whichever copyCRC would pick there.
 func TestFusedKernelsAtEveryOffset(t *testing.T) {
 	if !cpu.X86.HasSSE42 {
 		t.Skip("no CRC32 instruction: copyCRC takes the portable path")
-	}
-	kernels := map[string]fused{"copyCRC3": copyCRC3, "copyCRC3T": copyCRC3T}
-	if cpu.X86.HasAVX2 {
-		kernels["copyCRC3L"] = copyCRC3L
 	}
 	const seg = 4 << 10
 	src := pageAligned(3*seg, 0)
@@ -26,7 +37,8 @@ func TestFusedKernelsAtEveryOffset(t *testing.T) {
 		src[i] = byte(i*13 + i>>7)
 	}
 	ra0, rb0, rc0 := ^crc32.Update(0, castagnoli, src[:seg]), ^crc32.Update(^uint32(0), castagnoli, src[seg:2*seg]), ^crc32.Update(^uint32(0), castagnoli, src[2*seg:])
-	for name, kernel := range kernels {
+	for _, nk := range kernelsOnThisCore() {
+		name, kernel := nk.name, nk.k
 		for _, off := range []int{0, 16, 48, 64, 80, 128, 2048, 4080, 3, 8} {
 			if off%16 != 0 && name != "copyCRC3T" {
 				continue // non-temporal stores need a 16-byte aligned destination
@@ -64,9 +76,9 @@ func TestFusedKernelChoice(t *testing.T) {
 		{256, "copyCRC3"}, {2048, "copyCRC3"}, {4080, "copyCRC3"}} {
 		dst := pageAligned(1<<16, tc.off)
 		got := "?"
-		for name, k := range map[string]fused{"copyCRC3": copyCRC3, "copyCRC3T": copyCRC3T, "copyCRC3L": copyCRC3L} {
-			if reflect.ValueOf(k).Pointer() == reflect.ValueOf(fusedKernel(dst, src)).Pointer() {
-				got = name
+		for _, nk := range kernelsOnThisCore() {
+			if reflect.ValueOf(nk.k).Pointer() == reflect.ValueOf(fusedKernel(dst, src)).Pointer() {
+				got = nk.name
 			}
 		}
 		if got != tc.want {
@@ -80,16 +92,7 @@ func TestFusedKernelChoice(t *testing.T) {
 // destinations at the page offsets where the choice between them is
 // made, beside the plain copy: copyCRC picks by these figures.
 func BenchmarkFusedKernels(b *testing.B) {
-	kernels := []struct {
-		name string
-		k    fused
-	}{{"copyCRC3", copyCRC3}, {"copyCRC3T", copyCRC3T}}
-	if cpu.X86.HasAVX2 {
-		kernels = append(kernels, struct {
-			name string
-			k    fused
-		}{"copyCRC3L", copyCRC3L})
-	}
+	kernels := kernelsOnThisCore()
 	for _, size := range []int{2 << 20, 64 << 10} {
 		n := max(32, (64<<20)/size)
 		src, dst := make([][]byte, n), make([][]byte, n)

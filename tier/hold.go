@@ -20,9 +20,10 @@ import (
 // Holds are counted in padded shards picked by where the caller's stack
 // is (holdShard), so that two threads working on one tier do not bounce
 // one counter's cache line between them: a hold is an add and a load on a
-// line no other thread is likely to touch. A closer sets the state first and then sums the shards; Go's
-// atomics are sequentially consistent, so a hold either sees the state and
-// backs out, or is seen in the sum and waited for. Each shard only ever
+// line no other thread is likely to touch. A closer sets the state first
+// and then sums the shards; Go's atomics are sequentially consistent, so a
+// hold either sees the state and backs out, or is seen in the sum and
+// waited for. Each shard only ever
 // counts its own holds, so no shard goes negative and a sum of zero means
 // none is in flight.
 
