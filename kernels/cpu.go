@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/cxltier/cxltier/internal/crccopy"
 	"github.com/cxltier/cxltier/internal/rowgather"
 )
 
@@ -179,7 +180,7 @@ func (e *CPU) rows(r Rows, toTier bool) (Handle, error) {
 	n, buf := r.RowBytes, hb.b
 	check := func() error { return e.ranges.checkRows(&r) }
 	detach := func() { r.Tier, r.Slots = slices.Clone(r.Tier), slices.Clone(r.Slots) }
-	return e.submit(len(r.Tier), n, check, detach, func(mem *[MaxRanges][]byte, lo, hi int) {
+	return e.submit(len(r.Tier), n, check, detach, nil, func(mem *[MaxRanges][]byte, lo, hi int) {
 		// Runs of rows in one range go to rowgather a run at a time: its
 		// vector copy keeps many rows' misses in flight where a memmove per
 		// row kept about four.
@@ -216,8 +217,15 @@ func (e *CPU) blocks(b Blocks, toTier bool) (Handle, error) {
 	tier, pages := b.Tier, b.Pages
 	nc := len(chunks)
 	detach := func() { tier, pages = slices.Clone(tier), slices.Clone(pages) }
-	return e.submit(len(tier)*nc, b.ChunkBytes, check, detach, func(mem *[MaxRanges][]byte, lo, hi int) {
+	var sums *chunkSums
+	var finish func()
+	if b.CRCs != nil {
+		sums = newChunkSums(b.CRCs, nc)
+		finish = func() { sums.join(b.CRCs, b.ChunkBytes) }
+	}
+	return e.submit(len(tier)*nc, b.ChunkBytes, check, detach, finish, func(mem *[MaxRanges][]byte, lo, hi int) {
 		n, stride := b.ChunkBytes, b.PageStride // set by check
+		var crc uint32
 		for r := lo; r < hi; r++ {
 			blk, c := r/nc, r%nc
 			a := tier[blk]
@@ -225,13 +233,77 @@ func (e *CPU) blocks(b Blocks, toTier bool) (Handle, error) {
 			t := mem[a.Range()][toff : toff+n]
 			boff := offsets[c] + pages[blk]*stride
 			g := chunks[c][boff : boff+n]
+			src, dst := t, g
 			if toTier {
-				copy(t, g)
-			} else {
-				copy(g, t)
+				src, dst = g, t
 			}
+			if sums == nil {
+				copy(dst, src)
+				continue
+			}
+			crc = sums.start(r, lo, crc)
+			crc = crccopy.Update(crc, dst, src)
+			sums.end(r, hi, crc)
 		}
 	})
+}
+
+// chunkSums are the checksums of a blocks call on the CPU: each goroutine
+// checksums its rows (chunks) in one chain per block it touches, as it
+// copies them; a block split between goroutines has its runs joined in
+// order once all are done.
+type chunkSums struct {
+	nc     int
+	seeds  []uint32 // what precedes each block, as the call found it
+	run    []uint32 // at a run's last row: the run's checksum
+	begins []bool   // a run starts here in the middle of its block
+}
+
+func newChunkSums(seeds []uint32, nc int) *chunkSums {
+	rows := len(seeds) * nc
+	return &chunkSums{nc: nc, seeds: slices.Clone(seeds), run: make([]uint32, rows), begins: make([]bool, rows)}
+}
+
+// start is the checksum row r continues: its block's seed at the block's
+// first row, 0 where a goroutine's rows (from lo) begin mid-block, else
+// crc, the chain so far.
+func (s *chunkSums) start(r, lo int, crc uint32) uint32 {
+	switch {
+	case r%s.nc == 0:
+		return s.seeds[r/s.nc]
+	case r == lo:
+		s.begins[r] = true
+		return 0
+	}
+	return crc
+}
+
+// end keeps the chain's checksum where its run ends: at its block's last
+// row, or at the goroutine's last (hi is past it).
+func (s *chunkSums) end(r, hi int, crc uint32) {
+	if r%s.nc == s.nc-1 || r == hi-1 {
+		s.run[r] = crc
+	}
+}
+
+// join writes each block's checksum into out, joining its runs in order.
+func (s *chunkSums) join(out []uint32, chunkBytes int64) {
+	for blk := range out {
+		first := blk * s.nc
+		crc, start := uint32(0), first
+		for r := first; r < first+s.nc; r++ {
+			if r < first+s.nc-1 && !s.begins[r+1] {
+				continue // the run goes on
+			}
+			if start == first {
+				crc = s.run[r]
+			} else {
+				crc = crccopy.Combine(crc, s.run[r], int64(r-start+1)*chunkBytes)
+			}
+			start = r + 1
+		}
+		out[blk] = crc
+	}
 }
 
 // spanRun is how many rows the CPU engine hands rowgather at a time.
@@ -242,10 +314,12 @@ const parallelBytes = 256 << 10
 
 // submit checks a call under the engine lock (so no Unregister comes
 // between the check and the copy's snapshot of the ranges) and queues a
-// copy of rows rows of rowBytes each behind the calls before it. A call with nothing ahead of it and too small to split runs
-// at once on the caller's goroutine; only a call that is queued runs
-// detach first, to stop sharing the caller's index slices.
-func (e *CPU) submit(rows int, rowBytes int64, check func() error, detach func(), copyRows func(mem *[MaxRanges][]byte, lo, hi int)) (Handle, error) {
+// copy of rows rows of rowBytes each behind the calls before it, then
+// finish (if any) once every row is copied. A call with nothing ahead of
+// it and too small to split runs at once on the caller's goroutine; only
+// a call that is queued runs detach first, to stop sharing the caller's
+// index slices.
+func (e *CPU) submit(rows int, rowBytes int64, check func() error, detach, finish func(), copyRows func(mem *[MaxRanges][]byte, lo, hi int)) (Handle, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -259,13 +333,16 @@ func (e *CPU) submit(rows int, rowBytes int64, check func() error, detach func()
 	run := func() {
 		if parts <= 1 {
 			copyRows(&mem, 0, rows)
-			return
+		} else {
+			var wg sync.WaitGroup
+			for p := range parts {
+				wg.Go(func() { copyRows(&mem, rows*p/parts, rows*(p+1)/parts) })
+			}
+			wg.Wait()
 		}
-		var wg sync.WaitGroup
-		for p := range parts {
-			wg.Go(func() { copyRows(&mem, rows*p/parts, rows*(p+1)/parts) })
+		if finish != nil {
+			finish()
 		}
-		wg.Wait()
 	}
 	prev := e.tail
 	if prev.done() && parts <= 1 {

@@ -27,6 +27,8 @@ type CUDA struct {
 	mod       cu.Module
 	fnRows    cu.Function
 	fnBlocks  cu.Function
+	fnCRC     cu.Function // cxl_blocks_crc
+	shifts    shiftCache
 	maxBlocks int
 	bases     cu.DevicePtr // MaxRanges device addresses, indexed by RangeID
 	// hostBases is the same table host side, in an allocation of its own:
@@ -96,6 +98,9 @@ func (e *CUDA) start(opts CUDAOptions) error {
 	}
 	if e.fnBlocks, err = e.mod.Function("cxl_blocks"); err != nil {
 		return fmt.Errorf("kernels: cxl_blocks: %w", err)
+	}
+	if e.fnCRC, err = e.mod.Function("cxl_blocks_crc"); err != nil {
+		return fmt.Errorf("kernels: cxl_blocks_crc: %w", err)
 	}
 	e.maxBlocks = opts.MaxBlocks
 	if e.maxBlocks <= 0 {
@@ -345,7 +350,8 @@ func (e *CUDA) blocks(b Blocks, toTier uint64) (Handle, error) {
 		}
 		chunks[c] = uint64(db.ptr) + uint64(ch.Offset)
 	}
-	return runBlocks(e, &e.ranges, Function{handle: fnHandle(e.fnBlocks)}, &b, chunks, toTier)
+	fns := blockKernels{plain: Function{handle: fnHandle(e.fnBlocks)}, crc: Function{handle: fnHandle(e.fnCRC)}}
+	return runBlocks(e, &e.ranges, fns, &b, chunks, toTier, &e.shifts)
 }
 
 // launch runs fn with 8-byte parameters (gorgonia.org/cu passes each

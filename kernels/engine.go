@@ -87,6 +87,16 @@ type Blocks struct {
 	Pages      []int64
 	Chunks     []Span
 	PageStride int64 // 0: ChunkBytes
+
+	// CRCs, when not nil, has one word per block, and the call checksums
+	// what it moves as it moves it: CRCs[b] is read as the CRC-32C of
+	// what precedes block b's bytes (a seed, or the layers moved before)
+	// and, once the call is done, holds it updated with the bytes the
+	// call moved, in the tier's order — those read from the tier by a
+	// gather, those written to it by a scatter. No engine reads the bytes
+	// a second time for it. The caller must not touch CRCs until Wait
+	// returns.
+	CRCs []uint32
 }
 
 // Span is a place in a buffer.

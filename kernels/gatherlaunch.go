@@ -68,13 +68,48 @@ func runRows(e Launcher, ranges *rangeTable, fn Function, r *Rows, buf, toTier u
 	})
 }
 
-func runBlocks(e Launcher, ranges *rangeTable, fn Function, b *Blocks, chunks []uint64, toTier uint64) (Handle, error) {
+func runBlocks(e Launcher, ranges *rangeTable, fns blockKernels, b *Blocks, chunks []uint64, toTier uint64, shifts *shiftCache) (Handle, error) {
 	return e.Run(func(l Launch) error {
 		if err := ranges.checkBlocks(b); err != nil {
 			return err
 		}
-		return launchBlocks(l, fn, b, chunks, toTier)
+		if b.CRCs != nil {
+			return launchBlocksCRC(l, fns.crc, b, chunks, toTier, shifts)
+		}
+		return launchBlocks(l, fns.plain, b, chunks, toTier)
 	})
+}
+
+// launchBlocksCRC runs cxl_blocks_crc for b inside a Run, waits for it,
+// and joins every block's chunk registers onto b.CRCs. The caller has
+// checked b.
+func launchBlocksCRC(l Launch, fn Function, b *Blocks, chunks []uint64, toTier uint64, shifts *shiftCache) error {
+	n, nc := len(b.Tier), len(chunks)
+	if n == 0 {
+		return nil
+	}
+	rows := n * nc
+	lanes := lanesPerRow(b.ChunkBytes)
+	consts := crcShiftWords(lanes)
+	words := make([]uint64, 0, 2*n+nc+len(consts)+(rows+1)/2)
+	words = append(append(append(append(words, asWords(b.Tier)...), asWords(b.Pages)...), chunks...), consts...)
+	words = append(words, make([]uint64, (rows+1)/2)...) // the kernel's output, a word for two rows
+	dev, err := l.Stage(words)
+	if err != nil {
+		return err
+	}
+	constsDev := dev + uint64(2*n+nc)*8
+	out := constsDev + uint64(len(consts))*8
+	if err := queue(l, fn, rows*lanes, l.Bases(), dev, dev+uint64(n)*8, dev+uint64(2*n)*8,
+		uint64(n), uint64(nc), uint64(b.ChunkBytes), uint64(b.PageStride), uint64(lanes), toTier, out, constsDev); err != nil {
+		return err
+	}
+	raw := make([]uint32, rows)
+	if err := l.Read(AsBytes(raw), out); err != nil {
+		return fmt.Errorf("kernels: read %d chunk checksums: %w", rows, err)
+	}
+	joinChunks(b.CRCs, raw, nc, shifts.get(b.ChunkBytes))
+	return nil
 }
 
 // queue launches fn over threads threads, the grid capped by the engine

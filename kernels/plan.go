@@ -144,6 +144,9 @@ func (t *rangeTable) checkBlocks(b *Blocks) error {
 	if len(b.Pages) != len(b.Tier) {
 		return fmt.Errorf("%w: %d pages for %d blocks", ErrBadRequest, len(b.Pages), len(b.Tier))
 	}
+	if b.CRCs != nil && len(b.CRCs) != len(b.Tier) {
+		return fmt.Errorf("%w: %d checksums for %d blocks", ErrBadRequest, len(b.CRCs), len(b.Tier))
+	}
 	if int64(len(b.Chunks)) > math.MaxInt64/b.ChunkBytes {
 		return fmt.Errorf("%w: block size overflows", ErrBadRequest)
 	}

@@ -27,7 +27,8 @@ type Sim struct {
 	modules  map[string]*ptxsim.Module
 	fns      []simFunction // Function handle i+1
 	fnRows   Function
-	fnBlocks Function
+	fnBlocks blockKernels
+	shifts   shiftCache
 	launches uint64
 	closed   bool
 }
@@ -76,7 +77,10 @@ func NewSim(opts SimOptions) (*Sim, error) {
 	if e.fnRows, err = l.Function("gather", gatherPTX, "cxl_rows"); err != nil {
 		return nil, err
 	}
-	if e.fnBlocks, err = l.Function("gather", gatherPTX, "cxl_blocks"); err != nil {
+	if e.fnBlocks.plain, err = l.Function("gather", gatherPTX, "cxl_blocks"); err != nil {
+		return nil, err
+	}
+	if e.fnBlocks.crc, err = l.Function("gather", gatherPTX, "cxl_blocks_crc"); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -251,7 +255,7 @@ func (e *Sim) blocks(bl Blocks, toTier uint64) (Handle, error) {
 		}
 		chunks[c] = b.dev + uint64(ch.Offset)
 	}
-	return runBlocks(e, &e.ranges, e.fnBlocks, &bl, chunks, toTier)
+	return runBlocks(e, &e.ranges, e.fnBlocks, &bl, chunks, toTier, &e.shifts)
 }
 
 // Sync implements Engine: launches run to completion when queued.

@@ -6,6 +6,7 @@ import (
 	"hash/crc32"
 	"time"
 
+	"github.com/cxltier/cxltier/internal/crccopy"
 	"github.com/cxltier/cxltier/tier"
 )
 
@@ -154,7 +155,7 @@ func (s *Store) writePayload(h tier.Hold, k *Key, off tier.Offset, n int64, piec
 	}
 	crc := s.g.crcSeed(k)
 	for _, p := range pieces {
-		crc = copyCRC(crc, dst, p)
+		crc = crccopy.Update(crc, dst, p)
 		dst = dst[len(p):]
 	}
 	return crc, s.r.Publish(off, n)
@@ -279,7 +280,7 @@ func (s *Store) readHit(h Hit, dst [][]byte, verify bool) error {
 	}
 	crc := s.g.crcSeed(&h.Key)
 	for _, d := range dst {
-		crc = copyCRC(crc, d, src[:len(d)])
+		crc = crccopy.Update(crc, d, src[:len(d)])
 		src = src[len(d):]
 	}
 	if crc != h.CRC {

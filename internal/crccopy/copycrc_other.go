@@ -1,6 +1,6 @@
 //go:build !amd64
 
-package prefix
+package crccopy
 
 // fusedKernel: no fused copy and checksum on this architecture.
 func fusedKernel(dst, src []byte) fused { return nil }

@@ -1,18 +1,23 @@
-package prefix
+// Package crccopy copies bytes and computes their CRC-32C (Castagnoli) in
+// the same pass, and does the arithmetic that joins the checksums of
+// pieces computed apart (on several cores, or on a GPU, slice by slice)
+// into the checksum of the whole. Every reader of a page in the tier
+// verifies this one checksum, whoever computed it.
+//
+// A payload is copied and its CRC-32C computed in one pass: on amd64
+// with SSE 4.2 by copyCRC3 (non-temporal stores, as a large memmove
+// makes, and three interleaved CRC32 chains, which is what the
+// instruction's latency needs to keep up with memory), or copyCRC3T (the
+// same with ordinary stores) where the destination's place in its page
+// would make non-temporal stores stall the loop's loads; elsewhere by
+// copying a cache-sized piece and checksumming it while it is still in
+// the core's cache.
+package crccopy
 
 import (
 	"hash/crc32"
 	"unsafe"
 )
-
-// Block moves with their checksums. A payload is copied and its CRC-32C
-// computed in one pass: on amd64 with SSE 4.2 by copyCRC3 (non-temporal
-// stores, as a large memmove makes, and three interleaved CRC32 chains,
-// which is what the instruction's latency needs to keep up with memory),
-// or copyCRC3T (the same with ordinary stores) where the destination's
-// place in its page would make non-temporal stores stall the loop's
-// loads; elsewhere by copying a cache-sized piece and checksumming it
-// while it is still in the core's cache.
 
 // copyPiece keeps each piece in the core's cache between its copy and its
 // checksum, so a payload is read from memory once, not twice.
@@ -93,7 +98,7 @@ func copyCRCPieces(crc uint32, dst, src []byte) uint32 {
 	for off := 0; off < len(src); off += copyPiece {
 		end := min(off+copyPiece, len(src))
 		n := copy(dst[off:end], src[off:end])
-		crc = crc32.Update(crc, castagnoli, dst[off:off+n])
+		crc = crc32.Update(crc, Table, dst[off:off+n])
 	}
 	return crc
 }

@@ -1,4 +1,4 @@
-package prefix
+package crccopy
 
 import (
 	"unsafe"

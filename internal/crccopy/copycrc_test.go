@@ -1,4 +1,4 @@
-package prefix
+package crccopy
 
 import (
 	"bytes"
@@ -21,8 +21,8 @@ func TestShiftConstants(t *testing.T) {
 	// Appending zeros through the shift agrees with the table CRC.
 	for _, n := range []int{1, 7, 64, 1000} {
 		data := bytes.Repeat([]byte{0x5a}, 33)
-		raw := ^crc32.Checksum(data, castagnoli)
-		want := crc32.Update(crc32.Checksum(data, castagnoli), castagnoli, make([]byte, n))
+		raw := ^crc32.Checksum(data, Table)
+		want := crc32.Update(crc32.Checksum(data, Table), Table, make([]byte, n))
 		if got := ^multModP(raw, xPow8n(uint64(n))); got != want {
 			t.Errorf("%d zero bytes: %#x, want %#x", n, got, want)
 		}
@@ -48,7 +48,7 @@ func TestCopyCRC(t *testing.T) {
 					buf := make([]byte, n+64+shift)
 					dst := buf[shift : shift+n]
 					got := copyCRC(start, dst, src[:n])
-					if want := crc32.Update(start, castagnoli, src[:n]); got != want {
+					if want := crc32.Update(start, Table, src[:n]); got != want {
 						t.Errorf("crc %#x, want %#x (fused path: %v)", got, want, n >= 12<<10 && fusedKernel(dst, src[:n]) != nil)
 					}
 					if !bytes.Equal(dst, src[:n]) {
@@ -72,7 +72,7 @@ func TestCopyCRCByPageOffset(t *testing.T) {
 	for i := range src {
 		src[i] = byte(i*7 + i>>9)
 	}
-	want := crc32.Update(0, castagnoli, src)
+	want := crc32.Update(0, Table, src)
 	for _, off := range []int{0, 3, 16, 48, 64, 65, 80, 128, 255, 256, 2048, 4080} {
 		t.Run(fmt.Sprintf("dst+%d", off), func(t *testing.T) {
 			buf := pageAligned(n+64, off)

@@ -1,4 +1,4 @@
-package prefix
+package crccopy
 
 import (
 	"bytes"
@@ -36,7 +36,7 @@ func TestFusedKernelsAtEveryOffset(t *testing.T) {
 	for i := range src {
 		src[i] = byte(i*13 + i>>7)
 	}
-	ra0, rb0, rc0 := ^crc32.Update(0, castagnoli, src[:seg]), ^crc32.Update(^uint32(0), castagnoli, src[seg:2*seg]), ^crc32.Update(^uint32(0), castagnoli, src[2*seg:])
+	ra0, rb0, rc0 := ^crc32.Update(0, Table, src[:seg]), ^crc32.Update(^uint32(0), Table, src[seg:2*seg]), ^crc32.Update(^uint32(0), Table, src[2*seg:])
 	for _, nk := range kernelsOnThisCore() {
 		name, kernel := nk.name, nk.k
 		for _, off := range []int{0, 16, 48, 64, 80, 128, 2048, 4080, 3, 8} {
