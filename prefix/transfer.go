@@ -2,7 +2,6 @@ package prefix
 
 import (
 	"fmt"
-	"hash/crc32"
 	"slices"
 
 	"github.com/cxltier/cxltier/kernels"
@@ -30,9 +29,11 @@ type Mover struct {
 	eng   kernels.Engine
 	ids   []kernels.RangeID
 	owned bool
-	// Verify checks every hit's CRC on the CPU before the gather (default
-	// true). It reads each payload once more from the tier; turn it off
-	// only where the tier is trusted.
+	// Verify checks every hit's CRC (default true): the engine checksums
+	// the bytes as it gathers them, in the same pass, and a page whose
+	// checksum differs from its entry's is not served. Turn it off only
+	// where the tier is trusted. Stores are checksummed either way: the
+	// entry's checksum is what every reader verifies.
 	Verify bool
 
 	afterReserve func() // tests only: a pause between Put's reserve and its scatter
@@ -95,7 +96,7 @@ func (m *Mover) check(keys []Key, l Layout, pages []int64) error {
 }
 
 // Put stores pages[i] of the pool under keys[i]: reserve, one scatter
-// launch for the batch, wait, checksum the blocks, publish.
+// launch for the batch that checksums the bytes it writes, wait, publish.
 func (m *Mover) Put(keys []Key, l Layout, pages []int64) ([]Status, error) {
 	held, herr := m.s.hold("put")
 	if herr != nil {
@@ -113,7 +114,7 @@ func (m *Mover) Put(keys []Key, l Layout, pages []int64) ([]Status, error) {
 	if err != nil && res == nil {
 		return nil, err
 	}
-	b := kernels.Blocks{ChunkBytes: l.ChunkBytes, Chunks: l.Chunks, PageStride: l.PageStride}
+	b := kernels.Blocks{ChunkBytes: l.ChunkBytes, Chunks: l.Chunks, PageStride: l.PageStride, CRCs: []uint32{}}
 	for i, r := range res {
 		if r.Status == Reserved {
 			a, aerr := m.addr(r.Offset)
@@ -123,6 +124,7 @@ func (m *Mover) Put(keys []Key, l Layout, pages []int64) ([]Status, error) {
 			}
 			b.Tier = append(b.Tier, a)
 			b.Pages = append(b.Pages, pages[i])
+			b.CRCs = append(b.CRCs, m.s.g.crcSeed(&r.Key))
 		}
 	}
 	if m.afterReserve != nil {
@@ -143,16 +145,20 @@ func (m *Mover) Put(keys []Key, l Layout, pages []int64) ([]Status, error) {
 		}
 	}
 	crcs := make([]uint32, len(res))
+	j := 0
 	for i, r := range res {
-		if r.Status == Reserved {
-			// The engine wrote the block (a GPU writes memory, not this
-			// CPU's cache): read it fresh, in place.
-			b, rerr := m.s.payload(r.Offset, r.Len)
-			if rerr != nil {
+		if r.Status != Reserved {
+			continue
+		}
+		crcs[i] = b.CRCs[j]
+		j++
+		if m.s.shared {
+			// A CPU engine's stores may sit in this host's cache: write
+			// them back before the entry says the block is there.
+			if ferr := m.s.r.Publish(r.Offset, r.Len); ferr != nil {
 				m.s.Abort(res)
-				return nil, rerr
+				return nil, ferr
 			}
-			crcs[i] = crc32.Update(m.s.g.crcSeed(&r.Key), castagnoli, b)
 		}
 	}
 	if perr := m.s.Publish(res, crcs); perr != nil && err == nil {
@@ -163,6 +169,9 @@ func (m *Mover) Put(keys []Key, l Layout, pages []int64) ([]Status, error) {
 
 // Get gathers the longest ready prefix of keys into pages[0:n] of the pool
 // with one launch and returns n. Hits are pinned until the copy is done.
+// With Verify, the gather checksums what it reads and n ends before the
+// first page whose checksum fails (its entry is dropped, and the error is
+// ErrChecksum); pages past n may have been written all the same.
 func (m *Mover) Get(keys []Key, l Layout, pages []int64) (int, error) {
 	held, herr := m.s.hold("get")
 	if herr != nil {
@@ -178,35 +187,55 @@ func (m *Mover) Get(keys []Key, l Layout, pages []int64) (int, error) {
 	}
 	defer func() { m.s.Release(hits) }()
 	b := kernels.Blocks{ChunkBytes: l.ChunkBytes, Chunks: l.Chunks, PageStride: l.PageStride}
+	if m.Verify {
+		b.CRCs = make([]uint32, 0, len(hits))
+	}
 	for i, h := range hits {
 		if h.Len != l.BlockBytes() {
 			m.s.Release(hits[i:])
 			hits = hits[:i]
 			return 0, fmt.Errorf("prefix: %q: %v holds %d bytes, pages are %d: %w", m.s.name, h.Key, h.Len, l.BlockBytes(), ErrBadConfig)
 		}
-		if m.Verify {
-			if verr := m.s.VerifyHit(h); verr != nil {
-				m.s.Release(hits[i:])
-				hits = hits[:i]
-				m.s.dropCorrupt(h.Key)
-				err = verr
-				break
-			}
-		}
-		a, aerr := m.addr(h.Offset)
+		a, aerr := m.fresh(h.Offset, h.Len)
 		if aerr != nil {
 			return 0, aerr
 		}
 		b.Tier = append(b.Tier, a)
 		b.Pages = append(b.Pages, pages[i])
+		if m.Verify {
+			b.CRCs = append(b.CRCs, m.s.g.crcSeed(&h.Key))
+		}
 	}
 	if len(b.Tier) > 0 {
 		if werr := wait(m.eng.GatherBlocks(b)); werr != nil {
 			return 0, fmt.Errorf("prefix: %q: gather %d pages: %w", m.s.name, len(b.Tier), werr)
 		}
 	}
-	m.s.count(ctrBytesOut, uint64(len(b.Tier))*uint64(l.BlockBytes()))
-	return len(b.Tier), err
+	n := len(b.Tier)
+	for i := range b.CRCs {
+		if h := hits[i]; b.CRCs[i] != h.CRC {
+			m.s.Release(hits[i:])
+			hits = hits[:i]
+			m.s.dropCorrupt(h.Key)
+			n, err = i, fmt.Errorf("prefix: %q: %v: %w: stored %#x, read %#x", m.s.name, h.Key, ErrChecksum, h.CRC, b.CRCs[i])
+			break
+		}
+	}
+	m.s.count(ctrBytesOut, uint64(n)*uint64(l.BlockBytes()))
+	return n, err
+}
+
+// fresh is the engine address of n bytes of the tier at off, which the
+// engine is about to read: on a non-coherent tier this host's cached
+// copies of them are dropped first, so what the engine reads (and
+// checksums) is what the writer published.
+func (m *Mover) fresh(off tier.Offset, n int64) (kernels.Addr, error) {
+	if m.s.shared {
+		if err := m.s.r.Refresh(off, n); err != nil {
+			return 0, err
+		}
+	}
+	return m.addr(off)
 }
 
 func wait(h kernels.Handle, err error) error {
@@ -223,7 +252,8 @@ func wait(h kernels.Handle, err error) error {
 // order, perLayer chunks each (Layout.Chunks is layer-major).
 //
 // The checksum covers a whole block, so it is accumulated a layer at a
-// time and compared after the last layer: a damaged entry fails the load
+// time, by the gather that moves each layer, and compared after the last
+// layer: a damaged entry fails the load
 // (its caller must not use what landed) and is dropped, so later lookups
 // miss it. A LayerLoad is for one goroutine at a time.
 type LayerLoad struct {
@@ -319,33 +349,21 @@ func (ld *LayerLoad) copyLayer(i int) error {
 	lo := int64(i) * span
 	b := kernels.Blocks{ChunkBytes: ld.l.ChunkBytes, Chunks: ld.l.Chunks[i*ld.perLayer : (i+1)*ld.perLayer],
 		PageStride: ld.l.PageStride, Pages: ld.pages, Tier: make([]kernels.Addr, len(ld.hits))}
+	if ld.m.Verify {
+		b.CRCs = ld.crcs // the layers before this one's, updated in place
+	}
 	for j, h := range ld.hits {
-		a, err := ld.m.addr(h.Offset + tier.Offset(lo))
+		a, err := ld.m.fresh(h.Offset+tier.Offset(lo), span)
 		if err != nil {
 			return err
 		}
 		b.Tier[j] = a
 	}
-	h, err := ld.m.eng.GatherBlocks(b)
-	if err != nil {
-		return fmt.Errorf("prefix: %q: gather layer %d of %d pages: %w", s.name, i, len(ld.hits), err)
-	}
-	var crcErr error
-	if ld.m.Verify { // on the CPU while the engine copies
-		for j, hit := range ld.hits {
-			src, err := s.payload(hit.Offset+tier.Offset(lo), span)
-			if err != nil {
-				crcErr = err
-				break
-			}
-			ld.crcs[j] = crc32.Update(ld.crcs[j], castagnoli, src)
-		}
-	}
-	if err := h.Wait(); err != nil {
+	if err := wait(ld.m.eng.GatherBlocks(b)); err != nil {
 		return fmt.Errorf("prefix: %q: gather layer %d of %d pages: %w", s.name, i, len(ld.hits), err)
 	}
 	s.count(ctrBytesOut, uint64(len(ld.hits))*uint64(span))
-	return crcErr
+	return nil
 }
 
 // verify compares the accumulated checksums; damaged entries are dropped.

@@ -1,0 +1,150 @@
+package prefix
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/cxltier/cxltier/kernels"
+	"github.com/cxltier/cxltier/tier"
+)
+
+// moverEngines are the engines the mover's checksum tests run on: the CPU
+// engine, and the interpreter running the committed GPU kernels (the path
+// a CUDA engine takes; not under -race, where the interpreter is too slow,
+// and .ci/run runs this package once more without it).
+func moverEngines(t *testing.T) map[string]func() kernels.Engine {
+	m := map[string]func() kernels.Engine{"cpu": func() kernels.Engine { return kernels.NewCPU(2) }}
+	if !raceEnabled {
+		m["ptxsim"] = func() kernels.Engine {
+			e, err := kernels.NewSim(kernels.SimOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return e
+		}
+	}
+	return m
+}
+
+// enginePool is a paged pool of layers layers of K and V chunks in buffers
+// of eng, pages pages each, filled with bytes that name buffer and place;
+// it returns the layout and a way to read a chunk of a page back.
+func enginePool(t *testing.T, eng kernels.Engine, layers, pages int, chunk int64) (Layout, func(buf int, page int64) []byte) {
+	t.Helper()
+	l := Layout{ChunkBytes: chunk}
+	for i := range 2 * layers {
+		buf, err := eng.Alloc(int64(pages) * chunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { buf.Free() })
+		b := make([]byte, buf.Len())
+		for j := range b {
+			b[j] = byte(i*37 + j*11 + j>>8)
+		}
+		if err := eng.Upload(buf, 0, b); err != nil {
+			t.Fatal(err)
+		}
+		l.Chunks = append(l.Chunks, kernels.Span{Buf: buf})
+	}
+	read := func(buf int, page int64) []byte {
+		b := make([]byte, chunk)
+		if err := eng.Download(b, l.Chunks[buf].Buf, page*chunk); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	return l, read
+}
+
+// TestMoverChecksumsOnEveryEngine: the checksums a Put records are the
+// payloads' (the index's own check reads them again on the CPU), a Get
+// and a layer-wise load serve what was stored, and a byte changed in the
+// tier between a store and a load is caught by the load's own pass on
+// every engine — the page is not served, its entry is dropped and the
+// pages before it are.
+func TestMoverChecksumsOnEveryEngine(t *testing.T) {
+	for name, mk := range moverEngines(t) {
+		for _, chunk := range []int64{4096, 656} { // vectors in every lane, and a tail
+			t.Run(fmt.Sprintf("%s/chunk=%d", name, chunk), func(t *testing.T) {
+				testMoverChecksums(t, mk(), chunk)
+			})
+		}
+	}
+}
+
+func testMoverChecksums(t *testing.T, eng kernels.Engine, chunk int64) {
+	const layers, pages = 2, 8
+	r, c := testTier(t, 1)
+	s := testStore(t, c, 16, 2*layers*chunk)
+	defer eng.Close()
+	l, read := enginePool(t, eng, layers, pages, chunk)
+	m, err := NewMover(s, eng, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	keys := keysN(4)
+	if st, err := m.Put(keys, l, []int64{0, 1, 2, 3}); err != nil || st[3] != Reserved {
+		t.Fatalf("Put = %v, %v", st, err)
+	}
+	mustCheck(t, s) // every stored checksum against its payload, on the CPU
+	if n, err := m.Get(keys, l, []int64{4, 5, 6, 7}); n != 4 || err != nil {
+		t.Fatalf("Get = %d, %v", n, err)
+	}
+	for buf := range 2 * layers {
+		for p := range int64(4) {
+			if !bytes.Equal(read(buf, 4+p), read(buf, p)) {
+				t.Fatalf("buffer %d: page %d is not page %d's", buf, 4+p, p)
+			}
+		}
+	}
+
+	flip := func(k Key, at int64) {
+		hits, err := s.Lookup([]Key{k})
+		if err != nil || len(hits) != 1 {
+			t.Fatalf("lookup %v: %v", k, err)
+		}
+		s.Release(hits)
+		var b [1]byte
+		off := hits[0].Offset + tier.Offset(at)
+		if err := r.ReadAt(b[:], off); err != nil {
+			t.Fatal(err)
+		}
+		b[0] ^= 0x08
+		if err := r.WriteAt(b[:], off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flip(keys[2], chunk+17) // in layer 0's V
+	n, err := m.Get(keys, l, []int64{4, 5, 6, 7})
+	if n != 2 || !errors.Is(err, ErrChecksum) {
+		t.Fatalf("Get past a damaged page = %d, %v; want 2, ErrChecksum", n, err)
+	}
+	if got := s.Exists(keys); got != 2 {
+		t.Fatalf("after the damaged page was read, %d keys exist; want 2", got)
+	}
+
+	flip(keys[1], 2*layers*chunk-1) // the last byte of the last layer
+	ld, err := m.StartLoad(keys[:2], l, 2, []int64{6, 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for layer := range layers - 1 {
+		if err := ld.Layer(layer); err != nil {
+			t.Fatalf("layer %d: %v", layer, err)
+		}
+	}
+	if err := ld.Layer(layers - 1); !errors.Is(err, ErrChecksum) {
+		t.Fatalf("the last layer of a damaged page: %v", err)
+	}
+	if err := ld.Close(); !errors.Is(err, ErrChecksum) {
+		t.Fatalf("close of a damaged load: %v", err)
+	}
+	if got := s.Exists(keys); got != 1 {
+		t.Fatalf("after the damaged load, %d keys exist; want 1", got)
+	}
+	mustCheck(t, s)
+}
