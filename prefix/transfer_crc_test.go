@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/cxltier/cxltier/internal/tiertest"
 	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/tier"
 )
@@ -14,7 +15,7 @@ import (
 // engine, and the interpreter running the committed GPU kernels (the path
 // a CUDA engine takes; not under -race, where the interpreter is too slow,
 // and .ci/run runs this package once more without it).
-func moverEngines(t *testing.T) map[string]func() kernels.Engine {
+func moverEngines(t testing.TB) map[string]func() kernels.Engine {
 	m := map[string]func() kernels.Engine{"cpu": func() kernels.Engine { return kernels.NewCPU(2) }}
 	if !raceEnabled {
 		m["ptxsim"] = func() kernels.Engine {
@@ -31,7 +32,7 @@ func moverEngines(t *testing.T) map[string]func() kernels.Engine {
 // enginePool is a paged pool of layers layers of K and V chunks in buffers
 // of eng, pages pages each, filled with bytes that name buffer and place;
 // it returns the layout and a way to read a chunk of a page back.
-func enginePool(t *testing.T, eng kernels.Engine, layers, pages int, chunk int64) (Layout, func(buf int, page int64) []byte) {
+func enginePool(t testing.TB, eng kernels.Engine, layers, pages int, chunk int64) (Layout, func(buf int, page int64) []byte) {
 	t.Helper()
 	l := Layout{ChunkBytes: chunk}
 	for i := range 2 * layers {
@@ -147,4 +148,91 @@ func testMoverChecksums(t *testing.T, eng kernels.Engine, chunk int64) {
 		t.Fatalf("after the damaged load, %d keys exist; want 1", got)
 	}
 	mustCheck(t, s)
+}
+
+// BenchmarkMover moves a batch of pages (16 layers of K and V, 32 KiB
+// chunks: 1 MiB pages) through the mover on the CPU engine, each way and
+// side by side with the engine's bare copy of the same blocks: the store
+// and the verified load take their checksums from the copy, so they should
+// cost what the bare copy does, and a verified load what an unverified
+// one does.
+func BenchmarkMover(b *testing.B) {
+	const layers, pages, chunk = 16, 32, 32 << 10
+	_, c := tiertest.FormatAnon(b, 1, 3*pages*2*layers*chunk, 4<<20)
+	s := testStore(b, c, 2*pages, 2*layers*chunk)
+	eng := kernels.NewCPU(0)
+	defer eng.Close()
+	l, _ := enginePool(b, eng, layers, 2*pages, chunk)
+	m, err := NewMover(s, eng, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	keys := keysN(pages)
+	src, dst := make([]int64, pages), make([]int64, pages)
+	for i := range pages {
+		src[i], dst[i] = int64(i), int64(pages+i)
+	}
+	if _, err := m.Put(keys, l, src); err != nil {
+		b.Fatal(err)
+	}
+	hits, err := s.Lookup(keys)
+	if err != nil || len(hits) != pages {
+		b.Fatalf("lookup: %d, %v", len(hits), err)
+	}
+	bare := kernels.Blocks{ChunkBytes: chunk, Chunks: l.Chunks, Pages: dst}
+	for _, h := range hits {
+		a, err := m.addr(h.Offset)
+		if err != nil {
+			b.Fatal(err)
+		}
+		bare.Tier = append(bare.Tier, a)
+	}
+	s.Release(hits)
+	load := func(b *testing.B) {
+		ld, err := m.StartLoad(keys, l, 2, dst)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := range layers {
+			if err := ld.Layer(i); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := ld.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		run  func(b *testing.B)
+	}{
+		{"store", func(b *testing.B) {
+			if n, err := s.Delete(keys); n != pages || err != nil {
+				b.Fatalf("delete: %d, %v", n, err)
+			}
+			if _, err := m.Put(keys, l, src); err != nil {
+				b.Fatal(err)
+			}
+		}},
+		{"bare-scatter", func(b *testing.B) {
+			if err := wait(eng.ScatterBlocks(kernels.Blocks{ChunkBytes: chunk, Chunks: l.Chunks, Pages: src, Tier: bare.Tier})); err != nil {
+				b.Fatal(err)
+			}
+		}},
+		{"load", func(b *testing.B) { m.Verify = true; load(b) }},
+		{"load-unverified", func(b *testing.B) { m.Verify = false; load(b); m.Verify = true }},
+		{"bare-gather", func(b *testing.B) {
+			if err := wait(eng.GatherBlocks(bare)); err != nil {
+				b.Fatal(err)
+			}
+		}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			for b.Loop() {
+				tc.run(b)
+			}
+			b.SetBytes(pages * 2 * layers * chunk)
+		})
+	}
 }

@@ -90,3 +90,50 @@ def test_engram_prefetch_into_gpu_memory(cli, device, tmp_path, planner):
             assert ptr != 0 and row == 64 and size >= 256 * 64
             # the cache is ordinary device memory torch can read through its own copy
             assert p.stats()["hits"] >= len(rows)
+
+
+@pytest.mark.parametrize("chunk", [32768, 656 * 16])  # vectors in every lane; a chunk not a multiple of 512
+def test_kv_pool_on_the_gpu_checks_what_it_moves(device, chunk):
+    """A KV pool of GPU buffers on the CUDA engine: the store's checksums
+    (taken by the scatter kernel) are what the CPU computes from the tier,
+    a verified load lands the stored bytes, and a byte changed in the tier
+    fails the load that reads it (the gather kernel's checksum) and drops
+    the entry, so the engine recomputes the page."""
+    import mmap
+
+    from cxltier.kvpool import KVPool
+    from cxltier.prefix import part_keys, string_key
+
+    layers, pages = 3, 6
+    bufs = [torch.randint(0, 256, (pages, chunk), dtype=torch.uint8, device="cuda") for _ in range(2 * layers)]
+    keys = part_keys([string_key(f"gpu-kv-{chunk}-{i}").hex() for i in range(2)], [string_key("gpu")])
+    with cxltier.Tier(device) as t:
+        ix = t.prefix(f"gpu-kv-{chunk}", 8, 2 * layers * chunk)
+        try:
+            pool = KVPool(ix, [(b.data_ptr(), b.numel()) for b in bufs], 2, chunk, chunk, engine="cuda",
+                          stream=torch.cuda.current_stream().cuda_stream, device=True)
+        except cxltier.CxlTierError as e:
+            pytest.skip(f"library has no CUDA engine: {e}")
+        assert pool.store(keys, [0, 1]) == ["stored", "stored"]
+        host = [bytes(b.cpu().numpy().tobytes()) for b in bufs]
+        want = [b"".join(host[k][p * chunk:(p + 1) * chunk] for k in range(2 * layers)) for p in (0, 1)]
+        served, _ = ix.get([keys.hex(0), keys.hex(1)], [bytearray(len(w)) for w in want])
+        assert served == 2  # the stored checksums, checked by the CPU
+        load = pool.load(keys, [3, 4])
+        for layer in range(layers):
+            load.layer(layer)
+        load.close()
+        for b in bufs:
+            assert torch.equal(b[3], b[0]) and torch.equal(b[4], b[1])
+        with open("/dev/shm/" + device.split(":", 1)[1], "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+            at = m.find(want[1][-64:])
+            assert at >= 0
+            m[at + 5] ^= 0x10
+        load = pool.load(keys, [3, 4])
+        with pytest.raises(cxltier.ChecksumError):
+            for layer in range(layers):
+                load.layer(layer)
+        with pytest.raises(cxltier.ChecksumError):
+            load.close()
+        assert ix.exists_block(keys) == 1  # the damaged second page is gone, the first kept
+        pool.close()
