@@ -7,7 +7,7 @@ it) and the cxltier CLI (CXLTIER_CLI, or Go); each layout runs on a fresh
 
     python bench/kvpool/bench.py [--device cpu|cuda] [--mib 512] [--layers N]
                                  [--block-sizes 16,64] [--layouts vllm-fa,sglang-mha,mla]
-                                 [--rounds 5] [--out FILE]
+                                 [--rounds 5] [--out FILE] [--label TEXT]
 
 Layouts (bf16): vllm-fa is vLLM's FlashAttention cache, a [2, blocks,
 block, 8, 128] tensor per layer (K and V its two halves); sglang-mha is
@@ -15,7 +15,7 @@ SGLang's MHA pool, a K and a V buffer of [tokens, 8, 128] per layer; mla a
 DeepSeek latent of [tokens, 1, 576] per layer. A page is a block of tokens
 in every layer; about --mib MiB of pages move per call.
 
-Per round, side by side: store (the pool's pages into the tier: one scatter
+Per round (after one not counted), side by side: store (the pool's pages into the tier: one scatter
 that checksums what it writes, then publish), load (a layer at a time into
 other pages, the gather checksumming what it reads, compared after the
 last layer), load with verify=False, and torch copying the same bytes
@@ -56,7 +56,7 @@ class Tier:
     def __init__(self, cli, size_mib):
         self.name = f"cxltier-kvpool-bench-{uuid.uuid4().hex[:10]}"
         self.spec = f"shm:{self.name}"
-        subprocess.check_call([cli, "format", "-device", self.spec, "-size", f"{size_mib}MiB", "-chunk", "4MiB"],
+        subprocess.check_call([cli, "format", "-device", self.spec, "-size", f"{size_mib}MiB", "-chunk", "1MiB"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def __enter__(self):
@@ -123,7 +123,7 @@ def run_layout(torch, cli, layout, block, layers, target_bytes, rounds, device):
     engine = "cuda" if device == "cuda" else "cpu"
     stream = torch.cuda.current_stream().cuda_stream if device == "cuda" else 0
     pin = device == "cuda"
-    host = [torch.empty(pages, chunk, dtype=torch.uint8, pin_memory=pin) for _ in bufs]
+    host = [torch.zeros(pages, chunk, dtype=torch.uint8, pin_memory=pin) for _ in bufs]  # touched: no page faults timed
     times = {op: [] for op in ("store", "load", "load-unverified", "torch-store", "torch-load")}
     with Tier(cli, tier_mib) as tier:
         t = CxlTier(tier.spec)
@@ -141,7 +141,7 @@ def run_layout(torch, cli, layout, block, layers, target_bytes, rounds, device):
                     ld.layer(i)
                 ld.close()
 
-            for r in range(rounds):
+            for r in range(-1, rounds):  # round -1 warms every path up and is not counted
                 names = [string_key(f"{layout}/{block}/{r}/{i}").hex() for i in range(pages)]
                 keys = part_keys(names, mask)
                 stored = []
@@ -159,6 +159,9 @@ def run_layout(torch, cli, layout, block, layers, target_bytes, rounds, device):
                 times["torch-load"].append(clock(lambda: [b[pages:2 * pages].copy_(h, non_blocking=pin)
                                                           for h, b in zip(host, bufs)]))
                 index.delete([keys.hex(i) for i in range(pages)])
+                if r < 0:
+                    for ts in times.values():
+                        ts.clear()
             damage = damaged_load_fails(torch, tier, pool, index, bufs, blocks - 1, layers, part_keys, string_key, mask,
                                         ChecksumError)
             unverified.close()
@@ -236,6 +239,7 @@ def main():
     ap.add_argument("--layouts", default="vllm-fa,sglang-mha,mla")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default="")
+    ap.add_argument("--label", default="", help="a note kept in the JSON (which library, what changed)")
     a = ap.parse_args()
     layouts = [x for x in a.layouts.split(",") if x]
     if not layouts or any(x not in DEFAULT_LAYERS for x in layouts):
@@ -252,6 +256,7 @@ def main():
         raise SystemExit("--device cuda: torch sees no CUDA device")
     _, cli = build(tempfile.mkdtemp(prefix="cxltier-kvpool-bench-"))
     run = provenance(a.device, torch)
+    run["label"] = a.label
     where = run.get("gpu", f"{run['cpu']} x {run['cpus']}")
     print(f"KV path: {a.device} ({where}), ~{a.mib} MiB a call, median of {a.rounds} rounds; GB/s by wall time,"
           " CPU ms of the whole process", flush=True)
