@@ -18,20 +18,32 @@ logprobs, hidden states) go under keys of the request's bootstrap room.
 The decode worker reads the pages straight into the pages it allocated,
 past the prefix it already holds, and the aux data into its metadata
 buffer. Nothing crosses a network: the two find each other through small
-records in a second index of the tier ("<index>@pd"), keyed by the room:
+records in a second index of the tier ("<index>@pd"), keyed by the room
+and the TP rank (rank r of the prefill pairs with rank r of the decode;
+both sides need the same TP size):
 
-- hello (decode): the prefix it holds and its layout; the prefill's
-  bootstrap ends when it is there (SGLang's bootstrap timeout bounds it).
-- done (prefill): the pages are written (or why not: the tier is full).
+- hello (decode): the prefix it holds, its layout and TP size, and a
+  nonce of its own for this request; the prefill's bootstrap ends when it
+  is there (SGLang's bootstrap timeout bounds it).
+- done (prefill): the pages are written (or why not: the tier is full),
+  with the hello's nonce.
 - ack (decode): the pages landed and checked; the prefill's send is over.
 - abort (either side): the request went; the other side stops waiting.
+
+A room is SGLang's random id, reused only by accident; a reused room must
+never serve the earlier request's KV. So the decode clears what a room's
+earlier request left of its records before its hello, accepts only a done
+record carrying its own nonce, and the partial last page is keyed by the
+nonce too (and deleted once landed); the prefill checks, before its done,
+that the hello it answered is still the room's.
 
 Every wait is bounded by SGLang's own timeouts, and a page whose checksum
 fails on the decode side fails the request (never damaged KV). The decode
 side needs no bootstrap server; SGLang's prefill starts the no-op one here.
 
 Served: MHA and MLA KV pools of one pipeline stage, the same TP size on
-both sides (an MHA page holds a rank's heads). Hybrid state (SWA, Mamba,
+both sides (an MHA page holds a rank's heads; a decode of another TP size
+is refused at its first request, naming both). Hybrid state (SWA, Mamba,
 DSA's indexer) is refused at start, naming it.
 """
 
@@ -41,6 +53,7 @@ import json
 import logging
 import os
 import queue
+import secrets
 import threading
 import time
 
@@ -189,7 +202,15 @@ class CxlTierKVManager(BaseKVManager):
         return part_keys(page_keys(tokens, self.page_size), [self.mask])
 
     def room_key(self, room, kind, i=0):
-        return string_key(f"cxltier-pd/{room}/{kind}/{i}")
+        """A record's key: the room's, this rank's (every rank of a TP group
+        has records of its own in the same room)."""
+        return string_key(f"cxltier-pd/{room}/r{self.tp_rank}/{kind}/{i}")
+
+    def tail_keys(self, room, nonce):
+        """The key of a request's partial last page: its room's and rank's,
+        and the decode's nonce for the request, so that a later request on
+        the same room never finds it."""
+        return part_keys([self.room_key(room, f"tail-{nonce}").hex()], [self.mask])
 
     # Records.
 
@@ -207,9 +228,12 @@ class CxlTierKVManager(BaseKVManager):
         return json.loads(bytes(buf[: lens[0]])) if n else None
 
     def drop_records(self, room, aux=0):
-        keys = [self.room_key(room, k) for k in ("hello", "done", "ack", "abort", "tail")]
+        keys = [self.room_key(room, k) for k in ("hello", "done", "ack", "abort")]
         keys += [self.room_key(room, "aux", i) for i in range(aux)]
         self.rooms.delete(keys)
+
+    def drop_tail(self, room, nonce):
+        self.index.delete([self.tail_keys(room, nonce).hex(0)])
 
     # The mover thread.
 
@@ -247,6 +271,7 @@ class _Side:
 
     def __init__(self, mgr, bootstrap_addr, bootstrap_room):
         self.kv_mgr = mgr
+        self.nonce = None  # the request's, made by the decode (see the module comment)
         self.bootstrap_addr = bootstrap_addr
         self.room = int(bootstrap_room) if bootstrap_room is not None else 0
         self.tokens = None  # the request's prompt, set by the plugin's wrap of the queue that made this side
@@ -281,9 +306,14 @@ class _Side:
 
     def _other_aborted(self, other):
         """Whether the other side (named other, for the reason) wrote an
-        abort: this side then concludes Failed. Raises the tier's error."""
-        if self.kv_mgr.get_record(self.room, "abort") is None:
+        abort of this request (one naming another nonce is an earlier
+        request's): this side then concludes Failed. Raises the tier's
+        error."""
+        abort = self.kv_mgr.get_record(self.room, "abort")
+        if abort is None:
             return False
+        if self.nonce is not None and abort.get("nonce") not in (None, self.nonce):
+            return False  # a prefill before the hello knows no nonce, and takes any abort
         self.read_last_word = True
         self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the {other} side aborted")
         return True
@@ -356,9 +386,13 @@ class CxlTierKVSender(_Side, BaseKVSender):
                 self.present += statuses.count("present")
                 self.bytes += statuses.count("stored") * mgr.page_bytes
             tail = [(i, p) for i, p in zip(range(start, start + len(pages)), pages) if i >= whole]
-            if tail:  # the last page, partial: the request's own, under its room
-                key = mgr.room_key(self.room, "tail")
-                mgr.pool.store(part_keys([key.hex()], [mgr.mask]), [tail[0][1]])
+            if tail:  # the last page, partial: the request's own, under its room and the decode's nonce
+                keys = mgr.tail_keys(self.room, self.nonce)
+                mgr.index.delete([keys.hex(0)])
+                status = mgr.pool.store(keys, [tail[0][1]])[0]
+                if status != "stored":
+                    raise DisaggError(f"cxltier disaggregation: room {self.room}: the last page was not stored "
+                                      f"({status}; index {mgr.index_name!r})")
                 self.bytes += mgr.page_bytes
             if last:
                 self._finish()
@@ -368,6 +402,10 @@ class CxlTierKVSender(_Side, BaseKVSender):
     def _finish(self):
         mgr = self.kv_mgr
         args = mgr.kv_args
+        hello = mgr.get_record(self.room, "hello")
+        if (hello or {}).get("nonce") != self.nonce:
+            raise DisaggError(f"cxltier disaggregation: room {self.room}: the decode's hello changed while this "
+                              "request was sent (another request on the same room?)")
         n = len(args.aux_data_ptrs)
         if self.aux_index is not None and n:
             keys = [mgr.room_key(self.room, "aux", i) for i in range(n)]
@@ -376,14 +414,15 @@ class CxlTierKVSender(_Side, BaseKVSender):
             if "no_space" in mgr.rooms.set(keys, bufs):
                 raise DisaggError(f"cxltier disaggregation: room {self.room}: no room for the aux data in the tier")
         mgr.put_record(self.room, "done", {"status": "ok", "pages": self.num_pages, "first_page": self.first_page,
-                                           "tokens": len(self.tokens), "aux": n, "layout": mgr.layout})
+                                           "tokens": len(self.tokens), "aux": n, "layout": mgr.layout,
+                                           "nonce": self.nonce})
         self.done_written = True
         self._since = time.monotonic()
 
     def _fail(self, e):
         reason = str(e)
         try:
-            self.kv_mgr.put_record(self.room, "done", {"status": "failed", "reason": reason})
+            self.kv_mgr.put_record(self.room, "done", {"status": "failed", "reason": reason, "nonce": self.nonce})
         except Exception:
             pass
         self._conclude(KVPoll.Failed, reason)
@@ -401,10 +440,16 @@ class CxlTierKVSender(_Side, BaseKVSender):
                 hello = mgr.get_record(self.room, "hello")
                 if hello is None:
                     return self._waited("bootstrap", "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", KVPoll.Bootstrapping)
+                self.nonce = hello.get("nonce")
                 if hello.get("layout") != mgr.layout or hello.get("key_suffix") != mgr.key_suffix:
                     self._fail(DisaggError(f"cxltier disaggregation: room {self.room}: the decode's KV layout "
                                            f"{hello.get('layout')} ({hello.get('key_suffix')}) is not this prefill's "
                                            f"{mgr.layout} ({mgr.key_suffix}): same model, KV dtype and TP size needed"))
+                    return self.conclude_state
+                if hello.get("tp_size") != mgr.tp_size:
+                    self._fail(DisaggError(f"cxltier disaggregation: room {self.room}: the decode runs at TP "
+                                           f"{hello.get('tp_size')}, this prefill at TP {mgr.tp_size}: this backend "
+                                           "needs the same TP size on both sides"))
                     return self.conclude_state
                 self.hello = hello
                 return KVPoll.WaitingForInput
@@ -433,7 +478,7 @@ class CxlTierKVSender(_Side, BaseKVSender):
 
     def abort(self):
         try:
-            self.kv_mgr.put_record(self.room, "abort", {"by": "prefill"})
+            self.kv_mgr.put_record(self.room, "abort", {"by": "prefill", "nonce": self.nonce})
         except Exception:
             pass
         self._conclude(KVPoll.Failed, self.reason or f"cxltier disaggregation: room {self.room}: aborted")
@@ -466,6 +511,7 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
         self.abort_notified = False
         self.bootstrap_infos = []
         self.loading = False
+        self.nonce = secrets.token_hex(8)  # this request's, in every record the prefill writes for it
         self._since = time.monotonic()
 
     @property
@@ -482,8 +528,11 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
         self.aux_index = aux_index
         self.decode_prefix_len = int(decode_prefix_len or 0)
         try:
+            # What an earlier request on this room left is not this one's.
+            mgr.drop_records(self.room, len(mgr.kv_args.aux_data_ptrs))
             mgr.put_record(self.room, "hello", {"decode_prefix_len": self.decode_prefix_len, "layout": mgr.layout,
-                                                "key_suffix": mgr.key_suffix})
+                                                "key_suffix": mgr.key_suffix, "tp_size": mgr.tp_size,
+                                                "nonce": self.nonce})
         except Exception as e:
             self._conclude(KVPoll.Failed, str(e))
             return
@@ -507,6 +556,8 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
         except _native.CxlTierError as e:
             self._conclude(KVPoll.Failed, str(e))
             return self.conclude_state
+        if done is not None and done.get("nonce") != self.nonce:
+            done = None  # an earlier request's, written late: not this one's
         if done is None:
             if time.monotonic() - self._since > _timeout("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300):
                 self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the prefill side wrote "
@@ -544,15 +595,15 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
                 self._land(_slice(keys, full[0][0], len(full)), [p for _, p in full])
             tail = [(i, p) for i, p in ours if i >= whole]
             if tail:
-                key = mgr.room_key(self.room, "tail")
-                self._land(part_keys([key.hex()], [mgr.mask]), [tail[0][1]])
+                self._land(mgr.tail_keys(self.room, self.nonce), [tail[0][1]])
+                mgr.drop_tail(self.room, self.nonce)  # this request's alone: no one reads it again
             self._read_aux(int(done.get("aux", 0)))
             mgr.put_record(self.room, "ack", {"pages": len(self.pages)})
             self._conclude(KVPoll.Success)
         except Exception as e:
             self._conclude(KVPoll.Failed, str(e))
             try:
-                mgr.put_record(self.room, "abort", {"by": "decode", "reason": str(e)})
+                mgr.put_record(self.room, "abort", {"by": "decode", "reason": str(e), "nonce": self.nonce})
             except Exception:
                 pass
         finally:
@@ -590,7 +641,7 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
 
     def abort(self):
         try:
-            self.kv_mgr.put_record(self.room, "abort", {"by": "decode"})
+            self.kv_mgr.put_record(self.room, "abort", {"by": "decode", "nonce": self.nonce})
             self.abort_notified = True
         except Exception:
             pass

@@ -21,6 +21,9 @@ them as follows.
 
     python pd_worker.py ROLE JSON
 
+JSON: the job (kind, tokens, room, seed, pages; tp_rank and tp_size for a
+rank of a TP group, delay for a slow rank: see the tests).
+
 prints one JSON line: the outcome and a digest of every page it holds.
 """
 
@@ -40,20 +43,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from linker_stack import kv_pool, layer_buffers  # noqa: E402
 
 
-def server_args(kind):
+def server_args(kind, tp_size):
     from sglang.srt.server_args import ServerArgs
 
     return ServerArgs(model_path="pd-test-model", device="cpu", page_size=PAGE, disaggregation_mode=ROLE,
-                      disaggregation_transfer_backend="cxltier")
+                      disaggregation_transfer_backend="cxltier", tp_size=tp_size)
 
 
-def kv_args(pool, meta):
+def kv_args(pool, meta, tp_rank):
     """KVArgs as PrefillBootstrapQueue._init_kv_manager makes them (the
     fields this backend reads, from the same SGLang calls)."""
     from sglang.srt.disaggregation.utils import KVClassType, TransferBackend, get_kv_class, get_kv_transfer_buf_infos
 
     args = get_kv_class(TransferBackend("cxltier"), KVClassType.KVARGS)()
-    args.engine_rank, args.pp_rank = 0, 0
+    args.engine_rank, args.pp_rank = tp_rank, 0
     args.kv_cache_dtype_str = "bfloat16"
     args.kv_data_ptrs, args.kv_data_lens, args.kv_item_lens = get_kv_transfer_buf_infos(pool)
     args.page_size = pool.page_size
@@ -107,6 +110,7 @@ def prefill(job, pool, meta, mgr):
     from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue
     from sglang.srt.disaggregation.utils import TransferBackend
 
+    time.sleep(job.get("delay", 0))  # a slow rank
     q = object.__new__(PrefillBootstrapQueue)  # only what create_sender reads: see the module comment
     q.kv_manager, q.transfer_backend, q.bootstrap_port, q.max_input_len = mgr, TransferBackend("cxltier"), 8998, 1 << 20
     req = request(job["tokens"], job["room"])
@@ -147,6 +151,7 @@ def decode(job, pool, meta, mgr):
     from sglang.srt.disaggregation.decode import DecodePreallocQueue
     from sglang.srt.disaggregation.utils import TransferBackend
 
+    time.sleep(job.get("delay", 0))  # a slow rank
     q = object.__new__(DecodePreallocQueue)  # only what _create_receiver_and_enqueue reads
     q.kv_manager, q.transfer_backend, q.queue = mgr, TransferBackend("cxltier"), []
     req = request(job["tokens"], job["room"])
@@ -181,8 +186,8 @@ def main():
     meta = MetadataBuffers(8, hidden_size=16, hidden_states_dtype=torch.bfloat16, max_sampling_mask_tokens=1)
     mgr_class = get_kv_class(TransferBackend("cxltier"), KVClassType.MANAGER)
     try:
-        mgr = mgr_class(kv_args(pool, meta), DisaggregationMode(ROLE), server_args(job["kind"]),
-                        is_mla_backend=job["kind"] == "mla")
+        mgr = mgr_class(kv_args(pool, meta, job.get("tp_rank", 0)), DisaggregationMode(ROLE),
+                        server_args(job["kind"], job.get("tp_size", 1)), is_mla_backend=job["kind"] == "mla")
     except Exception as e:
         print(json.dumps({"role": ROLE, "state": "refused", "reason": str(e)}), flush=True)
         return

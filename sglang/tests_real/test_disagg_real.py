@@ -216,3 +216,58 @@ def test_sides_of_different_layouts_fail_saying_so(built, device):
     pr, dr = pair(built, device, job("mha", tokens, 81), job("mla", tokens, 81, first_slot_page=20))
     assert pr["state"] == "failed" and "layout" in pr["reason"], pr
     assert dr["state"] == "failed" and "layout" in dr["reason"], dr
+
+
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+def test_tensor_parallel_ranks_with_one_slow(built, device, kind):
+    """A TP 2 prefill and a TP 2 decode, four processes, the decode's ranks
+    together and the prefill's rank 1 a second and a half behind its rank 0
+    (as under real load): each rank gets its own pages, and all four
+    succeed. (With records keyed by the room alone, the decode ranks
+    overwrote each other's hello, so an MHA prefill rank saw the other
+    rank's layout, and the first prefill rank to finish dropped the records
+    the slow one had yet to read.)"""
+    index_for(built, device, kind)
+    tokens = list(range(9000, 9000 + 3 * PAGE + 1))
+    procs = []
+    for rank in range(2):
+        extra = {"tp_rank": rank, "tp_size": 2}
+        # An MHA rank holds its own heads; every MLA rank the same latent.
+        seed = 7 + rank if kind == "mha" else 7
+        procs.append(start(built, device, "prefill", job(kind, tokens, 91, seed=seed, delay=1.5 * rank, **extra)))
+        procs.append(start(built, device, "decode", job(kind, tokens, 91, first_slot_page=20, **extra)))
+    (p0, d0, p1, d1) = [result(p) for p in procs]
+    for r in (p0, d0, p1, d1):
+        assert r["state"] == "success", (p0, d0, p1, d1)
+    assert d0["digests"] == p0["digests"] and d1["digests"] == p1["digests"]
+    if kind == "mha":  # a rank's heads are its own pages
+        assert p0["digests"] != p1["digests"]
+
+
+def test_a_decode_of_another_tp_size_is_refused_saying_so(built, device):
+    """MLA pages are the same for every rank, so the layouts agree; the TP
+    sizes do not, and the prefill says so instead of waiting for ranks that
+    will never say hello."""
+    index_for(built, device, "mla")
+    tokens = list(range(9500, 9500 + 2 * PAGE))
+    pr, dr = pair(built, device, job("mla", tokens, 95, tp_rank=0, tp_size=2),
+                  job("mla", tokens, 95, first_slot_page=20))
+    assert pr["state"] == "failed" and "TP" in pr["reason"], pr
+    assert dr["state"] == "failed" and "TP" in dr["reason"], dr
+
+
+def test_a_reused_room_serves_its_own_last_page(built, device):
+    """Two requests on one room, one after the other, with different
+    prompts whose last pages are partial: the second decode gets the
+    second prefill's last page, not the first's (the partial page was
+    stored under the room alone, insert-if-absent, and never deleted: the
+    second request was served the first's KV and both sides said success)."""
+    index_for(built, device, "mha")
+    first = list(range(10000, 10000 + 2 * PAGE + 2))
+    second = list(range(11000, 11000 + 2 * PAGE + 2))
+    pr, dr = pair(built, device, job("mha", first, 101), job("mha", first, 101, first_slot_page=20))
+    assert pr["state"] == "success" and dr["state"] == "success", (pr, dr)
+    pr2, dr2 = pair(built, device, job("mha", second, 101, seed=8), job("mha", second, 101, first_slot_page=20))
+    assert pr2["state"] == "success" and dr2["state"] == "success", (pr2, dr2)
+    assert dr2["digests"] == pr2["digests"], "the second request's decode holds pages the second prefill did not send"
+    assert dr2["digests"][-1] != pr["digests"][-1]
