@@ -111,6 +111,30 @@ func (r *Region) Leases() []LeaseInfo {
 	return out
 }
 
+// LeaseGone reports whether the client that held lease slot slot at
+// generation gen is gone: the slot is free, dead (being reaped) or another
+// client's since, or, on a one-host tier, its process is proven gone
+// (/proc, in the reader's PID namespace). A live lease it cannot judge
+// (another namespace, another host) counts as there until the reaper
+// declares it dead, a lease timeout after its last heartbeat.
+//
+// slot and gen come from another process's records in the tier, which any
+// tier writer can forge: the answer is for deciding to stop waiting on that
+// client, never for acting on its process.
+func (r *Region) LeaseGone(slot int, gen uint32) (bool, error) {
+	if err := r.live("lease"); err != nil {
+		return false, err
+	}
+	if n := r.l.Nodes * r.l.ClientsPerNode; slot < 0 || slot >= n {
+		return false, fmt.Errorf("tier: lease slot %d not in [0,%d): %w", slot, n, ErrOutOfBounds)
+	}
+	inf := r.readLease(slot)
+	if inf.State != "live" || inf.Gen != gen {
+		return true, nil
+	}
+	return r.l.Nodes == 1 && r.provenGone(inf), nil
+}
+
 // ClientOptions configure an attached client.
 type ClientOptions struct {
 	Node   int    // this host's node id
@@ -277,6 +301,10 @@ func (c *Client) heartbeat(period time.Duration) {
 
 // Slot is the client's lease slot index.
 func (c *Client) Slot() int { return c.slot }
+
+// Gen is the generation of the client's lease slot when it attached: with
+// Slot, the name of this client's lease and of no later holder of the slot.
+func (c *Client) Gen() uint32 { return c.gen }
 
 // Node is the client's node id.
 func (c *Client) Node() int { return c.node }

@@ -38,6 +38,8 @@
 //	cxl_tier_replaced(tier, buf, cap)                    why the tier is not the one its paths name any more ("" while it is)
 //	cxl_tier_registered(tier, &yes, why, why_cap)        whether this client proved who it is to its node's daemon
 //	cxl_tier_populate(tier, &bytes)                      enter every tier page into this process's page tables, once
+//	cxl_tier_lease(tier, &slot, &gen)                    this client's lease: what names it to its peers
+//	cxl_tier_lease_gone(tier, slot, gen, &gone)          whether the client of that lease is gone (to stop waiting on it)
 //	cxl_prefix_namespace(index, buf, cap)                the index's name across nodes (name, and a digest of its key)
 //	cxl_prefix_pin(index, keys, n, addrs, lens, trailers, inplace, present, &pins)   pins each present key's payload in place, with its page trailer
 //	cxl_prefix_unpin(pins)
@@ -114,7 +116,7 @@ package main
 import "C"
 
 // abiVersion changes whenever a call's meaning or signature does.
-const abiVersion = 13
+const abiVersion = 14
 
 //export cxl_abi_version
 func cxl_abi_version() C.int { return abiVersion }

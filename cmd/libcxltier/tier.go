@@ -6,6 +6,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -222,6 +223,61 @@ func cxl_tier_registered(h C.uint64_t, out *C.int, buf *C.char, bufCap C.int, er
 			}
 		}
 		return copyString([]byte(why), buf, bufCap)
+	}()
+	return report(err, errbuf, errlen)
+}
+
+// cxl_tier_lease writes the lease of this process's client of tier h: its
+// slot and generation, which name this client and no later holder of the
+// slot (what a peer puts in its records, so the other side can tell when
+// it is gone: cxl_tier_lease_gone).
+//
+//export cxl_tier_lease
+func cxl_tier_lease(h C.uint64_t, slot *C.int64_t, gen *C.uint32_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_tier_lease", errbuf, errlen, &code)
+	err := func() error {
+		if slot == nil || gen == nil {
+			return fmt.Errorf("tier lease: %w: no output", errBadArg)
+		}
+		a, done, err := use[*attached](uint64(h))
+		if err != nil {
+			return err
+		}
+		defer done.Done()
+		*slot, *gen = C.int64_t(a.c.Slot()), C.uint32_t(a.c.Gen())
+		return nil
+	}()
+	return report(err, errbuf, errlen)
+}
+
+// cxl_tier_lease_gone writes 1 to *out if the client that held lease slot
+// slot at generation gen is gone (tier.Region.LeaseGone: its slot freed,
+// reaped or another's, or on a one-host tier its process proven gone),
+// else 0. slot and gen come from another process's records: a slot outside
+// the lease table is CXL_EINVAL; the answer is for deciding to stop
+// waiting on that client, never for acting on its process.
+//
+//export cxl_tier_lease_gone
+func cxl_tier_lease_gone(h C.uint64_t, slot C.int64_t, gen C.uint32_t, out *C.int8_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_tier_lease_gone", errbuf, errlen, &code)
+	err := func() error {
+		if out == nil {
+			return fmt.Errorf("tier lease gone: %w: no output", errBadArg)
+		}
+		a, done, err := use[*attached](uint64(h))
+		if err != nil {
+			return err
+		}
+		defer done.Done()
+		if int64(slot) < 0 || int64(slot) > math.MaxInt32 {
+			return fmt.Errorf("tier lease gone: %w: slot %d", errBadArg, int64(slot))
+		}
+		gone, err := a.r.LeaseGone(int(slot), uint32(gen))
+		*out = 0
+		if gone {
+			*out = 1
+		}
+		return err
 	}()
 	return report(err, errbuf, errlen)
 }

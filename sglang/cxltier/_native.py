@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 
-ABI_VERSION = 13
+ABI_VERSION = 14
 _ERRLEN = 1024
 
 
@@ -98,6 +98,8 @@ _PROTOTYPES = {
     "cxl_uplink_address": [_u64, ctypes.c_char_p, _int] + _err,
     "cxl_tier_replaced": [_u64, ctypes.c_char_p, _int] + _err,
     "cxl_tier_populate": [_u64, _p(_i64)] + _err,
+    "cxl_tier_lease": [_u64, _p(_i64), _p(ctypes.c_uint32)] + _err,
+    "cxl_tier_lease_gone": [_u64, _i64, ctypes.c_uint32, _p(_i8)] + _err,
     "cxl_tier_registered": [_u64, ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, _int] + _err,
     "cxl_tier_mappings": [_u64, _p(ctypes.c_void_p), _p(_i64), _i64, _p(_i64), _p(_u64)] + _err,
     "cxl_page_trailer_bytes": [],

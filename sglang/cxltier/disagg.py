@@ -22,9 +22,10 @@ records in a second index of the tier ("<index>@pd"), keyed by the room
 and the TP rank (rank r of the prefill pairs with rank r of the decode;
 both sides need the same TP size):
 
-- hello (decode): the prefix it holds, its layout and TP size, and a
-  nonce of its own for this request; the prefill's bootstrap ends when it
-  is there (SGLang's bootstrap timeout bounds it).
+- hello (decode): the prefix it holds, its layout and TP size, a nonce of
+  its own for this request and its lease; the prefill's bootstrap ends
+  when it is there (SGLang's bootstrap timeout bounds it).
+- accept (prefill): the hello was answered; the prefill's lease.
 - done (prefill): the pages are written (or why not: the tier is full),
   with the hello's nonce.
 - ack (decode): the pages landed and checked; the prefill's send is over.
@@ -37,8 +38,12 @@ record carrying its own nonce, and the partial last page is keyed by the
 nonce too (and deleted once landed); the prefill checks, before its done,
 that the hello it answered is still the room's.
 
-Every wait is bounded by SGLang's own timeouts, and a page whose checksum
-fails on the decode side fails the request (never damaged KV). The decode
+Every wait is bounded by SGLang's own timeouts, and ends sooner when the
+other side's process is gone: each side names its lease on the tier in its
+records, and the waiting side asks the tier about it (a quarter of a
+second apart): a process that closed its client or was reaped, or on one
+host one that no longer runs, fails the request at once. A page whose
+checksum fails on the decode side fails the request (never damaged KV). The decode
 side needs no bootstrap server; SGLang's prefill starts the no-op one here.
 
 Served: MHA and MLA KV pools of one pipeline stage, the same TP size on
@@ -57,9 +62,9 @@ import secrets
 import threading
 import time
 
-from . import _native
+from . import _native, pagekeys
 from .kvpool import KVPool
-from .prefix import page_keys, part_keys, part_mask, string_key
+from .prefix import page_keys, part_keys, string_key
 from .tier import Tier
 
 logger = logging.getLogger(__name__)
@@ -80,6 +85,8 @@ BACKEND = "cxltier"
 ROOMS_SUFFIX = "@pd"
 # How often a side looks for the other's record, at most.
 POLL_EVERY = 0.002
+# How often a waiting side asks whether the other side's process is gone.
+PEER_EVERY = 0.25
 
 
 class DisaggError(RuntimeError):
@@ -125,11 +132,11 @@ class CxlTierKVManager(BaseKVManager):
         self.tp_size = int(getattr(server_args, "tp_size", 1) or 1)
         pp_rank, pp_size = int(getattr(args, "pp_rank", 0) or 0), int(getattr(server_args, "pp_size", 1) or 1)
         model = str(getattr(server_args, "model_path", None) or "default").replace("/", "-")
-        shard = f"_pp{pp_rank}_{pp_size}_cp0_1"
-        self.key_suffix = model + shard if self.is_mla else f"{model}_tp{self.tp_rank}_{self.tp_size}{shard}"
+        self.key_suffix = pagekeys.key_suffix(model, self.tp_rank, self.tp_size, pp_rank, pp_size, replicated=self.is_mla)
         engine = "cpu" if str(getattr(server_args, "device", "cuda")) == "cpu" else "cuda"
         self.tier = Tier(os.environ.get("CXLTIER_DEVICES") or "shm:cxltier", name=f"sglang-pd-{self.mode}-{os.getpid()}")
         try:
+            self.lease = list(self.tier.lease())  # in this side's records: the other side watches it
             self._populate()
             self._open(args, model, engine)
         except BaseException:
@@ -164,8 +171,11 @@ class CxlTierKVManager(BaseKVManager):
             ptrs, lens = [ptrs[i] for i in order], [lens[i] for i in order]
         chunk = items[0]
         self.page_bytes = chunk * n
-        dtype = str(getattr(args, "kv_cache_dtype_str", None) or "auto")
-        self.layout = f"L{self.layers}x{per_layer}x{chunk}/{dtype}"
+        self.per_layer, self.chunk = per_layer, chunk
+        # SGLang's --kv-cache-dtype; "auto" is named by the pool's dtype once
+        # a queue hands the pool over (bind_pool), as the linker names it.
+        self.server_dtype = str(getattr(args, "kv_cache_dtype_str", None) or "auto")
+        self.dtype_bound = pagekeys.kv_dtype(self.server_dtype, "auto") != "auto"
         self.index_name = os.environ.get("CXLTIER_PD_INDEX") or model
         blocks = int(os.environ.get("CXLTIER_PD_BLOCKS", "0") or 0)
         key = os.environ.get("CXLTIER_PREFIX_KEY") or None
@@ -178,9 +188,25 @@ class CxlTierKVManager(BaseKVManager):
                                       max(4096, max(aux, default=0)), key)
         self.pool = KVPool(self.index, list(zip(ptrs, lens)), per_layer, chunk, chunk, engine=engine,
                            device=engine != "cpu")
-        # The unified-cache linker's tag for this pool: pages the backend
-        # writes are the linker's cache entries, and the other way round.
-        self.mask = part_mask(f"{self.key_suffix}/linker/v1/kv.0/p{self.page_size}/{self.layout}")
+        self._name_pages(pagekeys.kv_dtype(self.server_dtype, "auto"))
+
+    def _name_pages(self, dtype):
+        """The layout both sides compare and the key mask of this pool's
+        pages: the unified-cache linker's, so that pages this backend
+        writes are the linker's cache entries, and the other way round."""
+        self.layout = pagekeys.layout(self.layers, self.per_layer, self.chunk, dtype)
+        self.mask = pagekeys.pool_mask(self.key_suffix, "kv", 0, self.page_size, self.layout)
+
+    def bind_pool(self, pool):
+        """SGLang's KV pool, from the queue that made a sender or receiver:
+        with --kv-cache-dtype auto its dtype names the pages. Before any
+        request is sent (the wraps call it as they make the first)."""
+        dtype = getattr(pool, "dtype", None)
+        if self.dtype_bound or dtype is None:
+            return
+        self._name_pages(pagekeys.kv_dtype(self.server_dtype, dtype))
+        self.dtype_bound = True
+        logger.info("cxltier disaggregation: pages named as the linker names them: %s", self.layout)
 
     # What SGLang's queues ask of a manager.
 
@@ -228,7 +254,7 @@ class CxlTierKVManager(BaseKVManager):
         return json.loads(bytes(buf[: lens[0]])) if n else None
 
     def drop_records(self, room, aux=0):
-        keys = [self.room_key(room, k) for k in ("hello", "done", "ack", "abort")]
+        keys = [self.room_key(room, k) for k in ("hello", "accept", "done", "ack", "abort")]
         keys += [self.room_key(room, "aux", i) for i in range(aux)]
         self.rooms.delete(keys)
 
@@ -279,6 +305,7 @@ class _Side:
         self.reason = None
         self._lock = threading.Lock()
         self._next_look = 0.0
+        self._next_peer_look = 0.0
         self.bytes = 0
         self.started = None
         self.finished = None
@@ -317,6 +344,26 @@ class _Side:
         self.read_last_word = True
         self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the {other} side aborted")
         return True
+
+    def _peer_gone(self, record, other):
+        """Whether the other side's process, named by the lease in its
+        record, is gone (looked at most every PEER_EVERY): this side then
+        concludes Failed at once instead of at SGLang's waiting timeout.
+        The lease is the other side's word in the tier: it only ends this
+        side's wait."""
+        now = time.monotonic()
+        lease = (record or {}).get("lease")
+        if now < self._next_peer_look or not isinstance(lease, list) or len(lease) != 2:
+            return False
+        self._next_peer_look = now + PEER_EVERY
+        try:
+            gone = self.kv_mgr.tier.lease_gone(int(lease[0]), int(lease[1]))
+        except (_native.CxlTierError, TypeError, ValueError):
+            return False  # a lease this tier cannot read names no one to wait on less
+        if gone:
+            self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the {other} side's process is "
+                                          f"gone (its lease, slot {lease[0]}, ended)")
+        return gone
 
     def failure_exception(self):
         raise DisaggError(self.reason or "cxltier disaggregation: the transfer failed")
@@ -452,7 +499,10 @@ class CxlTierKVSender(_Side, BaseKVSender):
                                            "needs the same TP size on both sides"))
                     return self.conclude_state
                 self.hello = hello
+                mgr.put_record(self.room, "accept", {"nonce": self.nonce, "lease": mgr.lease})
                 return KVPoll.WaitingForInput
+            if self._peer_gone(self.hello, "decode"):
+                return self.conclude_state
             if not self.done_written:
                 return KVPoll.Transferring if self.started else KVPoll.WaitingForInput
             if mgr.get_record(self.room, "ack") is not None:
@@ -532,7 +582,7 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
             mgr.drop_records(self.room, len(mgr.kv_args.aux_data_ptrs))
             mgr.put_record(self.room, "hello", {"decode_prefix_len": self.decode_prefix_len, "layout": mgr.layout,
                                                 "key_suffix": mgr.key_suffix, "tp_size": mgr.tp_size,
-                                                "nonce": self.nonce})
+                                                "nonce": self.nonce, "lease": mgr.lease})
         except Exception as e:
             self._conclude(KVPoll.Failed, str(e))
             return
@@ -559,6 +609,12 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
         if done is not None and done.get("nonce") != self.nonce:
             done = None  # an earlier request's, written late: not this one's
         if done is None:
+            try:
+                accept = mgr.get_record(self.room, "accept") if time.monotonic() >= self._next_peer_look else None
+            except _native.CxlTierError:
+                accept = None
+            if accept is not None and accept.get("nonce") == self.nonce and self._peer_gone(accept, "prefill"):
+                return self.conclude_state
             if time.monotonic() - self._since > _timeout("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300):
                 self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the prefill side wrote "
                                               "nothing within SGLANG_DISAGGREGATION_WAITING_TIMEOUT (did it die?)")
@@ -711,6 +767,7 @@ def _give_sender_its_prompt(original, queue_, req, *args, **kwargs):
     sender = getattr(req, "disagg_kv_sender", None)
     if isinstance(sender, CxlTierKVSender):
         sender.tokens = list(req.origin_input_ids)
+        sender.kv_mgr.bind_pool(getattr(queue_, "token_to_kv_pool", None))
     return made
 
 
@@ -719,6 +776,7 @@ def _give_receiver_its_prompt(original, queue_, req, *args, **kwargs):
     receiver = getattr(decode_req, "kv_receiver", None)
     if isinstance(receiver, CxlTierKVReceiver):
         receiver.tokens = list(req.origin_input_ids)
+        receiver.kv_mgr.bind_pool(getattr(queue_, "token_to_kv_pool", None))
     return decode_req
 
 

@@ -38,6 +38,7 @@ import functools
 import logging
 import os
 
+from . import pagekeys
 from ._native import CxlTierError
 from .kvevents import TokenRecorder
 from .prefix import KEY_BYTES, part_keys, part_mask
@@ -98,14 +99,13 @@ def _kv_dtype(extra, pool):
     given = extra.get("kv_dtype")
     if given:
         return str(given)
-    pool_dtype = str(getattr(pool, "dtype", "unknown")).replace("torch.", "")
     try:
         from sglang.srt.runtime_context import get_model
 
         server = str(get_model().kv_cache_dtype)
     except Exception:  # no server published (tools, tests) or another SGLang
         server = "auto"
-    return pool_dtype if server in ("auto", "", "None") else server
+    return pagekeys.kv_dtype(server, getattr(pool, "dtype", "unknown"))
 
 
 def _address(t):

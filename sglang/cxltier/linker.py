@@ -41,10 +41,11 @@ from dataclasses import dataclass
 
 import torch
 
+from . import pagekeys
 from ._native import CxlTierError
 from .hicache import _kv_dtype
 from .kvpool import KVPool
-from .prefix import part_keys, part_mask
+from .prefix import part_keys
 from .tier import Tier
 
 logger = logging.getLogger(__name__)
@@ -233,8 +234,8 @@ class _Base:
         self.on_device = pools[0].parts[0].buffers[0].is_cuda
         self.num_layers = 1 + max(layer for p in pools for layer in p.layers)
         self.tp_rank, self.tp_size = _rank(params)
-        shard = f"_pp{params.pp_rank}_{params.pp_size}_cp{params.attn_cp_rank}_{params.attn_cp_size}"
-        self.key_suffix = model + shard if self.rank_replicated else f"{model}_tp{self.tp_rank}_{self.tp_size}{shard}"
+        self.key_suffix = pagekeys.key_suffix(model, self.tp_rank, self.tp_size, params.pp_rank, params.pp_size,
+                                              params.attn_cp_rank, params.attn_cp_size, self.rank_replicated)
         engine = cfg["engine"] or ("cuda" if self.on_device else "cpu")
         self.tier = Tier(cfg["devices"], name=f"sglang-linker-{os.getpid()}")
         try:
@@ -290,9 +291,9 @@ class _Base:
                            for t in part.buffers]
                 pool = KVPool(self.index, buffers, part.per_layer, part.chunk, part.stride, engine=engine,
                               device=self.on_device, verify=cfg["verify"])
-                tag = (f"{self.key_suffix}/linker/v1/{p.name}.{j}/p{self.page_size}/"
-                       f"L{len(p.layers)}x{part.per_layer}x{part.chunk}/{dtype}")
-                self._kvpools.append((p, pool, part_mask(tag)))
+                mask = pagekeys.pool_mask(self.key_suffix, p.name, j, self.page_size,
+                                          pagekeys.layout(len(p.layers), part.per_layer, part.chunk, dtype))
+                self._kvpools.append((p, pool, mask))
 
     # SGLang passes a KV transfer (the full-attention pages) and, for SWA
     # models, an SWA transfer (the trailing window's pages); the DSA

@@ -68,6 +68,22 @@ class Tier:
         _native.call("cxl_tier_populate", self.handle, ctypes.byref(n))
         return n.value
 
+    def lease(self):
+        """(slot, generation) of this process's lease on the tier: what names
+        it to a peer waiting on it (see lease_gone)."""
+        slot, gen = ctypes.c_int64(), ctypes.c_uint32()
+        _native.call("cxl_tier_lease", self.handle, ctypes.byref(slot), ctypes.byref(gen))
+        return slot.value, gen.value
+
+    def lease_gone(self, slot, gen):
+        """Whether the client of lease (slot, gen) is gone: it closed, was
+        reaped, its slot is another's, or (one host) its process ended. The
+        lease comes from another process's word in the tier: use the answer
+        to stop waiting on that client, never to act on its process."""
+        out = ctypes.c_int8()
+        _native.call("cxl_tier_lease_gone", self.handle, int(slot), int(gen) & 0xFFFFFFFF, ctypes.byref(out))
+        return out.value == 1
+
     def prefix(self, name="default", blocks=0, block_bytes=0, key=None):
         """Opens prefix index `name`; with blocks > 0 it is created (blocks of
         block_bytes) when missing. key: the tenant key of an index created

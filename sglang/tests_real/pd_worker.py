@@ -22,7 +22,8 @@ them as follows.
     python pd_worker.py ROLE JSON
 
 JSON: the job (kind, tokens, room, seed, pages; tp_rank and tp_size for a
-rank of a TP group, delay for a slow rank: see the tests).
+rank of a TP group, delay for a slow rank, model for the model path: see
+the tests).
 
 prints one JSON line: the outcome and a digest of every page it holds.
 """
@@ -43,10 +44,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from linker_stack import kv_pool, layer_buffers  # noqa: E402
 
 
-def server_args(kind, tp_size):
+def server_args(kind, tp_size, model):
     from sglang.srt.server_args import ServerArgs
 
-    return ServerArgs(model_path="pd-test-model", device="cpu", page_size=PAGE, disaggregation_mode=ROLE,
+    return ServerArgs(model_path=model, device="cpu", page_size=PAGE, disaggregation_mode=ROLE,
                       disaggregation_transfer_backend="cxltier", tp_size=tp_size)
 
 
@@ -57,7 +58,7 @@ def kv_args(pool, meta, tp_rank):
 
     args = get_kv_class(TransferBackend("cxltier"), KVClassType.KVARGS)()
     args.engine_rank, args.pp_rank = tp_rank, 0
-    args.kv_cache_dtype_str = "bfloat16"
+    args.kv_cache_dtype_str = "auto"  # what SGLang's model runner gives with --kv-cache-dtype auto (the default)
     args.kv_data_ptrs, args.kv_data_lens, args.kv_item_lens = get_kv_transfer_buf_infos(pool)
     args.page_size = pool.page_size
     args.aux_data_ptrs, args.aux_data_lens, args.aux_item_lens = meta.get_buf_infos()
@@ -113,6 +114,7 @@ def prefill(job, pool, meta, mgr):
     time.sleep(job.get("delay", 0))  # a slow rank
     q = object.__new__(PrefillBootstrapQueue)  # only what create_sender reads: see the module comment
     q.kv_manager, q.transfer_backend, q.bootstrap_port, q.max_input_len = mgr, TransferBackend("cxltier"), 8998, 1 << 20
+    q.token_to_kv_pool = pool
     req = request(job["tokens"], job["room"])
     assert q.create_sender(req, num_kv_heads=2)
     sender = req.disagg_kv_sender
@@ -153,7 +155,7 @@ def decode(job, pool, meta, mgr):
 
     time.sleep(job.get("delay", 0))  # a slow rank
     q = object.__new__(DecodePreallocQueue)  # only what _create_receiver_and_enqueue reads
-    q.kv_manager, q.transfer_backend, q.queue = mgr, TransferBackend("cxltier"), []
+    q.kv_manager, q.transfer_backend, q.queue, q.token_to_kv_pool = mgr, TransferBackend("cxltier"), [], pool
     req = request(job["tokens"], job["room"])
     decode_req = q._create_receiver_and_enqueue(req)
     receiver = decode_req.kv_receiver
@@ -187,7 +189,8 @@ def main():
     mgr_class = get_kv_class(TransferBackend("cxltier"), KVClassType.MANAGER)
     try:
         mgr = mgr_class(kv_args(pool, meta, job.get("tp_rank", 0)), DisaggregationMode(ROLE),
-                        server_args(job["kind"], job.get("tp_size", 1)), is_mla_backend=job["kind"] == "mla")
+                        server_args(job["kind"], job.get("tp_size", 1), job.get("model", "pd-test-model")),
+                        is_mla_backend=job["kind"] == "mla")
     except Exception as e:
         print(json.dumps({"role": ROLE, "state": "refused", "reason": str(e)}), flush=True)
         return
