@@ -1,8 +1,10 @@
 """What the Python benchmarks share: libcxltier and the cxltier CLI, built
-from this checkout unless CXLTIER_LIB and CXLTIER_CLI name them."""
+from this checkout unless CXLTIER_LIB and CXLTIER_CLI name them, and fresh
+tiers in /dev/shm."""
 
 import os
 import subprocess
+import uuid
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,3 +21,23 @@ def build(tmp):
         cli = os.path.join(tmp, "cxltier")
         subprocess.check_call(["go", "build", "-o", cli, "./cmd/cxltier"], cwd=REPO)
     return lib, cli
+
+
+class ShmTier:
+    """A fresh /dev/shm tier of size (the CLI's form: "256MiB"), formatted by
+    the CLI with 1 MiB chunks, removed on exit; spec is its device."""
+
+    def __init__(self, cli, size, what="bench"):
+        self.name = f"cxltier-{what}-{uuid.uuid4().hex[:10]}"
+        self.spec = f"shm:{self.name}"
+        subprocess.check_call([cli, "format", "-device", self.spec, "-size", size, "-chunk", "1MiB"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            os.remove(f"/dev/shm/{self.name}")
+        except FileNotFoundError:
+            pass

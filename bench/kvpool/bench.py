@@ -27,7 +27,6 @@ run exits non-zero otherwise.
 """
 
 import argparse
-import ctypes
 import datetime
 import json
 import mmap
@@ -38,35 +37,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "sglang"))
 sys.path.insert(0, os.path.join(REPO, "bench"))
 
-from pybuild import build  # noqa: E402
+from pybuild import ShmTier, build  # noqa: E402
 
 HEADS, HEAD_DIM, LATENT = 8, 128, 576
 DEFAULT_LAYERS = {"vllm-fa": 32, "sglang-mha": 32, "mla": 61}
-
-
-class Tier:
-    """A fresh shm tier, removed on exit."""
-
-    def __init__(self, cli, size_mib):
-        self.name = f"cxltier-kvpool-bench-{uuid.uuid4().hex[:10]}"
-        self.spec = f"shm:{self.name}"
-        subprocess.check_call([cli, "format", "-device", self.spec, "-size", f"{size_mib}MiB", "-chunk", "1MiB"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        try:
-            os.remove(f"/dev/shm/{self.name}")
-        except FileNotFoundError:
-            pass
 
 
 def make_pool(torch, layout, layers, block, blocks, device):
@@ -125,7 +104,7 @@ def run_layout(torch, cli, layout, block, layers, target_bytes, rounds, device):
     pin = device == "cuda"
     host = [torch.zeros(pages, chunk, dtype=torch.uint8, pin_memory=pin) for _ in bufs]  # touched: no page faults timed
     times = {op: [] for op in ("store", "load", "load-unverified", "torch-store", "torch-load")}
-    with Tier(cli, tier_mib) as tier:
+    with ShmTier(cli, f"{tier_mib}MiB", "kvpool-bench") as tier:
         t = CxlTier(tier.spec)
         try:
             index = t.prefix("bench", pages + 2, page_bytes)

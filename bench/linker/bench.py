@@ -39,7 +39,6 @@ import statistics
 import subprocess
 import sys
 import time
-import uuid
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TESTS_REAL = os.path.join(REPO, "sglang", "tests_real")
@@ -47,26 +46,7 @@ sys.path.insert(0, os.path.join(REPO, "sglang"))
 sys.path.insert(0, os.path.join(REPO, "bench"))
 sys.path.insert(0, TESTS_REAL)
 
-from pybuild import build  # noqa: E402
-
-
-class Tier:
-    """A fresh shm tier, removed on exit."""
-
-    def __init__(self, cli, size):
-        self.name = f"cxltier-linker-bench-{uuid.uuid4().hex[:10]}"
-        self.spec = f"shm:{self.name}"
-        subprocess.check_call([cli, "format", "-device", self.spec, "-size", size, "-chunk", "1MiB"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        try:
-            os.remove(f"/dev/shm/{self.name}")
-        except FileNotFoundError:
-            pass
+from pybuild import ShmTier, build  # noqa: E402
 
 
 def load_rows(cli, pages, page_size, layers, repeat):
@@ -82,7 +62,7 @@ def load_rows(cli, pages, page_size, layers, repeat):
     page_bytes = 2 * layers * page_size * MODEL["head_num"] * MODEL["head_dim"] * 2
     size = f"{max(256, 3 * pages * page_bytes // (1 << 20) + 64)}MiB"
     out = {}
-    with Tier(cli, size) as tier:
+    with ShmTier(cli, size, "linker-bench") as tier:
         args = publish_server_args(tier.spec, page_size, index="load", blocks=pages + 8)
         pool_tokens = 2 * len(tokens) + page_size
         a = Stack(args, "mha", page_size, tokens=pool_tokens, layers=layers, dims=MODEL)
@@ -159,7 +139,7 @@ def tier_bytes_rows(cli, tps, pages, page_size):
     one_copy = None
     for tp in tps:
         for label, extra in (("linker (shared)", {}), ("per rank", {"share_ranks": 0})):
-            with Tier(cli, f"{max(256, 2 * max(tps) * pages * 160 // 1024 + 64)}MiB") as tier:
+            with ShmTier(cli, f"{max(256, 2 * max(tps) * pages * 160 // 1024 + 64)}MiB", "linker-bench") as tier:
                 port = free_port()
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS_REAL, os.path.join(REPO, "sglang")]))
                 procs = [subprocess.Popen([sys.executable, "-W", "ignore", os.path.join(TESTS_REAL, "linker_stack.py"),

@@ -128,13 +128,7 @@ def test_a_decode_that_dies_before_its_ack_fails_the_prefill_at_once(built, devi
     p = start(built, device, "prefill", job("mha", tokens, 35, limit=400), {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "300"})
     d = start(built, device, "decode", job("mha", tokens, 35, first_slot_page=30),
               {"CXLTIER_PD_TEST_GATE_BEFORE_LOAD": str(tmp_path / "never")})
-    t = cxltier.Tier(device)
-    ix = t.prefix("pd")
-    deadline = time.monotonic() + 120
-    while len(ix.keys()) < 3:  # the prefill's pages are in: its done follows
-        assert time.monotonic() < deadline and p.poll() is None, "the prefill did not store its pages"
-        time.sleep(0.02)
-    t.close()
+    wait_for_pages(device, 3, p)[0].close()  # the prefill's pages are in: its done follows
     time.sleep(0.5)
     d.send_signal(signal.SIGKILL)
     d.wait()
@@ -186,14 +180,23 @@ def test_a_damaged_page_is_never_handed_to_the_decode(built, device, tmp_path):
     assert pr["state"] == "failed", pr
 
 
-def _damage_one_page(built, device, want):
-    """Flips a byte of one ready entry's payload of index pd, in place."""
+def wait_for_pages(device, want, prefill=None):
+    """Waits until index pd holds want pages (the prefill, when given, must
+    not have ended first); returns the attached tier and the index."""
     t = cxltier.Tier(device)
     ix = t.prefix("pd")
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while len(keys := ix.keys()) < want:
         assert time.monotonic() < deadline, f"the prefill stored {len(keys)} of {want} pages"
+        assert prefill is None or prefill.poll() is None, "the prefill ended before storing its pages"
         time.sleep(0.02)
+    return t, ix
+
+
+def _damage_one_page(built, device, want):
+    """Flips a byte of one ready entry's payload of index pd, in place."""
+    t, ix = wait_for_pages(device, want)
+    keys = ix.keys()
     from cxltier import _native
     import ctypes
 
