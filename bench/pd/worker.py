@@ -107,11 +107,15 @@ def request(tokens, room):
     return req
 
 
-def wait(side, want, limit=120):
+def wait(side, want, limit=120, clock=None):
+    """Polls side until it says want (or Failed); clock, when given, gets
+    (monotonic time, process CPU seconds) before every poll."""
     from sglang.srt.disaggregation.base import KVPoll
 
     deadline = time.monotonic() + limit
     while True:
+        if clock is not None:
+            clock.append((time.monotonic(), cpu_s()))
         st = side.poll()
         if st == want or st == KVPoll.Failed:
             return st
@@ -128,19 +132,24 @@ def prefill(cfg, pool, meta, mgr, r):
     page = cfg["page_size"]
     q = object.__new__(PrefillBootstrapQueue)
     q.kv_manager, q.transfer_backend, q.bootstrap_port, q.max_input_len = mgr, TransferBackend(cfg["backend"]), BOOTSTRAP_PORT, 1 << 30
+    # The KV first (the decode holds no prefix here), as a prefill's forward
+    # pass makes it: the decode's hello then comes just before the send.
+    n_pages = -(-len(r["tokens"]) // page)
+    pages = list(range(r["first_slot_page"], r["first_slot_page"] + n_pages))
+    fill(pool, pages, page, seed=r["seed"])
+    aux_index = r["room"] % 8
+    meta.output_ids[aux_index][0] = 4242
+    out = {"sum": page_sum(pool, pages, page)}
+    print(json.dumps({"filled": r["room"]}), flush=True)  # the bench starts the decode's request now
     req = request(r["tokens"], r["room"])
     assert q.create_sender(req, num_kv_heads=8)
     sender = req.disagg_kv_sender
     if wait(sender, KVPoll.WaitingForInput) != KVPoll.WaitingForInput:
         return {"state": "failed", "reason": _reason(sender)}
     prefix = sender.pop_decode_prefix_len() if hasattr(sender, "pop_decode_prefix_len") else 0
-    n_pages = -(-(len(r["tokens"]) - prefix) // page)
-    aux_index = r["room"] % 8
+    if prefix:
+        return {"state": "failed", "reason": f"the decode holds {prefix} tokens; this bench sends whole prompts"}
     sender.init(n_pages, aux_index)
-    pages = list(range(r["first_slot_page"], r["first_slot_page"] + n_pages))
-    fill(pool, pages, page, seed=r["seed"])
-    meta.output_ids[aux_index][0] = 4242
-    out = {"sum": page_sum(pool, pages, page)}
     c0, t0 = cpu_s(), time.monotonic()
     chunk = cfg.get("chunk_pages", n_pages)
     for i in range(0, n_pages, chunk):
@@ -177,11 +186,11 @@ def decode(cfg, pool, meta, mgr, r):
     n_pages = -(-len(r["tokens"]) // page)
     pages = list(range(r["first_slot_page"], r["first_slot_page"] + n_pages))
     aux_index = r["room"] % 8
-    c0 = cpu_s()
+    clock = []  # the bench counts this side's CPU from the prefill's first send, not from its own polling
     receiver.send_metadata(np.array(pages, dtype=np.int32), aux_index, None)
-    st = wait(receiver, KVPoll.Success)
-    t1 = time.monotonic()
-    return {"t_done": t1, "cpu_s": cpu_s() - c0, "sum": page_sum(pool, pages, page),
+    st = wait(receiver, KVPoll.Success, clock=clock)
+    t1, c1 = time.monotonic(), cpu_s()
+    return {"t_done": t1, "cpu_end": c1, "clock": clock, "t_started": getattr(receiver, "started", None), "sum": page_sum(pool, pages, page),
             "first_token": int(meta.output_ids[aux_index][0]),
             "state": {KVPoll.Success: "success", KVPoll.Failed: "failed", None: "timeout"}.get(st, str(st))}
 

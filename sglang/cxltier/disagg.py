@@ -17,7 +17,11 @@ The last page, when partial, and the request's aux data (first token,
 logprobs, hidden states) go under keys of the request's bootstrap room.
 The decode worker reads the pages straight into the pages it allocated,
 past the prefix it already holds, and the aux data into its metadata
-buffer. Nothing crosses a network: the two find each other through small
+buffer. The two passes overlap: the prefill stores a request's pages a
+part at a time (CXLTIER_PD_PUBLISH_MIB of KV, 32 by default), each part
+found by its keys once stored, and from its hello on the decode lands
+every page it finds while the prefill stores the next part (a page an
+earlier request stored, at once). Each part is checked as it lands. Nothing crosses a network: the two find each other through small
 records in a second index of the tier ("<index>@pd"), keyed by the room
 and the TP rank (rank r of the prefill pairs with rank r of the decode;
 both sides need the same TP size):
@@ -171,6 +175,16 @@ class CxlTierKVManager(BaseKVManager):
             ptrs, lens = [ptrs[i] for i in order], [lens[i] for i in order]
         chunk = items[0]
         self.page_bytes = chunk * n
+        # Pages stored per part: the decode lands a part while the next is
+        # stored (CXLTIER_PD_PUBLISH_MIB of KV a part, 32 by default).
+        text = os.environ.get("CXLTIER_PD_PUBLISH_MIB") or "32"
+        try:
+            part = float(text)
+        except ValueError:
+            part = 0
+        if not 0 < part < 1 << 20:
+            raise DisaggError(f"cxltier disaggregation: CXLTIER_PD_PUBLISH_MIB={text!r}: want MiB of KV, above 0")
+        self.publish_pages = max(1, int(part * (1 << 20)) // self.page_bytes)
         self.per_layer, self.chunk = per_layer, chunk
         # SGLang's --kv-cache-dtype; "auto" is named by the pool's dtype once
         # a queue hands the pool over (bind_pool), as the linker names it.
@@ -424,14 +438,14 @@ class CxlTierKVSender(_Side, BaseKVSender):
             full = [(i, p) for i, p in zip(range(start, start + len(pages)), pages) if i < whole]
             if full:
                 keys = mgr.page_keys(self.tokens[: (full[-1][0] + 1) * mgr.page_size])
-                block = _slice(keys, full[0][0], len(full))
-                statuses = mgr.pool.store(block, [p for _, p in full])
-                if "no_space" in statuses:
-                    raise DisaggError(f"cxltier disaggregation: room {self.room}: the tier is full "
-                                      f"(index {mgr.index_name!r}): {statuses.count('no_space')} of {len(full)} pages not stored")
-                self.written += statuses.count("stored")
-                self.present += statuses.count("present")
-                self.bytes += statuses.count("stored") * mgr.page_bytes
+                # A part at a time: each part's pages are published (found by
+                # their keys) as soon as it is stored, and the decode lands
+                # them while the next part is stored.
+                for at in range(0, len(full), mgr.publish_pages):
+                    if self.conclude_state is not None:
+                        return
+                    part = full[at : at + mgr.publish_pages]
+                    self._store_part(_slice(keys, part[0][0], len(part)), [p for _, p in part])
             tail = [(i, p) for i, p in zip(range(start, start + len(pages)), pages) if i >= whole]
             if tail:  # the last page, partial: the request's own, under its room and the decode's nonce
                 keys = mgr.tail_keys(self.room, self.nonce)
@@ -445,6 +459,16 @@ class CxlTierKVSender(_Side, BaseKVSender):
                 self._finish()
         except Exception as e:
             self._fail(e)
+
+    def _store_part(self, block, pages):
+        mgr = self.kv_mgr
+        statuses = mgr.pool.store(block, pages)
+        if "no_space" in statuses:
+            raise DisaggError(f"cxltier disaggregation: room {self.room}: the tier is full "
+                              f"(index {mgr.index_name!r}): {statuses.count('no_space')} of {len(pages)} pages not stored")
+        self.written += statuses.count("stored")
+        self.present += statuses.count("present")
+        self.bytes += statuses.count("stored") * mgr.page_bytes
 
     def _finish(self):
         mgr = self.kv_mgr
@@ -577,6 +601,9 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
         self.pages = [int(p) for p in kv_indices]
         self.aux_index = aux_index
         self.decode_prefix_len = int(decode_prefix_len or 0)
+        self.landed = 0  # leading whole pages of the request landed (the mover thread's count)
+        self.streamed = 0  # of those, landed before the prefill's done record was read
+        self._whole = None  # (KeyBlock, pages) of the request's whole pages past the prefix, made once
         try:
             # What an earlier request on this room left is not this one's.
             mgr.drop_records(self.room, len(mgr.kv_args.aux_data_ptrs))
@@ -596,8 +623,9 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
             return KVPoll.Bootstrapping
         if not self.has_sent_metadata:
             return KVPoll.WaitingForInput
+        waiting = KVPoll.Transferring if self.started else KVPoll.WaitingForInput
         if self.loading or not self._look():
-            return KVPoll.Transferring if self.loading else KVPoll.WaitingForInput
+            return waiting
         mgr = self.kv_mgr
         try:
             if self._other_aborted("prefill"):
@@ -619,61 +647,109 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
                 self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the prefill side wrote "
                                               "nothing within SGLANG_DISAGGREGATION_WAITING_TIMEOUT (did it die?)")
                 return self.conclude_state
-            return KVPoll.WaitingForInput
+            if self._whole is None or self.landed < len(self._whole[1]):
+                self.loading = True  # lands what the prefill has published so far, while it stores the rest
+                mgr.submit(self._stream)
+            return waiting
         if done.get("status") != "ok":
             self.read_last_word = True
             self._conclude(KVPoll.Failed, done.get("reason") or "cxltier disaggregation: the prefill side failed")
             return self.conclude_state
         self.loading = True
-        self.started = time.monotonic()
         mgr.submit(lambda: self._load(done))
         return KVPoll.Transferring
 
-    def _load(self, done):
-        mgr = self.kv_mgr
-        gate = os.environ.get("CXLTIER_PD_TEST_GATE_BEFORE_LOAD")  # a file the tests create; unset in production
-        deadline = time.monotonic() + 60
-        while gate and not os.path.exists(gate) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        try:
+    def _whole_pages(self):
+        """(KeyBlock, pages): the request's whole pages past the prefix the
+        decode holds, keyed as the prefill stores them."""
+        if self._whole is None:
+            mgr = self.kv_mgr
             if self.tokens is None:
                 raise DisaggError("cxltier disaggregation: the request's tokens were not given to its receiver "
                                   "(is the cxltier plugin installed? SGLANG_PLUGINS=cxltier)")
+            first = self.decode_prefix_len // mgr.page_size
+            whole = len(self.tokens) // mgr.page_size
+            full = [p for i, p in zip(range(first, first + len(self.pages)), self.pages) if i < whole]
+            block = None
+            if full:
+                keys = mgr.page_keys(self.tokens[: (first + len(full)) * mgr.page_size])
+                block = _slice(keys, first, len(full))
+            self._whole = (block, full)
+        return self._whole
+
+    def _stream(self):
+        """Lands the whole pages the prefill has published so far, past
+        those landed; returns when the next one is not there yet (the
+        mover thread serves every request: it never waits here)."""
+        mgr = self.kv_mgr
+        try:
+            if self.conclude_state is not None:
+                return
+            _test_gate()
+            block, full = self._whole_pages()
+            while self.conclude_state is None and self.landed < len(full):
+                rest = _slice(block, self.landed, len(full) - self.landed)
+                n = mgr.index.exists_block(rest)
+                if n == 0:
+                    return
+                if self.started is None:
+                    self.started = time.monotonic()
+                try:
+                    self._land(_slice(rest, 0, n), full[self.landed : self.landed + n])
+                except _native.NotFoundError:
+                    return  # evicted between the look and the pin: the prefill's done decides
+                self.landed += n
+                self.streamed += n
+        except Exception as e:
+            self._fail_load(e)
+        finally:
+            self.loading = False
+
+    def _load(self, done):
+        """The rest, once the prefill's done record is read: the whole pages
+        not landed yet, the partial last page, the aux data; then the ack."""
+        mgr = self.kv_mgr
+        try:
+            _test_gate()
             first = int(done["first_page"])
             if first != self.decode_prefix_len // mgr.page_size:
                 raise DisaggError(f"cxltier disaggregation: room {self.room}: the prefill sent from page {first}, "
                                   f"this decode holds {self.decode_prefix_len} tokens")
-            whole = len(self.tokens) // mgr.page_size
-            ours = list(zip(range(first, first + len(self.pages)), self.pages))
-            full = [(i, p) for i, p in ours if i < whole]
-            if full:
-                keys = mgr.page_keys(self.tokens[: (full[-1][0] + 1) * mgr.page_size])
-                self._land(_slice(keys, full[0][0], len(full)), [p for _, p in full])
-            tail = [(i, p) for i, p in ours if i >= whole]
+            block, full = self._whole_pages()
+            if self.landed < len(full):
+                if self.started is None:
+                    self.started = time.monotonic()
+                try:
+                    self._land(_slice(block, self.landed, len(full) - self.landed), full[self.landed :])
+                except _native.NotFoundError as e:
+                    raise DisaggError(f"cxltier disaggregation: room {self.room}: a page is not in the tier ({e}); "
+                                      "evicted before the decode read it?") from None
+                self.landed = len(full)
+            tail = self.pages[len(full) :]
             if tail:
-                self._land(mgr.tail_keys(self.room, self.nonce), [tail[0][1]])
+                self._land(mgr.tail_keys(self.room, self.nonce), [tail[0]])
                 mgr.drop_tail(self.room, self.nonce)  # this request's alone: no one reads it again
             self._read_aux(int(done.get("aux", 0)))
             mgr.put_record(self.room, "ack", {"pages": len(self.pages)})
             self._conclude(KVPoll.Success)
         except Exception as e:
-            self._conclude(KVPoll.Failed, str(e))
-            try:
-                mgr.put_record(self.room, "abort", {"by": "decode", "reason": str(e), "nonce": self.nonce})
-            except Exception:
-                pass
+            self._fail_load(e)
         finally:
             self.loading = False
 
+    def _fail_load(self, e):
+        self._conclude(KVPoll.Failed, str(e))
+        try:
+            self.kv_mgr.put_record(self.room, "abort", {"by": "decode", "reason": str(e), "nonce": self.nonce})
+        except Exception:
+            pass
+
     def _land(self, block, pages):
         """Reads the pages of block into pages, a layer at a time; checked
-        against their checksums after the last layer."""
+        against their checksums after the last layer (ChecksumError).
+        NotFoundError when one is not in the tier."""
         mgr = self.kv_mgr
-        try:
-            load = mgr.pool.load(block, pages)
-        except _native.NotFoundError as e:
-            raise DisaggError(f"cxltier disaggregation: room {self.room}: a page is not in the tier ({e}); "
-                              "evicted before the decode read it?") from None
+        load = mgr.pool.load(block, pages)
         try:
             for layer in range(mgr.pool.layers):
                 load.layer(layer)
@@ -723,6 +799,15 @@ class CxlTierKVBootstrapServer:
 
     def close(self):
         pass
+
+
+def _test_gate():
+    """Holds a decode's landing until a file the tests create exists
+    (CXLTIER_PD_TEST_GATE_BEFORE_LOAD; unset in production)."""
+    gate = os.environ.get("CXLTIER_PD_TEST_GATE_BEFORE_LOAD")
+    deadline = time.monotonic() + 60
+    while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _slice(block, start, n):

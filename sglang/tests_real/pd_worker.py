@@ -137,6 +137,8 @@ def prefill(job, pool, meta, mgr):
         time.sleep(60)
     chunk = job.get("chunk_pages", 2)
     for i in range(0, n_pages, chunk):
+        if i:
+            time.sleep(job.get("send_gap", 0))  # a chunked prefill computing its next chunk
         sender.send(np.array(pages[i : i + chunk], dtype=np.int32), None,
                     num_kv_tokens=min(chunk * PAGE, len(job["tokens"]) - prefix - i * PAGE))
     st = wait(sender, (KVPoll.Success,), job.get("limit", 30))
@@ -172,7 +174,7 @@ def decode(job, pool, meta, mgr):
     st = wait(receiver, (KVPoll.Success,), job.get("limit", 30))
     out = {"role": "decode", "state": {KVPoll.Success: "success", KVPoll.Failed: "failed", None: "timeout"}.get(st, str(st)),
            "reason": receiver.reason, "digests": [page_digest(pool, p) for p in pages],
-           "first_token": int(meta.output_ids[aux_index][0])}
+           "first_token": int(meta.output_ids[aux_index][0]), "streamed": getattr(receiver, "streamed", None)}
     return out
 
 

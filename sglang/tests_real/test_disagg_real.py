@@ -162,6 +162,26 @@ def test_a_full_tier_fails_both_sides_saying_why(built, device):
     assert dr["state"] == "failed" and "the tier is full" in dr["reason"], dr
 
 
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+def test_the_decode_lands_pages_while_the_prefill_stores_the_rest(built, device, kind):
+    """A chunked prefill sends a page at a time, a while apart: the decode
+    lands each published page before the prefill's done record, and what
+    landed is the prefill's KV."""
+    index_for(built, device, kind)
+    tokens = list(range(7000, 7000 + 5 * PAGE + 1))
+    pr, dr = pair(built, device, job(kind, tokens, 71, chunk_pages=1, send_gap=0.4),
+                  job(kind, tokens, 71, first_slot_page=30))
+    assert pr["state"] == "success" and dr["state"] == "success", (pr, dr)
+    assert dr["digests"] == pr["digests"]
+    assert dr["streamed"] is not None and 3 <= dr["streamed"] <= 5, dr
+
+
+def test_a_bad_publish_size_is_refused_naming_it(built, device):
+    index_for(built, device, "mha")
+    r = result(start(built, device, "prefill", job("mha", [1, 2, 3, 4], 72), {"CXLTIER_PD_PUBLISH_MIB": "lots"}))
+    assert r["state"] == "refused" and "CXLTIER_PD_PUBLISH_MIB='lots'" in r["reason"], r
+
+
 def test_a_damaged_page_is_never_handed_to_the_decode(built, device, tmp_path):
     """A page damaged in the tier between the prefill's write and the
     decode's read: the decode's load checks every page and fails the
