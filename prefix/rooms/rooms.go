@@ -1,0 +1,336 @@
+// Package rooms owns the rendezvous of prefill-to-decode transfers in the
+// tier: a table of rooms, each the records two processes (a decode and a
+// prefill rank of one request) leave each other. A room is claimed by the
+// decode, found by the prefill, and freed by the side that read the
+// other's last word; nothing evicts a live room, so a table with every
+// slot in flight refuses a new room (ErrFull) instead of losing an old one.
+//
+// The table is a named tier object ("rooms/<name>") of fixed slots:
+//
+//	slot 0: the header line: magic u64 · version u32 · slots u32 ·
+//	        slot bytes u32 · crc u32 at 60 (of 0..60)
+//	slot i+1: room i:
+//	  line 0: state u64 (gen<<32 | claimed) · room u64 · rank u32 ·
+//	          ready u32 (= gen once the identity is written) ·
+//	          claimant lease token u64 · crc u32 at 60 (of room, rank, token)
+//	  then two areas, the decode's and the prefill's, each written by its
+//	  side alone: seq u64 (odd while written) · writer token u64 ·
+//	  gen u32 · length u32 · crc u32 (of 8..24 and the records), and from
+//	  byte 64 the records: kind length u8 · kind · data length u32 · data.
+//
+// The state words change only under the table's tier lock (claims,
+// frees); an area changes only by its side's writer, under a sequence
+// word, so readers take no lock. Every word read is bounds-checked and
+// checksummed: damage reads as ErrCorrupt naming the table and the slot.
+// On a tier shared by several hosts every write is published and every
+// read refreshed first.
+package rooms
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"hash/fnv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cxltier/cxltier/internal/errkind"
+	"github.com/cxltier/cxltier/internal/words"
+	"github.com/cxltier/cxltier/tier"
+)
+
+// Errors callers test with errors.Is.
+var (
+	// ErrFull: every slot holds a live room.
+	ErrFull = errkind.New(errkind.NoSpace, "rooms: every slot holds a live room")
+	// ErrGone: the room was freed, reclaimed or claimed anew since the
+	// handle was taken.
+	ErrGone = errkind.New(errkind.NotFound, "rooms: room gone")
+	// ErrCorrupt: a slot or the header failed its checks.
+	ErrCorrupt = errkind.New(errkind.Damaged, "rooms: table damaged")
+	// ErrTooLarge: a record does not fit its side's area.
+	ErrTooLarge = errkind.New(errkind.Invalid, "rooms: record too large")
+	// ErrBadConfig: a table of that shape cannot be made.
+	ErrBadConfig = errkind.New(errkind.Invalid, "rooms: bad table configuration")
+	// ErrBusy: an area kept changing under a reader.
+	ErrBusy = errkind.New(errkind.Busy, "rooms: room being written")
+)
+
+// Side names the writer of one area of a room.
+type Side int
+
+const (
+	Decode  Side = 0
+	Prefill Side = 1
+)
+
+func (s Side) String() string {
+	if s == Decode {
+		return "decode"
+	}
+	return "prefill"
+}
+
+const (
+	magic        = 0x314d4f4f524c5843 // "CXLROOM1"
+	version      = 1
+	line         = 64
+	minSlotBytes = 1024
+	maxSlotBytes = 1 << 20
+	maxSlots     = 1 << 20
+	claimed      = 1
+	// readRetries bounds how often a reader retries an area that changed
+	// under it before it says ErrBusy.
+	readRetries = 1000
+)
+
+// Config shapes a table created by Open.
+type Config struct {
+	Name string
+	// Slots is how many rooms can be in flight at once; 0 opens an
+	// existing table only.
+	Slots int
+	// SlotBytes is a room's size, a power of two from 1 KiB to 1 MiB: each
+	// side's records (aux data included) get about half of it.
+	SlotBytes int
+}
+
+// Table is one process's handle on a table of rooms. Safe for concurrent
+// use by the goroutines of one process.
+type Table struct {
+	c         *tier.Client
+	r         *tier.Region
+	name      string
+	base      tier.Offset
+	slots     int
+	slotBytes int
+	lock      int
+	mu        sync.Mutex // this process's writers of an area take turns
+	// sim, in tests only, gives this handle a host's caches of its own
+	// (tier.CacheSim over a one-device tier): nil outside them.
+	sim *tier.CacheSim
+}
+
+// Room names a claimed room: its slot and the claim's generation. A
+// handle whose generation is no longer the slot's reads ErrGone.
+type Room struct {
+	Slot int
+	Gen  uint32
+}
+
+// DirName is the tier object of the table called name.
+func DirName(name string) string { return "rooms/" + name }
+
+// Open opens the table called cfg.Name, creating it with cfg's shape when
+// it is missing and cfg.Slots > 0.
+func Open(c *tier.Client, cfg Config) (*Table, error) {
+	r := c.Region()
+	o, err := r.OpenObject(DirName(cfg.Name))
+	if errors.Is(err, tier.ErrNotFound) && cfg.Slots > 0 {
+		o, err = create(c, cfg)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("rooms: open %q: %w", cfg.Name, err)
+	}
+	t := &Table{c: c, r: r, name: cfg.Name, base: o.Offset}
+	if err := t.readHeader(o.Size); err != nil {
+		return nil, err
+	}
+	t.lock = lockFor(r, cfg.Name)
+	return t, nil
+}
+
+func create(c *tier.Client, cfg Config) (tier.Object, error) {
+	if cfg.SlotBytes < minSlotBytes || cfg.SlotBytes > maxSlotBytes || cfg.SlotBytes&(cfg.SlotBytes-1) != 0 {
+		return tier.Object{}, fmt.Errorf("%w: slot bytes %d: want a power of two in [%d, %d]", ErrBadConfig, cfg.SlotBytes, minSlotBytes, maxSlotBytes)
+	}
+	if cfg.Slots > maxSlots {
+		return tier.Object{}, fmt.Errorf("%w: %d slots: at most %d", ErrBadConfig, cfg.Slots, maxSlots)
+	}
+	size := int64(cfg.Slots+1) * int64(cfg.SlotBytes)
+	o, err := c.CreateObject(DirName(cfg.Name), size, tier.ObjectOptions{})
+	if errors.Is(err, tier.ErrExists) { // made by another process meanwhile
+		return c.Region().OpenObject(DirName(cfg.Name))
+	}
+	if err != nil {
+		return o, err
+	}
+	h := make([]byte, line)
+	binary.LittleEndian.PutUint64(h[0:], magic)
+	binary.LittleEndian.PutUint32(h[8:], version)
+	binary.LittleEndian.PutUint32(h[12:], uint32(cfg.Slots))
+	binary.LittleEndian.PutUint32(h[16:], uint32(cfg.SlotBytes))
+	binary.LittleEndian.PutUint32(h[60:], crc32.Checksum(h[:60], castagnoli))
+	if err := c.Region().WriteAt(h, o.Offset); err != nil {
+		return o, err
+	}
+	return o, c.Region().Publish(o.Offset, line)
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func (t *Table) readHeader(size int64) error {
+	h := make([]byte, line)
+	if err := t.refresh(t.base, line); err != nil {
+		return err
+	}
+	if err := t.r.ReadAt(h, t.base); err != nil {
+		return err
+	}
+	if binary.LittleEndian.Uint64(h) != magic || binary.LittleEndian.Uint32(h[8:]) != version ||
+		binary.LittleEndian.Uint32(h[60:]) != crc32.Checksum(h[:60], castagnoli) {
+		return fmt.Errorf("%w: table %q: header fails its magic, version or checksum", ErrCorrupt, t.name)
+	}
+	t.slots = int(binary.LittleEndian.Uint32(h[12:]))
+	t.slotBytes = int(binary.LittleEndian.Uint32(h[16:]))
+	if t.slots <= 0 || t.slots > maxSlots || t.slotBytes < minSlotBytes || t.slotBytes > maxSlotBytes ||
+		t.slotBytes&(t.slotBytes-1) != 0 || int64(t.slots+1)*int64(t.slotBytes) > size {
+		return fmt.Errorf("%w: table %q: header says %d slots of %d bytes in an object of %d", ErrCorrupt, t.name, t.slots, t.slotBytes, size)
+	}
+	return nil
+}
+
+// lockFor is the tier lock guarding a table's claims: one of the user
+// locks, picked by the name.
+func lockFor(r *tier.Region, name string) int {
+	locks := r.Info().Geometry.LockSlots
+	h := fnv.New32a()
+	h.Write([]byte("rooms\x00" + name))
+	if locks <= tier.FirstUserLock {
+		return tier.SystemLock
+	}
+	return tier.FirstUserLock + int(h.Sum32()%uint32(locks-tier.FirstUserLock))
+}
+
+// Slots is the table's capacity.
+func (t *Table) Slots() int { return t.slots }
+
+// AreaBytes is the most one side's records take, headers included.
+func (t *Table) AreaBytes() int { return t.areaSize() - line }
+
+func (t *Table) areaSize() int { return (t.slotBytes - line) / 2 &^ (line - 1) }
+
+func (t *Table) slotOff(i int) tier.Offset { return t.base + tier.Offset((i+1)*t.slotBytes) }
+
+func (t *Table) areaOff(i int, s Side) tier.Offset {
+	return t.slotOff(i) + tier.Offset(line+int(s)*t.areaSize())
+}
+
+// mem is n bytes of the table at off, as this process maps them (a slot
+// never crosses a chunk: slots are powers of two from a chunk's start).
+// Under the cache simulator, this host's private view of them.
+func (t *Table) mem(off tier.Offset, n int) ([]byte, error) {
+	if t.sim != nil {
+		_, at, run, err := t.r.Locate(off)
+		if err != nil || run < int64(n) {
+			return nil, fmt.Errorf("rooms: table %q: %d bytes at %#x: %w", t.name, n, off, tier.ErrOutOfBounds)
+		}
+		return t.sim.Private()[at : at+int64(n)], nil
+	}
+	b, err := t.r.Slice(off, int64(n))
+	if err != nil {
+		return nil, fmt.Errorf("rooms: table %q: %w", t.name, err)
+	}
+	return b, nil
+}
+
+// publish makes n bytes at off visible to the tier's other hosts.
+func (t *Table) publish(off tier.Offset, n int64) error {
+	if t.sim != nil {
+		_, at, _, err := t.r.Locate(off)
+		t.sim.Publish(at, n)
+		return err
+	}
+	return t.r.Publish(off, n)
+}
+
+// refresh drops this host's stale copies of n bytes at off.
+func (t *Table) refresh(off tier.Offset, n int64) error {
+	if t.sim != nil {
+		_, at, _, err := t.r.Locate(off)
+		t.sim.Refresh(at, n)
+		return err
+	}
+	return t.r.Refresh(off, n)
+}
+
+func stateWord(b []byte) *uint64 { return words.U64At(b, 0) }
+func readyWord(b []byte) *uint32 { return words.U32At(b, 20) }
+
+func gen(state uint64) uint32 { return uint32(state >> 32) }
+
+// identity is what line 0 of a claimed slot says.
+type identity struct {
+	state uint64
+	room  uint64
+	rank  uint32
+	token uint64
+}
+
+// identityCRC covers room, rank and claimant token, not ready (written
+// after it).
+func identityCRC(b []byte) uint32 {
+	return crc32.Update(crc32.Checksum(b[8:20], castagnoli), castagnoli, b[24:32])
+}
+
+// readIdentity reads slot i's line 0; ok is false for a free slot or one
+// whose identity is not written yet.
+func (t *Table) readIdentity(i int) (identity, bool, error) {
+	off := t.slotOff(i)
+	if err := t.refresh(off, line); err != nil {
+		return identity{}, false, err
+	}
+	b, err := t.mem(off, line)
+	if err != nil {
+		return identity{}, false, err
+	}
+	id := identity{state: atomic.LoadUint64(stateWord(b))}
+	if id.state&claimed == 0 || atomic.LoadUint32(readyWord(b)) != gen(id.state) {
+		return id, false, nil
+	}
+	var l [line]byte
+	copy(l[:], b)
+	if atomic.LoadUint64(stateWord(b)) != id.state {
+		return id, false, nil // claimed anew while read
+	}
+	if binary.LittleEndian.Uint32(l[60:]) != identityCRC(l[:]) {
+		return id, false, fmt.Errorf("%w: table %q, slot %d: identity fails its checksum", ErrCorrupt, t.name, i)
+	}
+	id.room = binary.LittleEndian.Uint64(l[8:])
+	id.rank = binary.LittleEndian.Uint32(l[16:])
+	id.token = binary.LittleEndian.Uint64(l[24:])
+	return id, true, nil
+}
+
+func (t *Table) home(room uint64, rank uint32) int {
+	var k [12]byte
+	binary.LittleEndian.PutUint64(k[:], room)
+	binary.LittleEndian.PutUint32(k[8:], rank)
+	h := fnv.New64a()
+	h.Write(k[:])
+	return int(h.Sum64() % uint64(t.slots))
+}
+
+// Find looks up the room of (room, rank) that a decode claimed; ok is
+// false when there is none.
+func (t *Table) Find(room uint64, rank uint32) (Room, bool, error) {
+	if err := t.c.Err(); err != nil {
+		return Room{}, false, err
+	}
+	start := t.home(room, rank)
+	for k := 0; k < t.slots; k++ {
+		i := (start + k) % t.slots
+		id, ok, err := t.readIdentity(i)
+		if err != nil {
+			return Room{}, false, err
+		}
+		if ok && id.room == room && id.rank == rank {
+			return Room{Slot: i, Gen: gen(id.state)}, true, nil
+		}
+		if id.state == 0 {
+			return Room{}, false, nil // never claimed: no room was placed past it
+		}
+	}
+	return Room{}, false, nil
+}

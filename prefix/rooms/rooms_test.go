@@ -1,0 +1,381 @@
+package rooms
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/cxltier/cxltier/internal/tiertest"
+	"github.com/cxltier/cxltier/tier"
+)
+
+const (
+	envRole    = "CXLTIER_ROOMS_ROLE"
+	envDevices = "CXLTIER_ROOMS_DEVICES"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envRole) == "claimer" {
+		if err := runClaimer(); err != nil {
+			fmt.Fprintf(os.Stderr, "rooms claimer: %v\n", err)
+			os.Exit(3)
+		}
+		os.Exit(0) // without closing: its lease stays, its process is gone
+	}
+	os.Exit(m.Run())
+}
+
+// runClaimer is a decode that claims rooms 1000.. until the table is full,
+// writes a hello in each, says how many and exits without releasing them.
+func runClaimer() error {
+	c, err := tiertest.Attach(os.Getenv(envDevices), "claimer")
+	if err != nil {
+		return err
+	}
+	t, err := Open(c, Config{Name: "pd"})
+	if err != nil {
+		return err
+	}
+	n := 0
+	for ; ; n++ {
+		rm, err := t.Claim(uint64(1000+n), 0)
+		if errors.Is(err, ErrFull) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if err := t.Put(rm, Decode, "hello", []byte("from a process about to exit")); err != nil {
+			return err
+		}
+	}
+	fmt.Println(n)
+	return nil
+}
+
+// hosts is one or two handles on one table: a single coherent host, or
+// two hosts with caches of their own (the cache simulator).
+type hosts struct{ decode, prefill *Table }
+
+func setup(t *testing.T, slots int, shared bool) (hosts, *tier.Region) {
+	t.Helper()
+	r, c := tiertest.Format(t, 1, 32<<20, 64<<10)
+	a, err := Open(c, Config{Name: "pd", Slots: slots, SlotBytes: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := r.Attach(tier.ClientOptions{Name: "prefill"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c2.Close() })
+	b, err := Open(c2, Config{Name: "pd"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if shared {
+		a.sim, b.sim = tier.NewCacheSim(r.Device(0)), tier.NewCacheSim(r.Device(0))
+	}
+	return hosts{a, b}, r
+}
+
+func eachCoherence(t *testing.T, fn func(t *testing.T, shared bool)) {
+	for _, shared := range []bool{false, true} {
+		t.Run(map[bool]string{false: "one-host", true: "two-hosts-no-coherence"}[shared], func(t *testing.T) { fn(t, shared) })
+	}
+}
+
+func get(t *testing.T, tb *Table, rm Room, side Side, kind string) (string, bool) {
+	t.Helper()
+	buf := make([]byte, 4096)
+	n, ok, err := tb.Get(rm, side, kind, buf)
+	if err != nil {
+		t.Fatalf("get %s %s: %v", side, kind, err)
+	}
+	return string(buf[:n]), ok
+}
+
+func TestRendezvous(t *testing.T) {
+	eachCoherence(t, func(t *testing.T, shared bool) {
+		h, _ := setup(t, 64, shared)
+		if _, ok, err := h.prefill.Find(7, 1); ok || err != nil {
+			t.Fatalf("found a room before its claim: %v %v", ok, err)
+		}
+		rm, err := h.decode.Claim(7, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if found, ok, err := h.prefill.Find(7, 1); !ok || err != nil || found != rm {
+			t.Fatalf("the claim is not seen before a record: %v %v %v", found, ok, err)
+		}
+		if err := h.decode.Put(rm, Decode, "hello", []byte(`{"nonce":"a"}`)); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok, _ := h.prefill.Find(7, 0); ok {
+			t.Fatal("rank 0 found rank 1's room")
+		}
+		found, ok, err := h.prefill.Find(7, 1)
+		if err != nil || !ok || found != rm {
+			t.Fatalf("find: %v %v %v, claimed %v", found, ok, err, rm)
+		}
+		if got, ok := get(t, h.prefill, found, Decode, "hello"); !ok || got != `{"nonce":"a"}` {
+			t.Fatalf("hello: %q %v", got, ok)
+		}
+		for _, kind := range []string{"accept", "aux/0", "done"} {
+			if err := h.prefill.Put(found, Prefill, kind, []byte(kind+" record")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := h.prefill.Put(found, Prefill, "aux/0", nil); err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := get(t, h.decode, rm, Prefill, "done"); !ok || got != "done record" {
+			t.Fatalf("done: %q %v", got, ok)
+		}
+		if _, ok := get(t, h.decode, rm, Prefill, "aux/0"); ok {
+			t.Fatal("a deleted record is still read")
+		}
+		if err := h.decode.Put(rm, Decode, "ack", []byte{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := get(t, h.prefill, found, Decode, "ack"); !ok {
+			t.Fatal("an empty record reads as missing")
+		}
+		if err := h.prefill.Release(found); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := h.decode.Get(rm, Prefill, "done", make([]byte, 64)); !errors.Is(err, ErrGone) {
+			t.Fatalf("a released room read: %v", err)
+		}
+		if err := h.decode.Release(rm); !errors.Is(err, ErrGone) {
+			t.Fatalf("released twice: %v", err)
+		}
+	})
+}
+
+func TestAReusedRoomStartsClean(t *testing.T) {
+	eachCoherence(t, func(t *testing.T, shared bool) {
+		h, _ := setup(t, 64, shared)
+		old, _ := h.decode.Claim(9, 0)
+		h.decode.Put(old, Decode, "hello", []byte("first request"))
+		h.prefill.Put(old, Prefill, "done", []byte("first request's pages"))
+		rm, err := h.decode.Claim(9, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rm.Slot != old.Slot || rm.Gen == old.Gen {
+			t.Fatalf("the reused room went to %v, the first was %v", rm, old)
+		}
+		if _, ok := get(t, h.decode, rm, Prefill, "done"); ok {
+			t.Fatal("the second request reads the first request's done record")
+		}
+		if err := h.prefill.Put(old, Prefill, "done", []byte("late")); !errors.Is(err, ErrGone) {
+			t.Fatalf("a write through the first request's handle: %v", err)
+		}
+		if _, ok := get(t, h.decode, rm, Prefill, "done"); ok {
+			t.Fatal("a late write of the first request reached the second")
+		}
+	})
+}
+
+// The rooms index this table replaces evicted live rooms beyond about a
+// quarter of its blocks; a table keeps every room it has slots for, and
+// says so when it has none left.
+func TestEveryRoomInFlightIsKept(t *testing.T) {
+	h, _ := setup(t, 512, false)
+	var rms []Room
+	for i := 0; i < 512; i++ {
+		rm, err := h.decode.Claim(uint64(i)*0x9e3779b97f4a7c15, uint32(i%4))
+		if err != nil {
+			t.Fatalf("room %d: %v", i, err)
+		}
+		if err := h.decode.Put(rm, Decode, "hello", []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+		rms = append(rms, rm)
+	}
+	_, err := h.decode.Claim(1, 9)
+	if !errors.Is(err, ErrFull) || !strings.Contains(err.Error(), `"pd"`) || !strings.Contains(err.Error(), "512") {
+		t.Fatalf("a claim beyond the table: %v", err)
+	}
+	for i, rm := range rms {
+		found, ok, err := h.prefill.Find(uint64(i)*0x9e3779b97f4a7c15, uint32(i%4))
+		if err != nil || !ok || found != rm {
+			t.Fatalf("room %d: %v %v %v", i, found, ok, err)
+		}
+		if got, _ := get(t, h.prefill, rm, Decode, "hello"); got != strconv.Itoa(i) {
+			t.Fatalf("room %d's hello is %q", i, got)
+		}
+	}
+	h.decode.Release(rms[100])
+	if _, err := h.decode.Claim(1, 9); err != nil {
+		t.Fatalf("a claim after a release: %v", err)
+	}
+	if n, _ := h.decode.InFlight(); n != 512 {
+		t.Fatalf("%d rooms in flight", n)
+	}
+}
+
+// A decode process that exits holding rooms: a full table frees them for
+// the next claim (the process is gone; its lease is not reaped yet).
+func TestRoomsOfADeadDecodeAreReclaimed(t *testing.T) {
+	dir := t.TempDir()
+	dev := "file:" + dir + "/dev0"
+	b, _ := tier.ParseBacking(dev)
+	g := tier.DefaultGeometry()
+	g.DeviceSize, g.ChunkSize, g.Stripe, g.ClientsPerNode = 16<<20, 64<<10, 64<<10, 16
+	r, err := tier.Format(tier.Options{Devices: []tier.Backing{b}, Geometry: g})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	c, _ := r.Attach(tier.ClientOptions{Name: "test"})
+	defer c.Close()
+	tb, err := Open(c, Config{Name: "pd", Slots: 8, SlotBytes: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, _ := tb.Claim(1, 0) // this process's: never reclaimed
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envRole+"=claimer", envDevices+"="+dev)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("claimer: %v %s", err, out)
+	}
+	if n, _ := strconv.Atoi(strings.TrimSpace(string(out))); n != 7 {
+		t.Fatalf("the claimer took %q rooms, want 7", out)
+	}
+	rm, err := tb.Claim(2, 0)
+	if err != nil {
+		t.Fatalf("a claim with the dead decode's rooms: %v", err)
+	}
+	if n, _ := tb.InFlight(); n != 2 {
+		t.Fatalf("%d rooms in flight after the reclaim, want 2", n)
+	}
+	if err := tb.Put(live, Decode, "hello", []byte("still mine")); err != nil {
+		t.Fatalf("the live room: %v", err)
+	}
+	_ = rm
+}
+
+func TestBadInputs(t *testing.T) {
+	h, _ := setup(t, 4, false)
+	rm, _ := h.decode.Claim(3, 0)
+	big := bytes.Repeat([]byte("x"), h.decode.AreaBytes())
+	if err := h.decode.Put(rm, Decode, "aux/0", big); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("a record larger than the area: %v", err)
+	}
+	if err := h.decode.Put(rm, Decode, "", []byte("x")); !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("an empty kind: %v", err)
+	}
+	h.decode.Put(rm, Decode, "hello", []byte("0123456789"))
+	if n, ok, err := h.decode.Get(rm, Decode, "hello", make([]byte, 4)); !errors.Is(err, ErrShortBuffer) || n != 10 || !ok {
+		t.Fatalf("a short buffer: %d %v %v", n, ok, err)
+	}
+	if _, _, err := h.decode.Get(Room{Slot: 99, Gen: 1}, Decode, "hello", nil); !errors.Is(err, ErrGone) {
+		t.Fatalf("a slot out of range: %v", err)
+	}
+	c := h.decode.c
+	for _, cfg := range []Config{{Name: "a", Slots: 4, SlotBytes: 1000}, {Name: "b", Slots: 4, SlotBytes: 512}, {Name: "c", Slots: maxSlots + 1, SlotBytes: 1024}} {
+		if _, err := Open(c, cfg); !errors.Is(err, ErrBadConfig) {
+			t.Fatalf("%+v: %v", cfg, err)
+		}
+	}
+	if _, err := Open(c, Config{Name: "missing"}); !errors.Is(err, tier.ErrNotFound) {
+		t.Fatalf("opening a missing table: %v", err)
+	}
+}
+
+// Damage in the tier reads as ErrCorrupt naming the table and slot, never
+// as another room's records or a panic.
+func TestDamageIsNamed(t *testing.T) {
+	cases := []struct {
+		name string
+		at   func(tb *Table, rm Room) (tier.Offset, int)
+	}{
+		{"identity", func(tb *Table, rm Room) (tier.Offset, int) { return tb.slotOff(rm.Slot) + 9, 1 }},
+		{"records length", func(tb *Table, rm Room) (tier.Offset, int) { return tb.areaOff(rm.Slot, Decode) + areaLen + 2, 0x7f }},
+		{"records", func(tb *Table, rm Room) (tier.Offset, int) { return tb.areaOff(rm.Slot, Decode) + line + 3, 1 }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h, r := setup(t, 4, false)
+			rm, _ := h.decode.Claim(5, 0)
+			h.decode.Put(rm, Decode, "hello", []byte("intact"))
+			off, flip := c.at(h.decode, rm)
+			b, _ := r.Slice(off, 1)
+			b[0] ^= byte(flip)
+			_, _, err := h.prefill.Find(5, 0)
+			if err == nil {
+				_, _, err = h.prefill.Get(rm, Decode, "hello", make([]byte, 64))
+			}
+			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), `"pd", slot`) {
+				t.Fatalf("damaged %s: %v", c.name, err)
+			}
+		})
+	}
+}
+
+// Readers never see a half-written area: each reads either record whole.
+func TestReadersSeeWholeRecords(t *testing.T) {
+	h, _ := setup(t, 4, false)
+	rm, _ := h.decode.Claim(11, 0)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			rec := bytes.Repeat([]byte{byte('a' + i%2)}, 1000+i%2*500)
+			if err := h.decode.Put(rm, Decode, "hello", rec); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 2048)
+	for k := 0; k < 2000; k++ {
+		n, ok, err := h.prefill.Get(rm, Decode, "hello", buf)
+		if errors.Is(err, ErrBusy) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok && !(n == 1000 && bytes.Count(buf[:n], []byte("a")) == n || n == 1500 && bytes.Count(buf[:n], []byte("b")) == n) {
+			t.Fatalf("a torn record of %d bytes", n)
+		}
+	}
+	close(stop)
+	wg.Wait()
+}
+
+func FuzzDecodeRecords(f *testing.F) {
+	a := area{}
+	a.set("hello", []byte("x"))
+	a.set("aux/0", make([]byte, 70))
+	f.Add(a.encode())
+	f.Add([]byte{0})
+	f.Add(binary.LittleEndian.AppendUint32([]byte{1, 'k'}, 1<<31))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, err := decodeRecords(b)
+		if err != nil {
+			return
+		}
+		if !bytes.Equal(got.encode(), b) {
+			t.Fatalf("records %q re-encode differently", b)
+		}
+	})
+}
