@@ -28,6 +28,7 @@ from ._native import (
 from .engram import EngramPrefetcher, engram_hash
 from .prefix import KEY_BYTES, PrefixIndex, page_keys, string_key
 from .region import Region
+from .rooms import Rooms
 from .tier import Tier
 from .topk import TopKPool
 
@@ -47,6 +48,7 @@ __all__ = [
     "KEY_BYTES",
     "PrefixIndex",
     "Region",
+    "Rooms",
     "Tier",
     "TopKPool",
     "abi_version",

@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 
-ABI_VERSION = 14
+ABI_VERSION = 15
 _ERRLEN = 1024
 
 
@@ -100,6 +100,14 @@ _PROTOTYPES = {
     "cxl_tier_populate": [_u64, _p(_i64)] + _err,
     "cxl_tier_lease": [_u64, _p(_i64), _p(ctypes.c_uint32)] + _err,
     "cxl_tier_lease_gone": [_u64, _i64, ctypes.c_uint32, _p(_i8)] + _err,
+    "cxl_rooms_open": [_u64, _cstr, _i64, _i64, _p(_u64)] + _err,
+    "cxl_rooms_close": [_u64] + _err,
+    "cxl_rooms_claim": [_u64, _u64, ctypes.c_uint32, _p(_i64), _p(ctypes.c_uint32)] + _err,
+    "cxl_rooms_find": [_u64, _u64, ctypes.c_uint32, _p(_i64), _p(ctypes.c_uint32), _p(_i8)] + _err,
+    "cxl_rooms_put": [_u64, _i64, ctypes.c_uint32, _int, _cstr, ctypes.c_void_p, _i64] + _err,
+    "cxl_rooms_get": [_u64, _i64, ctypes.c_uint32, _int, _cstr, ctypes.c_void_p, _i64, _p(_i64), _p(_i8)] + _err,
+    "cxl_rooms_release": [_u64, _i64, ctypes.c_uint32] + _err,
+    "cxl_rooms_stats": [_u64, _cstr, _int] + _err,
     "cxl_tier_registered": [_u64, ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, _int] + _err,
     "cxl_tier_mappings": [_u64, _p(ctypes.c_void_p), _p(_i64), _i64, _p(_i64), _p(_u64)] + _err,
     "cxl_page_trailer_bytes": [],

@@ -13,18 +13,24 @@ the unified-cache linker lays a page out) into the tier under SGLang's own
 page key (the hash chain of the page's tokens, masked by the model, the
 pool's geometry, the KV dtype and, for MHA, the TP rank): a page already
 there, from an earlier request with the same prefix, is not written again.
-The last page, when partial, and the request's aux data (first token,
-logprobs, hidden states) go under keys of the request's bootstrap room.
+The last page, when partial, goes under a key of the request's bootstrap
+room and the decode's nonce, and the request's aux data (first token,
+logprobs, hidden states) into its room.
 The decode worker reads the pages straight into the pages it allocated,
 past the prefix it already holds, and the aux data into its metadata
 buffer. The two passes overlap: the prefill stores a request's pages a
 part at a time (CXLTIER_PD_PUBLISH_MIB of KV, 32 by default), each part
 found by its keys once stored, and from its hello on the decode lands
 every page it finds while the prefill stores the next part (a page an
-earlier request stored, at once). Each part is checked as it lands. Nothing crosses a network: the two find each other through small
-records in a second index of the tier ("<index>@pd"), keyed by the room
-and the TP rank (rank r of the prefill pairs with rank r of the decode;
-both sides need the same TP size):
+earlier request stored, at once). Each part is checked as it lands.
+
+Nothing crosses a network: the two find each other through a room of the
+tier's rooms table ("<index>@pd", prefix/rooms in Go), named by the
+bootstrap room and the TP rank (rank r of the prefill pairs with rank r
+of the decode; both sides need the same TP size). The decode claims the
+room, each side writes records of its own in it, and the side that read
+the other's last word frees it; nothing evicts a live room
+(CXLTIER_PD_ROOMS rooms in flight, 1024 by default). The records:
 
 - hello (decode): the prefix it holds, its layout and TP size, a nonce of
   its own for this request and its lease; the prefill's bootstrap ends
@@ -36,9 +42,9 @@ both sides need the same TP size):
 - abort (either side): the request went; the other side stops waiting.
 
 A room is SGLang's random id, reused only by accident; a reused room must
-never serve the earlier request's KV. So the decode clears what a room's
-earlier request left of its records before its hello, accepts only a done
-record carrying its own nonce, and the partial last page is keyed by the
+never serve the earlier request's KV. So the decode claims a room anew
+(the earlier request's handles then fail) before its hello, accepts only
+a done record carrying its own nonce, and the partial last page is keyed by the
 nonce too (and deleted once landed); the prefill checks, before its done,
 that the hello it answered is still the room's.
 
@@ -68,6 +74,7 @@ import time
 
 from . import _native, pagekeys
 from .kvpool import KVPool
+from .rooms import DECODE, PREFILL
 from .prefix import page_keys, part_keys, string_key
 from .tier import Tier
 
@@ -87,6 +94,8 @@ except ImportError:  # pragma: no cover - exercised where SGLang is installed
 
 BACKEND = "cxltier"
 ROOMS_SUFFIX = "@pd"
+# Bytes of a side's records besides the aux data (hello, accept, done, ...).
+RECORDS_BYTES = 2048
 # How often a side looks for the other's record, at most.
 POLL_EVERY = 0.002
 # How often a waiting side asks whether the other side's process is gone.
@@ -197,12 +206,34 @@ class CxlTierKVManager(BaseKVManager):
         if self.index.stats()["block_bytes"] < self.page_bytes:
             raise DisaggError(f"cxltier disaggregation: index {self.index_name!r} has "
                               f"{self.index.stats()['block_bytes']}-byte blocks; a page is {self.page_bytes} bytes")
-        aux = [int(x) for x in args.aux_item_lens]
-        self.rooms = self.tier.prefix(self.index_name + ROOMS_SUFFIX, max(blocks // 4, 256) if blocks else 0,
-                                      max(4096, max(aux, default=0)), key)
+        self._open_rooms([int(x) for x in args.aux_item_lens])
         self.pool = KVPool(self.index, list(zip(ptrs, lens)), per_layer, chunk, chunk, engine=engine,
                            device=engine != "cpu")
         self._name_pages(pagekeys.kv_dtype(self.server_dtype, "auto"))
+
+    def _open_rooms(self, aux):
+        """The rooms table (CXLTIER_PD_ROOMS rooms in flight, 1024 by
+        default), made when missing with rooms that hold a side's records
+        and the aux data; a table whose rooms are too small is refused."""
+        text = os.environ.get("CXLTIER_PD_ROOMS") or "1024"
+        if not text.isdigit() or not 0 < int(text) <= 1 << 20:
+            raise DisaggError(f"cxltier disaggregation: CXLTIER_PD_ROOMS={text!r}: want a count of rooms, 1 to 1048576")
+        need = sum(aux) + len(aux) * 16 + RECORDS_BYTES
+        slot = 1024
+        while slot < 2 * need + 128:
+            slot *= 2
+        self.side = PREFILL if self.mode == "prefill" else DECODE
+        self.other = DECODE if self.side == PREFILL else PREFILL
+        self.rooms_name = self.index_name + ROOMS_SUFFIX
+        try:
+            self.rooms = self.tier.rooms(self.rooms_name, int(text), slot)
+        except _native.InvalidError as e:
+            raise DisaggError(f"cxltier disaggregation: rooms table {self.rooms_name!r}: {e}") from None
+        area = self.rooms.stats()["area_bytes"]
+        if area < need:
+            raise DisaggError(f"cxltier disaggregation: rooms table {self.rooms_name!r} holds {area} bytes of a side's "
+                              f"records, this model's aux data needs {need}: remove it (cxltier object rm rooms/{self.rooms_name}) "
+                              "with the workers stopped, to make it anew")
 
     def _name_pages(self, dtype):
         """The layout both sides compare and the key mask of this pool's
@@ -254,23 +285,29 @@ class CxlTierKVManager(BaseKVManager):
 
     # Records.
 
-    def put_record(self, room, kind, record):
-        raw = json.dumps(record).encode()
-        self.rooms.delete([self.room_key(room, kind)])
-        status = self.rooms.set([self.room_key(room, kind)], [raw])[0]
-        if status == "no_space":
-            raise DisaggError(f"cxltier disaggregation: no room in index {self.index_name + ROOMS_SUFFIX!r} for "
-                              f"the {kind} record of room {room}")
+    def put_record(self, side, kind, record):
+        """Writes this side's record kind (JSON, or an (address, length)
+        pair of raw bytes) into side's room."""
+        data = record if isinstance(record, tuple) else json.dumps(record).encode()
+        try:
+            self.rooms.put(side.room_of(), self.side, kind, data)
+        except _native.NotFoundError:
+            raise DisaggError(f"cxltier disaggregation: room {side.room}: the room was freed or claimed anew "
+                              "(another request on the same room?)") from None
 
-    def get_record(self, room, kind):
-        buf = bytearray(4096)
-        n, lens = self.rooms.get([self.room_key(room, kind)], [buf])
-        return json.loads(bytes(buf[: lens[0]])) if n else None
-
-    def drop_records(self, room, aux=0):
-        keys = [self.room_key(room, k) for k in ("hello", "accept", "done", "ack", "abort")]
-        keys += [self.room_key(room, "aux", i) for i in range(aux)]
-        self.rooms.delete(keys)
+    def get_record(self, side, kind, into=None):
+        """The other side's record kind of side's room (JSON; with into, an
+        (address, length) pair, its length copied there), None when it is
+        not there yet."""
+        handle = side.room_of(find=True)
+        if handle is None:
+            return None
+        try:
+            raw = self.rooms.get(handle, self.other, kind, into=into)
+        except _native.NotFoundError:
+            raise DisaggError(f"cxltier disaggregation: room {side.room}: the room was freed or claimed anew "
+                              "(another request on the same room?)") from None
+        return raw if into is not None or raw is None else json.loads(raw)
 
     def drop_tail(self, room, nonce):
         self.index.delete([self.tail_keys(room, nonce).hex(0)])
@@ -327,6 +364,16 @@ class _Side:
         # record of a failure, its abort): it then drops the room's records.
         # The side that wrote the last word leaves them for the other to read.
         self.read_last_word = False
+        self.handle = None  # the request's room in the rooms table (a rooms.Room)
+
+    def room_of(self, find=False):
+        """This request's room: the decode's claim; the prefill's once the
+        decode claimed it (with find, None before)."""
+        if self.handle is None and self.kv_mgr.side == PREFILL:
+            self.handle = self.kv_mgr.rooms.find(self.room, self.kv_mgr.tp_rank)
+        if self.handle is None and not find:
+            raise DisaggError(f"cxltier disaggregation: room {self.room}: not claimed by a decode yet")
+        return self.handle
 
     def _conclude(self, state, reason=None):
         with self._lock:
@@ -350,7 +397,7 @@ class _Side:
         abort of this request (one naming another nonce is an earlier
         request's): this side then concludes Failed. Raises the tier's
         error."""
-        abort = self.kv_mgr.get_record(self.room, "abort")
+        abort = self.kv_mgr.get_record(self, "abort")
         if abort is None:
             return False
         if self.nonce is not None and abort.get("nonce") not in (None, self.nonce):
@@ -375,6 +422,7 @@ class _Side:
         except (_native.CxlTierError, TypeError, ValueError):
             return False  # a lease this tier cannot read names no one to wait on less
         if gone:
+            self.read_last_word = True  # no one else will free the room
             self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the {other} side's process is "
                                           f"gone (its lease, slot {lease[0]}, ended)")
         return gone
@@ -473,18 +521,16 @@ class CxlTierKVSender(_Side, BaseKVSender):
     def _finish(self):
         mgr = self.kv_mgr
         args = mgr.kv_args
-        hello = mgr.get_record(self.room, "hello")
+        hello = mgr.get_record(self, "hello")
         if (hello or {}).get("nonce") != self.nonce:
             raise DisaggError(f"cxltier disaggregation: room {self.room}: the decode's hello changed while this "
                               "request was sent (another request on the same room?)")
         n = len(args.aux_data_ptrs)
         if self.aux_index is not None and n:
-            keys = [mgr.room_key(self.room, "aux", i) for i in range(n)]
-            bufs = [(args.aux_data_ptrs[i] + self.aux_index * args.aux_item_lens[i], args.aux_item_lens[i]) for i in range(n)]
-            mgr.rooms.delete(keys)
-            if "no_space" in mgr.rooms.set(keys, bufs):
-                raise DisaggError(f"cxltier disaggregation: room {self.room}: no room for the aux data in the tier")
-        mgr.put_record(self.room, "done", {"status": "ok", "pages": self.num_pages, "first_page": self.first_page,
+            for i in range(n):
+                at = args.aux_data_ptrs[i] + self.aux_index * args.aux_item_lens[i]
+                mgr.put_record(self, f"aux/{i}", (at, int(args.aux_item_lens[i])))
+        mgr.put_record(self, "done", {"status": "ok", "pages": self.num_pages, "first_page": self.first_page,
                                            "tokens": len(self.tokens), "aux": n, "layout": mgr.layout,
                                            "nonce": self.nonce})
         self.done_written = True
@@ -493,7 +539,7 @@ class CxlTierKVSender(_Side, BaseKVSender):
     def _fail(self, e):
         reason = str(e)
         try:
-            self.kv_mgr.put_record(self.room, "done", {"status": "failed", "reason": reason, "nonce": self.nonce})
+            self.kv_mgr.put_record(self, "done", {"status": "failed", "reason": reason, "nonce": self.nonce})
         except Exception:
             pass
         self._conclude(KVPoll.Failed, reason)
@@ -508,7 +554,7 @@ class CxlTierKVSender(_Side, BaseKVSender):
             if self._other_aborted("decode"):
                 return self.conclude_state
             if self.hello is None:
-                hello = mgr.get_record(self.room, "hello")
+                hello = mgr.get_record(self, "hello")
                 if hello is None:
                     return self._waited("bootstrap", "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", KVPoll.Bootstrapping)
                 self.nonce = hello.get("nonce")
@@ -523,13 +569,13 @@ class CxlTierKVSender(_Side, BaseKVSender):
                                            "needs the same TP size on both sides"))
                     return self.conclude_state
                 self.hello = hello
-                mgr.put_record(self.room, "accept", {"nonce": self.nonce, "lease": mgr.lease})
+                mgr.put_record(self, "accept", {"nonce": self.nonce, "lease": mgr.lease})
                 return KVPoll.WaitingForInput
             if self._peer_gone(self.hello, "decode"):
                 return self.conclude_state
             if not self.done_written:
                 return KVPoll.Transferring if self.started else KVPoll.WaitingForInput
-            if mgr.get_record(self.room, "ack") is not None:
+            if mgr.get_record(self, "ack") is not None:
                 self.read_last_word = True
                 self._conclude(KVPoll.Success)
                 return KVPoll.Success
@@ -552,7 +598,7 @@ class CxlTierKVSender(_Side, BaseKVSender):
 
     def abort(self):
         try:
-            self.kv_mgr.put_record(self.room, "abort", {"by": "prefill", "nonce": self.nonce})
+            self.kv_mgr.put_record(self, "abort", {"by": "prefill", "nonce": self.nonce})
         except Exception:
             pass
         self._conclude(KVPoll.Failed, self.reason or f"cxltier disaggregation: room {self.room}: aborted")
@@ -562,14 +608,14 @@ class CxlTierKVSender(_Side, BaseKVSender):
 
 
 def _clear(side):
-    """Drops the room's records when this side read the other's last word;
-    otherwise they stay for the other side to read (a side that died leaves
-    them to the rooms index's LRU)."""
-    if side.read_last_word:
+    """Frees the room when this side read the other's last word (or the
+    other side is gone); otherwise it stays for the other side to read (a
+    side that died leaves it to the table's reclaim)."""
+    if side.read_last_word and side.handle is not None:
         try:
-            side.kv_mgr.drop_records(side.room, len(side.kv_mgr.kv_args.aux_data_ptrs))
+            side.kv_mgr.rooms.release(side.handle)
         except Exception:
-            pass
+            pass  # freed already: by a reclaim, or claimed anew
 
 
 class CxlTierKVReceiver(_Side, BaseKVReceiver):
@@ -605,9 +651,14 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
         self.streamed = 0  # of those, landed before the prefill's done record was read
         self._whole = None  # (KeyBlock, pages) of the request's whole pages past the prefix, made once
         try:
-            # What an earlier request on this room left is not this one's.
-            mgr.drop_records(self.room, len(mgr.kv_args.aux_data_ptrs))
-            mgr.put_record(self.room, "hello", {"decode_prefix_len": self.decode_prefix_len, "layout": mgr.layout,
+            # Claimed anew when an earlier request on this room left it:
+            # nothing it left is this one's.
+            try:
+                self.handle = mgr.rooms.claim(self.room, mgr.tp_rank)
+            except _native.NoSpaceError as e:
+                raise DisaggError(f"cxltier disaggregation: room {self.room}: {e} (CXLTIER_PD_ROOMS sizes the table "
+                                  "when it is made)") from None
+            mgr.put_record(self, "hello", {"decode_prefix_len": self.decode_prefix_len, "layout": mgr.layout,
                                                 "key_suffix": mgr.key_suffix, "tp_size": mgr.tp_size,
                                                 "nonce": self.nonce, "lease": mgr.lease})
         except Exception as e:
@@ -630,7 +681,7 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
         try:
             if self._other_aborted("prefill"):
                 return self.conclude_state
-            done = mgr.get_record(self.room, "done")
+            done = mgr.get_record(self, "done")
         except _native.CxlTierError as e:
             self._conclude(KVPoll.Failed, str(e))
             return self.conclude_state
@@ -638,7 +689,7 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
             done = None  # an earlier request's, written late: not this one's
         if done is None:
             try:
-                accept = mgr.get_record(self.room, "accept") if time.monotonic() >= self._next_peer_look else None
+                accept = mgr.get_record(self, "accept") if time.monotonic() >= self._next_peer_look else None
             except _native.CxlTierError:
                 accept = None
             if accept is not None and accept.get("nonce") == self.nonce and self._peer_gone(accept, "prefill"):
@@ -730,7 +781,7 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
                 self._land(mgr.tail_keys(self.room, self.nonce), [tail[0]])
                 mgr.drop_tail(self.room, self.nonce)  # this request's alone: no one reads it again
             self._read_aux(int(done.get("aux", 0)))
-            mgr.put_record(self.room, "ack", {"pages": len(self.pages)})
+            mgr.put_record(self, "ack", {"pages": len(self.pages)})
             self._conclude(KVPoll.Success)
         except Exception as e:
             self._fail_load(e)
@@ -740,7 +791,7 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
     def _fail_load(self, e):
         self._conclude(KVPoll.Failed, str(e))
         try:
-            self.kv_mgr.put_record(self.room, "abort", {"by": "decode", "reason": str(e), "nonce": self.nonce})
+            self.kv_mgr.put_record(self, "abort", {"by": "decode", "reason": str(e), "nonce": self.nonce})
         except Exception:
             pass
 
@@ -765,15 +816,14 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
         if n != len(args.aux_data_ptrs):
             raise DisaggError(f"cxltier disaggregation: room {self.room}: {n} aux buffers from the prefill, "
                               f"{len(args.aux_data_ptrs)} here")
-        keys = [mgr.room_key(self.room, "aux", i) for i in range(n)]
-        bufs = [(args.aux_data_ptrs[i] + self.aux_index * args.aux_item_lens[i], args.aux_item_lens[i]) for i in range(n)]
-        got, _ = mgr.rooms.get(keys, bufs)
-        if got != n:
-            raise DisaggError(f"cxltier disaggregation: room {self.room}: {got} of {n} aux buffers in the tier")
+        for i in range(n):
+            at = args.aux_data_ptrs[i] + self.aux_index * args.aux_item_lens[i]
+            if mgr.get_record(self, f"aux/{i}", into=(at, int(args.aux_item_lens[i]))) is None:
+                raise DisaggError(f"cxltier disaggregation: room {self.room}: aux buffer {i} of {n} not in its room")
 
     def abort(self):
         try:
-            self.kv_mgr.put_record(self.room, "abort", {"by": "decode", "nonce": self.nonce})
+            self.kv_mgr.put_record(self, "abort", {"by": "decode", "nonce": self.nonce})
             self.abort_notified = True
         except Exception:
             pass

@@ -92,6 +92,13 @@ class Tier:
 
         return PrefixIndex(self, name, blocks, block_bytes, key)
 
+    def rooms(self, name, slots=0, slot_bytes=0):
+        """Opens the rooms table `name` of prefill-to-decode transfers; with
+        slots > 0 it is created (rooms of slot_bytes) when missing."""
+        from .rooms import Rooms
+
+        return Rooms(self, name, slots, slot_bytes)
+
     def track_view(self, view):
         """Counts view (a buffer or tensor over this tier's mapping) until it
         is collected, with a hold on the tier in the library across its life

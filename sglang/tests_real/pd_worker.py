@@ -124,7 +124,7 @@ def prefill(job, pool, meta, mgr):
         return out
     prefix = sender.pop_decode_prefix_len()
     n_pages = -(-(len(job["tokens"]) - prefix) // PAGE)
-    aux_index = 3
+    aux_index = job.get("aux_index", 3)
     sender.init(n_pages, aux_index)
     first = prefix // PAGE
     pages = [job["first_slot_page"] + i for i in range(n_pages)]
@@ -178,6 +178,55 @@ def decode(job, pool, meta, mgr):
     return out
 
 
+def many(job, pool, meta, mgr):
+    """job["many"] requests in flight at once, each of its own room (room
+    + k), prompt and pages: the decode says hello in every room first and
+    then polls them all; the prefill serves them one after another."""
+    out = {"role": ROLE, "states": [], "digests": [], "first_tokens": []}
+    side = prefill if ROLE == "prefill" else None
+    jobs = [dict(job, room=job["room"] + k, tokens=[t + 10000 * k for t in job["tokens"]], seed=job["seed"] + k,
+                 first_slot_page=job["first_slot_page"] + 2 * k, aux_index=k, first_token=job["first_token"] + k)
+            for k in range(job["many"])]
+    if side is not None:
+        for j in jobs:
+            r = side(j, pool, meta, mgr)
+            out["states"].append(r["state"] if r["state"] == "success" else f"{r['state']}: {r['reason']}")
+            out["digests"].append(r.get("digests"))
+        return out
+    receivers = [start_decode(j, pool, mgr) for j in jobs]
+    from sglang.srt.disaggregation.base import KVPoll
+
+    deadline = time.monotonic() + job.get("limit", 60)
+    states = [None] * len(receivers)
+    while None in states and time.monotonic() < deadline:
+        for k, (receiver, _) in enumerate(receivers):
+            if states[k] is None:
+                st = receiver.poll()
+                if st in (KVPoll.Success, KVPoll.Failed):
+                    states[k] = "success" if st == KVPoll.Success else f"failed: {receiver.reason}"
+        time.sleep(0.001)
+    for k, (receiver, pages) in enumerate(receivers):
+        out["states"].append(states[k] or "timeout")
+        out["digests"].append([page_digest(pool, p) for p in pages])
+        out["first_tokens"].append(int(meta.output_ids[k][0]))
+        receiver.clear()
+    return out
+
+
+def start_decode(job, pool, mgr):
+    """A receiver of job's request, its hello said: (receiver, its pages)."""
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue
+    from sglang.srt.disaggregation.utils import TransferBackend
+
+    q = object.__new__(DecodePreallocQueue)
+    q.kv_manager, q.transfer_backend, q.queue, q.token_to_kv_pool = mgr, TransferBackend("cxltier"), [], pool
+    receiver = q._create_receiver_and_enqueue(request(job["tokens"], job["room"])).kv_receiver
+    receiver.init(0)
+    pages = [job["first_slot_page"] + i for i in range(-(-len(job["tokens"]) // PAGE))]
+    receiver.send_metadata(np.array(pages, dtype=np.int32), job["aux_index"], None, decode_prefix_len=0)
+    return receiver, pages
+
+
 def main():
     global ROLE, PAGE
     ROLE, job = sys.argv[1], json.loads(sys.argv[2])
@@ -187,7 +236,7 @@ def main():
     disagg.install()  # what the plugin does in every SGLang process, before SGLang looks the backend up
     from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType, MetadataBuffers, TransferBackend, get_kv_class
     pool = kv_pool(job["kind"], PAGE, job["pool_tokens"])
-    meta = MetadataBuffers(8, hidden_size=16, hidden_states_dtype=torch.bfloat16, max_sampling_mask_tokens=1)
+    meta = MetadataBuffers(max(8, job.get("many", 0)), hidden_size=16, hidden_states_dtype=torch.bfloat16, max_sampling_mask_tokens=1)
     mgr_class = get_kv_class(TransferBackend("cxltier"), KVClassType.MANAGER)
     try:
         mgr = mgr_class(kv_args(pool, meta, job.get("tp_rank", 0)), DisaggregationMode(ROLE),
@@ -196,7 +245,7 @@ def main():
     except Exception as e:
         print(json.dumps({"role": ROLE, "state": "refused", "reason": str(e)}), flush=True)
         return
-    out = (prefill if ROLE == "prefill" else decode)(job, pool, meta, mgr)
+    out = (many if job.get("many") else prefill if ROLE == "prefill" else decode)(job, pool, meta, mgr)
     print(json.dumps(out), flush=True)
     mgr.close()
 

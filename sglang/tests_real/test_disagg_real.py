@@ -49,12 +49,11 @@ def job(kind, tokens, room, **kw):
     return j
 
 
-def index_for(built, device, kind):
+def index_for(built, device, kind, blocks=64):
     """The index the backend writes into, sized for the pool's pages."""
     t = cxltier.Tier(device)
     # Blocks of 4 KiB: an MHA page here is 3 layers x K and V x 4 tokens x 2 heads x 8 bf16 (768 bytes).
-    t.prefix("pd", 64, 4096)
-    t.prefix("pd@pd", 64, 4096)
+    t.prefix("pd", blocks, 4096)
     t.close()
 
 
@@ -154,7 +153,6 @@ def test_a_full_tier_fails_both_sides_saying_why(built, device):
     full tier, and the decode fails with the prefill's reason."""
     t = cxltier.Tier(device)
     t.prefix("pd", 2, 4096)  # two blocks for five pages, all pinned by nothing: eviction frees only so much
-    t.prefix("pd@pd", 64, 4096)
     t.close()
     tokens = list(range(5000, 5000 + 5 * PAGE))
     pr, dr = pair(built, device, job("mha", tokens, 51, chunk_pages=5), job("mha", tokens, 51, first_slot_page=30))
@@ -174,6 +172,27 @@ def test_the_decode_lands_pages_while_the_prefill_stores_the_rest(built, device,
     assert pr["state"] == "success" and dr["state"] == "success", (pr, dr)
     assert dr["digests"] == pr["digests"]
     assert dr["streamed"] is not None and 3 <= dr["streamed"] <= 5, dr
+
+
+def test_more_rooms_in_flight_than_the_old_mailbox_held(built, device):
+    """80 requests in flight at once, every hello said before the prefill
+    serves the first: every room is kept (the 64-block LRU index that held
+    the records before evicted the first hellos: the prefill then waited
+    for them in vain) and each request gets its own KV and first token."""
+    index_for(built, device, "mha", blocks=256)  # every request's pages at once
+    tokens = list(range(8000, 8000 + PAGE + 1))
+    n = 80
+    d = start(built, device, "decode", job("mha", tokens, 1000, many=n, first_slot_page=10, limit=90, pool_tokens=1024))
+    time.sleep(3)  # every hello in the tier before the prefill starts
+    p = start(built, device, "prefill", job("mha", tokens, 1000, many=n, first_slot_page=10, limit=10,
+                                            bootstrap_limit=10, pool_tokens=1024))
+    pr, dr = result(p, 180), result(d, 180)
+    assert pr["states"] == ["success"] * n and dr["states"] == ["success"] * n, (pr["states"], dr["states"])
+    assert dr["digests"] == pr["digests"]
+    assert dr["first_tokens"] == [4242 + k for k in range(n)]
+    t = cxltier.Tier(device)
+    assert t.rooms("pd@pd").stats()["in_flight"] == 0  # every room freed by the side that read the last word
+    t.close()
 
 
 def test_a_bad_publish_size_is_refused_naming_it(built, device):
