@@ -104,20 +104,13 @@ func (t *Table) Release(rm Room) error {
 }
 
 func (t *Table) freeLocked(rm Room) error {
-	off := t.slotOff(rm.Slot)
-	b, err := t.mem(off, line)
+	b, err := t.claimLine(rm)
 	if err != nil {
 		return err
 	}
-	if err := t.refresh(off, line); err != nil {
-		return err
-	}
-	if atomic.LoadUint64(stateWord(b)) != uint64(rm.Gen)<<32|claimed {
-		return fmt.Errorf("%w: table %q, slot %d, generation %d", ErrGone, t.name, rm.Slot, rm.Gen)
-	}
 	atomic.StoreUint32(readyWord(b), 0)
 	atomic.StoreUint64(stateWord(b), uint64(rm.Gen)<<32)
-	return t.publish(off, line)
+	return t.publish(t.slotOff(rm.Slot), line)
 }
 
 // Reclaim frees the rooms no live process will end: their decode is gone,
@@ -189,19 +182,26 @@ func (t *Table) check(rm Room) error {
 	if err := t.c.Err(); err != nil {
 		return err
 	}
+	_, err := t.claimLine(rm)
+	return err
+}
+
+// claimLine is rm's slot's line 0, refreshed; ErrGone unless the slot is
+// still rm's claim.
+func (t *Table) claimLine(rm Room) ([]byte, error) {
 	if rm.Slot < 0 || rm.Slot >= t.slots {
-		return fmt.Errorf("%w: table %q: slot %d not in [0,%d)", ErrGone, t.name, rm.Slot, t.slots)
+		return nil, fmt.Errorf("%w: table %q: slot %d not in [0,%d)", ErrGone, t.name, rm.Slot, t.slots)
 	}
 	off := t.slotOff(rm.Slot)
 	b, err := t.mem(off, line)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := t.refresh(off, line); err != nil {
-		return err
+		return nil, err
 	}
 	if atomic.LoadUint64(stateWord(b)) != uint64(rm.Gen)<<32|claimed {
-		return fmt.Errorf("%w: table %q, slot %d, generation %d", ErrGone, t.name, rm.Slot, rm.Gen)
+		return nil, fmt.Errorf("%w: table %q, slot %d, generation %d", ErrGone, t.name, rm.Slot, rm.Gen)
 	}
-	return nil
+	return b, nil
 }

@@ -237,22 +237,21 @@ func (t *Table) mem(off tier.Offset, n int) ([]byte, error) {
 
 // publish makes n bytes at off visible to the tier's other hosts.
 func (t *Table) publish(off tier.Offset, n int64) error {
-	if t.sim != nil {
-		_, at, _, err := t.r.Locate(off)
-		t.sim.Publish(at, n)
-		return err
-	}
-	return t.r.Publish(off, n)
+	return t.sync(off, n, (*tier.CacheSim).Publish, t.r.Publish)
 }
 
 // refresh drops this host's stale copies of n bytes at off.
 func (t *Table) refresh(off tier.Offset, n int64) error {
-	if t.sim != nil {
-		_, at, _, err := t.r.Locate(off)
-		t.sim.Refresh(at, n)
-		return err
+	return t.sync(off, n, (*tier.CacheSim).Refresh, t.r.Refresh)
+}
+
+func (t *Table) sync(off tier.Offset, n int64, sim func(*tier.CacheSim, int64, int64), real func(tier.Offset, int64) error) error {
+	if t.sim == nil {
+		return real(off, n)
 	}
-	return t.r.Refresh(off, n)
+	_, at, _, err := t.r.Locate(off)
+	sim(t.sim, at, n)
+	return err
 }
 
 func stateWord(b []byte) *uint64 { return words.U64At(b, 0) }

@@ -289,11 +289,11 @@ def test_sides_of_different_layouts_fail_saying_so(built, device):
     assert dr["state"] == "failed" and "layout" in dr["reason"], dr
 
 
-@pytest.mark.parametrize("kind", ["mha", "mla"])
-def test_tensor_parallel_ranks_with_one_slow(built, device, kind):
-    """A TP 2 prefill and a TP 2 decode, four processes, the decode's ranks
-    together and the prefill's rank 1 a second and a half behind its rank 0
-    (as under real load): each rank gets its own pages, and all four
+@pytest.mark.parametrize("kind,tp", [("mha", 2), ("mla", 2), ("mha", 4)])
+def test_tensor_parallel_ranks_with_one_slow(built, device, kind, tp):
+    """A TP 2 (or 4) prefill and decode, a process a rank, the decode's
+    ranks together and the prefill's rank 1 a second and a half behind the
+    others (as under real load): each rank gets its own pages, and all
     succeed. (With records keyed by the room alone, the decode ranks
     overwrote each other's hello, so an MHA prefill rank saw the other
     rank's layout, and the first prefill rank to finish dropped the records
@@ -301,18 +301,21 @@ def test_tensor_parallel_ranks_with_one_slow(built, device, kind):
     index_for(built, device, kind)
     tokens = list(range(9000, 9000 + 3 * PAGE + 1))
     procs = []
-    for rank in range(2):
-        extra = {"tp_rank": rank, "tp_size": 2}
+    for rank in range(tp):
+        extra = {"tp_rank": rank, "tp_size": tp, "limit": 90, "bootstrap_limit": 90}
         # An MHA rank holds its own heads; every MLA rank the same latent.
         seed = 7 + rank if kind == "mha" else 7
-        procs.append(start(built, device, "prefill", job(kind, tokens, 91, seed=seed, delay=1.5 * rank, **extra)))
-        procs.append(start(built, device, "decode", job(kind, tokens, 91, first_slot_page=20, **extra)))
-    (p0, d0, p1, d1) = [result(p) for p in procs]
-    for r in (p0, d0, p1, d1):
-        assert r["state"] == "success", (p0, d0, p1, d1)
-    assert d0["digests"] == p0["digests"] and d1["digests"] == p1["digests"]
+        slow = {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "120"}  # a process a rank starts slowly on a small machine
+        procs.append(start(built, device, "prefill", job(kind, tokens, 91, seed=seed, delay=1.5 * (rank == 1), **extra), slow))
+        procs.append(start(built, device, "decode", job(kind, tokens, 91, first_slot_page=20, **extra), slow))
+    got = [result(p, 300) for p in procs]
+    prefills, decodes = got[0::2], got[1::2]
+    for r in got:
+        assert r["state"] == "success", got
+    for p, d in zip(prefills, decodes):
+        assert d["digests"] == p["digests"]
     if kind == "mha":  # a rank's heads are its own pages
-        assert p0["digests"] != p1["digests"]
+        assert len({tuple(p["digests"]) for p in prefills}) == tp
 
 
 def test_a_decode_of_another_tp_size_is_refused_saying_so(built, device):
