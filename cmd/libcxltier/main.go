@@ -45,6 +45,7 @@
 //	cxl_rooms_find(rooms, room, rank, &slot, &gen, &found)   the room a decode claimed
 //	cxl_rooms_put(rooms, slot, gen, side, kind, data, n) one record of a side's (0 decode, 1 prefill); n = -1 deletes it
 //	cxl_rooms_get(rooms, slot, gen, side, kind, buf, cap, &n, &found)   CXL_ERANGE with n when buf is short
+//	cxl_rooms_end(rooms, slot, gen, side, &freed)        this side is done; the second side to end frees the room
 //	cxl_rooms_release(rooms, slot, gen)                  frees the room
 //	cxl_rooms_stats(rooms, json, json_cap)               slots, area_bytes, in_flight
 //	cxl_rooms_close(rooms)

@@ -204,6 +204,32 @@ func cxl_rooms_release(h C.uint64_t, slot C.int64_t, gen C.uint32_t, errbuf *C.c
 	return report(err, errbuf, errlen)
 }
 
+// cxl_rooms_end records that side is done with the room; the second side
+// to end frees it (*freed = 1 when this call did).
+//
+//export cxl_rooms_end
+func cxl_rooms_end(h C.uint64_t, slot C.int64_t, gen C.uint32_t, side C.int, freed *C.int8_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_rooms_end", errbuf, errlen, &code)
+	err := func() error {
+		rm, s, err := roomArg(slot, gen, side)
+		if err != nil || freed == nil {
+			return fmt.Errorf("rooms end: %w: no output (%v)", errBadArg, err)
+		}
+		t, done, err := roomsOf(h)
+		if err != nil {
+			return err
+		}
+		defer done()
+		f, err := t.End(rm, s)
+		*freed = 0
+		if f {
+			*freed = 1
+		}
+		return err
+	}()
+	return report(err, errbuf, errlen)
+}
+
 // cxl_rooms_stats writes the table's shape and the rooms in flight as
 // JSON: {"slots":…,"area_bytes":…,"in_flight":…}.
 //

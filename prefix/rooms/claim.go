@@ -2,6 +2,7 @@ package rooms
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sync/atomic"
 )
@@ -90,8 +91,8 @@ func (t *Table) claimLocked(i int, room uint64, rank uint32) (Room, error) {
 	return Room{Slot: i, Gen: g}, nil
 }
 
-// Release frees a room: by the side that read the other's last word, or
-// by a side that ends the request alone. A room already gone is ErrGone.
+// Release frees a room at once, whatever its sides say (End frees it
+// once both ended). A room already gone is ErrGone.
 func (t *Table) Release(rm Room) error {
 	if err := t.check(rm); err != nil {
 		return err
@@ -113,8 +114,31 @@ func (t *Table) freeLocked(rm Room) error {
 	return t.publish(t.slotOff(rm.Slot), line)
 }
 
+// End records that side is done with the room (whatever the outcome:
+// it reads and writes nothing more there); the second side to end frees
+// it. It reports whether this call freed the room. Each side publishes
+// its end before it reads the other's, so of two sides ending at once at
+// least one sees both, and a second free is ErrGone, not an error here.
+func (t *Table) End(rm Room, side Side) (bool, error) {
+	if err := t.Put(rm, side, endRecord, []byte{}); err != nil {
+		return false, err
+	}
+	other, err := t.readArea(rm, 1-side)
+	if err != nil || !other.has(endRecord) {
+		return false, err
+	}
+	err = t.Release(rm)
+	if errors.Is(err, ErrGone) {
+		return false, nil // the other side freed it first
+	}
+	return err == nil, err
+}
+
+// endRecord is the record a side writes when it is done with a room.
+const endRecord = "end"
+
 // Reclaim frees the rooms no live process will end: their decode is gone,
-// or the decode wrote its last word (ack, abort) and the prefill is gone.
+// or the decode ended and the prefill is gone, never came, or ended too.
 // Claim calls it when the table is full; it returns how many it freed.
 // The tokens are the tier's word: they only free table slots.
 func (t *Table) Reclaim() (int, error) {
@@ -155,11 +179,11 @@ func (t *Table) abandoned(rm Room, id identity) bool {
 		return true
 	}
 	d, err := t.readArea(rm, Decode)
-	if err != nil || !(d.has("ack") || d.has("abort")) {
+	if err != nil || !d.has(endRecord) {
 		return false
 	}
 	p, err := t.readArea(rm, Prefill)
-	return err == nil && p.token != 0 && !t.r.TokenRuns(p.token)
+	return err == nil && (p.token == 0 || p.has(endRecord) || !t.r.TokenRuns(p.token))
 }
 
 // InFlight counts the claimed rooms (a snapshot).

@@ -1,8 +1,8 @@
 // Package rooms owns the rendezvous of prefill-to-decode transfers in the
 // tier: a table of rooms, each the records two processes (a decode and a
 // prefill rank of one request) leave each other. A room is claimed by the
-// decode, found by the prefill, and freed by the side that read the
-// other's last word; nothing evicts a live room, so a table with every
+// decode, found by the prefill, and freed by the second side to end it
+// (End); nothing evicts a live room, so a table with every
 // slot in flight refuses a new room (ErrFull) instead of losing an old one.
 //
 // The table is a named tier object ("rooms/<name>") of fixed slots:

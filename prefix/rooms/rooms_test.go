@@ -185,6 +185,72 @@ func TestAReusedRoomStartsClean(t *testing.T) {
 	})
 }
 
+// The second side to end a room frees it, whatever order they end in,
+// and sides ending at once free it once.
+func TestTheSecondSideToEndFreesTheRoom(t *testing.T) {
+	eachCoherence(t, func(t *testing.T, shared bool) {
+		h, _ := setup(t, 8, shared)
+		for _, first := range []Side{Decode, Prefill} {
+			rm, _ := h.decode.Claim(21, 0)
+			tables := map[Side]*Table{Decode: h.decode, Prefill: h.prefill}
+			if freed, err := tables[first].End(rm, first); freed || err != nil {
+				t.Fatalf("%s ended first: freed %v, %v", first, freed, err)
+			}
+			if freed, err := tables[1-first].End(rm, 1-first); !freed || err != nil {
+				t.Fatalf("%s ended second: freed %v, %v", 1-first, freed, err)
+			}
+			if _, ok, _ := h.prefill.Find(21, 0); ok {
+				t.Fatal("an ended room is still found")
+			}
+		}
+		for k := 0; k < 50; k++ {
+			rm, _ := h.decode.Claim(22, 0)
+			var wg sync.WaitGroup
+			freed := make([]bool, 2)
+			for _, side := range []Side{Decode, Prefill} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					tb := map[Side]*Table{Decode: h.decode, Prefill: h.prefill}[side]
+					f, err := tb.End(rm, side)
+					if err != nil && !errors.Is(err, ErrGone) {
+						t.Error(err)
+					}
+					freed[side] = f
+				}()
+			}
+			wg.Wait()
+			if freed[0] == freed[1] {
+				t.Fatalf("round %d: both sides ending at once freed the room %v times", k, freed)
+			}
+		}
+	})
+}
+
+// A decode that ended while its prefill never came, or while the
+// prefill's process is gone, leaves a room a full table frees; a room
+// whose decode ended and whose prefill is still at work stays.
+func TestEndedRoomsAreReclaimedWhenNoOneWillEndThem(t *testing.T) {
+	h, _ := setup(t, 3, false)
+	never, _ := h.decode.Claim(1, 0)
+	h.decode.End(never, Decode)
+	working, _ := h.decode.Claim(2, 0)
+	h.prefill.Put(working, Prefill, "accept", []byte("{}"))
+	h.decode.End(working, Decode)
+	live, _ := h.decode.Claim(3, 0)
+	if _, err := h.decode.Claim(4, 0); err != nil {
+		t.Fatalf("a claim on a table with an abandoned room: %v", err)
+	}
+	for _, rm := range []Room{working, live} {
+		if err := h.decode.check(rm); err != nil {
+			t.Fatalf("room %v was reclaimed: %v", rm, err)
+		}
+	}
+	if err := h.decode.check(never); !errors.Is(err, ErrGone) {
+		t.Fatalf("the room its prefill never came to: %v", err)
+	}
+}
+
 // The rooms index this table replaces evicted live rooms beyond about a
 // quarter of its blocks; a table keeps every room it has slots for, and
 // says so when it has none left.

@@ -107,6 +107,7 @@ _PROTOTYPES = {
     "cxl_rooms_put": [_u64, _i64, ctypes.c_uint32, _int, _cstr, ctypes.c_void_p, _i64] + _err,
     "cxl_rooms_get": [_u64, _i64, ctypes.c_uint32, _int, _cstr, ctypes.c_void_p, _i64, _p(_i64), _p(_i8)] + _err,
     "cxl_rooms_release": [_u64, _i64, ctypes.c_uint32] + _err,
+    "cxl_rooms_end": [_u64, _i64, ctypes.c_uint32, _int, _p(_i8)] + _err,
     "cxl_rooms_stats": [_u64, _cstr, _int] + _err,
     "cxl_tier_registered": [_u64, ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, _int] + _err,
     "cxl_tier_mappings": [_u64, _p(ctypes.c_void_p), _p(_i64), _i64, _p(_i64), _p(_u64)] + _err,

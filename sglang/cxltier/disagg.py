@@ -28,8 +28,9 @@ Nothing crosses a network: the two find each other through a room of the
 tier's rooms table ("<index>@pd", prefix/rooms in Go), named by the
 bootstrap room and the TP rank (rank r of the prefill pairs with rank r
 of the decode; both sides need the same TP size). The decode claims the
-room, each side writes records of its own in it, and the side that read
-the other's last word frees it; nothing evicts a live room
+room, each side writes records of its own in it and ends it when it
+concludes, and the second side to end it frees it; nothing evicts a live
+room
 (CXLTIER_PD_ROOMS rooms in flight, 1024 by default). The records:
 
 - hello (decode): the prefix it holds, its layout and TP size, a nonce of
@@ -292,8 +293,8 @@ class CxlTierKVManager(BaseKVManager):
         try:
             self.rooms.put(side.room_of(), self.side, kind, data)
         except _native.NotFoundError:
-            raise DisaggError(f"cxltier disaggregation: room {side.room}: the room was freed or claimed anew "
-                              "(another request on the same room?)") from None
+            raise DisaggError(f"cxltier disaggregation: room {side.room}: the room was freed (the other side ended "
+                              "the request) or claimed anew (another request on the same room)") from None
 
     def get_record(self, side, kind, into=None):
         """The other side's record kind of side's room (JSON; with into, an
@@ -305,8 +306,8 @@ class CxlTierKVManager(BaseKVManager):
         try:
             raw = self.rooms.get(handle, self.other, kind, into=into)
         except _native.NotFoundError:
-            raise DisaggError(f"cxltier disaggregation: room {side.room}: the room was freed or claimed anew "
-                              "(another request on the same room?)") from None
+            raise DisaggError(f"cxltier disaggregation: room {side.room}: the room was freed (the other side ended "
+                              "the request) or claimed anew (another request on the same room)") from None
         return raw if into is not None or raw is None else json.loads(raw)
 
     def drop_tail(self, room, nonce):
@@ -360,11 +361,8 @@ class _Side:
         self.bytes = 0
         self.started = None
         self.finished = None
-        # Whether this side read the other's last word (its ack, its done
-        # record of a failure, its abort): it then drops the room's records.
-        # The side that wrote the last word leaves them for the other to read.
-        self.read_last_word = False
         self.handle = None  # the request's room in the rooms table (a rooms.Room)
+        self._ended = False  # whether this side ended its room
 
     def room_of(self, find=False):
         """This request's room: the decode's claim; the prefill's once the
@@ -377,11 +375,25 @@ class _Side:
 
     def _conclude(self, state, reason=None):
         with self._lock:
-            if self.conclude_state is None:
-                self.conclude_state, self.reason = state, reason
-                self.finished = time.monotonic()
-                if reason:
-                    logger.warning("cxltier disaggregation: room %d: %s", self.room, reason)
+            if self.conclude_state is not None:
+                return
+            self.conclude_state, self.reason = state, reason
+            self.finished = time.monotonic()
+            if reason:
+                logger.warning("cxltier disaggregation: room %d: %s", self.room, reason)
+        self._end_room()
+
+    def _end_room(self):
+        """This side is done with its room: the second side to end it
+        frees it (prefix/rooms' rule). At the conclusion, not at clear():
+        SGLang clears a prefill's sender only after a success."""
+        if self.handle is None or self._ended:
+            return
+        self._ended = True
+        try:
+            self.kv_mgr.rooms.end(self.handle, self.kv_mgr.side)
+        except Exception:
+            pass  # freed already (a reclaim) or claimed anew: nothing to end
 
     def _look(self):
         """Whether it is time to read the tier again (the scheduler polls
@@ -402,7 +414,6 @@ class _Side:
             return False
         if self.nonce is not None and abort.get("nonce") not in (None, self.nonce):
             return False  # a prefill before the hello knows no nonce, and takes any abort
-        self.read_last_word = True
         self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the {other} side aborted")
         return True
 
@@ -422,7 +433,6 @@ class _Side:
         except (_native.CxlTierError, TypeError, ValueError):
             return False  # a lease this tier cannot read names no one to wait on less
         if gone:
-            self.read_last_word = True  # no one else will free the room
             self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the {other} side's process is "
                                           f"gone (its lease, slot {lease[0]}, ended)")
         return gone
@@ -576,11 +586,10 @@ class CxlTierKVSender(_Side, BaseKVSender):
             if not self.done_written:
                 return KVPoll.Transferring if self.started else KVPoll.WaitingForInput
             if mgr.get_record(self, "ack") is not None:
-                self.read_last_word = True
                 self._conclude(KVPoll.Success)
                 return KVPoll.Success
             return self._waited("the decode side's ack", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", KVPoll.Transferring)
-        except _native.CxlTierError as e:
+        except (_native.CxlTierError, DisaggError) as e:
             self._fail(e)
             return self.conclude_state
 
@@ -604,18 +613,7 @@ class CxlTierKVSender(_Side, BaseKVSender):
         self._conclude(KVPoll.Failed, self.reason or f"cxltier disaggregation: room {self.room}: aborted")
 
     def clear(self):
-        _clear(self)
-
-
-def _clear(side):
-    """Frees the room when this side read the other's last word (or the
-    other side is gone); otherwise it stays for the other side to read (a
-    side that died leaves it to the table's reclaim)."""
-    if side.read_last_word and side.handle is not None:
-        try:
-            side.kv_mgr.rooms.release(side.handle)
-        except Exception:
-            pass  # freed already: by a reclaim, or claimed anew
+        self._end_room()  # SGLang is done with the request: so is this side
 
 
 class CxlTierKVReceiver(_Side, BaseKVReceiver):
@@ -682,7 +680,7 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
             if self._other_aborted("prefill"):
                 return self.conclude_state
             done = mgr.get_record(self, "done")
-        except _native.CxlTierError as e:
+        except (_native.CxlTierError, DisaggError) as e:
             self._conclude(KVPoll.Failed, str(e))
             return self.conclude_state
         if done is not None and done.get("nonce") != self.nonce:
@@ -690,7 +688,7 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
         if done is None:
             try:
                 accept = mgr.get_record(self, "accept") if time.monotonic() >= self._next_peer_look else None
-            except _native.CxlTierError:
+            except (_native.CxlTierError, DisaggError):
                 accept = None
             if accept is not None and accept.get("nonce") == self.nonce and self._peer_gone(accept, "prefill"):
                 return self.conclude_state
@@ -703,7 +701,6 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
                 mgr.submit(self._stream)
             return waiting
         if done.get("status") != "ok":
-            self.read_last_word = True
             self._conclude(KVPoll.Failed, done.get("reason") or "cxltier disaggregation: the prefill side failed")
             return self.conclude_state
         self.loading = True
@@ -789,11 +786,11 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
             self.loading = False
 
     def _fail_load(self, e):
-        self._conclude(KVPoll.Failed, str(e))
-        try:
+        try:  # the abort first: concluding frees the room
             self.kv_mgr.put_record(self, "abort", {"by": "decode", "reason": str(e), "nonce": self.nonce})
         except Exception:
             pass
+        self._conclude(KVPoll.Failed, str(e))
 
     def _land(self, block, pages):
         """Reads the pages of block into pages, a layer at a time; checked
@@ -837,7 +834,7 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
         return not self.loading
 
     def clear(self):
-        _clear(self)
+        self._end_room()  # SGLang is done with the request: so is this side
 
 
 class CxlTierKVBootstrapServer:

@@ -1,8 +1,8 @@
 """The rooms of prefill-to-decode transfers: a table in the tier that the
 Go library owns (prefix/rooms). A decode claims the room of (room, rank),
 a prefill finds it; each side writes records of its own (hello, done, the
-aux data, ...) and reads the other's; the side that read the other's last
-word releases it. Nothing evicts a live room: a full table reclaims rooms
+aux data, ...) and reads the other's; the second side to end the room
+frees it. Nothing evicts a live room: a full table reclaims rooms
 whose processes ended and otherwise raises NoSpaceError naming it."""
 
 from __future__ import annotations
@@ -95,6 +95,14 @@ class Rooms(_native.Child):
                 cap = n.value
                 continue
             return buf.raw[: n.value] if found.value else None
+
+    def end(self, room, side):
+        """Says side is done with the room (it reads and writes nothing
+        more there); the second side to end frees it. Whether this call
+        did."""
+        freed = ctypes.c_int8()
+        _native.call("cxl_rooms_end", self.handle, room.slot, room.gen, side, ctypes.byref(freed))
+        return freed.value == 1
 
     def release(self, room):
         _native.call("cxl_rooms_release", self.handle, room.slot, room.gen)

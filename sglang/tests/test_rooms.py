@@ -112,3 +112,18 @@ def test_the_rooms_of_a_decode_that_died_are_reclaimed(device):
         rooms.put(mine, DECODE, "hello", b"still mine")
     finally:
         t.close()
+
+
+def test_the_second_side_to_end_frees_the_room(device):
+    dec, pre = cxltier.Tier(device), cxltier.Tier(device)
+    try:
+        rooms_d, rooms_p = dec.rooms("m@pd", 16, 4096), pre.rooms("m@pd")
+        for first, second in (((rooms_d, DECODE), (rooms_p, PREFILL)), ((rooms_p, PREFILL), (rooms_d, DECODE))):
+            rm = rooms_d.claim(31, 0)
+            assert first[0].end(rm, first[1]) is False
+            assert rooms_d.stats()["in_flight"] == 1
+            assert second[0].end(rm, second[1]) is True
+            assert rooms_d.stats()["in_flight"] == 0
+    finally:
+        dec.close()
+        pre.close()

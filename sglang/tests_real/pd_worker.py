@@ -146,7 +146,8 @@ def prefill(job, pool, meta, mgr):
     out["reason"] = sender.reason
     out["written"], out["present"] = sender.written, sender.present
     out["metric"] = sender.get_transfer_metric().transfer_total_bytes
-    sender.clear()
+    if st == KVPoll.Success:
+        sender.clear()  # as SGLang's inflight queue: it clears a sender after a success only
     return out
 
 
@@ -170,8 +171,10 @@ def decode(job, pool, meta, mgr):
     if job.get("abort_after"):
         time.sleep(job["abort_after"])
         receiver.abort()
+        receiver.clear()
         return {"role": "decode", "state": "aborted"}
     st = wait(receiver, (KVPoll.Success,), job.get("limit", 30))
+    receiver.clear()  # as SGLang's decode queues, after a success or a failure
     out = {"role": "decode", "state": {KVPoll.Success: "success", KVPoll.Failed: "failed", None: "timeout"}.get(st, str(st)),
            "reason": receiver.reason, "digests": [page_digest(pool, p) for p in pages],
            "first_token": int(meta.output_ids[aux_index][0]), "streamed": getattr(receiver, "streamed", None)}
