@@ -23,7 +23,7 @@ type ManagerOptions struct {
 	SkipPIDCheck bool
 	// NoClientSocket leaves the node's client socket (peer.go) closed: no
 	// client can prove who it is, so no process is ever signalled, and a
-	// client in another PID namespace is judged by heartbeat alone.
+	// client in another PID namespace is looked up through its namespace.
 	NoClientSocket bool
 	// Reap period; 0 means a quarter of the lease timeout.
 	Interval time.Duration
@@ -75,6 +75,11 @@ type Manager struct {
 	// stop ends a proven client's process alive past its lease (stopPeer;
 	// tests put one that fails).
 	stop func(p *peer, wait time.Duration) error
+
+	// seesAllPIDs: this daemon runs in the kernel's initial PID namespace,
+	// so a process of any namespace that it cannot find is gone (tests
+	// clear it to play a daemon in a container without hostPID).
+	seesAllPIDs bool
 }
 
 type beatSeen struct {
@@ -124,7 +129,8 @@ func NewManager(r *Region, opts ManagerOptions) (*Manager, error) {
 	if opts.Logf == nil {
 		opts.Logf = func(string, ...any) {}
 	}
-	m := &Manager{r: r, self: self, opts: opts, beats: map[int]beatSeen{}, lastGrant: make([]int, r.l.LockSlots), stop: stopPeer}
+	m := &Manager{r: r, self: self, opts: opts, beats: map[int]beatSeen{}, lastGrant: make([]int, r.l.LockSlots), stop: stopPeer,
+		seesAllPIDs: r.pidns == initPIDNamespace}
 	if !opts.NoClientSocket && r.devs[0].backing.Kind != BackingAnon {
 		m.peers, err = listenPeers(r, opts.Node, opts.Logf)
 		if errors.Is(err, ErrExists) {
@@ -313,7 +319,7 @@ func (m *Manager) ReapOnce() []Reaped {
 			if reason = m.judge(inf, node == m.opts.Node); reason == "" {
 				continue
 			}
-			if !m.ended(inf, node, &reason) {
+			if !m.ended(inf, node, &reason, false) {
 				continue
 			}
 			if !m.r.markDead(slot, inf.Gen) {
@@ -350,7 +356,7 @@ func (m *Manager) Reap(slot int, reason string) (Reaped, error) {
 		return Reaped{}, fmt.Errorf("tier: reap slot %d: %w: not a client's slot", slot, ErrInvalidConfig)
 	}
 	inf := m.r.readLease(slot)
-	if inf.State == "live" && !m.ended(inf, slot/m.r.l.ClientsPerNode, &reason) {
+	if inf.State == "live" && !m.ended(inf, slot/m.r.l.ClientsPerNode, &reason, true) {
 		return Reaped{}, fmt.Errorf("tier: reap slot %d: process %d is alive and could not be ended: %w", slot, inf.PID, ErrLockTimeout)
 	}
 	switch {
@@ -399,10 +405,12 @@ func (m *Manager) liveDaemons() []bool {
 // SIGKILL at a process of someone else's. A process of this PID namespace
 // that runs on, maps the tier, and never proved itself keeps its lease and
 // memory (counted as Quarantined) until it exits or proves itself; one that
-// does not map the tier cannot write it and is reaped without a signal. A
-// client this host cannot see (another host, another PID namespace, no
-// proof) is judged by its lease alone; its fences keep a stalled one out.
-func (m *Manager) ended(inf LeaseInfo, node int, reason *string) bool {
+// does not map the tier cannot write it and is reaped without a signal. An
+// unproven client of another PID namespace is looked up through it
+// (endElsewhere). A client of another host is judged by its lease alone;
+// its fences keep a stalled one out. operator: an operator's reap, whose
+// word counts for a client this host cannot look up.
+func (m *Manager) ended(inf LeaseInfo, node int, reason *string, operator bool) bool {
 	if node != m.opts.Node || m.opts.SkipPIDCheck {
 		return true
 	}
@@ -410,7 +418,7 @@ func (m *Manager) ended(inf LeaseInfo, node int, reason *string) bool {
 		return m.endProven(p, inf, reason)
 	}
 	if !m.r.sameNamespace(inf) {
-		return true
+		return m.endElsewhere(inf, reason, operator)
 	}
 	if inf.PID == os.Getpid() {
 		// A client of this very process whose heartbeat stopped: one
@@ -418,17 +426,59 @@ func (m *Manager) ended(inf LeaseInfo, node int, reason *string) bool {
 		// stand-in for a stalled one. Never a reason to kill the reaper.
 		return true
 	}
-	gone, maps, err := m.r.inspect(inf.PID, inf.start)
+	return m.endUnproven(inf, inf.PID, fmt.Sprintf("process %d", inf.PID), reason)
+}
+
+// endUnproven decides for an unproven client of this node found as process
+// pid of this namespace: reaped if it is gone or does not map the tier (it
+// cannot write it), quarantined otherwise. Never signalled: its lease's
+// words name it, and any tier writer can write those.
+func (m *Manager) endUnproven(inf LeaseInfo, pid int, who string, reason *string) bool {
+	gone, maps, err := m.r.inspect(pid, inf.start)
 	switch {
 	case gone:
 		return true
 	case err == nil && !maps:
-		*reason += fmt.Sprintf("; process %d does not map the tier (not this lease's client, or it let the tier go): not signalled", inf.PID)
+		*reason += fmt.Sprintf("; %s does not map the tier (not this lease's client, or it let the tier go): not signalled", who)
 		return true
 	case err != nil:
-		return m.quarantine(inf, *reason, fmt.Errorf("cannot tell whether it maps the tier: %w", err))
+		return m.quarantine(inf, *reason, fmt.Errorf("cannot tell whether %s maps the tier: %w", who, err))
 	}
-	return m.quarantine(inf, *reason, errors.New("it maps the tier but never proved it holds this lease (it has not registered with the daemon)"))
+	return m.quarantine(inf, *reason, fmt.Errorf("%s maps the tier but never proved it holds this lease (it has not registered with this daemon)", who))
+}
+
+// endElsewhere decides for an unproven client of this node whose lease
+// names another PID namespace (a container's; or one proven to an earlier
+// daemon, which this one never saw). Its heartbeat alone proves nothing:
+// a stopped container stays silent past any lease, and its memory must
+// stay its own. The process is looked up through its namespace (NSpid):
+// found alive, it is judged as a process of this namespace; proven absent
+// (this daemon sees every PID namespace, or sees this one), it is reaped.
+// A client this daemon cannot look up is quarantined, never freed, unless
+// an operator's reap says it is gone.
+func (m *Manager) endElsewhere(inf LeaseInfo, reason *string, operator bool) bool {
+	cannot := func(why error) bool {
+		if operator {
+			*reason += fmt.Sprintf("; this host cannot look it up (%v): reaped on the operator's word", why)
+			return true
+		}
+		return m.quarantine(inf, *reason, why)
+	}
+	if inf.PIDNS == 0 {
+		return cannot(errors.New("its lease names no PID namespace to look it up in"))
+	}
+	host, seen, err := findInNamespace(inf.PIDNS, inf.PID, inf.start)
+	if err != nil {
+		return cannot(fmt.Errorf("look for pid %d of PID namespace %d: %w", inf.PID, inf.PIDNS, err))
+	}
+	if host == 0 {
+		if !seen && !m.seesAllPIDs {
+			return cannot(fmt.Errorf("PID namespace %d is not visible to this daemon (run it in the host's PID namespace, hostPID)", inf.PIDNS))
+		}
+		*reason += fmt.Sprintf("; no process is pid %d of PID namespace %d", inf.PID, inf.PIDNS)
+		return true
+	}
+	return m.endUnproven(inf, host, fmt.Sprintf("process %d (pid %d of PID namespace %d)", host, inf.PID, inf.PIDNS), reason)
 }
 
 // endProven ends a proven client's process, alive past its lease.

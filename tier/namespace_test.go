@@ -458,3 +458,143 @@ func TestAKillThatDoesNotEndInTimeQuarantines(t *testing.T) {
 		t.Fatalf("the next pass: %+v, want it reaped as exited", reaped)
 	}
 }
+
+// TestContainedClientStoppedAcrossADaemonRestart (issue 64, defect 1): a
+// client in its own PID namespace, proven to one daemon, stopped while the
+// daemon restarts. The new daemon never saw it prove itself and its
+// heartbeat has stopped: it used to reap it on that alone and hand its
+// chunk to a host client (foreign bytes in both). Now it finds the process
+// through its namespace, alive and mapping the tier, and quarantines it;
+// resumed, it keeps its chunk and lease to the end. Killed instead, it is
+// proven gone the same way and reaped. A daemon that cannot see the
+// client's namespace (a container without hostPID) never frees it on a
+// heartbeat: only an operator's reap does.
+func TestContainedClientStoppedAcrossADaemonRestart(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		then    string // "resume" or "kill"
+		seesAll bool
+	}{{"resumed", "resume", true}, {"killed", "kill", true}, {"killed, namespace not visible", "kill", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := testGeometry()
+			g.LeaseTimeout = 300 * time.Millisecond
+			r := formatTest(t, g)
+			first, err := NewManager(r, ManagerOptions{Node: 0})
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := spawnContained(t, r, "keeper", envIters+"=6000")
+			var off Offset
+			var innerPID int
+			if line, err := k.out.ReadString('\n'); err != nil {
+				t.Fatalf("keeper: %v", err)
+			} else if _, err := fmt.Sscanf(line, "ready %d %d", &off, &innerPID); err != nil {
+				t.Fatalf("keeper said %q", line)
+			}
+			waitProven(t, first, innerPID)
+			if err := k.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			defer k.cmd.Process.Signal(syscall.SIGCONT)
+			if err := first.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if tc.then == "kill" && !tc.seesAll {
+				k.cmd.Process.Kill() // gone before the new daemon looks: it cannot prove so
+				k.cmd.Wait()
+			}
+			m, err := NewManager(r, ManagerOptions{Node: 0})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { m.Close() })
+			m.seesAllPIDs = tc.seesAll
+			reapFor := func(d time.Duration) []Reaped {
+				var got []Reaped
+				for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(g.LeaseTimeout / 4) {
+					got = append(got, m.ReapOnce()...)
+				}
+				return got
+			}
+			if got := reapFor(5 * g.LeaseTimeout); len(got) != 0 {
+				t.Fatalf("reaped %+v: the stopped client is alive (or not provably gone)", got)
+			}
+			if m.Stats().Quarantined == 0 {
+				t.Fatal("the stopped client's lease ran out and it was not quarantined")
+			}
+			host := attachTest(t, r, 0)
+			for {
+				got, err := host.AllocChunks(1)
+				if err != nil {
+					break
+				}
+				if got == off {
+					t.Fatalf("the host client was given the stopped client's chunk %v", off)
+				}
+			}
+			slot := -1
+			for _, l := range r.Leases() {
+				if l.PID == innerPID && l.State == "live" {
+					slot = l.Slot
+				}
+			}
+			if slot < 0 {
+				t.Fatal("the stopped client's lease is gone")
+			}
+			switch {
+			case tc.then == "resume":
+				k.cmd.Process.Signal(syscall.SIGCONT)
+				if line, err := k.out.ReadString('\n'); err != nil || line != "done\n" {
+					t.Fatalf("the resumed client said %q (%v): %s", line, err, k.err)
+				}
+				if err := k.cmd.Wait(); err != nil {
+					t.Fatalf("the resumed client: %v: %s", err, k.err)
+				}
+			case tc.seesAll:
+				k.cmd.Process.Kill()
+				k.cmd.Wait()
+				got := reapFor(2 * g.LeaseTimeout)
+				if len(got) != 1 || got[0].Slot != slot || !strings.Contains(got[0].Reason, "no process is pid 1 of PID namespace") {
+					t.Fatalf("reaped %+v, want slot %d as no process of its namespace", got, slot)
+				}
+			default:
+				if _, err := m.Reap(slot, "operator"); err != nil {
+					t.Fatalf("an operator's reap of a client this daemon cannot look up: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// TestFindInNamespace: a contained process is found by its pid in its own
+// namespace, and once it exited it is not, nor is a pid its namespace
+// never had, nor one started at another time.
+func TestFindInNamespace(t *testing.T) {
+	g := testGeometry()
+	r := formatTest(t, g)
+	k := spawnContained(t, r, "keeper", envIters+"=30000")
+	if _, err := k.out.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	host := k.cmd.Process.Pid
+	ns, err := pidNamespace(strconv.Itoa(host))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := startOf(t, host)
+	for _, tc := range []struct {
+		pid      int
+		start    uint64
+		wantHost int
+	}{{1, start, host}, {1, 0, host}, {1, start + 1, 0}, {2, start, 0}} {
+		got, seen, err := findInNamespace(ns, tc.pid, tc.start)
+		if err != nil || got != tc.wantHost || !seen {
+			t.Errorf("pid %d started at %d: host %d, seen %v, %v; want %d, seen", tc.pid, tc.start, got, seen, err, tc.wantHost)
+		}
+	}
+	k.cmd.Process.Kill()
+	k.cmd.Wait()
+	if got, seen, err := findInNamespace(ns, 1, start); err != nil || got != 0 || seen {
+		t.Errorf("after it exited: host %d, seen %v, %v; want none", got, seen, err)
+	}
+}

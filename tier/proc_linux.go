@@ -172,6 +172,63 @@ func stopPeer(p *peer, wait time.Duration) error {
 	}
 }
 
+// initPIDNamespace is the proc inode number of the kernel's initial PID
+// namespace (PROC_PID_INIT_INO), fixed by the kernel: a process in it sees
+// the processes of every PID namespace in its /proc.
+const initPIDNamespace = 0xEFFFFFFC
+
+// findInNamespace looks among the processes this process sees for pid
+// nspid of PID namespace ns, started at start: a lease's process taken in
+// a container. host is its pid here (0: none); seen says whether any
+// process of ns is visible here, so that one not found is proven gone. A
+// process that vanishes while it is read is skipped, and so is one this
+// process may not inspect if it started at another time than the lease's
+// (it is another process); any other failed read is an error, proof of
+// nothing.
+func findInNamespace(ns uint32, nspid int, start uint64) (host int, seen bool, err error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, false, fmt.Errorf("list /proc: %w", err)
+	}
+	var unsure []int
+	for _, e := range ents {
+		pid, convErr := strconv.Atoi(e.Name())
+		if convErr != nil || pid <= 0 {
+			continue
+		}
+		got, err := pidNamespace(e.Name())
+		switch {
+		case errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) || (err == nil && got != ns):
+			continue
+		case errors.Is(err, os.ErrPermission):
+			if at, ok := procStartTime(e.Name()); ok && (start == 0 || at == start) {
+				unsure = append(unsure, pid)
+			}
+			continue
+		case err != nil:
+			return 0, seen, err
+		}
+		seen = true
+		ids, err := nsPIDs(pid)
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+			continue
+		}
+		if err != nil {
+			return 0, seen, fmt.Errorf("NSpid of %d: %w", pid, err)
+		}
+		if ids[len(ids)-1] != nspid {
+			continue
+		}
+		if at, ok := procStartTime(e.Name()); ok && (start == 0 || at == start) {
+			return pid, true, nil
+		}
+	}
+	if len(unsure) > 0 {
+		return 0, seen, fmt.Errorf("processes %v started when it did and may not be inspected (%w)", unsure, os.ErrPermission)
+	}
+	return 0, seen, nil
+}
+
 // sameNamespace reports whether a lease's pid names a process this process
 // can look up: the lease was taken in this process's PID namespace. Leases
 // of builds that did not record the namespace (0) are judged as if taken

@@ -19,6 +19,7 @@ func cmdRepair(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("repair", stderr, "[-dry-run] [-node N] PATH|SPEC...")
 	dry := fs.Bool("dry-run", false, "report what would be repaired, change nothing")
 	node := fs.Int("node", 0, "the node whose clients to reap (a daemon's -node)")
+	slot := fs.Int("slot", -1, "reap this client slot now, whatever its heartbeat says: for a client you know is gone that this host cannot prove gone (a container's, its PID namespace not visible here)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -35,14 +36,23 @@ func cmdRepair(args []string, stdout, stderr io.Writer) error {
 	// seconds, and a stalled one is left for a daemon to end.
 	m, err := tier.NewManager(r, tier.ManagerOptions{Node: *node, NoClientSocket: true})
 	if errors.Is(err, tier.ErrExists) {
-		return fmt.Errorf("%w\n  (a running daemon repairs as it goes; POST /v1/reap to its admin API forces a pass)", err)
+		return fmt.Errorf("%w\n  (a running daemon repairs as it goes; POST /v1/reap to its admin API forces a pass, POST /v1/reap?slot=N reaps one client)", err)
 	}
 	if err != nil {
 		return err
 	}
+	var reaped []tier.Reaped
+	if *slot >= 0 {
+		rp, err := m.Reap(*slot, "reaped by an operator (cxltier repair -slot)")
+		if err != nil {
+			m.Close()
+			return err
+		}
+		reaped = append(reaped, rp)
+	}
 	// A lease is judged dead by its process (same node) at once, by a
 	// heartbeat that stays still for a lease timeout otherwise: two passes.
-	reaped := m.ReapOnce()
+	reaped = append(reaped, m.ReapOnce()...)
 	time.Sleep(r.Info().Geometry.LeaseTimeout + 100*time.Millisecond)
 	reaped = append(reaped, m.ReapOnce()...)
 	m.Close()

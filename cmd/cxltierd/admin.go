@@ -3,9 +3,11 @@ package main
 import (
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -259,7 +261,27 @@ func (a *admin) topkStats() topk.Stats {
 
 func (a *admin) status(ctx *fasthttp.RequestCtx) { writeJSON(ctx, fasthttp.StatusOK, a.snapshot()) }
 
+// reap runs a reap pass; with ?slot=N it reaps that client now, on the
+// operator's word that its process is gone (tier.Manager.Reap: a process
+// this host sees alive is still ended first, or the reap refused).
 func (a *admin) reap(ctx *fasthttp.RequestCtx) {
+	if arg := ctx.QueryArgs().Peek("slot"); arg != nil {
+		slot, err := strconv.Atoi(string(arg))
+		if err != nil {
+			writeError(ctx, fasthttp.StatusBadRequest, "slot %q: not a number", arg)
+			return
+		}
+		rp, err := a.m.Reap(slot, "reaped by an operator (POST /v1/reap?slot)")
+		switch {
+		case errors.Is(err, tier.ErrInvalidConfig) || errors.Is(err, tier.ErrNotFound):
+			writeError(ctx, fasthttp.StatusBadRequest, "%v", err)
+		case err != nil:
+			writeError(ctx, fasthttp.StatusConflict, "%v", err)
+		default:
+			writeJSON(ctx, fasthttp.StatusOK, map[string]any{"reaped": []tier.Reaped{rp}})
+		}
+		return
+	}
 	got := a.m.ReapOnce()
 	if got == nil {
 		got = []tier.Reaped{}

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -623,4 +624,51 @@ func TestAdminNotStarvedBySlowRequests(t *testing.T) {
 	}
 	time.Sleep(slowAfter + 200*time.Millisecond)
 	mustGetIn(t, addr, 1, secret, fmt.Sprintf("%d stalled requests", len(slow)))
+}
+
+// TestReapOneSlotOnTheOperatorsWord: POST /v1/reap?slot=N reaps that client
+// at once (here a client of this very process, which no reap ever
+// signals); a slot that is not a number, not a client's or holds no lease
+// is a 400 naming it.
+func TestReapOneSlotOnTheOperatorsWord(t *testing.T) {
+	const secret = "let-me-in-0123456789"
+	t.Setenv(tokenEnv, secret)
+	addr, device, _ := startInProcess(t)
+	b, _ := tier.ParseBacking(device)
+	r, err := tier.Open(tier.Options{Devices: []tier.Backing{b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	c, err := r.Attach(tier.ClientOptions{Name: "gone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	slot := c.Slot()
+	post := func(query string) (int, string) {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/reap"+query, nil)
+		req.Header.Set("Authorization", "Bearer "+secret)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	for _, q := range []string{"?slot=x", "?slot=-1", "?slot=100000", "?slot=" + strconv.Itoa(slot+1)} {
+		if code, body := post(q); code != 400 || !strings.Contains(body, "slot") {
+			t.Errorf("POST /v1/reap%s: %d %s, want 400 naming the slot", q, code, body)
+		}
+	}
+	code, body := post("?slot=" + strconv.Itoa(slot))
+	if code != 200 || !strings.Contains(body, `"name": "gone"`) || !strings.Contains(body, "operator") {
+		t.Fatalf("POST /v1/reap?slot=%d: %d %s", slot, code, body)
+	}
+	for _, l := range r.Leases() {
+		if l.Slot == slot && l.State == "live" && l.Name == "gone" {
+			t.Errorf("the reaped client's lease is still live: %+v", l)
+		}
+	}
 }
