@@ -296,6 +296,7 @@ func (c *Client) heartbeat(period time.Duration) {
 		atomic.AddUint64(u64At(line, 16), 1)
 		atomic.StoreUint64(u64At(line, 24), uint64(time.Now().UnixNano()))
 		c.r.sync.publish(line[:32])
+		c.beatPeer()
 	}
 }
 

@@ -489,6 +489,15 @@ func (m *Manager) endProven(p *peer, inf LeaseInfo, reason *string) bool {
 	if p.pid == os.Getpid() {
 		return true // as above: never the reaper itself
 	}
+	if p.beatsSince(time.Now().Add(-m.r.l.LeaseTimeout)) {
+		// Its lease is silent but the process beats over its connection:
+		// the lease was rewritten by another tier writer (or its words
+		// damaged). A lease's words prove nothing; the process runs.
+		m.nQuarantined.Add(1)
+		m.opts.Logf("client slot %d pid %d (%q): its lease's heartbeat stopped (%s) but the process still beats over its connection to this daemon: not ended; another tier writer may be rewriting its lease",
+			inf.Slot, p.pid, inf.Name, *reason)
+		return false
+	}
 	maps, err := m.r.mappedBy(p.pid)
 	switch {
 	case p.exited():

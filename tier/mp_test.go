@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -970,5 +971,58 @@ func TestMarkDeadNamesTheGeneration(t *testing.T) {
 	}
 	if !r.markDead(c.Slot(), r.readLease(c.Slot()).Gen) {
 		t.Fatal("could not mark the new client's own generation dead")
+	}
+}
+
+// TestAFrozenLeaseKillsNoLiveClient (issue 64, defect 2): another tier
+// writer keeps a proven client's heartbeat words still while the client
+// runs and beats. The daemon used to kill it on that alone; the client
+// beats over its connection to the daemon too, which no tier writer can
+// forge, so it is left running (counted as quarantined) and ends its work
+// with its chunk and lease.
+func TestAFrozenLeaseKillsNoLiveClient(t *testing.T) {
+	g := testGeometry()
+	g.LeaseTimeout = 300 * time.Millisecond
+	r := formatTest(t, g)
+	m := runManager(t, r, ManagerOptions{Node: 0, GrantLocks: true})
+	k := spawn(t, r, "keeper", 0, envIters+"=3000")
+	if line, err := k.out.ReadString('\n'); err != nil || !strings.HasPrefix(line, "ready ") {
+		t.Fatalf("keeper said %q: %v", line, err)
+	}
+	pid := k.cmd.Process.Pid
+	waitProven(t, m, pid)
+	slot := -1
+	for _, l := range r.Leases() {
+		if l.PID == pid {
+			slot = l.Slot
+		}
+	}
+	line := r.leaseLine(slot)
+	stop := make(chan struct{})
+	var forger sync.WaitGroup
+	forger.Add(1)
+	go func() { // the other writer: the beat counter and its wall time held still
+		defer forger.Done()
+		beat, at := atomic.LoadUint64(u64At(line, 16)), atomic.LoadUint64(u64At(line, 24))
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			atomic.StoreUint64(u64At(line, 16), beat)
+			atomic.StoreUint64(u64At(line, 24), at)
+			time.Sleep(200 * time.Microsecond)
+		}
+	}()
+	defer func() { close(stop); forger.Wait() }()
+	if l, err := k.out.ReadString('\n'); err != nil || l != "done\n" {
+		t.Fatalf("the client under a frozen lease said %q (%v): %s", l, err, k.err)
+	}
+	if err := k.cmd.Wait(); err != nil {
+		t.Fatalf("the client under a frozen lease: %v", err)
+	}
+	if m.Stats().Quarantined == 0 {
+		t.Error("the daemon never saw the lease's heartbeat stop: the forger did not hold it still")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -44,6 +45,10 @@ const (
 	// peerRetry is how long a client whose registration was refused waits
 	// before it tries again (a daemon log line each time).
 	peerRetry = 30 * time.Second
+	// peerBeat is the byte a registered client sends with each heartbeat;
+	// peerBeatWait bounds the write.
+	peerBeat     = 'b'
+	peerBeatWait = 100 * time.Millisecond
 )
 
 var peerMagic = [8]byte{'C', 'X', 'L', 'T', 'P', 'E', 'E', 'R'}
@@ -97,7 +102,14 @@ type peer struct {
 	pid  int // in the daemon's PID namespace
 	fd   int // pidfd
 	once sync.Once
+	// beat is when the client last beat over its connection (unix ns;
+	// registration counts as one): the process's own word, which no tier
+	// writer can forge, unlike its lease's heartbeat.
+	beat atomic.Int64
 }
+
+// beatsSince reports whether the client beat over its connection after t.
+func (p *peer) beatsSince(t time.Time) bool { return p.beat.Load() > t.UnixNano() }
 
 // exited reports whether the process has exited (its pidfd reads ready).
 func (p *peer) exited() bool { return pidfdExited(p.fd) }
@@ -252,10 +264,19 @@ func (s *peerServer) handle(conn *net.UnixConn) {
 		return
 	}
 	conn.SetDeadline(time.Time{})
-	// A registered client keeps the connection for its life; what it might
-	// send is ignored, and its end (EOF) needs nothing: the pidfd says
-	// whether the process exited.
-	io.Copy(io.Discard, io.LimitReader(conn, 1<<20))
+	// A registered client keeps the connection for its life and beats over
+	// it; its end (EOF) needs nothing: the pidfd says whether the process
+	// exited.
+	buf := make([]byte, 64)
+	for {
+		n, err := conn.Read(buf)
+		if n > 0 {
+			p.beat.Store(time.Now().UnixNano())
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // register reads a client's hello and proves it.
@@ -274,6 +295,7 @@ func (s *peerServer) register(conn *net.UnixConn) (*peer, error) {
 		return nil, err
 	}
 	p := &peer{slot: int(h.Slot), gen: h.Gen, pid: pid, fd: fd}
+	p.beat.Store(time.Now().UnixNano())
 	if err := s.prove(p, h); err != nil {
 		p.close()
 		return nil, err

@@ -70,6 +70,21 @@ func (c *Client) hello(conn *net.UnixConn) error {
 	return nil
 }
 
+// beatPeer beats over the daemon's connection too, beside the lease: a
+// beat there is the process's own, which no other tier writer can forge or
+// stop, and the daemon ends a proven client only once both stopped. A
+// daemon that does not read for a while costs a dropped beat, never a
+// stalled heartbeat.
+func (c *Client) beatPeer() {
+	c.peerMu.Lock()
+	defer c.peerMu.Unlock()
+	if c.peerConn == nil || c.peerClosed || !c.registered.Load() {
+		return
+	}
+	c.peerConn.SetWriteDeadline(time.Now().Add(peerBeatWait))
+	c.peerConn.Write([]byte{peerBeat})
+}
+
 // closePeer ends the client's registration; the client is closing.
 func (c *Client) closePeer() {
 	c.peerMu.Lock()
