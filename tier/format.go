@@ -122,6 +122,14 @@ func (g Geometry) check() error {
 	return nil
 }
 
+// CheckGeometry reports whether Format would accept g (the same checks,
+// nothing touched): for tools that validate a configuration before they
+// start. The error wraps ErrInvalidConfig and names the bad field.
+func CheckGeometry(g Geometry) error {
+	_, err := computeLayout(g)
+	return err
+}
+
 // computeLayout derives the areas from a geometry. The control area is sized
 // for the largest chunk count the device size allows, then rounded to a
 // stripe, so every device's data starts at the same stripe-aligned offset.

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/cxltier/cxltier/internal/tierflags"
+	"github.com/cxltier/cxltier/tier"
 )
 
 // config is the daemon's configuration: the tier's, plus the daemon's own.
@@ -108,6 +110,39 @@ func loadConfig(args []string, stderr io.Writer) (config, error) {
 		return cfg, fmt.Errorf("-prefix-blocks %d: must not be negative", cfg.PrefixBlocks)
 	}
 	return cfg, nil
+}
+
+// check refuses, before anything starts, every setting the daemon would
+// refuse at start: the geometry a format would refuse (whether or not the
+// tier exists: a bad flag is a mistake either way), and node ids outside
+// the tier's nodes (the existing tier's, read without attaching, or the
+// flags' for one to be formatted). -check-config and the daemon share it,
+// so what one accepts the other starts with. It returns the tier's node
+// count and whether the tier exists.
+func (c config) check(opts tier.Options) (nodes int, existing bool, err error) {
+	if err := tier.CheckGeometry(opts.Geometry); err != nil {
+		return 0, false, fmt.Errorf("%w (see -size, -chunk, -stripe, -nodes, -clients-per-node, -locks, -dir-entries, -lease-timeout)", err)
+	}
+	nodes = opts.Geometry.Nodes
+	if r, err := tier.Open(opts); err == nil {
+		nodes, existing = r.Info().Geometry.Nodes, true
+		r.Close()
+	} else if !errors.Is(err, tier.ErrNoBacking) {
+		return 0, false, err
+	}
+	which := fmt.Sprintf("the tier to be formatted has nodes 0 to %d (-nodes %d)", nodes-1, nodes)
+	if existing {
+		which = fmt.Sprintf("the tier %v has nodes 0 to %d", opts.Devices, nodes-1)
+	}
+	switch {
+	case c.Node < 0 || c.Node >= nodes:
+		return nodes, existing, fmt.Errorf("-node %d: %s", c.Node, which)
+	case c.ManagerNode < 0 || c.ManagerNode >= nodes:
+		return nodes, existing, fmt.Errorf("-manager-node %d: %s", c.ManagerNode, which)
+	case c.PrefixBlocks > 0 && (c.PrefixBlockBytes <= 0 || int64(c.PrefixBlockBytes) > opts.Geometry.DeviceSize):
+		return nodes, existing, fmt.Errorf("-prefix-block-bytes %d: want more than 0 and at most the tier's size", int64(c.PrefixBlockBytes))
+	}
+	return nodes, existing, nil
 }
 
 // Token length bounds: shorter is guessable; longer is no token anyone

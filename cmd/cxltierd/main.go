@@ -48,8 +48,17 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	nodes, existing, err := cfg.check(opts)
+	if err != nil {
+		return err
+	}
 	if cfg.checkOnly {
-		fmt.Fprintf(stderr, "cxltierd: configuration ok: devices %v, node %d, admin API on %s\n", opts.Devices, cfg.Node, cfg.Listen)
+		state := "to be formatted"
+		if existing {
+			state = "exists"
+		}
+		fmt.Fprintf(stderr, "cxltierd: configuration ok: devices %v (%s, %d node(s)), node %d, admin API on %s\n",
+			opts.Devices, state, nodes, cfg.Node, cfg.Listen)
 		return nil
 	}
 	// The port first: a daemon that cannot serve must not leave a freshly

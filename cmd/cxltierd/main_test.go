@@ -672,3 +672,44 @@ func TestReapOneSlotOnTheOperatorsWord(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckConfigRefusesWhatTheDaemonRefuses (issue 64, defect 8):
+// -check-config (and so deploy/validate) said ok to settings the daemon
+// refused at start, and -node 5 -nodes 2 formatted a tier before it was
+// refused. Both now share one check, which runs before anything is made.
+func TestCheckConfigRefusesWhatTheDaemonRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-size", "0"}, "device size 0"},
+		{[]string{"-size", "1KiB"}, "leaves no data"},
+		{[]string{"-clients-per-node", "0"}, "clients per node 0"},
+		{[]string{"-chunk", "3KiB"}, "chunk size 3072"},
+		{[]string{"-node", "5", "-nodes", "2"}, "-node 5: the tier to be formatted has nodes 0 to 1"},
+		{[]string{"-manager-node", "-1"}, "-manager-node -1"},
+		{[]string{"-prefix-block-bytes", "1GiB", "-size", "64MiB"}, "-prefix-block-bytes"},
+	} {
+		for _, only := range []bool{true, false} {
+			device := fmt.Sprintf("shm:cxltierd-check-%d-%d", os.Getpid(), time.Now().UnixNano())
+			path := "/dev/shm/" + strings.TrimPrefix(device, "shm:")
+			args := append([]string{"-device", device, "-listen", "127.0.0.1:0"}, tc.args...)
+			if only {
+				args = append(args, "-check-config")
+			}
+			err := run(context.Background(), args, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%v (check only %v): %v, want an error saying %q", tc.args, only, err, tc.want)
+			}
+			if _, statErr := os.Stat(path); statErr == nil {
+				os.Remove(path)
+				t.Errorf("%v (check only %v): a tier was made before the refusal", tc.args, only)
+			}
+		}
+	}
+	var out syncbuf.Buffer
+	if err := run(context.Background(), []string{"-device", "shm:cxltierd-check-ok", "-nodes", "2", "-node", "1", "-check-config"}, &out); err != nil ||
+		!strings.Contains(out.String(), "configuration ok") {
+		t.Errorf("a good configuration: %v: %s", err, out.String())
+	}
+}
