@@ -205,7 +205,6 @@ func (r *Region) Attach(opts ClientOptions) (*Client, error) {
 	if opts.Node < 0 || opts.Node >= r.l.Nodes {
 		return nil, fmt.Errorf("tier: attach: node %d not in [0,%d): %w", opts.Node, r.l.Nodes, ErrInvalidConfig)
 	}
-	start, _ := procStartTime("self")
 	first := opts.Node * r.l.ClientsPerNode
 	for s := first; s < first+r.l.ClientsPerNode; s++ {
 		line := r.leaseLine(s)
@@ -213,44 +212,66 @@ func (r *Region) Attach(opts ClientOptions) (*Client, error) {
 		if !atomic.CompareAndSwapUint32(u32At(line, 0), leaseFree, leaseLive) {
 			continue
 		}
-		c := &Client{r: r, node: opts.Node, slot: s, stop: make(chan struct{}), wait: opts.LockWait,
-			posted: make([]atomic.Bool, r.l.LockSlots)}
-		if c.wait <= 0 {
-			c.wait = LockWait
-		}
-		c.closeWait = opts.CloseWait
-		if c.closeWait <= 0 {
-			c.closeWait = CloseWait
-		}
-		c.gen = atomic.AddUint32(u32At(line, 4), 1)
-		c.token = uint64(c.gen)<<32 | uint64(s+1)
-		now := uint64(time.Now().UnixNano())
-		atomic.StoreUint32(u32At(line, 8), uint32(os.Getpid()))
-		atomic.StoreUint32(u32At(line, 12), uint32(opts.Node))
-		atomic.StoreUint64(u64At(line, 16), 1)
-		atomic.StoreUint64(u64At(line, 24), now)
-		atomic.StoreUint64(u64At(line, 32), now)
-		atomic.StoreUint64(u64At(line, leaseStartAt), start)
-		var flags uint32
-		if opts.Daemon {
-			flags |= leaseFlagDaemon
-		}
-		atomic.StoreUint32(u32At(line, leaseFlagsAt), flags)
-		name := line[leaseNameAt : leaseNameAt+leaseNameLen]
-		clear(name)
-		copy(name, opts.Name)
-		atomic.StoreUint32(u32At(line, leasePIDNSAt), r.pidns)
-		r.sync.publish(line)
-		period := opts.Heartbeat
-		if period <= 0 {
-			period = r.l.LeaseTimeout / 4
-		}
-		c.done.Add(1)
-		go c.heartbeat(period)
-		r.track(c)
-		return c, nil
+		return r.startLease(s, atomic.AddUint32(u32At(line, 4), 1), opts), nil
 	}
 	return nil, fmt.Errorf("tier: attach on node %d: all %d slots taken: %w", opts.Node, r.l.ClientsPerNode, ErrLeaseTable)
+}
+
+// adoptLease takes slot's lease of generation gen, in state from (live or
+// dead), for a new client, with the next generation: one compare-and-swap
+// of state and generation, so that of two takers one wins, and a client
+// that still held the lease (it was not gone after all) finds it lost.
+// For a daemon that must start while every slot is held by clients
+// proven gone (NewManager); the caller reclaims what the old lease held.
+func (r *Region) adoptLease(slot int, gen, from uint32, opts ClientOptions) (*Client, bool) {
+	line := r.leaseLine(slot)
+	r.sync.refresh(line)
+	if !atomic.CompareAndSwapUint64(u64At(line, 0), uint64(gen)<<32|uint64(from), uint64(gen+1)<<32|uint64(leaseLive)) {
+		return nil, false
+	}
+	return r.startLease(slot, gen+1, opts), true
+}
+
+// startLease fills in slot's lease, just claimed as live with generation
+// gen, and starts its heartbeat.
+func (r *Region) startLease(s int, gen uint32, opts ClientOptions) *Client {
+	line := r.leaseLine(s)
+	start, _ := procStartTime("self")
+	c := &Client{r: r, node: opts.Node, slot: s, gen: gen, stop: make(chan struct{}), wait: opts.LockWait,
+		posted: make([]atomic.Bool, r.l.LockSlots)}
+	if c.wait <= 0 {
+		c.wait = LockWait
+	}
+	c.closeWait = opts.CloseWait
+	if c.closeWait <= 0 {
+		c.closeWait = CloseWait
+	}
+	c.token = uint64(c.gen)<<32 | uint64(s+1)
+	now := uint64(time.Now().UnixNano())
+	atomic.StoreUint32(u32At(line, 8), uint32(os.Getpid()))
+	atomic.StoreUint32(u32At(line, 12), uint32(opts.Node))
+	atomic.StoreUint64(u64At(line, 16), 1)
+	atomic.StoreUint64(u64At(line, 24), now)
+	atomic.StoreUint64(u64At(line, 32), now)
+	atomic.StoreUint64(u64At(line, leaseStartAt), start)
+	var flags uint32
+	if opts.Daemon {
+		flags |= leaseFlagDaemon
+	}
+	atomic.StoreUint32(u32At(line, leaseFlagsAt), flags)
+	name := line[leaseNameAt : leaseNameAt+leaseNameLen]
+	clear(name)
+	copy(name, opts.Name)
+	atomic.StoreUint32(u32At(line, leasePIDNSAt), r.pidns)
+	r.sync.publish(line)
+	period := opts.Heartbeat
+	if period <= 0 {
+		period = r.l.LeaseTimeout / 4
+	}
+	c.done.Add(1)
+	go c.heartbeat(period)
+	r.track(c)
+	return c
 }
 
 // owns reports whether the slot is still this client's live lease.

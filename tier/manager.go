@@ -119,8 +119,16 @@ func NewManager(r *Region, opts ManagerOptions) (*Manager, error) {
 	// The reaper's waits are bounded by the lease timeout: a pass that
 	// cannot take the system lock gives up and the next pass tries again,
 	// rather than holding up every other reclaim for a minute.
-	self, err := r.Attach(ClientOptions{Node: opts.Node, Name: "cxltierd", Daemon: true, LockWait: r.l.LeaseTimeout})
-	if err != nil {
+	selfOpts := ClientOptions{Node: opts.Node, Name: "cxltierd", Daemon: true, LockWait: r.l.LeaseTimeout}
+	self, err := r.Attach(selfOpts)
+	var adopted *adoption
+	if errors.Is(err, ErrLeaseTable) {
+		self, adopted = r.adoptGone(selfOpts, opts)
+		if self == nil {
+			err = fmt.Errorf("%w, and no slot's client is proven gone (a live or unprovable client holds each: cxltier status lists them)", err)
+		}
+	}
+	if self == nil {
 		return nil, fmt.Errorf("tier: manager: %w", err)
 	}
 	if opts.Interval <= 0 {
@@ -131,6 +139,13 @@ func NewManager(r *Region, opts ManagerOptions) (*Manager, error) {
 	}
 	m := &Manager{r: r, self: self, opts: opts, beats: map[int]beatSeen{}, lastGrant: make([]int, r.l.LockSlots), stop: stopPeer,
 		seesAllPIDs: r.pidns == initPIDNamespace}
+	if adopted != nil {
+		// What the gone client held goes before the daemon holds anything
+		// (the slot's chunks are its): its locks, its chunks.
+		if _, ok := m.finalize(adopted.inf, opts.Node, adopted.why+"; its slot taken over by this daemon, every slot being held"); !ok {
+			opts.Logf("the gone client of slot %d held locks or chunks not yet reclaimed: the next reap pass finishes", adopted.inf.Slot)
+		}
+	}
 	if !opts.NoClientSocket && r.devs[0].backing.Kind != BackingAnon {
 		m.peers, err = listenPeers(r, opts.Node, opts.Logf)
 		if errors.Is(err, ErrExists) {
@@ -398,6 +413,59 @@ func (m *Manager) liveDaemons() []bool {
 	return live
 }
 
+// adoption is a lease a starting daemon took over from a client proven
+// gone, and why it was.
+type adoption struct {
+	inf LeaseInfo
+	why string
+}
+
+// adoptGone attaches a daemon whose node has no free slot to the slot of a
+// client proven gone, without a slot of its own to judge from: a lease
+// already marked dead, one naming pid 0 (no client's: forged or damaged),
+// or one whose process is proven to have exited (this PID namespace's, by
+// /proc; another's, found through it). Nil when no slot qualifies.
+func (r *Region) adoptGone(selfOpts ClientOptions, opts ManagerOptions) (*Client, *adoption) {
+	first := opts.Node * r.l.ClientsPerNode
+	for slot := first; slot < first+r.l.ClientsPerNode; slot++ {
+		inf := r.readLease(slot)
+		from, why := leaseLive, r.goneWithoutADaemon(inf, opts)
+		if inf.State == "dead" {
+			from, why = leaseDead, "marked dead earlier"
+		}
+		if why == "" {
+			continue
+		}
+		if c, ok := r.adoptLease(slot, inf.Gen, from, selfOpts); ok {
+			return c, &adoption{inf, why}
+		}
+	}
+	return nil, nil
+}
+
+// goneWithoutADaemon says why live lease inf's client is proven gone, ""
+// if it is not (or cannot be proven so without a daemon's proofs).
+func (r *Region) goneWithoutADaemon(inf LeaseInfo, opts ManagerOptions) string {
+	switch {
+	case inf.State != "live":
+		return ""
+	case inf.PID == 0:
+		return "its lease names pid 0, which no client has (forged or damaged)"
+	case opts.SkipPIDCheck:
+		return ""
+	case r.sameNamespace(inf):
+		if r.provenGone(inf) {
+			return fmt.Sprintf("process %d exited", inf.PID)
+		}
+	case inf.PIDNS != 0:
+		host, seen, err := findInNamespace(inf.PIDNS, inf.PID, inf.start)
+		if err == nil && host == 0 && (seen || r.pidns == initPIDNamespace) {
+			return fmt.Sprintf("no process is pid %d of PID namespace %d", inf.PID, inf.PIDNS)
+		}
+	}
+	return ""
+}
+
 // ended makes sure a client judged dead can no longer write before its
 // memory moves. A process is signalled only when it proved, through the
 // client socket, that it holds this very lease, and it still maps the tier:
@@ -411,7 +479,7 @@ func (m *Manager) liveDaemons() []bool {
 // its fences keep a stalled one out. operator: an operator's reap, whose
 // word counts for a client this host cannot look up.
 func (m *Manager) ended(inf LeaseInfo, node int, reason *string, operator bool) bool {
-	if node != m.opts.Node || m.opts.SkipPIDCheck {
+	if node != m.opts.Node || m.opts.SkipPIDCheck || inf.PID == 0 {
 		return true
 	}
 	if p := m.peers.get(inf.Slot, inf.Gen); p != nil {
@@ -524,6 +592,12 @@ func (m *Manager) quarantine(inf LeaseInfo, reason string, why error) bool {
 
 // judge returns why a live lease is dead, or "" if it is not.
 func (m *Manager) judge(inf LeaseInfo, sameNode bool) string {
+	if sameNode && inf.PID == 0 {
+		// No client is pid 0 in its namespace: a forged or damaged lease,
+		// reaped (it names no process, so none is signalled), never
+		// quarantined and logged pass after pass.
+		return "its lease names pid 0, which no client has (forged or damaged)"
+	}
 	if sameNode && !m.opts.SkipPIDCheck {
 		if why := m.gone(inf); why != "" {
 			return why
@@ -575,9 +649,11 @@ func (m *Manager) finalize(inf LeaseInfo, node int, reason string) (Reaped, bool
 		m.opts.Logf("reap slot %d: free chunks: %v", inf.Slot, err)
 		return Reaped{}, false
 	}
-	line := m.r.leaseLine(inf.Slot)
-	atomic.StoreUint32(u32At(line, 0), leaseFree)
-	m.r.sync.publish(line)
+	if inf.Slot != m.self.slot { // an adopted slot is the daemon's own now
+		line := m.r.leaseLine(inf.Slot)
+		atomic.StoreUint32(u32At(line, 0), leaseFree)
+		m.r.sync.publish(line)
+	}
 	delete(m.beats, inf.Slot)
 	rp := Reaped{Slot: inf.Slot, PID: inf.PID, Node: inf.Node, Name: inf.Name, Reason: reason,
 		At: time.Now(), Chunks: chunks, Locks: locks}

@@ -598,3 +598,62 @@ func TestFindInNamespace(t *testing.T) {
 		t.Errorf("after it exited: host %d, seen %v, %v; want none", got, seen, err)
 	}
 }
+
+// TestADaemonStartsOnATableOfGoneClients (issue 64, defect 6): every slot
+// of the node held by clients that are gone (one killed holding a chunk,
+// a lease naming pid 0, a lease of a process that exited): the daemon
+// could not start ("all slots taken"), nor could repair, which needs a
+// slot too. Now the daemon takes over the first gone client's slot,
+// reclaiming its chunk first, and its first pass reaps the others; the
+// pid 0 lease is reaped as forged, not quarantined. A table of live
+// clients still refuses it, saying so.
+func TestADaemonStartsOnATableOfGoneClients(t *testing.T) {
+	g := testGeometry()
+	g.ClientsPerNode = 3
+	r := formatTest(t, g)
+	k := spawn(t, r, "keeper", 0, envIters+"=60000")
+	if line, err := k.out.ReadString('\n'); err != nil || !strings.HasPrefix(line, "ready ") {
+		t.Fatalf("keeper said %q: %v", line, err)
+	}
+	k.cmd.Process.Kill()
+	k.cmd.Wait()
+	forgeLease(t, r, 0, 0, r.pidns)
+	gone := exec.Command("sleep", "30")
+	if err := gone.Start(); err != nil {
+		t.Fatal(err)
+	}
+	start := startOf(t, gone.Process.Pid)
+	gone.Process.Kill()
+	gone.Wait()
+	forgeLease(t, r, gone.Process.Pid, start, r.pidns)
+	used := r.Usage().UsedChunks
+	if _, err := r.Attach(ClientOptions{}); !errors.Is(err, ErrLeaseTable) {
+		t.Fatalf("attach on a full table: %v", err)
+	}
+	m, err := NewManager(r, ManagerOptions{Node: 0})
+	if err != nil {
+		t.Fatalf("a daemon on a table of gone clients: %v", err)
+	}
+	defer m.Close()
+	if rs := m.Reaped(); len(rs) != 1 || rs[0].PID != k.cmd.Process.Pid || rs[0].Chunks != 1 || r.Usage().UsedChunks != used-1 {
+		t.Fatalf("taking over the killed client's slot reaped %+v (chunks used %d, were %d)", rs, r.Usage().UsedChunks, used)
+	}
+	got := map[int]string{}
+	for _, rp := range m.ReapOnce() {
+		got[rp.PID] = rp.Reason
+	}
+	if !strings.Contains(got[0], "pid 0") || !strings.Contains(got[gone.Process.Pid], "exited") || len(got) != 2 {
+		t.Fatalf("the first pass reaped %v, want the pid 0 lease and the exited process's", got)
+	}
+	if ls := r.Leases(); len(ls) != 1 || !ls[0].Daemon {
+		t.Fatalf("leases after the pass: %+v", ls)
+	}
+	m.Close()
+
+	live := formatTest(t, func() Geometry { g := testGeometry(); g.ClientsPerNode = 2; return g }())
+	attachTest(t, live, 0)
+	attachTest(t, live, 0)
+	if _, err := NewManager(live, ManagerOptions{Node: 0}); err == nil || !strings.Contains(err.Error(), "no slot's client is proven gone") {
+		t.Fatalf("a daemon on a table of live clients: %v", err)
+	}
+}
