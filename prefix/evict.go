@@ -89,9 +89,11 @@ func (s *Store) scanPins(cands map[uint64]uint32, pinned map[uint64]bool) {
 	})
 }
 
-// eachLivePin calls fn with every pin record that a live client holds, each
-// pin table's header and records in use reloaded first on a non-coherent
-// tier.
+// eachLivePin calls fn with every pin record that a client that may still
+// run holds (tier.Region.TokenRuns: its lease is live and its process not
+// proven gone, so a client killed with no daemon to reap it pins nothing),
+// each pin table's header and records in use reloaded first on a
+// non-coherent tier.
 func (s *Store) eachLivePin(fn func(v uint64)) {
 	for slot := 0; int64(slot) < s.g.Clients; slot++ {
 		off := s.g.PinsOff + int64(slot)*s.g.PinStride
@@ -104,7 +106,7 @@ func (s *Store) eachLivePin(fn func(v uint64)) {
 			continue
 		}
 		tok := atomic.LoadUint64(u64At(h, pinHdrToken))
-		if tok == 0 || !s.r.LeaseLive(tok) {
+		if tok == 0 || !s.r.TokenRuns(tok) {
 			continue
 		}
 		hw = min(hw, s.g.Pins)

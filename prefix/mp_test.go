@@ -39,6 +39,13 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if os.Getenv(envRole) == "pinner" {
+		if err := runPinner(); err != nil {
+			fmt.Fprintf(os.Stderr, "prefix pinner %d: %v\n", os.Getpid(), err)
+			os.Exit(3)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv(envRole) == "worker" {
 		if err := runWorker(); err != nil {
 			fmt.Fprintf(os.Stderr, "prefix worker %d: %v\n", os.Getpid(), err)
@@ -354,6 +361,83 @@ func TestDeadReserversKeysAreTakenOver(t *testing.T) {
 					t.Fatalf("%d of 3 keys after the takeover", n)
 				}
 			}
+		})
+	}
+}
+
+// runPinner pins every key of takeoverKeys (a reader between its lookup
+// and its release, as a decode landing pages), says so, and waits.
+func runPinner() error {
+	c, err := tiertest.Attach(os.Getenv(envDevices), "pinner")
+	if err != nil {
+		return err
+	}
+	s, err := Open(c, "m")
+	if err != nil {
+		return err
+	}
+	hits, err := s.Lookup(takeoverKeys())
+	if err != nil {
+		return err
+	}
+	if len(hits) != len(takeoverKeys()) {
+		return fmt.Errorf("pinned %d of %d keys", len(hits), len(takeoverKeys()))
+	}
+	fmt.Println("pinned")
+	select {}
+}
+
+// TestADeadReadersPinsHoldNothing (issue 64, defect 7): a reader killed
+// while it pinned entries, with no daemon to reap its lease, kept them
+// pinned until a repair: they could be neither evicted nor deleted, and a
+// full index refused inserts. Its pins count for nothing once this process
+// sees it gone; a reader that is only stopped keeps them (it may resume
+// and read).
+func TestADeadReadersPinsHoldNothing(t *testing.T) {
+	for _, kill := range []bool{true, false} {
+		t.Run(fmt.Sprintf("killed=%v", kill), func(t *testing.T) {
+			r, c := testTier(t, 1)
+			s := testStore(t, c, 3, 64)
+			keys := takeoverKeys()
+			if st, err := s.Set(keys, payloadsFor(keys, 64)); err != nil || st[2] != Reserved {
+				t.Fatalf("set: %v, %v", st, err)
+			}
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), envRole+"=pinner", envDevices+"="+strings.Join(r.Info().Devices, ","))
+			cmd.Stderr = os.Stderr
+			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { cmd.Process.Kill(); cmd.Wait() }()
+			if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "pinned\n" {
+				t.Fatalf("pinner said %q, %v", line, err)
+			}
+			if kill {
+				cmd.Process.Kill()
+				cmd.Wait()
+			} else {
+				cmd.Process.Signal(syscall.SIGSTOP)
+				defer cmd.Process.Signal(syscall.SIGCONT)
+			}
+			cold := []Key{keyN(42)}
+			st, err := s.Set(cold, payloadsFor(cold, 64))
+			want := Reserved
+			if !kill {
+				want = NoSpace
+			}
+			if err != nil || st[0] != want {
+				t.Fatalf("an insert into the full index: %v, %v; want %v", st, err, want)
+			}
+			_, err = s.Delete(keys[1:2])
+			if kill && err != nil || !kill && !errors.Is(err, ErrPinned) {
+				t.Fatalf("delete of an entry the pinner pinned: %v", err)
+			}
+			mustCheck(t, s)
 		})
 	}
 }
