@@ -385,11 +385,18 @@ class _Side:
 
     def _end_room(self):
         """This side is done with its room: the second side to end it
-        frees it (prefix/rooms' rule). At the conclusion, not at clear():
-        SGLang clears a prefill's sender only after a success."""
+        frees it (prefix/rooms' rule), and the request's partial last page
+        goes with it (whichever side ends first drops it: the decode has
+        landed it by then, or never will). At the conclusion, not at
+        clear(): SGLang clears a prefill's sender only after a success."""
         if self.handle is None or self._ended:
             return
         self._ended = True
+        if self.nonce is not None:
+            try:
+                self.kv_mgr.drop_tail(self.room, self.nonce)
+            except Exception:
+                logger.exception("cxltier disaggregation: room %d: dropping the last page failed", self.room)
         try:
             self.kv_mgr.rooms.end(self.handle, self.kv_mgr.side)
         except Exception:
@@ -775,8 +782,7 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
                 self.landed = len(full)
             tail = self.pages[len(full) :]
             if tail:
-                self._land(mgr.tail_keys(self.room, self.nonce), [tail[0]])
-                mgr.drop_tail(self.room, self.nonce)  # this request's alone: no one reads it again
+                self._land(mgr.tail_keys(self.room, self.nonce), [tail[0]])  # dropped as the room ends
             self._read_aux(int(done.get("aux", 0)))
             mgr.put_record(self, "ack", {"pages": len(self.pages)})
             self._conclude(KVPoll.Success)

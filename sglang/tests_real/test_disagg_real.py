@@ -122,13 +122,14 @@ def test_a_decode_that_dies_before_its_ack_fails_the_prefill_at_once(built, devi
     """kill -9 of the decode after the prefill wrote its pages, before the
     decode read them: the prefill, waiting for the ack with SGLang's default
     timeout of 300 s, sees the decode's lease gone and fails within
-    seconds."""
+    seconds. The request's partial last page goes with its room: the whole
+    pages stay as cache, the last page is the dead request's alone."""
     index_for(built, device, "mha")
-    tokens = list(range(3500, 3500 + 3 * PAGE))
+    tokens = list(range(3500, 3500 + 3 * PAGE + 2))
     p = start(built, device, "prefill", job("mha", tokens, 35, limit=400), {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "300"})
     d = start(built, device, "decode", job("mha", tokens, 35, first_slot_page=30),
               {"CXLTIER_PD_TEST_GATE_BEFORE_LOAD": str(tmp_path / "never")})
-    wait_for_pages(device, 3, p)[0].close()  # the prefill's pages are in: its done follows
+    wait_for_pages(device, 4, p)[0].close()  # the prefill's pages and last page are in: its done follows
     time.sleep(0.5)
     d.send_signal(signal.SIGKILL)
     d.wait()
@@ -136,6 +137,11 @@ def test_a_decode_that_dies_before_its_ack_fails_the_prefill_at_once(built, devi
     pr = result(p, timeout=400)
     assert pr["state"] == "failed" and "decode side's process is gone" in pr["reason"], pr
     assert time.monotonic() - killed < 60
+    t = cxltier.Tier(device)
+    try:
+        assert len(t.prefix("pd").keys()) == 3, "the dead request's last page outlived its room"
+    finally:
+        t.close()
 
 
 def test_a_decode_that_aborts_ends_the_prefill(built, device):
@@ -319,7 +325,7 @@ def test_tensor_parallel_ranks_with_one_slow(built, device, kind, tp):
     got = [result(p, 300) for p in procs]
     prefills, decodes = got[0::2], got[1::2]
     for r in got:
-        assert r["state"] == "success", got
+        assert r["state"] == "success", [(x["role"], x["state"], x.get("reason")) for x in got]
     for p, d in zip(prefills, decodes):
         assert d["digests"] == p["digests"]
     if kind == "mha":  # a rank's heads are its own pages
