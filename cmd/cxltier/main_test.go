@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"github.com/cxltier/cxltier/cmd/internal/adminapi"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -187,6 +188,7 @@ func TestHealth(t *testing.T) {
 			http.NotFound(rw, req)
 			return
 		}
+		rw.Header().Set(adminapi.HealthHeader, "1") // what cxltierd answers with (its own test checks it does)
 		if !healthy {
 			rw.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprintln(rw, "unhealthy: tier: header checksum")

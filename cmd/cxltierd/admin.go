@@ -200,6 +200,7 @@ func (a *admin) authorized(ctx *fasthttp.RequestCtx, authed bool) bool {
 // table that no longer checks (damaged, or zeroed under the daemon).
 func (a *admin) healthz(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("text/plain; charset=utf-8")
+	ctx.Response.Header.Set(adminapi.HealthHeader, "1")
 	if err := a.r.Verify(); err != nil {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 		ctx.SetBodyString("unhealthy: " + err.Error() + "\n")

@@ -235,6 +235,9 @@ func TestAdminEndpoints(t *testing.T) {
 	if code, body := get(t, base+"/healthz"); code != 200 || body != "ok\n" {
 		t.Errorf("healthz: %d %q", code, body)
 	}
+	if err := adminapi.FetchHealth(addr, 5*time.Second); err != nil {
+		t.Errorf("the health check against the daemon itself: %v", err)
+	}
 	code, body := get(t, base+"/v1/status")
 	var st adminapi.Status
 	if err := json.Unmarshal([]byte(body), &st); code != 200 || err != nil {

@@ -85,11 +85,19 @@ func FetchHealth(addr string, timeout time.Duration) error {
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if resp.Header.Get(HealthHeader) == "" {
+		return fmt.Errorf("%s answers HTTP %d but is not cxltierd (no %s header): another server on this port? (-addr, the daemon's -listen)",
+			addr, resp.StatusCode, HealthHeader)
+	}
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("%s: HTTP %d: %s", addr, resp.StatusCode, strings.TrimSpace(string(raw)))
 	}
 	return nil
 }
+
+// HealthHeader is set on every /healthz answer of cxltierd, so that a
+// health check tells the daemon from any other server on its port.
+const HealthHeader = "X-Cxltier-Daemon"
 
 // HostPort checks an -addr value and returns it as host:port: the admin
 // API is plain HTTP, so "http://host:port/" is taken as host:port and any
