@@ -27,6 +27,9 @@ func (t *Table) Claim(room uint64, rank uint32) (Room, error) {
 			return Room{}, err
 		}
 		if i >= 0 {
+			if err := t.refuseInFlightLocked(i, room, rank); err != nil {
+				return Room{}, err
+			}
 			return t.claimLocked(i, room, rank)
 		}
 		if freed, err := t.reclaimLocked(); err != nil || freed == 0 {
@@ -37,6 +40,25 @@ func (t *Table) Claim(room uint64, rank uint32) (Room, error) {
 		}
 	}
 	return Room{}, fmt.Errorf("%w: table %q: all %d rooms in flight", ErrFull, t.name, t.slots)
+}
+
+// refuseInFlightLocked says ErrInFlight when slot i holds a claim of
+// (room, rank) whose decode may still run and has not ended: a second
+// decode for a request in flight (two requests given one bootstrap room).
+// Claimed anew, the first request would fail and the second wait out its
+// timeout for a prefill that serves the first; refused, the second fails
+// at once saying so. A claim whose decode ended or is gone is taken anew.
+func (t *Table) refuseInFlightLocked(i int, room uint64, rank uint32) error {
+	id, ok, err := t.readIdentity(i)
+	if err != nil || !ok || id.room != room || id.rank != rank || !t.r.TokenRuns(id.token) {
+		return err
+	}
+	d, err := t.readArea(Room{Slot: i, Gen: gen(id.state)}, Decode)
+	if err != nil || d.has(endRecord) {
+		return nil // an area it cannot read is no reason to refuse a new request
+	}
+	return fmt.Errorf("%w: table %q: room %d rank %d is claimed by a decode that runs and has not ended (is another request in flight with this bootstrap room?)",
+		ErrInFlight, t.name, room, rank)
 }
 
 // placeLocked is the slot a claim of (room, rank) takes: the room's own

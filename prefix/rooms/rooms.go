@@ -55,6 +55,9 @@ var (
 	ErrBadConfig = errkind.New(errkind.Invalid, "rooms: bad table configuration")
 	// ErrBusy: an area kept changing under a reader.
 	ErrBusy = errkind.New(errkind.Busy, "rooms: room being written")
+	// ErrInFlight: a claim of a room another decode holds and has not
+	// ended (rooms are one request's).
+	ErrInFlight = errkind.New(errkind.Exists, "rooms: room in flight")
 )
 
 // Side names the writer of one area of a room.

@@ -166,6 +166,9 @@ func TestAReusedRoomStartsClean(t *testing.T) {
 		old, _ := h.decode.Claim(9, 0)
 		h.decode.Put(old, Decode, "hello", []byte("first request"))
 		h.prefill.Put(old, Prefill, "done", []byte("first request's pages"))
+		if _, err := h.decode.End(old, Decode); err != nil { // the first request's decode is done; its prefill not yet
+			t.Fatal(err)
+		}
 		rm, err := h.decode.Claim(9, 0)
 		if err != nil {
 			t.Fatal(err)
@@ -181,6 +184,36 @@ func TestAReusedRoomStartsClean(t *testing.T) {
 		}
 		if _, ok := get(t, h.decode, rm, Prefill, "done"); ok {
 			t.Fatal("a late write of the first request reached the second")
+		}
+	})
+}
+
+// A second decode claiming a room whose decode runs and has not ended
+// (two requests in flight with one bootstrap room) is refused at once; it
+// used to take the room anew, failing the first request, and wait out its
+// timeout for a prefill that served the first. Once the first decode
+// ended, the room is claimed anew.
+func TestAClaimOfARoomInFlightIsRefused(t *testing.T) {
+	eachCoherence(t, func(t *testing.T, shared bool) {
+		h, _ := setup(t, 16, shared)
+		first, err := h.decode.Claim(31, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.decode.Claim(31, 1); !errors.Is(err, ErrInFlight) {
+			t.Fatalf("a second claim of a room in flight: %v, want ErrInFlight", err)
+		}
+		if _, err := h.decode.Claim(31, 0); err != nil {
+			t.Fatalf("another rank of the room: %v", err)
+		}
+		if err := h.decode.Put(first, Decode, "hello", []byte("still mine")); err != nil {
+			t.Fatalf("the first request after the refused claim: %v", err)
+		}
+		if _, err := h.decode.End(first, Decode); err != nil {
+			t.Fatal(err)
+		}
+		if again, err := h.decode.Claim(31, 1); err != nil || again.Gen == first.Gen {
+			t.Fatalf("a claim once the first decode ended: %v, %v", again, err)
 		}
 	})
 }

@@ -663,6 +663,8 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
             except _native.NoSpaceError as e:
                 raise DisaggError(f"cxltier disaggregation: room {self.room}: {e} (CXLTIER_PD_ROOMS sizes the table "
                                   "when it is made)") from None
+            except _native.ExistsError as e:  # a second decode for a request in flight
+                raise DisaggError(f"cxltier disaggregation: room {self.room}: {e}") from None
             mgr.put_record(self, "hello", {"decode_prefix_len": self.decode_prefix_len, "layout": mgr.layout,
                                                 "key_suffix": mgr.key_suffix, "tp_size": mgr.tp_size,
                                                 "nonce": self.nonce, "lease": mgr.lease})

@@ -50,7 +50,9 @@ class Rooms(_native.Child):
         return self._h
 
     def claim(self, room, rank):
-        """The decode's room of (room, rank), claimed anew when it is there."""
+        """The decode's room of (room, rank), claimed anew when an earlier
+        request left it (its decode ended or is gone); ExistsError while
+        another decode that runs holds it and has not ended."""
         slot, gen = ctypes.c_int64(), ctypes.c_uint32()
         _native.call("cxl_rooms_claim", self.handle, int(room) & 0xFFFFFFFFFFFFFFFF, int(rank), ctypes.byref(slot),
                      ctypes.byref(gen))

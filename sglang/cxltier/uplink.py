@@ -919,6 +919,13 @@ class Uplink:
             size = _replica_size(descs.get(ck))
             if size is None or size <= TRAILER_BYTES:
                 break
+            if size - TRAILER_BYTES > ix.room:
+                # No page of this index is that large: a damaged or planted
+                # object under its key. A miss from here on, not a failed fill.
+                self.metrics.add("rejected_pages")
+                logger.warning("cxltier uplink: %s holds %d bytes in the cluster, more than a page of index %r "
+                               "can be (%d): not fetched (a miss)", ck, size - TRAILER_BYTES, ix.name, ix.room)
+                break
             sizes.append(size - TRAILER_BYTES)
         if not sizes:
             # A master that is gone answers the descriptor query with
@@ -943,12 +950,32 @@ class Uplink:
                          len(keys), len(parts), (asked - started) * 1e3, sum(d.reserve_s for d in done) * 1e3,
                          sum(d.transfer_s for d in done) * 1e3, sum(d.publish_s for d in done) * 1e3,
                          done[-1].publish_s * 1e3 if done else 0.0, (time.monotonic() - started) * 1e3)
+        refused = sum(1 for d in done for f, p in zip(d.filled or [], d.published) if f and not p)
+        if refused:
+            self._say_refused(ix, refused)
         for d in done:
             self.metrics.add("rejected_pages", sum(1 for f, p in zip(d.filled or [], d.published) if f and not p))
             self.metrics.add("fetched_pages", sum(d.published))
             self.metrics.add("fetched_bytes", sum(sz for sz, p in zip(d.sizes, d.published) if p))
         self.metrics.fetch_took(time.monotonic() - started)
         return cluster_failed
+
+    REFUSED_EVERY = 60.0  # seconds between warnings of pages refused at their check
+
+    def _say_refused(self, ix, n):
+        """Warns, at most once a minute, that pages failed their check:
+        with every page of a node refused, it is the first thing to read."""
+        self._refused_since_said = getattr(self, "_refused_since_said", 0) + n
+        now = time.monotonic()
+        if now < getattr(self, "_refused_said_at", -self.REFUSED_EVERY) + self.REFUSED_EVERY:
+            return
+        key = ("this uplink has one" if self.cluster_key else
+               "this uplink has none, and takes pages by their CRC alone")
+        logger.warning("cxltier uplink: %d page(s) of index %r from the cluster failed their check and were refused "
+                       "(%d since the last warning): damaged in the cluster or in transit, or signed with another "
+                       "cluster key: every uplink needs the same --cluster-key (%s)",
+                       n, ix.name, self._refused_since_said, key)
+        self._refused_said_at, self._refused_since_said = now, 0
 
     def _move_parts(self, ix, keys, ckeys, sizes, parts):
         """Moves and publishes a fetch's parts in order. While one part is

@@ -48,6 +48,9 @@ def test_a_reused_room_starts_clean(device):
         rooms = t.rooms("m@pd", 16, 4096)
         first = rooms.claim(9, 0)
         rooms.put(first, PREFILL, "done", b"the first request's")
+        with pytest.raises(_native.ExistsError, match="in flight"):
+            rooms.claim(9, 0)  # its decode runs and has not ended: a second request on the room is refused
+        rooms.end(first, DECODE)
         again = rooms.claim(9, 0)
         assert again != first and rooms.get(again, PREFILL, "done") is None
         with pytest.raises(_native.NotFoundError):

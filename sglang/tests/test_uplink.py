@@ -1039,12 +1039,65 @@ def test_a_forged_page_is_refused_with_the_cluster_key(cluster, mooncake_py, tmp
             if signed:
                 assert ib.exists(keys[2:]) == 0
                 assert b.metrics()["rejected_pages"] == 1 and ib.stats()["reserved"] == 0
+                assert "failed their check" in b.tail(400) and "--cluster-key" in b.tail(400)  # says why
             else:
                 assert ib.exists(keys[2:]) == 1 and read_back(ib, keys[2:]) == [forged]
         finally:
             holder.kill()
             ta.close()
             tb.close()
+
+
+def test_uplinks_of_different_cluster_keys_say_why_they_refuse(cluster, tmp_path):
+    """Two uplinks given different cluster keys: every page A signs, B
+    refuses, and B's log says why (it said nothing)."""
+    files = []
+    for name in ("one", "two"):
+        f = tmp_path / f"{name}.key"
+        f.write_text(f"cluster key {name} of some length\n")
+        f.chmod(0o600)
+        files.append(str(f))
+    m = cluster.master()
+    a = cluster.node("a").start_uplink(m, args=["--cluster-key", files[0]])
+    b = cluster.node("b").start_uplink(m, args=["--cluster-key", files[1]])
+    keys, payloads = pages(2, seed=41)
+    ta, ia = index(a)
+    tb, ib = index(b)
+    try:
+        assert ia.set(keys, payloads) == ["stored"] * 2
+        wait_metric(a, "put_pages", 2)
+        assert ib.exists(keys) == 0
+        assert b.metrics()["rejected_pages"] >= 1
+        assert "failed their check" in b.tail(400) and "same --cluster-key" in b.tail(400)
+    finally:
+        ta.close()
+        tb.close()
+
+
+def test_an_oversize_planted_page_is_one_miss(cluster, mooncake_py):
+    """An object larger than any page of the index under a node's key (a
+    damaged or planted one), after two good pages: the fill brings the two
+    and stops there, a miss, not a failed fill with a traceback (the fill
+    of the whole batch failed, the good pages too)."""
+    m = cluster.master()
+    a = cluster.node("a").start_uplink(m)
+    b = cluster.node("b").start_uplink(m)
+    keys, payloads = pages(3, seed=31)
+    ta, ia = index(a)
+    tb, ib = index(b)
+    big = bytes(2 * BLOCK)
+    holder = put_raw(mooncake_py, m, f"cxltier/m/{keys[2].hex()}", big + trailer(len(big), _crc32c(big, _crc32c(keys[2]))))
+    try:
+        assert ia.set(keys[:2], payloads[:2]) == ["stored"] * 2
+        wait_metric(a, "put_pages", 2)
+        assert ib.exists(keys) == 2 and read_back(ib, keys[:2]) == payloads[:2]
+        mb = b.metrics()
+        assert mb["rejected_pages"] == 1 and mb["fill_failures"] == 0, mb
+        assert "Traceback" not in b.tail()
+    finally:
+        holder.kill()
+        ta.close()
+        tb.close()
 
 
 # What the uplink says at start about a bad command line, before it joins

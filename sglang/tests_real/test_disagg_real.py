@@ -144,6 +144,28 @@ def test_a_decode_that_dies_before_its_ack_fails_the_prefill_at_once(built, devi
         t.close()
 
 
+def test_a_second_decode_for_a_room_in_flight_fails_at_once(built, device, tmp_path):
+    """Two decodes given one bootstrap room while the first is in flight:
+    the second used to take the room anew (failing the first) and wait out
+    SGLang's timeout blaming the prefill for writing nothing; it fails at
+    once, saying the room is in flight, and the first goes on."""
+    index_for(built, device, "mha")
+    tokens = list(range(3700, 3700 + 2 * PAGE))
+    gate = tmp_path / "open"
+    p = start(built, device, "prefill", job("mha", tokens, 37))
+    d1 = start(built, device, "decode", job("mha", tokens, 37, first_slot_page=30),
+               {"CXLTIER_PD_TEST_GATE_BEFORE_LOAD": str(gate)})
+    wait_for_pages(device, 2, p)[0].close()  # the first request is in flight
+    began = time.monotonic()
+    second = result(start(built, device, "decode", job("mha", tokens, 37, first_slot_page=40)))
+    assert second["state"] == "failed" and "in flight" in second["reason"], second
+    assert time.monotonic() - began < 15  # its own start and one claim; SGLang's timeout here is 20 s
+    gate.touch()
+    pr, dr = result(p), result(d1)
+    assert pr["state"] == "success" and dr["state"] == "success", (pr, dr)
+    assert dr["digests"] == pr["digests"]
+
+
 def test_a_decode_that_aborts_ends_the_prefill(built, device):
     index_for(built, device, "mha")
     tokens = list(range(4000, 4000 + 3 * PAGE))
