@@ -438,6 +438,7 @@ class Uplink:
         buf = ctypes.create_string_buffer(4096)
         _native.call("cxl_uplink_address", self.tier.handle, buf, len(buf))
         self.address = buf.value.decode()
+        self._lease = self.tier.lease()
         if _native.lib().cxl_page_trailer_bytes() != TRAILER_BYTES:
             raise UplinkError(f"the library's page trailer is {_native.lib().cxl_page_trailer_bytes()} bytes, "
                               f"this uplink's {TRAILER_BYTES}: library and package are of different versions")
@@ -621,12 +622,13 @@ class Uplink:
         """The SIGTERM/SIGINT handler: sets a flag that serve_forever acts on."""
         self._signalled = True
 
+    _lease = None  # (slot, generation) of the uplink's lease, taken at start
     stopped_because = None  # why the uplink stopped on its own (its tier replaced, its event stream gone): exit 3
 
     def _check_tier(self):
         """Stops the uplink when its tier was destroyed or formatted again
-        under it: it would serve a tier no process uses, and the node's new
-        tier would get no cluster fills."""
+        under it (it would serve a tier no process uses, and the node's new
+        tier would get no cluster fills), or its lease was reaped."""
         buf = ctypes.create_string_buffer(1024)
         try:
             self._native.call("cxl_tier_replaced", self.tier.handle, buf, len(buf))
@@ -636,6 +638,21 @@ class Uplink:
         if buf.value:
             self.stopped_because = buf.value.decode()
             logger.error("cxltier uplink: %s; stopping (start the uplink again to serve the new tier)", self.stopped_because)
+            self.stop()
+            return
+        try:
+            lost = self._lease is not None and self.tier.lease_gone(*self._lease)
+        except self._native.CxlTierError as e:
+            logger.warning("cxltier uplink: checking its lease: %s", e)
+            return
+        if lost:
+            # Reaped (stalled past its lease, or judged so): the tier may
+            # have handed its blocks on, so it writes nothing more; with no
+            # fill traffic it used to run on, dropping every write-behind
+            # page while /healthz said ok.
+            self.stopped_because = (f"this uplink's lease on the tier (slot {self._lease[0]}) was reaped: it stalled "
+                                    "past the lease timeout, or the daemon judged it so")
+            logger.error("cxltier uplink: %s; stopping (a supervisor starts it again)", self.stopped_because)
             self.stop()
 
     def _spawn(self, fn, *args):
@@ -1536,7 +1553,7 @@ def main(argv=None):
     up.close()
     code = 0
     if up.stopped_because:
-        print(f"cxltier-uplink: {up.stopped_because}; exiting (start it again for the new tier)", file=sys.stderr)
+        print(f"cxltier-uplink: {up.stopped_because}; exiting (start it again)", file=sys.stderr)
         code = 3
     if up.store is not None and not (up.cluster_up() and _master_reachable(*master)):
         # Mooncake's client, torn down at exit, unmounts this node's segment

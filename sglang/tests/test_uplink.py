@@ -695,6 +695,35 @@ def test_uplink_says_it_needs_the_daemon(built, device, daemon_bin):
         daemon.wait(timeout=10)
 
 
+def test_a_reaped_uplink_stops_saying_why(built, device, daemon_bin):
+    """An uplink stopped past its lease, reaped by a daemon that judges by
+    heartbeat (-skip-pid-check), then resumed, with no fill traffic: it ran
+    on, dropping every write-behind page while /healthz said ok. It sees
+    its lease gone within its next check and exits 3, saying so."""
+    dev, cli = device, built["cli"]
+    subprocess.check_call([cli, "format", "-force", "-device", dev, "-size", "64MiB", "-chunk", "256KiB",
+                           "-lease-timeout", "1s"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = ch.free_port()
+    daemon = subprocess.Popen([daemon_bin, "-device", dev, "-listen", f"127.0.0.1:{port}", "-skip-pid-check",
+                               "-prefix-blocks", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        ch.wait_for(lambda: ch.http_ok(f"http://127.0.0.1:{port}/healthz"), 20, "cxltierd")
+        up_, _ = _start_uplink(built, dev)
+        try:
+            up_.send_signal(signal.SIGSTOP)
+            time.sleep(4)  # four lease timeouts: the daemon reaps it
+            up_.send_signal(signal.SIGCONT)
+            assert up_.wait(timeout=20) == 3
+            out = up_.stdout.read()
+            assert "lease on the tier" in out and "was reaped" in out, out
+        finally:
+            up_.send_signal(signal.SIGCONT)
+            _stop(up_)
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=10)
+
+
 NETNS_CLIENT = textwrap.dedent("""
     import sys
     import cxltier
