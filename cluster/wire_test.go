@@ -183,20 +183,27 @@ func TestPageAuth(t *testing.T) {
 	changed := append([]byte(nil), payload...)
 	changed[12345] ^= 1
 	changedCRC := prefix.WireChecksum(k, changed)
+	// A signed page moved under another key: its CRC covers the key, so a
+	// mover fixes it; the MAC covers the key too, which no mover can fix.
+	moved := prefix.StringKey("another page")
+	movedCRC := prefix.WireChecksum(moved, payload)
 	for name, tc := range map[string]struct {
 		auth    *PageAuth
 		tr      Trailer
+		key     prefix.Key
 		payload []byte
 		want    error
 	}{
-		"another cluster's key":        {other, good, payload, ErrAuth},
-		"another index":                {otherIndex, good, payload, ErrAuth},
-		"another tenant":               {tenant, good, payload, ErrAuth},
-		"unsigned":                     {a, Trailer{Length: good.Length, CRC: crc}, payload, ErrAuth},
-		"a changed payload, CRC fixed": {a, Trailer{Length: good.Length, CRC: changedCRC, MAC: mac, Signed: true}, changed, ErrAuth},
-		"a changed payload":            {a, good, changed, prefix.ErrChecksum},
+		"another cluster's key":          {other, good, k, payload, ErrAuth},
+		"another index":                  {otherIndex, good, k, payload, ErrAuth},
+		"another tenant":                 {tenant, good, k, payload, ErrAuth},
+		"unsigned":                       {a, Trailer{Length: good.Length, CRC: crc}, k, payload, ErrAuth},
+		"a changed payload, CRC fixed":   {a, Trailer{Length: good.Length, CRC: changedCRC, MAC: mac, Signed: true}, k, changed, ErrAuth},
+		"a changed payload":              {a, good, k, changed, prefix.ErrChecksum},
+		"moved under another key":        {a, good, moved, payload, prefix.ErrChecksum},
+		"moved under another key, fixed": {a, Trailer{Length: good.Length, CRC: movedCRC, MAC: mac, Signed: true}, moved, payload, ErrAuth},
 	} {
-		if _, err := tc.auth.Check(tc.tr, k, tc.payload); !errors.Is(err, tc.want) {
+		if _, err := tc.auth.Check(tc.tr, tc.key, tc.payload); !errors.Is(err, tc.want) {
 			t.Errorf("%s: %v, want %v", name, err, tc.want)
 		}
 	}

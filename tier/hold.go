@@ -85,6 +85,9 @@ func (c *Client) hold(upTo uint32, op string) (Hold, error) {
 		s.Add(-1)
 		return Hold{}, fmt.Errorf("tier: %s on client slot %d: %s: %w", op, c.slot, gateStateName(st), ErrClosed)
 	}
+	if c.afterHoldCheck != nil {
+		c.afterHoldCheck()
+	}
 	return Hold{c: c, shard: s}, nil
 }
 

@@ -389,6 +389,43 @@ func TestHoldCountsBeforeItChecks(t *testing.T) {
 	}
 }
 
+// TestACloseWaitsForAHoldPastItsCheck: a close that begins once a hold
+// passed its check waits for that hold. With the check run before the
+// count (a mutant TestHoldCountsBeforeItChecks let through, its hook
+// coming before both), the close saw no hold, finished, and the hold went
+// ahead on a closed client.
+func TestACloseWaitsForAHoldPastItsCheck(t *testing.T) {
+	r := formatTest(t, testGeometry())
+	c, err := r.Attach(ClientOptions{Name: "racer", CloseWait: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan error, 1)
+	early := false
+	c.afterHoldCheck = func() {
+		c.afterHoldCheck = nil
+		go func() { closed <- c.Close() }()
+		select {
+		case err := <-closed:
+			early = true
+			closed <- err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	held, err := c.Hold()
+	if err != nil {
+		t.Fatalf("a hold past its check: %v", err)
+	}
+	if early {
+		held.Done()
+		t.Fatal("the close finished while a hold that passed its check was out")
+	}
+	held.Done()
+	if err := <-closed; err != nil {
+		t.Fatalf("the close: %v", err)
+	}
+}
+
 // Holds of many goroutines at once spread over the gate's shards (each
 // goroutine's stack picks one), and every one is given back.
 func TestHoldsSpreadOverShards(t *testing.T) {

@@ -178,6 +178,10 @@ type Client struct {
 	// betweenCountAndCheck, in tests, runs in a hold between its count and
 	// its check of the gate's state.
 	betweenCountAndCheck func()
+	// afterHoldCheck, in tests, runs in a hold after its check, before it
+	// returns: whatever order count and check run in, a close begun here
+	// must wait for the hold.
+	afterHoldCheck func()
 
 	// The client's proof to its node's daemon (peer.go): the heartbeat
 	// goroutine registers; Close ends it.
