@@ -130,5 +130,5 @@ func (s *Store) WriteSlack(h Hit, b []byte) (bool, error) {
 		return false, fmt.Errorf("prefix: %q: %v: %w", s.name, h.Key, err)
 	}
 	copy(dst, b)
-	return true, s.r.Publish(off, int64(len(b)))
+	return true, s.flushData(off, int64(len(b)))
 }

@@ -47,7 +47,7 @@ func (s *Store) BeginFill(keys []Key, sizes []int64) (*Fill, error) {
 		held.Done()
 		return nil, err
 	}
-	f := &Fill{s: s, held: held, res: res, flush: s.r.Publish}
+	f := &Fill{s: s, held: held, res: res, flush: s.flushData}
 	return f, err
 }
 

@@ -212,3 +212,56 @@ func TestOldLayoutRefusedWithoutCoherence(t *testing.T) {
 		s.Close()
 	}
 }
+
+// TestAFillAndASlackOnHostsWithoutSharedCaches (issue 64: the fill's and
+// the slack trailer's flushes were untested on a tier several hosts
+// share): host 0 fills three blocks in place (one damaged in transit) and
+// writes a trailer into a pinned block's slack; every byte it wrote for
+// another host to read is flushed (the good blocks whole, the damaged one
+// not at all, the slack's bytes), and host 1 finds and reads the two good
+// pages through its own caches.
+func TestAFillAndASlackOnHostsWithoutSharedCaches(t *testing.T) {
+	nc, hosts := simulatedHosts(t, Config{Name: "m", Blocks: 16, BlockBytes: 4096, PinsPerClient: 64})
+	type flushed struct {
+		off tier.Offset
+		n   int64
+	}
+	var flushes []flushed
+	hosts[0].flushedData = func(off tier.Offset, n int64) { flushes = append(flushes, flushed{off, n}) }
+	keys := keysN(3)
+	sizes := []int64{4000, 1000, 300}
+	f, blocks, want := filledAsTransferred(t, hosts[0], keys, sizes)
+	blocks[1][10] ^= 1 // damaged in transit
+	res := f.res
+	ok, err := f.Commit([]bool{true, true, true}, WantChecksums(func(i int) Key { return keys[i] }, want))
+	if err != nil || !ok[0] || ok[1] || !ok[2] {
+		t.Fatalf("commit: %v, %v", ok, err)
+	}
+	if len(flushes) != 2 || flushes[0] != (flushed{res[0].Offset, sizes[0]}) || flushes[1] != (flushed{res[2].Offset, sizes[2]}) {
+		t.Fatalf("flushed %+v, want the two good blocks whole, %v+%d and %v+%d", flushes, res[0].Offset, sizes[0], res[2].Offset, sizes[2])
+	}
+	dst := [][]byte{make([]byte, 4096)}
+	for _, i := range []int{0, 2} {
+		if n, err := hosts[1].Get(keys[i:i+1], dst); err != nil || n != 1 || !bytes.Equal(dst[0][:sizes[i]], payloadFor(keys[i], int(sizes[i]))) {
+			t.Fatalf("host 1 reads key %d: %d, %v", i, n, err)
+		}
+	}
+	if n, _ := hosts[1].Get(keys[1:2], dst); n != 0 {
+		t.Fatal("host 1 finds the damaged page")
+	}
+	flushes = nil
+	hits, err := hosts[0].Lookup(keys[2:3])
+	if err != nil || len(hits) != 1 {
+		t.Fatalf("lookup: %v, %v", hits, err)
+	}
+	defer hosts[0].Release(hits)
+	trailer := bytes.Repeat([]byte{0x7e}, 32)
+	if wrote, err := hosts[0].WriteSlack(hits[0], trailer); err != nil || !wrote {
+		t.Fatalf("write slack: %v, %v", wrote, err)
+	}
+	at := hits[0].Offset + tier.Offset(hits[0].Len)
+	if len(flushes) != 1 || flushes[0] != (flushed{at, 32}) {
+		t.Fatalf("the slack's flush: %+v, want %v+32", flushes, at)
+	}
+	checkFromEveryHost(t, nc, hosts[:])
+}

@@ -99,6 +99,19 @@ type Store struct {
 	unregister func() bool  // takes the index off its client's closers
 
 	sim *cacheSim // tests only: this handle's host keeps caches of its own
+	// flushedData, in tests, sees each range of payload bytes this handle
+	// flushes for other hosts (a fill's blocks, a block's slack) as it
+	// flushes them.
+	flushedData func(off tier.Offset, n int64)
+}
+
+// flushData writes back this host's cached copies of payload bytes that
+// it wrote in place, before anything makes them another host's to read.
+func (s *Store) flushData(off tier.Offset, n int64) error {
+	if s.flushedData != nil {
+		s.flushedData(off, n)
+	}
+	return s.r.Publish(off, n)
 }
 
 // Create allocates and formats an index in the tier, registers it in the
