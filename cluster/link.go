@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -122,22 +121,7 @@ func (l *Link) dial(deadline time.Time) (*net.UnixConn, error) {
 }
 
 func checkPeer(c *net.UnixConn) error {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
-		return err
-	}
-	if cerr != nil {
-		return cerr
-	}
-	if me := uint32(os.Getuid()); cred.Uid != me && cred.Uid != 0 {
-		return fmt.Errorf("cluster: uplink socket %s is held by uid %d, not %d: ignored", c.RemoteAddr(), cred.Uid, me)
-	}
-	return nil
+	return tier.CheckPeerUID(c, fmt.Sprintf("cluster: uplink socket %s", c.RemoteAddr()))
 }
 
 // take is an idle fill connection, or a new one.

@@ -52,6 +52,9 @@ func runChild(role string) error {
 		time.Sleep(time.Minute)
 		return nil
 	}
+	if role == "squatter" { // another user, on the daemon's socket path while no daemon runs
+		return childSquatter(os.Getenv(envOffset))
+	}
 	if err := enterChildNamespaces(); err != nil {
 		return err
 	}

@@ -657,3 +657,111 @@ func TestADaemonStartsOnATableOfGoneClients(t *testing.T) {
 		t.Fatalf("a daemon on a table of live clients: %v", err)
 	}
 }
+
+// childSquatter binds a socket at path, says so, and answers whatever
+// connects with a daemon's "registered" bytes, saying how many bytes it
+// heard first.
+func childSquatter(path string) error {
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return err
+	}
+	fmt.Println("listening")
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		conn.SetReadDeadline(time.Now().Add(time.Second))
+		buf := make([]byte, peerHelloLen)
+		n, _ := io.ReadFull(conn, buf)
+		conn.Write([]byte{0, 0})
+		fmt.Printf("heard %d\n", n)
+		conn.Close()
+	}
+}
+
+// TestASquattersSocketIsNeitherTrustedNorKept (issue 64, defect 5):
+// another user binds the daemon's socket path while no daemon runs. A
+// client used to send it its hello and take its answer for a daemon's; it
+// now checks the peer's credentials first and says nothing to it. The
+// daemon used to refuse to start ("a daemon listens there"); it now
+// removes the squatter's socket, says so, and serves its clients.
+func TestASquattersSocketIsNeitherTrustedNorKept(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a process as another user")
+	}
+	g := testGeometry()
+	r := formatTest(t, g)
+	path, err := r.SocketPath(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe := copyForAnyUser(t)
+	sq := spawnWith(t, r, "squatter", 0, func(cmd *exec.Cmd) {
+		cmd.Path, cmd.Args[0] = exe, exe
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: 65534, Gid: 65534}
+	}, envOffset+"="+path)
+	if line, err := sq.out.ReadString('\n'); err != nil || line != "listening\n" {
+		t.Skipf("the squatter (uid 65534) could not bind %s: %q %v %s", path, line, err, sq.err)
+	}
+	heard := make(chan string, 8)
+	go func() {
+		for {
+			l, err := sq.out.ReadString('\n')
+			if err != nil {
+				return
+			}
+			heard <- l
+		}
+	}()
+	c := attachTest(t, r, 0)
+	deadline := time.Now().Add(5 * time.Second)
+	for c.RegisterError() == "" && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if c.Registered() || !strings.Contains(c.RegisterError(), "squatter") {
+		t.Fatalf("a client of a squatted socket: registered %v, %q", c.Registered(), c.RegisterError())
+	}
+	select {
+	case l := <-heard:
+		if l != "heard 0\n" {
+			t.Fatalf("the squatter %s of the client's hello", strings.TrimSpace(l))
+		}
+	case <-time.After(2 * time.Second):
+	}
+	var logged []string
+	m, err := NewManager(r, ManagerOptions{Node: 0, Logf: func(f string, a ...any) { logged = append(logged, fmt.Sprintf(f, a...)) }})
+	if err != nil {
+		t.Fatalf("a daemon on a squatted socket path: %v", err)
+	}
+	defer m.Close()
+	if !strings.Contains(strings.Join(logged, "\n"), "squatter") {
+		t.Errorf("the daemon did not say it removed a squatter's socket: %q", logged)
+	}
+	k, _ := provenWriter(t, r, m) // a new client proves itself to the daemon
+	k.cmd.Process.Kill()
+}
+
+// copyForAnyUser copies this test binary where any user may run it (the
+// build directory is its builder's alone).
+func copyForAnyUser(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "cxltier-anyuser-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe := filepath.Join(dir, "tier.test")
+	if err := os.WriteFile(exe, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return exe
+}

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -148,8 +149,12 @@ func listenPeers(r *Region, node int, logf func(string, ...any)) (*peerServer, e
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("tier: socket directory: %w", err)
 	}
-	if err := clearStaleSocket(path); err != nil {
+	squatter, err := clearStaleSocket(path)
+	if err != nil {
 		return nil, err
+	}
+	if squatter >= 0 {
+		logf("removed a socket of uid %d at %s, neither root nor this daemon's user: a squatter's", squatter, path)
 	}
 	ln, err := listenUnix(path)
 	if err != nil {
@@ -163,25 +168,36 @@ func listenPeers(r *Region, node int, logf func(string, ...any)) (*peerServer, e
 	return s, nil
 }
 
-func clearStaleSocket(path string) error {
+// clearStaleSocket makes way for the daemon's socket at path: a socket a
+// dead daemon left is removed, and so is one another user put there (any
+// user may bind a path in a shared directory such as /dev/shm while no
+// daemon runs: a squatter, whose uid it returns, else -1). A daemon of a
+// trusted user that answers there, or anything not a socket, is refused.
+func clearStaleSocket(path string) (squatter int, err error) {
 	fi, err := os.Lstat(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+		return -1, nil
 	}
 	if err != nil {
-		return fmt.Errorf("tier: socket %s: %w", path, err)
+		return -1, fmt.Errorf("tier: socket %s: %w", path, err)
 	}
 	if fi.Mode()&fs.ModeSocket == 0 {
-		return fmt.Errorf("tier: %s is in the way of the daemon's socket and is not a socket (%v): %w", path, fi.Mode().Type(), ErrExists)
+		return -1, fmt.Errorf("tier: %s is in the way of the daemon's socket and is not a socket (%v): %w", path, fi.Mode().Type(), ErrExists)
 	}
-	if c, err := DialUnix("unix", path, peerDialWait); err == nil {
+	squatter = -1
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && !TrustedUID(st.Uid) {
+		squatter = int(st.Uid)
+	} else if c, err := DialUnix("unix", path, peerDialWait); err == nil {
 		c.Close()
-		return fmt.Errorf("tier: a daemon listens at %s already: %w", path, ErrExists)
+		return -1, fmt.Errorf("tier: a daemon listens at %s already: %w", path, ErrExists)
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("tier: remove the stale socket %s: %w", path, err)
+		if squatter >= 0 {
+			return squatter, fmt.Errorf("tier: a socket of uid %d (neither root nor this daemon's user) is in the way at %s and cannot be removed: %w", squatter, path, err)
+		}
+		return -1, fmt.Errorf("tier: remove the stale socket %s: %w", path, err)
 	}
-	return nil
+	return squatter, nil
 }
 
 // shareLikeTheTier gives the socket the tier file's group and read/write

@@ -24,6 +24,12 @@ func (c *Client) register() {
 	if err != nil {
 		return // no daemon (or not yet): judged by heartbeat meanwhile
 	}
+	if err := CheckPeerUID(uc, "the daemon's socket "+path); err != nil {
+		uc.Close() // never says who it is to a squatter, nor believes its answer
+		c.registerAfter = time.Now().Add(peerRetry)
+		c.registerErr.Store(err.Error())
+		return
+	}
 	if err := c.hello(uc); err != nil {
 		uc.Close()
 		c.registerAfter = time.Now().Add(peerRetry)

@@ -164,3 +164,31 @@ func (r *Region) Replaced() string {
 	}
 	return ""
 }
+
+// TrustedUID says whether a process of uid may serve this process's
+// sockets (the daemon's, an uplink's): root, or this process's own user,
+// who owns any tier it writes. Another user's socket at a path a tier's
+// process dials is a squatter's.
+func TrustedUID(uid uint32) bool { return uid == 0 || int(uid) == os.Geteuid() }
+
+// CheckPeerUID reports an error unless the process at the other end of c
+// runs as a TrustedUID: the kernel's word (SO_PEERCRED), not the peer's.
+func CheckPeerUID(c *net.UnixConn, what string) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("%s: credentials of the peer: %w", what, cerr)
+	}
+	if !TrustedUID(cred.Uid) {
+		return fmt.Errorf("%s is held by uid %d, neither root nor this process's uid %d (a squatter?): not trusted: %w",
+			what, cred.Uid, os.Geteuid(), ErrPermission)
+	}
+	return nil
+}

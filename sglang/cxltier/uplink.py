@@ -1229,13 +1229,35 @@ def _bind_long(sock, path):
         os.close(d)
 
 
+def _clear_squatter(path):
+    """Removes what another user put at path (any user may create files in
+    a shared directory such as /dev/shm while no uplink runs, and a lock
+    file they hold would keep every uplink out): anything there not owned
+    by root or this process's user, or a link. Says so; an error when it
+    cannot be removed."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISLNK(st.st_mode) and st.st_uid in (0, os.geteuid()):
+        return
+    try:
+        os.unlink(path)
+    except OSError as e:
+        raise UplinkError(f"uplink: {path} belongs to uid {st.st_uid}, neither root nor this user, and cannot be "
+                          f"removed: {e} (set CXLTIER_SOCKET_DIR to a directory only the tier's owner may write)") from e
+    logger.warning("cxltier uplink: removed %s, which uid %d (neither root nor this user) had put in the way",
+                   path, st.st_uid)
+
+
 def _lock_file(lock_path):
     """Opens and takes (flock, without waiting) the lock file, as one whose
     path still names it: a closing uplink removes its lock file, so one
     opened just before that is tried again."""
+    _clear_squatter(lock_path)
     for _ in range(3):
         try:
-            lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError as e:
             raise UplinkError(f"uplink: cannot create {lock_path}: {e} (set CXLTIER_SOCKET_DIR to a directory "
                               "this user may write and the node's processes share)") from e

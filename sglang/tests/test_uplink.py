@@ -637,6 +637,41 @@ def test_dead_uplinks_socket_is_replaced(built, device):
     assert not os.path.exists(path) and not os.path.exists(path + ".lock")
 
 
+def test_a_lock_file_another_user_holds_keeps_no_uplink_out(built, device):
+    """Another user creates the uplink's lock file while no uplink runs and
+    holds it (flock): every uplink then refused to start ("another uplink
+    serves"). The uplink removes what another user put there, says so, and
+    serves."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a process as another user")
+    first, said = _start_uplink(built, device)
+    path = re.search(r"serving \S+ at (/\S+\.sock)", said).group(1)
+    first.terminate()
+    assert first.wait(timeout=10) == 0
+    squat = textwrap.dedent("""
+        import fcntl, os, sys
+        os.setgid(65534); os.setuid(65534)
+        fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        print("holding", flush=True)
+        sys.stdin.read()
+    """)
+    holder = subprocess.Popen([sys.executable, "-c", squat, path + ".lock"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        if holder.stdout.readline().strip() != "holding":
+            pytest.skip("uid 65534 may not create files beside the tier here")
+        up_, said = _start_uplink(built, device)
+        try:
+            assert "uid 65534" in said and "in the way" in said, said
+        finally:
+            up_.terminate()
+            assert up_.wait(timeout=10) == 0
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_uplink_survives_a_double_sigterm(built, device):
     """GNU timeout signals twice: the second SIGTERM lands while the first
     is handled. The handler only sets a flag, so the uplink stops, 10 of 10
