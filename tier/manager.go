@@ -433,7 +433,7 @@ func (r *Region) adoptGone(selfOpts ClientOptions, opts ManagerOptions) (*Client
 		if inf.State == "dead" {
 			from, why = leaseDead, "marked dead earlier"
 		}
-		if why == "" {
+		if why == "" || !r.leaseStill(inf) {
 			continue
 		}
 		if c, ok := r.adoptLease(slot, inf.Gen, from, selfOpts); ok {
@@ -443,6 +443,21 @@ func (r *Region) adoptGone(selfOpts ClientOptions, opts ManagerOptions) (*Client
 	return nil, nil
 }
 
+// leaseStill reports whether slot inf.Slot's lease reads as inf after a
+// pause: a client between claiming a slot and writing its pid shows the
+// previous holder's words (which may name a process long gone), and is
+// done writing its own within the pause.
+func (r *Region) leaseStill(inf LeaseInfo) bool {
+	time.Sleep(adoptPause)
+	now := r.readLease(inf.Slot)
+	return now.State == inf.State && now.Gen == inf.Gen && now.PID == inf.PID && now.Beat == inf.Beat &&
+		now.LastBeat.Equal(inf.LastBeat)
+}
+
+// adoptPause is how long a lease must hold still before a starting daemon
+// takes its slot over.
+const adoptPause = 50 * time.Millisecond
+
 // goneWithoutADaemon says why live lease inf's client is proven gone, ""
 // if it is not (or cannot be proven so without a daemon's proofs).
 func (r *Region) goneWithoutADaemon(inf LeaseInfo, opts ManagerOptions) string {
@@ -450,6 +465,9 @@ func (r *Region) goneWithoutADaemon(inf LeaseInfo, opts ManagerOptions) string {
 	case inf.State != "live":
 		return ""
 	case inf.PID == 0:
+		if time.Since(inf.LastBeat) <= r.l.LeaseTimeout {
+			return "" // still beating, or a client that has not written its pid yet
+		}
 		return "its lease names pid 0, which no client has (forged or damaged)"
 	case opts.SkipPIDCheck:
 		return ""
@@ -479,7 +497,14 @@ func (r *Region) goneWithoutADaemon(inf LeaseInfo, opts ManagerOptions) string {
 // its fences keep a stalled one out. operator: an operator's reap, whose
 // word counts for a client this host cannot look up.
 func (m *Manager) ended(inf LeaseInfo, node int, reason *string, operator bool) bool {
-	if node != m.opts.Node || m.opts.SkipPIDCheck || inf.PID == 0 {
+	if node != m.opts.Node || m.opts.SkipPIDCheck {
+		return true
+	}
+	if inf.PID == 0 {
+		// No client is pid 0: a forged or damaged lease, which names no
+		// process to look at or spare. Reaped, not quarantined (and logged)
+		// pass after pass.
+		*reason += "; its lease names pid 0, which no client has (forged or damaged)"
 		return true
 	}
 	if p := m.peers.get(inf.Slot, inf.Gen); p != nil {
@@ -592,23 +617,24 @@ func (m *Manager) quarantine(inf LeaseInfo, reason string, why error) bool {
 
 // judge returns why a live lease is dead, or "" if it is not.
 func (m *Manager) judge(inf LeaseInfo, sameNode bool) string {
-	if sameNode && inf.PID == 0 {
-		// No client is pid 0 in its namespace: a forged or damaged lease,
-		// reaped (it names no process, so none is signalled), never
-		// quarantined and logged pass after pass.
-		return "its lease names pid 0, which no client has (forged or damaged)"
-	}
-	if sameNode && !m.opts.SkipPIDCheck {
-		if why := m.gone(inf); why != "" {
-			return why
-		}
-	}
 	// Heartbeats are judged by this host's monotonic clock from the moment
 	// the counter last changed, so clock skew between hosts does not matter.
 	now := time.Now()
 	seen, ok := m.beats[inf.Slot]
-	if !ok || seen.gen != inf.Gen || seen.beat != inf.Beat {
+	stable := ok && seen.gen == inf.Gen && seen.beat == inf.Beat
+	if !stable {
 		m.beats[inf.Slot] = beatSeen{gen: inf.Gen, beat: inf.Beat, at: now}
+	}
+	if sameNode && !m.opts.SkipPIDCheck {
+		// A pidfd's word counts at once. The lease's own (a pid /proc
+		// says is gone) only once the lease held still for a pass: a
+		// client between claiming its slot and writing its pid shows
+		// the slot's previous holder's.
+		if why := m.gone(inf, stable); why != "" {
+			return why
+		}
+	}
+	if !stable {
 		return ""
 	}
 	if quiet := now.Sub(seen.at); quiet > m.r.l.LeaseTimeout {
@@ -620,14 +646,14 @@ func (m *Manager) judge(inf LeaseInfo, sameNode bool) string {
 // gone says why a lease's process is proven to have exited, "" if it is not:
 // its pidfd says so (a proven client, in any PID namespace), or /proc does
 // (a client of this PID namespace).
-func (m *Manager) gone(inf LeaseInfo) string {
+func (m *Manager) gone(inf LeaseInfo, stable bool) string {
 	if p := m.peers.get(inf.Slot, inf.Gen); p != nil {
 		if p.exited() {
 			return fmt.Sprintf("process %d exited", p.pid)
 		}
 		return ""
 	}
-	if m.r.provenGone(inf) {
+	if stable && m.r.provenGone(inf) {
 		return fmt.Sprintf("process %d exited", inf.PID)
 	}
 	return ""
