@@ -120,7 +120,11 @@ func loadConfig(args []string, stderr io.Writer) (config, error) {
 // so what one accepts the other starts with. It returns the tier's node
 // count and whether the tier exists.
 func (c config) check(opts tier.Options) (nodes int, existing bool, err error) {
-	if err := tier.CheckGeometry(opts.Geometry); err != nil {
+	g := opts.Geometry
+	if g.DeviceSize == 0 && allDax(opts.Devices) {
+		g.DeviceSize = 1 << 40 // size 0: the whole DAX device, read when formatting; the rest is checked here
+	}
+	if err := tier.CheckGeometry(g); err != nil {
 		return 0, false, fmt.Errorf("%w (see -size, -chunk, -stripe, -nodes, -clients-per-node, -locks, -dir-entries, -lease-timeout)", err)
 	}
 	nodes = opts.Geometry.Nodes
@@ -139,10 +143,19 @@ func (c config) check(opts tier.Options) (nodes int, existing bool, err error) {
 		return nodes, existing, fmt.Errorf("-node %d: %s", c.Node, which)
 	case c.ManagerNode < 0 || c.ManagerNode >= nodes:
 		return nodes, existing, fmt.Errorf("-manager-node %d: %s", c.ManagerNode, which)
-	case c.PrefixBlocks > 0 && (c.PrefixBlockBytes <= 0 || int64(c.PrefixBlockBytes) > opts.Geometry.DeviceSize):
+	case c.PrefixBlocks > 0 && (c.PrefixBlockBytes <= 0 || int64(c.PrefixBlockBytes) > g.DeviceSize):
 		return nodes, existing, fmt.Errorf("-prefix-block-bytes %d: want more than 0 and at most the tier's size", int64(c.PrefixBlockBytes))
 	}
 	return nodes, existing, nil
+}
+
+func allDax(devs []tier.Backing) bool {
+	for _, d := range devs {
+		if d.Kind != tier.BackingDax {
+			return false
+		}
+	}
+	return len(devs) > 0
 }
 
 // Token length bounds: shorter is guessable; longer is no token anyone

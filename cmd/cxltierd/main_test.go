@@ -710,6 +710,10 @@ func TestCheckConfigRefusesWhatTheDaemonRefuses(t *testing.T) {
 			}
 		}
 	}
+	var dax syncbuf.Buffer // size 0 takes a DAX device whole
+	if err := run(context.Background(), []string{"-device", "dax:/dev/dax-cxltierd-check-missing", "-size", "0", "-check-config"}, &dax); err != nil {
+		t.Errorf("size 0 of a DAX device: %v: %s", err, dax.String())
+	}
 	var out syncbuf.Buffer
 	if err := run(context.Background(), []string{"-device", "shm:cxltierd-check-ok", "-nodes", "2", "-node", "1", "-check-config"}, &out); err != nil ||
 		!strings.Contains(out.String(), "configuration ok") {

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -244,6 +245,7 @@ func checkPod(o Object, configMaps map[string]*corev1.ConfigMap, bad func(Object
 		}
 		checkDevices(o, c, mounts, bad)
 		checkRefs(o, c, configMaps, bad)
+		checkUplink(o, c, volumes, bad)
 		ports := map[string]bool{}
 		for _, p := range c.Ports {
 			ports[p.Name] = true
@@ -264,6 +266,32 @@ func checkPod(o Object, configMaps map[string]*corev1.ConfigMap, bad func(Object
 			}
 		}
 	}
+}
+
+// checkUplink holds a cluster uplink (cxltier.uplink in its command) to
+// the cluster's key: --cluster-key naming a file under a mount of a
+// Secret volume, read-only. An uplink without it takes any page a process
+// that reaches the master puts under a node's key.
+func checkUplink(o Object, c corev1.Container, volumes map[string]corev1.Volume, bad func(Object, string, ...any)) {
+	args := append(append([]string{}, c.Command...), c.Args...)
+	if !slices.Contains(args, "cxltier.uplink") {
+		return
+	}
+	i := slices.Index(args, "--cluster-key")
+	if i < 0 || i+1 >= len(args) {
+		bad(o, "container %q: an uplink without --cluster-key (pages between nodes unauthenticated)", c.Name)
+		return
+	}
+	key := args[i+1]
+	for _, m := range c.VolumeMounts {
+		if v, ok := volumes[m.Name]; ok && v.Secret != nil && strings.HasPrefix(key, strings.TrimSuffix(m.MountPath, "/")+"/") {
+			if !m.ReadOnly {
+				bad(o, "container %q: the cluster key's Secret is mounted read-write", c.Name)
+			}
+			return
+		}
+	}
+	bad(o, "container %q: --cluster-key %s is under no mount of a Secret volume", c.Name, key)
 }
 
 type intOrName struct {

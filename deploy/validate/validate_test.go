@@ -68,6 +68,9 @@ func TestRefusals(t *testing.T) {
 		{"a ConfigMap key that is not there", "                  key: mooncake-master", "                  key: mooncake", "has no key"},
 		{"a tier outside every mount", "            - file:/cxltier/tier", "            - file:/elsewhere/tier", "under none of its mounts"},
 		{"a probe of an undeclared port", "              port: metrics", "              port: metricz", "does not declare"},
+		{"an uplink without the cluster key", "            - --cluster-key\n            - /etc/cxltier-cluster/cluster.key\n", "", "without --cluster-key"},
+		{"the cluster key outside its Secret", "            - /etc/cxltier-cluster/cluster.key", "            - /etc/elsewhere/cluster.key", "under no mount of a Secret"},
+		{"the cluster key's Secret mounted read-write", "              mountPath: /etc/cxltier-cluster\n              readOnly: true", "              mountPath: /etc/cxltier-cluster", "read-write"},
 		{"privilege with no device", "            allowPrivilegeEscalation: false\n            readOnlyRootFilesystem: true\n            capabilities:\n              drop: [\"ALL\"]\n      volumes:", "            privileged: true\n      volumes:", "privileged"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
