@@ -70,6 +70,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from . import _native
 from ._native import CxlTierError
 from .kvevents import TokenRecorder
 from .kvpool import KVPool
@@ -77,7 +78,9 @@ from .prefix import KEY_BYTES, KeyBlock, page_keys, part_keys, part_mask
 from .sizes import parse_size
 from .tier import Tier
 
-logger = logging.getLogger("cxltier.vllm")
+# Under vLLM's logger, whose handler vLLM configures: a logger of its own
+# had none, and its start line (the tier and index it uses) never showed.
+logger = logging.getLogger("vllm.cxltier")
 
 _KEY_DOMAIN = b"cxltier/vllm/v1\x00"
 _TRAILER_ROOM = 64  # an index block holds a page and its trailer
@@ -271,6 +274,28 @@ class _Request:
     first_asked: float = 0.0
 
 
+def open_index(tier, name, geom, cfg):
+    """The connector's index, created with room for cfg["index_bytes"]
+    when missing; a tier without that room is refused naming the setting
+    (the engine died deep in a worker with "tier space exhausted")."""
+    block_bytes = geom.page_bytes + _TRAILER_ROOM
+    blocks = max(1, cfg["index_bytes"] // block_bytes)
+    try:
+        index = tier.prefix(name, blocks, block_bytes, cfg["key"])
+    except _native.NoSpaceError as e:
+        raise _native.NoSpaceError(
+            e.code, f"cxltier vLLM connector: index {name!r} of {blocks} blocks of {block_bytes} bytes (index_bytes "
+            f"{cfg['index_bytes']}) does not fit tier {cfg['device']}: set kv_connector_extra_config's "
+            f"\"index_bytes\" to what the tier holds, or use a larger tier ({e})") from None
+    have = index.stats()["block_bytes"]
+    if have < geom.page_bytes:
+        index.close()
+        raise LayoutError(f"cxltier vLLM connector: index {name!r} holds {have}-byte blocks; "
+                          f"a block of this engine is {geom.page_bytes} bytes")
+    index.verify_reads(cfg["verify"])
+    return index
+
+
 class CxlTierConnector(KVConnectorBase_V1):
     """KVConnectorBase_V1 on a cxltier tier; see the module's doc."""
 
@@ -317,17 +342,7 @@ class CxlTierConnector(KVConnectorBase_V1):
                            "(vLLM turns prefix caching off for it): this engine stores blocks and loads none")
 
     def _open_index(self):
-        """The index, created with room for index_bytes when missing."""
-        block_bytes = self._geom.page_bytes + _TRAILER_ROOM
-        blocks = max(1, self._cfg["index_bytes"] // block_bytes)
-        index = self.tier.prefix(self._index_name, blocks, block_bytes, self._cfg["key"])
-        have = index.stats()["block_bytes"]
-        if have < self._geom.page_bytes:
-            index.close()
-            raise LayoutError(f"cxltier vLLM connector: index {self._index_name!r} holds {have}-byte blocks; "
-                              f"a block of this engine is {self._geom.page_bytes} bytes")
-        index.verify_reads(self._cfg["verify"])
-        return index
+        return open_index(self.tier, self._index_name, self._geom, self._cfg)
 
     @property
     def requires_kv_delivery(self):

@@ -119,3 +119,19 @@ def test_blocks_go_through_the_tier_and_back_byte_for_byte(device, make):
         for a, b in ((1, 0), (4, 2), (7, 9)):
             assert torch.equal(s.select(block_dim, a), d.select(block_dim, b))
         assert not d.select(block_dim, 1).any()  # nothing else written
+
+
+def test_an_index_the_tier_cannot_hold_names_the_setting(built):
+    """index_bytes of 1 GiB (the default) on a small tier: refused at once
+    naming index_bytes (the engine died deep in a worker with 'tier space
+    exhausted'); a size that fits opens."""
+    from cxltier import _native
+    from conftest import tier_device
+
+    cfg = cv.settings({}, environ={})
+    with tier_device(built["cli"], "64MiB", "cxltier-vllm-small") as dev, Tier(dev) as t:
+        cfg["device"] = dev
+        with pytest.raises(_native.NoSpaceError, match="index_bytes"):
+            cv.open_index(t, "too-big", GEOM, cfg)
+        cfg["index_bytes"] = 16 << 20
+        cv.open_index(t, "fits", GEOM, cfg).close()
