@@ -310,28 +310,7 @@ func TestDeadReserversKeysAreTakenOver(t *testing.T) {
 		t.Run(fmt.Sprintf("killed=%v", kill), func(t *testing.T) {
 			r, c := testTier(t, 1)
 			s := testStore(t, c, 16, 4096)
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), envRole+"=reserver", envDevices+"="+strings.Join(r.Info().Devices, ","))
-			cmd.Stderr = os.Stderr
-			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer func() { cmd.Process.Kill(); cmd.Wait() }()
-			if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "reserved\n" {
-				t.Fatalf("reserver said %q, %v", line, err)
-			}
-			if kill {
-				cmd.Process.Kill()
-				cmd.Wait()
-			} else {
-				cmd.Process.Signal(syscall.SIGSTOP)
-				defer cmd.Process.Signal(syscall.SIGCONT)
-			}
+			holdingChild(t, r, "reserver", "reserved", kill)
 			res, err := s.Reserve(takeoverKeys(), []int64{100, 100, 100})
 			if err != nil {
 				t.Fatal(err)
@@ -402,28 +381,7 @@ func TestADeadReadersPinsHoldNothing(t *testing.T) {
 			if st, err := s.Set(keys, payloadsFor(keys, 64)); err != nil || st[2] != Reserved {
 				t.Fatalf("set: %v, %v", st, err)
 			}
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), envRole+"=pinner", envDevices+"="+strings.Join(r.Info().Devices, ","))
-			cmd.Stderr = os.Stderr
-			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer func() { cmd.Process.Kill(); cmd.Wait() }()
-			if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "pinned\n" {
-				t.Fatalf("pinner said %q, %v", line, err)
-			}
-			if kill {
-				cmd.Process.Kill()
-				cmd.Wait()
-			} else {
-				cmd.Process.Signal(syscall.SIGSTOP)
-				defer cmd.Process.Signal(syscall.SIGCONT)
-			}
+			holdingChild(t, r, "pinner", "pinned", kill)
 			cold := []Key{keyN(42)}
 			st, err := s.Set(cold, payloadsFor(cold, 64))
 			want := Reserved
@@ -439,5 +397,33 @@ func TestADeadReadersPinsHoldNothing(t *testing.T) {
 			}
 			mustCheck(t, s)
 		})
+	}
+}
+
+// holdingChild starts a child of role on r's tier, waits until it says
+// said (it holds what its role takes), and then kills it (kill) or stops
+// it (SIGSTOP, continued when the test ends).
+func holdingChild(t *testing.T, r *tier.Region, role, said string, kill bool) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envRole+"="+role, envDevices+"="+strings.Join(r.Info().Devices, ","))
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGCONT); cmd.Process.Kill(); cmd.Wait() })
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != said+"\n" {
+		t.Fatalf("%s said %q, %v", role, line, err)
+	}
+	if kill {
+		cmd.Process.Kill()
+		cmd.Wait()
+	} else {
+		cmd.Process.Signal(syscall.SIGSTOP)
 	}
 }
