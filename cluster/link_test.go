@@ -12,7 +12,7 @@ import (
 
 // The uplink's side of the wire, in Go, for the link's own behaviour
 // (timeouts, an absent or stalled uplink, a full socket): a stand-in for
-// sglang/cxltier/uplink.py, which the Python tests run for real against
+// python/cxltier/cluster/uplink.py, which the Python tests run for real against
 // mooncake_master.
 type standIn struct {
 	ln      *net.UnixListener

@@ -1,6 +1,6 @@
 // Package cluster is a node tier's side of its uplink: the one process on a
 // node that joins the tier to a cluster store (Mooncake Store), written in
-// Python because Mooncake's client is (sglang/cxltier/uplink.py). Every
+// Python because Mooncake's client is (python/cxltier/cluster/uplink.py). Every
 // process that opens a prefix index on the tier finds the uplink through
 // the tier itself (a socket named after the tier's UUID and the node, in
 // the directory of the tier's sockets), asks it to fill local misses from the cluster, and tells it which

@@ -212,12 +212,12 @@ func TestPageAuth(t *testing.T) {
 	}
 }
 
-// wirePython parses, with the uplink's own Python (sglang/cxltier/uplink.py),
+// wirePython parses, with the uplink's own Python (python/cxltier/cluster/uplink.py),
 // each request given as hex, and makes the replies asked for: what the
 // other side of this wire reads and writes.
 const wirePython = `
 import json, sys
-from cxltier import uplink
+from cxltier.cluster import uplink
 job = json.load(sys.stdin)
 out = {"requests": [], "replies": []}
 for raw in job["requests"]:
@@ -264,7 +264,7 @@ func TestWireAgreesWithThePython(t *testing.T) {
 	}
 	in, _ := json.Marshal(job)
 	cmd := exec.Command(py, "-c", wirePython)
-	cmd.Env = append(os.Environ(), "PYTHONPATH=../sglang")
+	cmd.Env = append(os.Environ(), "PYTHONPATH=../python")
 	cmd.Stdin = bytes.NewReader(in)
 	out, err := cmd.Output()
 	if err != nil {

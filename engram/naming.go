@@ -11,7 +11,7 @@ import (
 
 // The names of SGLang's Engram host tables in the tier are made here
 // alone: the CLI (engram load, destroy) calls these functions, and the
-// Python package (cxltier.engram_host) calls them through the C ABI
+// Python package (cxltier.sglang.engram_host) calls them through the C ABI
 // (cxl_engram_table_name), so a table the operator loads is the table the
 // server attaches, whatever the model is called.
 

@@ -17,7 +17,7 @@ import (
 
 // SGLang 0.5.23 keeps each DeepSeek-V4.1 Engram layer as one host table of
 // two planes, the fp8 e4m3 rows [n, dim] followed by their e8m0 block
-// scales [n, dim/32], and the Python package (cxltier.engram_host) puts
+// scales [n, dim/32], and the Python package (cxltier.sglang.engram_host) puts
 // that table in a named tier object. This file loads the same objects from
 // a checkpoint, so that an operator fills a node's tables once, before any
 // server starts, and every server then attaches them as they are.

@@ -2,17 +2,17 @@
 one run. Every number comes from SGLang's real HiCacheController (the
 cxltier backend and SGLang's "mooncake" backend, both MLA pools), running in
 one OS process per node and rank; each node's tier has its uplink
-(python -m cxltier.uplink) in a process of its own.
+(python -m cxltier.cluster.uplink) in a process of its own.
 
     python bench/cluster/bench.py [--repeat 5] [--batches 1,64,256]
         [--page-kib 63,2016] [--ranks 8] [--exists 1000,10000,30000]
         [--protocol tcp] [--hostname 127.0.0.1] [--out FILE]
 
-It needs a Python with SGLang (sglang/requirements-sglang.txt) and Mooncake
-(sglang/requirements-mooncake.txt) both installed:
+It needs a Python with SGLang (python/requirements-sglang.txt) and Mooncake
+(python/requirements-mooncake.txt) both installed:
 
-    python -m venv v && v/bin/pip install --no-deps -r sglang/requirements-sglang.txt \\
-        -r sglang/requirements-mooncake.txt
+    python -m venv v && v/bin/pip install --no-deps -r python/requirements-sglang.txt \\
+        -r python/requirements-mooncake.txt
     v/bin/python bench/cluster/bench.py
 
 What it measures, per page size and batch (pages of DeepSeek's MLA latent,
@@ -53,8 +53,8 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "sglang"))
-sys.path.insert(0, os.path.join(REPO, "sglang", "tests"))
+sys.path.insert(0, os.path.join(REPO, "python"))
+sys.path.insert(0, os.path.join(REPO, "python", "tests"))
 sys.path.insert(0, os.path.join(REPO, "bench"))
 
 LATENT = 576  # kv_lora_rank 512 + rope 64, bf16
@@ -107,7 +107,7 @@ class Worker:
         if backend == "cxltier":
             kind = "dynamic"
             page_bytes = self.page * self.layers * LATENT * 2
-            extra = {"backend_name": "cxltier", "module_path": "cxltier.hicache", "class_name": "CxlTierStorage",
+            extra = {"backend_name": "cxltier", "module_path": "cxltier.sglang.hicache", "class_name": "CxlTierStorage",
                      "interface_v1": 1, "devices": req["devices"], "index": f"bench-{self.page}x{self.layers}",
                      "blocks": req["blocks"], "block_bytes": page_bytes + 64}  # room for the trailer
         else:
@@ -267,7 +267,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="cxltier-cluster-bench-")
     lib, cli = build(tmp)
     py = sys.executable
-    env = dict(os.environ, CXLTIER_LIB=lib, PYTHONPATH=os.path.join(REPO, "sglang"))
+    env = dict(os.environ, CXLTIER_LIB=lib, PYTHONPATH=os.path.join(REPO, "python"))
     batches = [int(x) for x in args.batches.split(",")]
     sizes = [int(x) for x in args.page_kib.split(",")]
     max_exists = max(int(x) for x in args.exists.split(","))

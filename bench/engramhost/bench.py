@@ -50,7 +50,7 @@ import time
 import uuid
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "sglang"))
+sys.path.insert(0, os.path.join(REPO, "python"))
 sys.path.insert(0, os.path.join(REPO, "bench"))
 
 from pybuild import build  # noqa: E402
@@ -109,7 +109,7 @@ def worker(kind, rows, port, ready_path, go_path):
 
     torch.cuda.cudart = lambda: _Cudart()
     if kind == "tier":
-        from cxltier import engram_host
+        from cxltier.sglang import engram_host
 
         engram_host.install()
     group = GroupCoordinator([[0]], 0, "gloo", use_pynccl=False, use_mscclpp=False, use_custom_allreduce=False,
@@ -197,7 +197,8 @@ def lookup(device, rows, calls, sizes=SIZES):
     from concurrent.futures import ThreadPoolExecutor
 
     import cxltier
-    from cxltier import engram_host, engram_staging, objects
+    from cxltier.sglang import engram_host, engram_staging
+    from cxltier import objects
     from sglang.srt.layers import engram_staging as sglang_staging
 
     t = cxltier.Tier(device)

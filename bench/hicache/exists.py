@@ -41,7 +41,7 @@ from itertools import accumulate
 from types import SimpleNamespace
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "sglang"))
+sys.path.insert(0, os.path.join(REPO, "python"))
 sys.path.insert(0, os.path.join(REPO, "bench"))
 
 from pybuild import build  # noqa: E402
@@ -107,7 +107,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         _, cli = build(tmp)
         import cxltier
-        from cxltier.hicache import HiCacheAdapter
+        from cxltier.sglang.hicache import HiCacheAdapter
         from cxltier.prefix import part_keys
 
         name = f"cxltier-bench-exists-{uuid.uuid4().hex[:8]}"

@@ -1,4 +1,4 @@
-"""SGLang's unified-cache linker on cxltier (cxltier.linker), in one run
+"""SGLang's unified-cache linker on cxltier (cxltier.sglang.linker), in one run
 beside what it replaces. It needs SGLang (the CI virtualenv), libcxltier
 (CXLTIER_LIB, or Go to build it) and the cxltier CLI (CXLTIER_CLI, or Go);
 each part runs on a fresh /dev/shm tier, removed at the end.
@@ -41,8 +41,8 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TESTS_REAL = os.path.join(REPO, "sglang", "tests_real")
-sys.path.insert(0, os.path.join(REPO, "sglang"))
+TESTS_REAL = os.path.join(REPO, "python", "tests_sglang")
+sys.path.insert(0, os.path.join(REPO, "python"))
 sys.path.insert(0, os.path.join(REPO, "bench"))
 sys.path.insert(0, TESTS_REAL)
 
@@ -53,7 +53,7 @@ def load_rows(cli, pages, page_size, layers, repeat):
     import torch
     from linker_stack import MODEL, Stack, publish_server_args
 
-    from cxltier.hicache import CxlTierStorage
+    from cxltier.sglang.hicache import CxlTierStorage
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
     from sglang.srt.runtime_context import reset_context
@@ -141,7 +141,7 @@ def tier_bytes_rows(cli, tps, pages, page_size):
         for label, extra in (("linker (shared)", {}), ("per rank", {"share_ranks": 0})):
             with ShmTier(cli, f"{max(256, 2 * max(tps) * pages * 160 // 1024 + 64)}MiB", "linker-bench") as tier:
                 port = free_port()
-                env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS_REAL, os.path.join(REPO, "sglang")]))
+                env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS_REAL, os.path.join(REPO, "python")]))
                 procs = [subprocess.Popen([sys.executable, "-W", "ignore", os.path.join(TESTS_REAL, "linker_stack.py"),
                                            str(r), str(tp), str(port), tier.spec, "mla", str(page_size), str(pages), "store",
                                            json.dumps({"blocks": tp * pages * 3 // 2 + 8, **extra})],

@@ -3,7 +3,7 @@ OS process of its own: SGLang's KV pool (MHA or MLA) on CPU, its
 MetadataBuffers and its transfer backend (cxltier, or SGLang's mooncake
 over TCP), the sender made by PrefillBootstrapQueue.create_sender and the
 receiver by DecodePreallocQueue._create_receiver_and_enqueue, driven in
-the order SGLang's queues drive them (as sglang/tests_real/pd_worker.py
+the order SGLang's queues drive them (as python/tests_sglang/pd_worker.py
 does, which says why the queues themselves are not built).
 
     python worker.py ROLE JSON
@@ -22,8 +22,8 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "sglang"))
-sys.path.insert(0, os.path.join(REPO, "sglang", "tests_real"))
+sys.path.insert(0, os.path.join(REPO, "python"))
+sys.path.insert(0, os.path.join(REPO, "python", "tests_sglang"))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -224,7 +224,7 @@ def manager(cfg, role, pool, meta):
 def main():
     role, cfg = sys.argv[1], json.loads(sys.argv[2])
     if cfg["backend"] == "cxltier":
-        from cxltier import disagg
+        from cxltier.sglang import disagg
 
         disagg.install()
     from sglang.srt.disaggregation.utils import MetadataBuffers

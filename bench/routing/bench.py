@@ -1,6 +1,6 @@
 """Routing by KV events against round-robin, over node tiers joined by the
 cluster tier. All parts are real: three node tiers in /dev/shm, each with
-its uplink (python -m cxltier.uplink --master ... --events ...) on one
+its uplink (python -m cxltier.cluster.uplink --master ... --events ...) on one
 mooncake_master, and Dynamo's standalone KV indexer subscribed to the
 three event streams. Only the servers are not: each request is what an
 SGLang server's HiCache L3 does with its prompt on the node it was sent
@@ -12,9 +12,9 @@ storing the pages it computed, with their tokens recorded).
         [--reply-tokens 256] [--page 16] [--node-pages 1000,4000] [--page-kib 16]
         [--trace FILE] [--out FILE]
 
-It needs Mooncake (sglang/requirements-mooncake.txt, with pyzmq) in the
+It needs Mooncake (python/requirements-mooncake.txt, with pyzmq) in the
 Python named by $CXLTIER_MOONCAKE_PYTHON (or this one) for the uplinks, and
-Dynamo's indexer (sglang/requirements-dynamo.txt) in $CXLTIER_DYNAMO_PYTHON.
+Dynamo's indexer (python/requirements-dynamo.txt) in $CXLTIER_DYNAMO_PYTHON.
 
 The trace is multi-turn chat in the shape of SGLang's bench_multiturn:
 conversations in groups that share a system prompt; each turn's prompt is
@@ -47,8 +47,8 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "sglang"))
-sys.path.insert(0, os.path.join(REPO, "sglang", "tests"))
+sys.path.insert(0, os.path.join(REPO, "python"))
+sys.path.insert(0, os.path.join(REPO, "python", "tests"))
 sys.path.insert(0, os.path.join(REPO, "bench"))
 
 SHARED_TRACE = os.path.join(os.path.dirname(REPO), "shared", "data", "engram", "pydocs-cl100k.u32")
@@ -105,13 +105,13 @@ class Server:
     """What an SGLang server's HiCache L3 does with a prompt on one node."""
 
     def __init__(self, node, args, capacity):
-        from cxltier import kvevents
+        from cxltier.tokens import TokenRecorder
         from cxltier.tier import Tier
 
         self.node, self.page = node, args.page
         self.tier = Tier(node.devices, name="bench-server")
         self.index = self.tier.prefix("chat", capacity, args.page_kib * 1024 + 64)
-        self.recorder = kvevents.TokenRecorder(self.tier, "chat", None, capacity, args.page)
+        self.recorder = TokenRecorder(self.tier, "chat", None, capacity, args.page)
         self.payload = bytes(args.page_kib * 1024)
 
     def serve(self, tokens):
@@ -220,7 +220,7 @@ def main():
     dynamo = ch.dynamo_python()
     if mooncake is None or dynamo is None:
         sys.exit("bench/routing: needs $CXLTIER_MOONCAKE_PYTHON (Mooncake + pyzmq) and $CXLTIER_DYNAMO_PYTHON "
-                 "(Dynamo's indexer): see sglang/requirements-mooncake.txt and requirements-dynamo.txt")
+                 "(Dynamo's indexer): see python/requirements-mooncake.txt and requirements-dynamo.txt")
     with tempfile.TemporaryDirectory() as tmp:
         lib, cli = pybuild.build(tmp)
         env = {"mooncake": mooncake, "dynamo": dynamo, "lib": lib, "cli": cli, "tmp": tmp}

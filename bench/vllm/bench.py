@@ -5,7 +5,7 @@ real CPU engine, against recomputing them, in one run.
                                [--prompts 3] [--tier-size 4GiB] [--out FILE]
 
 Run it with the Python of the vLLM virtualenv .ci/run builds
-(sglang/requirements-vllm.txt). Engines (each a vLLM process tree of its
+(python/requirements-vllm.txt). Engines (each a vLLM process tree of its
 own, a Llama of dummy weights with the sizes given, all on one tier):
 
   first    computes each prompt and stores its blocks, then stays up
@@ -39,8 +39,8 @@ import time
 import uuid
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TESTS = os.path.join(REPO, "sglang", "tests_vllm")
-sys.path.insert(0, os.path.join(REPO, "sglang"))
+TESTS = os.path.join(REPO, "python", "tests_vllm")
+sys.path.insert(0, os.path.join(REPO, "python"))
 sys.path.insert(0, TESTS)
 sys.path.insert(0, os.path.join(REPO, "bench"))
 
@@ -118,7 +118,7 @@ def main():
     args = parse_args()
     lib, cli = build(tempfile.mkdtemp(prefix="cxltier-bench-vllm-"))
     env = dict(os.environ, CXLTIER_LIB=lib, VLLM_LOGGING_LEVEL="WARNING",
-               PYTHONPATH=os.path.join(REPO, "sglang") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PYTHONPATH=os.path.join(REPO, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     os.environ["CXLTIER_LIB"] = lib
     import cxltier
 

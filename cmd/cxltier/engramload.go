@@ -93,7 +93,7 @@ func engramVerify(args []string, stdout, stderr io.Writer) error {
 }
 
 // engramLoadSGLang loads a DeepSeek-V4.1 checkpoint's Engram layers into
-// the named tables SGLang's host table (cxltier.engram_host) attaches.
+// the named tables SGLang's host table (cxltier.sglang.engram_host) attaches.
 func engramLoadSGLang(fs *flag.FlagSet, file, model string, layer int, force bool, stdout, stderr io.Writer) error {
 	if model == "" {
 		return errors.New("a V4.1 checkpoint loads into SGLang's host tables: name the model with --model (what servers set as CXLTIER_ENGRAM_MODEL, or their model path's last component)")

@@ -148,7 +148,7 @@ func TestClientLabel(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(procfs, "42"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cmdline := "python3\x00-m\x00cxltier.uplink\x00--tier\x00shm:cxltier\x00"
+	cmdline := "python3\x00-m\x00cxltier.cluster.uplink\x00--tier\x00shm:cxltier\x00"
 	if err := os.WriteFile(filepath.Join(procfs, "42", "cmdline"), []byte(cmdline), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func TestClientLabel(t *testing.T) {
 		lease tier.LeaseInfo
 		want  string
 	}{
-		{tier.LeaseInfo{Slot: 1, PID: 42, Name: "cxltier-"}, `slot 1 pid 42 "cxltier-", running "python3 -m cxltier.uplink --tier shm:cxltier"`},
+		{tier.LeaseInfo{Slot: 1, PID: 42, Name: "cxltier-"}, `slot 1 pid 42 "cxltier-", running "python3 -m cxltier.cluster.uplink --tier shm:cxltier"`},
 		{tier.LeaseInfo{Slot: 2, PID: 42, Name: "cxltier-", ElsewhereNS: true}, `slot 2 pid 42 "cxltier-" (in another PID namespace)`},
 		{tier.LeaseInfo{Slot: 3, PID: 7, Name: "sglang-1"}, `slot 3 pid 7 "sglang-1"`},
 		{tier.LeaseInfo{Slot: 4, PID: 43, Name: "x"}, `slot 4 pid 43 "x", running "` + long[:77] + `..."`},

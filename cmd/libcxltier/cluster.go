@@ -17,7 +17,7 @@ import (
 
 // The cluster tier, both sides of it. Every index handle asks the node's
 // uplink (package cluster) on a local miss and tells it what it stored;
-// the uplink itself (sglang/cxltier/uplink.py, one process per node) uses
+// the uplink itself (python/cxltier/cluster/uplink.py, one process per node) uses
 // the calls at the end of this file to move pages between the cluster
 // store and the tier in place.
 

@@ -18,7 +18,7 @@ import (
 // pools: K and V of every layer) bound to a prefix index: pages move
 // between the buffers and the index's blocks with the tier's gather engine,
 // a whole page per entry on store and a layer at a time on load (SGLang's
-// unified-cache linker, cxltier.linker).
+// unified-cache linker, cxltier.sglang.linker).
 
 // kvPool is an open KV pool.
 type kvPool struct {

@@ -1,5 +1,5 @@
 // Command libcxltier is the C library that non-Go programs (the Python
-// package under sglang/) load: build it with
+// package under python/) load: build it with
 //
 //	go build -buildmode=c-shared -o libcxltier.so ./cmd/libcxltier
 //

@@ -268,13 +268,13 @@ func checkPod(o Object, configMaps map[string]*corev1.ConfigMap, bad func(Object
 	}
 }
 
-// checkUplink holds a cluster uplink (cxltier.uplink in its command) to
+// checkUplink holds a cluster uplink (cxltier.cluster.uplink in its command) to
 // the cluster's key: --cluster-key naming a file under a mount of a
 // Secret volume, read-only. An uplink without it takes any page a process
 // that reaches the master puts under a node's key.
 func checkUplink(o Object, c corev1.Container, volumes map[string]corev1.Volume, bad func(Object, string, ...any)) {
 	args := append(append([]string{}, c.Command...), c.Args...)
-	if !slices.Contains(args, "cxltier.uplink") {
+	if !slices.Contains(args, "cxltier.cluster.uplink") {
 		return
 	}
 	i := slices.Index(args, "--cluster-key")

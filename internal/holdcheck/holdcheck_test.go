@@ -240,9 +240,9 @@ var addressExports = map[string]string{
 	"cxl_tier_mappings":      "handle",
 	"cxl_prefix_pin":         "handle",
 	"cxl_prefix_fill_blocks": "the fill's hold, taken by cxl_prefix_fill_begin and kept until its commit or close",
-	"cxl_object_create":      "the package's views: TierObject.buffer tracks each with cxl_tier_hold (sglang/tests/test_region.py checks)",
-	"cxl_object_open":        "the package's views: TierObject.buffer tracks each with cxl_tier_hold (sglang/tests/test_region.py checks)",
-	"cxl_region_alloc":       "the package's views: Region.buffer tracks each with cxl_tier_hold (sglang/tests/test_region.py checks)",
+	"cxl_object_create":      "the package's views: TierObject.buffer tracks each with cxl_tier_hold (python/tests/test_region.py checks)",
+	"cxl_object_open":        "the package's views: TierObject.buffer tracks each with cxl_tier_hold (python/tests/test_region.py checks)",
+	"cxl_region_alloc":       "the package's views: Region.buffer tracks each with cxl_tier_hold (python/tests/test_region.py checks)",
 }
 
 // handsOutAddress reports whether body, or a function of the package it

@@ -1,0 +1,961 @@
+"""SGLang's prefill-decode disaggregation through the tier (TraCT): the
+transfer is the cache insert.
+
+    --disaggregation-mode prefill|decode --disaggregation-transfer-backend cxltier
+
+with the cxltier plugin installed (SGLANG_PLUGINS=cxltier) and, on both
+sides, CXLTIER_DEVICES naming the tier they share (shm:cxltier by default)
+and CXLTIER_PD_INDEX the prefix index (the model path by default;
+CXLTIER_PD_BLOCKS creates it when missing, with blocks of one page).
+
+The prefill worker writes each page of a request's KV (every layer, as
+the unified-cache linker lays a page out) into the tier under SGLang's own
+page key (the hash chain of the page's tokens, masked by the model, the
+pool's geometry, the KV dtype and, for MHA, the TP rank): a page already
+there, from an earlier request with the same prefix, is not written again.
+The last page, when partial, goes under a key of the request's bootstrap
+room and the decode's nonce, and the request's aux data (first token,
+logprobs, hidden states) into its room.
+The decode worker reads the pages straight into the pages it allocated,
+past the prefix it already holds, and the aux data into its metadata
+buffer. The two passes overlap: the prefill stores a request's pages a
+part at a time (CXLTIER_PD_PUBLISH_MIB of KV, 32 by default), each part
+found by its keys once stored, and from its hello on the decode lands
+every page it finds while the prefill stores the next part (a page an
+earlier request stored, at once). Each part is checked as it lands.
+
+Nothing crosses a network: the two find each other through a room of the
+tier's rooms table ("<index>@pd", prefix/rooms in Go), named by the
+bootstrap room and the TP rank (rank r of the prefill pairs with rank r
+of the decode; both sides need the same TP size). The decode claims the
+room, each side writes records of its own in it and ends it when it
+concludes, and the second side to end it frees it; nothing evicts a live
+room
+(CXLTIER_PD_ROOMS rooms in flight, 1024 by default). The records:
+
+- hello (decode): the prefix it holds, its layout and TP size, a nonce of
+  its own for this request and its lease; the prefill's bootstrap ends
+  when it is there (SGLang's bootstrap timeout bounds it).
+- accept (prefill): the hello was answered; the prefill's lease.
+- done (prefill): the pages are written (or why not: the tier is full),
+  with the hello's nonce.
+- ack (decode): the pages landed and checked; the prefill's send is over.
+- abort (either side): the request went; the other side stops waiting.
+
+A room is SGLang's random id, reused only by accident; a reused room must
+never serve the earlier request's KV. So the decode claims a room anew
+(the earlier request's handles then fail) before its hello, accepts only
+a done record carrying its own nonce, and the partial last page is keyed by the
+nonce too (and deleted once landed); the prefill checks, before its done,
+that the hello it answered is still the room's.
+
+Every wait is bounded by SGLang's own timeouts, and ends sooner when the
+other side's process is gone: each side names its lease on the tier in its
+records, and the waiting side asks the tier about it (a quarter of a
+second apart): a process that closed its client or was reaped, or on one
+host one that no longer runs, fails the request at once. A page whose
+checksum fails on the decode side fails the request (never damaged KV). The decode
+side needs no bootstrap server; SGLang's prefill starts the no-op one here.
+
+Served: MHA and MLA KV pools of one pipeline stage, the same TP size on
+both sides (an MHA page holds a rank's heads; a decode of another TP size
+is refused at its first request, naming both). Hybrid state (SWA, Mamba,
+DSA's indexer) is refused at start, naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import secrets
+import threading
+import time
+
+from .. import _native
+
+from . import pagekeys
+from ..kvpool import KVPool
+from ..rooms import DECODE, PREFILL
+from ..prefix import page_keys, part_keys, string_key
+from ..tier import Tier
+
+logger = logging.getLogger(__name__)
+
+try:  # SGLang is only there on serving machines.
+    from sglang.srt.disaggregation.base.conn import (
+        BaseKVManager,
+        BaseKVReceiver,
+        BaseKVSender,
+        KVPoll,
+        KVTransferMetric,
+    )
+except ImportError:  # pragma: no cover - exercised where SGLang is installed
+    BaseKVManager = BaseKVSender = BaseKVReceiver = object
+    KVPoll = KVTransferMetric = None
+
+BACKEND = "cxltier"
+ROOMS_SUFFIX = "@pd"
+# Bytes of a side's records besides the aux data (hello, accept, done, ...).
+RECORDS_BYTES = 2048
+# How often a side looks for the other's record, at most.
+POLL_EVERY = 0.002
+# How often a waiting side asks whether the other side's process is gone.
+PEER_EVERY = 0.25
+
+
+class DisaggError(RuntimeError):
+    """A request's transfer through the tier failed; the message says why."""
+
+
+def _timeout(name, default):
+    try:
+        from sglang.srt.environ import envs
+
+        return float(getattr(envs, name).get())
+    except Exception:
+        return float(os.environ.get(name, default))
+
+
+class _PrefillInfo:
+    """What SGLang's decode queue asks of a prefill's parallel layout: the
+    tier has no per-prefill server to ask, and one DP rank serves a room."""
+
+    dp_size = 1
+    follow_bootstrap_room = True
+
+
+class CxlTierKVManager(BaseKVManager):
+    """One worker's side of disaggregation: its KV pool bound to the tier
+    (KVPool per part), the rooms index, and a thread that moves pages so
+    that the scheduler never waits on a copy."""
+
+    supports_host_destination = False
+    enable_deferred_decode_kv_release = False
+
+    def __init__(self, args, disaggregation_mode, server_args, is_mla_backend=False, **_):
+        self.kv_args = args
+        self.mode = str(getattr(disaggregation_mode, "value", disaggregation_mode))
+        self.is_mla = bool(is_mla_backend)
+        self.page_size = int(args.page_size)
+        self.attn_cp_rank, self.attn_cp_size = 0, 1
+        self.enable_all_cp_ranks_for_transfer = False
+        self.prefill_info_table = {}
+        self.transfer_infos = {}
+        _refuse_unserved(args)
+        self.tp_rank = int(getattr(args, "engine_rank", 0))
+        self.tp_size = int(getattr(server_args, "tp_size", 1) or 1)
+        pp_rank, pp_size = int(getattr(args, "pp_rank", 0) or 0), int(getattr(server_args, "pp_size", 1) or 1)
+        model = str(getattr(server_args, "model_path", None) or "default").replace("/", "-")
+        self.key_suffix = pagekeys.key_suffix(model, self.tp_rank, self.tp_size, pp_rank, pp_size, replicated=self.is_mla)
+        engine = "cpu" if str(getattr(server_args, "device", "cuda")) == "cpu" else "cuda"
+        self.tier = Tier(os.environ.get("CXLTIER_DEVICES") or "shm:cxltier", name=f"sglang-pd-{self.mode}-{os.getpid()}")
+        try:
+            self.lease = list(self.tier.lease())  # in this side's records: the other side watches it
+            self._populate()
+            self._open(args, model, engine)
+        except BaseException:
+            self.tier.close()
+            raise
+        self._work = queue.Queue()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"cxltier-pd-{self.mode}-tp{self.tp_rank}")
+        self._thread.start()
+        logger.info("cxltier disaggregation (%s) on %s, index %r: %d layers, %d-byte pages, %s", self.mode,
+                    self.tier.devices, self.index_name, self.layers, self.page_bytes, self.layout)
+
+    def _populate(self):
+        """Takes the tier's page faults at start (CXLTIER_PD_POPULATE=0:
+        on each page's first transfer instead). On a shm: tier of 4 KiB
+        pages they were most of a first transfer's time."""
+        if os.environ.get("CXLTIER_PD_POPULATE", "1") == "0":
+            return
+        started = time.monotonic()
+        n = self.tier.populate()
+        logger.info("cxltier disaggregation: populated %d MiB of tier in %.2f s", n >> 20, time.monotonic() - started)
+
+    def _open(self, args, model, engine):
+        ptrs, lens, items = list(args.kv_data_ptrs), list(args.kv_data_lens), list(args.kv_item_lens)
+        n = len(ptrs)
+        per_layer = 1 if self.is_mla else 2
+        if n == 0 or n % per_layer or len(set(items)) != 1:
+            raise DisaggError(f"cxltier disaggregation: {n} KV buffers of page sizes {sorted(set(items))}: "
+                              "want one geometry, K and V of every layer for MHA or the latent for MLA")
+        self.layers = n // per_layer
+        if per_layer == 2:  # K of every layer, then V of every layer: pair them layer by layer
+            order = [i for layer in range(self.layers) for i in (layer, self.layers + layer)]
+            ptrs, lens = [ptrs[i] for i in order], [lens[i] for i in order]
+        chunk = items[0]
+        self.page_bytes = chunk * n
+        # Pages stored per part: the decode lands a part while the next is
+        # stored (CXLTIER_PD_PUBLISH_MIB of KV a part, 32 by default).
+        text = os.environ.get("CXLTIER_PD_PUBLISH_MIB") or "32"
+        try:
+            part = float(text)
+        except ValueError:
+            part = 0
+        if not 0 < part < 1 << 20:
+            raise DisaggError(f"cxltier disaggregation: CXLTIER_PD_PUBLISH_MIB={text!r}: want MiB of KV, above 0")
+        self.publish_pages = max(1, int(part * (1 << 20)) // self.page_bytes)
+        self.per_layer, self.chunk = per_layer, chunk
+        # SGLang's --kv-cache-dtype; "auto" is named by the pool's dtype once
+        # a queue hands the pool over (bind_pool), as the linker names it.
+        self.server_dtype = str(getattr(args, "kv_cache_dtype_str", None) or "auto")
+        self.dtype_bound = pagekeys.kv_dtype(self.server_dtype, "auto") != "auto"
+        self.index_name = os.environ.get("CXLTIER_PD_INDEX") or model
+        blocks = int(os.environ.get("CXLTIER_PD_BLOCKS", "0") or 0)
+        key = os.environ.get("CXLTIER_PREFIX_KEY") or None
+        self.index = self.tier.prefix(self.index_name, blocks, self.page_bytes + 64 if blocks else 0, key)
+        if self.index.stats()["block_bytes"] < self.page_bytes:
+            raise DisaggError(f"cxltier disaggregation: index {self.index_name!r} has "
+                              f"{self.index.stats()['block_bytes']}-byte blocks; a page is {self.page_bytes} bytes")
+        self._open_rooms([int(x) for x in args.aux_item_lens])
+        self.pool = KVPool(self.index, list(zip(ptrs, lens)), per_layer, chunk, chunk, engine=engine,
+                           device=engine != "cpu")
+        self._name_pages(pagekeys.kv_dtype(self.server_dtype, "auto"))
+
+    def _open_rooms(self, aux):
+        """The rooms table (CXLTIER_PD_ROOMS rooms in flight, 1024 by
+        default), made when missing with rooms that hold a side's records
+        and the aux data; a table whose rooms are too small is refused."""
+        text = os.environ.get("CXLTIER_PD_ROOMS") or "1024"
+        if not text.isdigit() or not 0 < int(text) <= 1 << 20:
+            raise DisaggError(f"cxltier disaggregation: CXLTIER_PD_ROOMS={text!r}: want a count of rooms, 1 to 1048576")
+        need = sum(aux) + len(aux) * 16 + RECORDS_BYTES
+        slot = 1024
+        while slot < 2 * need + 128:
+            slot *= 2
+        self.side = PREFILL if self.mode == "prefill" else DECODE
+        self.other = DECODE if self.side == PREFILL else PREFILL
+        self.rooms_name = self.index_name + ROOMS_SUFFIX
+        try:
+            self.rooms = self.tier.rooms(self.rooms_name, int(text), slot)
+        except _native.InvalidError as e:
+            raise DisaggError(f"cxltier disaggregation: rooms table {self.rooms_name!r}: {e}") from None
+        area = self.rooms.stats()["area_bytes"]
+        if area < need:
+            raise DisaggError(f"cxltier disaggregation: rooms table {self.rooms_name!r} holds {area} bytes of a side's "
+                              f"records, this model's aux data needs {need}: remove it (cxltier object rm rooms/{self.rooms_name}) "
+                              "with the workers stopped, to make it anew")
+
+    def _name_pages(self, dtype):
+        """The layout both sides compare and the key mask of this pool's
+        pages: the unified-cache linker's, so that pages this backend
+        writes are the linker's cache entries, and the other way round."""
+        self.layout = pagekeys.layout(self.layers, self.per_layer, self.chunk, dtype)
+        self.mask = pagekeys.pool_mask(self.key_suffix, "kv", 0, self.page_size, self.layout)
+
+    def bind_pool(self, pool):
+        """SGLang's KV pool, from the queue that made a sender or receiver:
+        with --kv-cache-dtype auto its dtype names the pages. Before any
+        request is sent (the wraps call it as they make the first)."""
+        dtype = getattr(pool, "dtype", None)
+        if self.dtype_bound or dtype is None:
+            return
+        self._name_pages(pagekeys.kv_dtype(self.server_dtype, dtype))
+        self.dtype_bound = True
+        logger.info("cxltier disaggregation: pages named as the linker names them: %s", self.layout)
+
+    # What SGLang's queues ask of a manager.
+
+    def register_to_bootstrap(self):
+        pass  # no bootstrap server: the rooms are in the tier
+
+    def try_ensure_parallel_info(self, bootstrap_addr):
+        self.prefill_info_table.setdefault(bootstrap_addr, _PrefillInfo())
+        return True
+
+    def get_transfer_metric(self):  # pragma: no cover - a sender's, not the manager's
+        return KVTransferMetric()
+
+    # Keys.
+
+    def page_keys(self, tokens):
+        """The entry keys of the whole pages of tokens (SGLang's hash chain,
+        masked for this pool), as a KeyBlock."""
+        return part_keys(page_keys(tokens, self.page_size), [self.mask])
+
+    def room_key(self, room, kind, i=0):
+        """A record's key: the room's, this rank's (every rank of a TP group
+        has records of its own in the same room)."""
+        return string_key(f"cxltier-pd/{room}/r{self.tp_rank}/{kind}/{i}")
+
+    def tail_keys(self, room, nonce):
+        """The key of a request's partial last page: its room's and rank's,
+        and the decode's nonce for the request, so that a later request on
+        the same room never finds it."""
+        return part_keys([self.room_key(room, f"tail-{nonce}").hex()], [self.mask])
+
+    # Records.
+
+    def put_record(self, side, kind, record):
+        """Writes this side's record kind (JSON, or an (address, length)
+        pair of raw bytes) into side's room."""
+        data = record if isinstance(record, tuple) else json.dumps(record).encode()
+        try:
+            self.rooms.put(side.room_of(), self.side, kind, data)
+        except _native.NotFoundError:
+            raise DisaggError(f"cxltier disaggregation: room {side.room}: the room was freed (the other side ended "
+                              "the request) or claimed anew (another request on the same room)") from None
+
+    def get_record(self, side, kind, into=None):
+        """The other side's record kind of side's room (JSON; with into, an
+        (address, length) pair, its length copied there), None when it is
+        not there yet."""
+        handle = side.room_of(find=True)
+        if handle is None:
+            return None
+        try:
+            raw = self.rooms.get(handle, self.other, kind, into=into)
+        except _native.NotFoundError:
+            raise DisaggError(f"cxltier disaggregation: room {side.room}: the room was freed (the other side ended "
+                              "the request) or claimed anew (another request on the same room)") from None
+        return raw if into is not None or raw is None else json.loads(raw)
+
+    def drop_tail(self, room, nonce):
+        self.index.delete([self.tail_keys(room, nonce).hex(0)])
+
+    # The mover thread.
+
+    def submit(self, fn):
+        self._work.put(fn)
+
+    def _run(self):
+        while True:
+            fn = self._work.get()
+            if fn is None:
+                return
+            try:
+                fn()
+            except Exception:  # each task records its own failure; this is a last resort
+                logger.exception("cxltier disaggregation: a transfer task failed")
+
+    def close(self):
+        self._work.put(None)
+        self._thread.join(timeout=10)
+        self.tier.close()
+
+
+def _refuse_unserved(args):
+    states = [str(getattr(s, "value", s)) for s in (getattr(args, "state_types", None) or [])]
+    if states:
+        raise DisaggError(f"cxltier disaggregation: the KV pool carries state {states} (SWA, Mamba, DSA indexer, ...), "
+                          "which this backend does not move; use the mooncake backend for this model")
+    if getattr(args, "num_draft_entries", 0):
+        raise DisaggError("cxltier disaggregation: speculative decoding's draft KV is not moved by this backend yet")
+
+
+class _Side:
+    """What a sender and a receiver share: the room, the conclusion, the
+    clock of the wait in progress."""
+
+    def __init__(self, mgr, bootstrap_addr, bootstrap_room):
+        self.kv_mgr = mgr
+        self.nonce = None  # the request's, made by the decode (see the module comment)
+        self.bootstrap_addr = bootstrap_addr
+        self.room = int(bootstrap_room) if bootstrap_room is not None else 0
+        self.tokens = None  # the request's prompt, set by the plugin's wrap of the queue that made this side
+        self.conclude_state = None
+        self.reason = None
+        self._lock = threading.Lock()
+        self._next_look = 0.0
+        self._next_peer_look = 0.0
+        self.bytes = 0
+        self.started = None
+        self.finished = None
+        self.handle = None  # the request's room in the rooms table (a rooms.Room)
+        self._ended = False  # whether this side ended its room
+
+    def room_of(self, find=False):
+        """This request's room: the decode's claim; the prefill's once the
+        decode claimed it (with find, None before)."""
+        if self.handle is None and self.kv_mgr.side == PREFILL:
+            self.handle = self.kv_mgr.rooms.find(self.room, self.kv_mgr.tp_rank)
+        if self.handle is None and not find:
+            raise DisaggError(f"cxltier disaggregation: room {self.room}: not claimed by a decode yet")
+        return self.handle
+
+    def _conclude(self, state, reason=None):
+        with self._lock:
+            if self.conclude_state is not None:
+                return
+            self.conclude_state, self.reason = state, reason
+            self.finished = time.monotonic()
+            if reason:
+                logger.warning("cxltier disaggregation: room %d: %s", self.room, reason)
+        self._end_room()
+
+    def _end_room(self):
+        """This side is done with its room: the second side to end it
+        frees it (prefix/rooms' rule), and the request's partial last page
+        goes with it (whichever side ends first drops it: the decode has
+        landed it by then, or never will). At the conclusion, not at
+        clear(): SGLang clears a prefill's sender only after a success."""
+        if self.handle is None or self._ended:
+            return
+        self._ended = True
+        if self.nonce is not None:
+            try:
+                self.kv_mgr.drop_tail(self.room, self.nonce)
+            except Exception:
+                logger.exception("cxltier disaggregation: room %d: dropping the last page failed", self.room)
+        try:
+            self.kv_mgr.rooms.end(self.handle, self.kv_mgr.side)
+        except Exception:
+            pass  # freed already (a reclaim) or claimed anew: nothing to end
+
+    def _look(self):
+        """Whether it is time to read the tier again (the scheduler polls
+        in a tight loop)."""
+        now = time.monotonic()
+        if now < self._next_look:
+            return False
+        self._next_look = now + POLL_EVERY
+        return True
+
+    def _other_aborted(self, other):
+        """Whether the other side (named other, for the reason) wrote an
+        abort of this request (one naming another nonce is an earlier
+        request's): this side then concludes Failed. Raises the tier's
+        error."""
+        abort = self.kv_mgr.get_record(self, "abort")
+        if abort is None:
+            return False
+        if self.nonce is not None and abort.get("nonce") not in (None, self.nonce):
+            return False  # a prefill before the hello knows no nonce, and takes any abort
+        self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the {other} side aborted")
+        return True
+
+    def _peer_gone(self, record, other):
+        """Whether the other side's process, named by the lease in its
+        record, is gone (looked at most every PEER_EVERY): this side then
+        concludes Failed at once instead of at SGLang's waiting timeout.
+        The lease is the other side's word in the tier: it only ends this
+        side's wait."""
+        now = time.monotonic()
+        lease = (record or {}).get("lease")
+        if now < self._next_peer_look or not isinstance(lease, list) or len(lease) != 2:
+            return False
+        self._next_peer_look = now + PEER_EVERY
+        try:
+            gone = self.kv_mgr.tier.lease_gone(int(lease[0]), int(lease[1]))
+        except (_native.CxlTierError, TypeError, ValueError):
+            return False  # a lease this tier cannot read names no one to wait on less
+        if gone:
+            self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the {other} side's process is "
+                                          f"gone (its lease, slot {lease[0]}, ended)")
+        return gone
+
+    def failure_exception(self):
+        raise DisaggError(self.reason or "cxltier disaggregation: the transfer failed")
+
+    def get_transfer_metric(self):
+        took = (self.finished - self.started) if self.started and self.finished else None
+        return KVTransferMetric(transfer_latency_s=took, transfer_total_bytes=self.bytes)
+
+
+class CxlTierKVSender(_Side, BaseKVSender):
+    """The prefill side of one request: waits for the decode's hello,
+    writes the pages as SGLang sends them, then the aux data and the done
+    record, and ends when the decode acks."""
+
+    def __init__(self, mgr, bootstrap_addr, bootstrap_room, req_has_disagg_prefill_dp_rank=False):
+        _Side.__init__(self, mgr, bootstrap_addr, bootstrap_room)
+        self.hello = None
+        self.num_pages = 0
+        self.aux_index = None
+        self.sent_pages = 0
+        self.first_page = 0
+        self.done_written = False
+        self.written = 0
+        self.present = 0
+        self._since = time.monotonic()
+
+    def pop_decode_prefix_len(self):
+        return int((self.hello or {}).get("decode_prefix_len", 0))
+
+    def init(self, num_kv_indices, aux_index=None):
+        self.num_pages, self.aux_index = int(num_kv_indices), aux_index
+        self.first_page = self.pop_decode_prefix_len() // self.kv_mgr.page_size
+        self._since = time.monotonic()
+
+    def should_send_kv_chunk(self, num_pages, last_chunk):
+        return num_pages > 0 or last_chunk
+
+    def send(self, kv_indices, state_indices=None, num_kv_tokens=None, **_):
+        if self.conclude_state is not None:
+            return
+        pages = [int(p) for p in kv_indices]
+        start = self.first_page + self.sent_pages
+        self.sent_pages += len(pages)
+        last = self.sent_pages >= self.num_pages
+        if self.started is None:
+            self.started = time.monotonic()
+        self.kv_mgr.submit(lambda: self._store(start, pages, last))
+
+    def _store(self, start, pages, last):
+        mgr = self.kv_mgr
+        try:
+            if self.conclude_state is not None:
+                return
+            if self.tokens is None:
+                raise DisaggError("cxltier disaggregation: the request's tokens were not given to its sender "
+                                  "(is the cxltier plugin installed? SGLANG_PLUGINS=cxltier)")
+            whole = len(self.tokens) // mgr.page_size
+            full = [(i, p) for i, p in zip(range(start, start + len(pages)), pages) if i < whole]
+            if full:
+                keys = mgr.page_keys(self.tokens[: (full[-1][0] + 1) * mgr.page_size])
+                # A part at a time: each part's pages are published (found by
+                # their keys) as soon as it is stored, and the decode lands
+                # them while the next part is stored.
+                for at in range(0, len(full), mgr.publish_pages):
+                    if self.conclude_state is not None:
+                        return
+                    part = full[at : at + mgr.publish_pages]
+                    self._store_part(_slice(keys, part[0][0], len(part)), [p for _, p in part])
+            tail = [(i, p) for i, p in zip(range(start, start + len(pages)), pages) if i >= whole]
+            if tail:  # the last page, partial: the request's own, under its room and the decode's nonce
+                keys = mgr.tail_keys(self.room, self.nonce)
+                mgr.index.delete([keys.hex(0)])
+                status = mgr.pool.store(keys, [tail[0][1]])[0]
+                if status != "stored":
+                    raise DisaggError(f"cxltier disaggregation: room {self.room}: the last page was not stored "
+                                      f"({status}; index {mgr.index_name!r})")
+                self.bytes += mgr.page_bytes
+            if last:
+                self._finish()
+        except Exception as e:
+            self._fail(e)
+
+    def _store_part(self, block, pages):
+        mgr = self.kv_mgr
+        statuses = mgr.pool.store(block, pages)
+        if "no_space" in statuses:
+            raise DisaggError(f"cxltier disaggregation: room {self.room}: the tier is full "
+                              f"(index {mgr.index_name!r}): {statuses.count('no_space')} of {len(pages)} pages not stored")
+        self.written += statuses.count("stored")
+        self.present += statuses.count("present")
+        self.bytes += statuses.count("stored") * mgr.page_bytes
+
+    def _finish(self):
+        mgr = self.kv_mgr
+        args = mgr.kv_args
+        hello = mgr.get_record(self, "hello")
+        if (hello or {}).get("nonce") != self.nonce:
+            raise DisaggError(f"cxltier disaggregation: room {self.room}: the decode's hello changed while this "
+                              "request was sent (another request on the same room?)")
+        n = len(args.aux_data_ptrs)
+        if self.aux_index is not None and n:
+            for i in range(n):
+                at = args.aux_data_ptrs[i] + self.aux_index * args.aux_item_lens[i]
+                mgr.put_record(self, f"aux/{i}", (at, int(args.aux_item_lens[i])))
+        mgr.put_record(self, "done", {"status": "ok", "pages": self.num_pages, "first_page": self.first_page,
+                                           "tokens": len(self.tokens), "aux": n, "layout": mgr.layout,
+                                           "nonce": self.nonce})
+        self.done_written = True
+        self._since = time.monotonic()
+
+    def _fail(self, e):
+        reason = str(e)
+        try:
+            self.kv_mgr.put_record(self, "done", {"status": "failed", "reason": reason, "nonce": self.nonce})
+        except Exception:
+            pass
+        self._conclude(KVPoll.Failed, reason)
+
+    def poll(self):
+        if self.conclude_state is not None:
+            return self.conclude_state
+        if not self._look():
+            return KVPoll.Bootstrapping if self.hello is None else KVPoll.Transferring if self.started else KVPoll.WaitingForInput
+        mgr = self.kv_mgr
+        try:
+            if self._other_aborted("decode"):
+                return self.conclude_state
+            if self.hello is None:
+                hello = mgr.get_record(self, "hello")
+                if hello is None:
+                    return self._waited("bootstrap", "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", KVPoll.Bootstrapping)
+                self.nonce = hello.get("nonce")
+                if hello.get("layout") != mgr.layout or hello.get("key_suffix") != mgr.key_suffix:
+                    self._fail(DisaggError(f"cxltier disaggregation: room {self.room}: the decode's KV layout "
+                                           f"{hello.get('layout')} ({hello.get('key_suffix')}) is not this prefill's "
+                                           f"{mgr.layout} ({mgr.key_suffix}): same model, KV dtype and TP size needed"))
+                    return self.conclude_state
+                if hello.get("tp_size") != mgr.tp_size:
+                    self._fail(DisaggError(f"cxltier disaggregation: room {self.room}: the decode runs at TP "
+                                           f"{hello.get('tp_size')}, this prefill at TP {mgr.tp_size}: this backend "
+                                           "needs the same TP size on both sides"))
+                    return self.conclude_state
+                self.hello = hello
+                mgr.put_record(self, "accept", {"nonce": self.nonce, "lease": mgr.lease})
+                return KVPoll.WaitingForInput
+            if self._peer_gone(self.hello, "decode"):
+                return self.conclude_state
+            if not self.done_written:
+                return KVPoll.Transferring if self.started else KVPoll.WaitingForInput
+            if mgr.get_record(self, "ack") is not None:
+                self._conclude(KVPoll.Success)
+                return KVPoll.Success
+            return self._waited("the decode side's ack", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", KVPoll.Transferring)
+        except (_native.CxlTierError, DisaggError) as e:
+            self._fail(e)
+            return self.conclude_state
+
+    def _waited(self, what, timeout_env, state):
+        if time.monotonic() - self._since > _timeout(timeout_env, 300):
+            self._fail(DisaggError(f"cxltier disaggregation: room {self.room}: no {what} within {timeout_env}"))
+            return self.conclude_state
+        return state
+
+    def poll_pp_consensus(self):
+        return self.poll()
+
+    def mark_prefill_complete(self):
+        pass
+
+    def abort(self):
+        try:
+            self.kv_mgr.put_record(self, "abort", {"by": "prefill", "nonce": self.nonce})
+        except Exception:
+            pass
+        self._conclude(KVPoll.Failed, self.reason or f"cxltier disaggregation: room {self.room}: aborted")
+
+    def clear(self):
+        self._end_room()  # SGLang is done with the request: so is this side
+
+
+class CxlTierKVReceiver(_Side, BaseKVReceiver):
+    """The decode side of one request: says hello with the prefix it holds,
+    waits for the prefill's done record, reads the pages into the pages it
+    allocated and the aux data into its metadata buffer, and acks."""
+
+    def __init__(self, mgr, bootstrap_addr, bootstrap_room=None):
+        _Side.__init__(self, mgr, bootstrap_addr, bootstrap_room)
+        self.bootstrap_done = False
+        self.has_sent_metadata = False
+        self.require_staging = False
+        self.abort_notified = False
+        self.bootstrap_infos = []
+        self.loading = False
+        self.nonce = secrets.token_hex(8)  # this request's, in every record the prefill writes for it
+        self._since = time.monotonic()
+
+    @property
+    def supports_host_destination(self):
+        return False
+
+    def init(self, prefill_dp_rank=0):
+        self.bootstrap_done = True
+        self._since = time.monotonic()
+
+    def send_metadata(self, kv_indices, aux_index=None, state_indices=None, decode_prefix_len=None, destination=None):
+        mgr = self.kv_mgr
+        self.pages = [int(p) for p in kv_indices]
+        self.aux_index = aux_index
+        self.decode_prefix_len = int(decode_prefix_len or 0)
+        self.landed = 0  # leading whole pages of the request landed (the mover thread's count)
+        self.streamed = 0  # of those, landed before the prefill's done record was read
+        self._whole = None  # (KeyBlock, pages) of the request's whole pages past the prefix, made once
+        try:
+            # Claimed anew when an earlier request on this room left it:
+            # nothing it left is this one's.
+            try:
+                self.handle = mgr.rooms.claim(self.room, mgr.tp_rank)
+            except _native.NoSpaceError as e:
+                raise DisaggError(f"cxltier disaggregation: room {self.room}: {e} (CXLTIER_PD_ROOMS sizes the table "
+                                  "when it is made)") from None
+            except _native.ExistsError as e:  # a second decode for a request in flight
+                raise DisaggError(f"cxltier disaggregation: room {self.room}: {e}") from None
+            mgr.put_record(self, "hello", {"decode_prefix_len": self.decode_prefix_len, "layout": mgr.layout,
+                                                "key_suffix": mgr.key_suffix, "tp_size": mgr.tp_size,
+                                                "nonce": self.nonce, "lease": mgr.lease})
+        except Exception as e:
+            self._conclude(KVPoll.Failed, str(e))
+            return
+        self.has_sent_metadata = True
+        self._since = time.monotonic()
+
+    def poll(self):
+        if self.conclude_state is not None:
+            return self.conclude_state
+        if not self.bootstrap_done:
+            return KVPoll.Bootstrapping
+        if not self.has_sent_metadata:
+            return KVPoll.WaitingForInput
+        waiting = KVPoll.Transferring if self.started else KVPoll.WaitingForInput
+        if self.loading or not self._look():
+            return waiting
+        mgr = self.kv_mgr
+        try:
+            if self._other_aborted("prefill"):
+                return self.conclude_state
+            done = mgr.get_record(self, "done")
+        except (_native.CxlTierError, DisaggError) as e:
+            self._conclude(KVPoll.Failed, str(e))
+            return self.conclude_state
+        if done is not None and done.get("nonce") != self.nonce:
+            done = None  # an earlier request's, written late: not this one's
+        if done is None:
+            try:
+                accept = mgr.get_record(self, "accept") if time.monotonic() >= self._next_peer_look else None
+            except (_native.CxlTierError, DisaggError):
+                accept = None
+            if accept is not None and accept.get("nonce") == self.nonce and self._peer_gone(accept, "prefill"):
+                return self.conclude_state
+            if time.monotonic() - self._since > _timeout("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300):
+                self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the prefill side wrote "
+                                              "nothing within SGLANG_DISAGGREGATION_WAITING_TIMEOUT (did it die?)")
+                return self.conclude_state
+            if self._whole is None or self.landed < len(self._whole[1]):
+                self.loading = True  # lands what the prefill has published so far, while it stores the rest
+                mgr.submit(self._stream)
+            return waiting
+        if done.get("status") != "ok":
+            self._conclude(KVPoll.Failed, done.get("reason") or "cxltier disaggregation: the prefill side failed")
+            return self.conclude_state
+        self.loading = True
+        mgr.submit(lambda: self._load(done))
+        return KVPoll.Transferring
+
+    def _whole_pages(self):
+        """(KeyBlock, pages): the request's whole pages past the prefix the
+        decode holds, keyed as the prefill stores them."""
+        if self._whole is None:
+            mgr = self.kv_mgr
+            if self.tokens is None:
+                raise DisaggError("cxltier disaggregation: the request's tokens were not given to its receiver "
+                                  "(is the cxltier plugin installed? SGLANG_PLUGINS=cxltier)")
+            first = self.decode_prefix_len // mgr.page_size
+            whole = len(self.tokens) // mgr.page_size
+            full = [p for i, p in zip(range(first, first + len(self.pages)), self.pages) if i < whole]
+            block = None
+            if full:
+                keys = mgr.page_keys(self.tokens[: (first + len(full)) * mgr.page_size])
+                block = _slice(keys, first, len(full))
+            self._whole = (block, full)
+        return self._whole
+
+    def _stream(self):
+        """Lands the whole pages the prefill has published so far, past
+        those landed; returns when the next one is not there yet (the
+        mover thread serves every request: it never waits here)."""
+        mgr = self.kv_mgr
+        try:
+            if self.conclude_state is not None:
+                return
+            _test_gate()
+            block, full = self._whole_pages()
+            while self.conclude_state is None and self.landed < len(full):
+                rest = _slice(block, self.landed, len(full) - self.landed)
+                n = mgr.index.exists_block(rest)
+                if n == 0:
+                    return
+                if self.started is None:
+                    self.started = time.monotonic()
+                try:
+                    self._land(_slice(rest, 0, n), full[self.landed : self.landed + n])
+                except _native.NotFoundError:
+                    return  # evicted between the look and the pin: the prefill's done decides
+                self.landed += n
+                self.streamed += n
+        except Exception as e:
+            self._fail_load(e)
+        finally:
+            self.loading = False
+
+    def _load(self, done):
+        """The rest, once the prefill's done record is read: the whole pages
+        not landed yet, the partial last page, the aux data; then the ack."""
+        mgr = self.kv_mgr
+        try:
+            _test_gate()
+            first = int(done["first_page"])
+            if first != self.decode_prefix_len // mgr.page_size:
+                raise DisaggError(f"cxltier disaggregation: room {self.room}: the prefill sent from page {first}, "
+                                  f"this decode holds {self.decode_prefix_len} tokens")
+            block, full = self._whole_pages()
+            if self.landed < len(full):
+                if self.started is None:
+                    self.started = time.monotonic()
+                try:
+                    self._land(_slice(block, self.landed, len(full) - self.landed), full[self.landed :])
+                except _native.NotFoundError as e:
+                    raise DisaggError(f"cxltier disaggregation: room {self.room}: a page is not in the tier ({e}); "
+                                      "evicted before the decode read it?") from None
+                self.landed = len(full)
+            tail = self.pages[len(full) :]
+            if tail:
+                self._land(mgr.tail_keys(self.room, self.nonce), [tail[0]])  # dropped as the room ends
+            self._read_aux(int(done.get("aux", 0)))
+            mgr.put_record(self, "ack", {"pages": len(self.pages)})
+            self._conclude(KVPoll.Success)
+        except Exception as e:
+            self._fail_load(e)
+        finally:
+            self.loading = False
+
+    def _fail_load(self, e):
+        try:  # the abort first: concluding frees the room
+            self.kv_mgr.put_record(self, "abort", {"by": "decode", "reason": str(e), "nonce": self.nonce})
+        except Exception:
+            pass
+        self._conclude(KVPoll.Failed, str(e))
+
+    def _land(self, block, pages):
+        """Reads the pages of block into pages, a layer at a time; checked
+        against their checksums after the last layer (ChecksumError).
+        NotFoundError when one is not in the tier."""
+        mgr = self.kv_mgr
+        load = mgr.pool.load(block, pages)
+        try:
+            for layer in range(mgr.pool.layers):
+                load.layer(layer)
+        finally:
+            load.close()
+        self.bytes += len(pages) * mgr.page_bytes
+
+    def _read_aux(self, n):
+        mgr = self.kv_mgr
+        args = mgr.kv_args
+        if self.aux_index is None or not n:
+            return
+        if n != len(args.aux_data_ptrs):
+            raise DisaggError(f"cxltier disaggregation: room {self.room}: {n} aux buffers from the prefill, "
+                              f"{len(args.aux_data_ptrs)} here")
+        for i in range(n):
+            at = args.aux_data_ptrs[i] + self.aux_index * args.aux_item_lens[i]
+            if mgr.get_record(self, f"aux/{i}", into=(at, int(args.aux_item_lens[i]))) is None:
+                raise DisaggError(f"cxltier disaggregation: room {self.room}: aux buffer {i} of {n} not in its room")
+
+    def abort(self):
+        try:
+            self.kv_mgr.put_record(self, "abort", {"by": "decode", "nonce": self.nonce})
+            self.abort_notified = True
+        except Exception:
+            pass
+        self._conclude(KVPoll.Failed, self.reason or f"cxltier disaggregation: room {self.room}: aborted")
+
+    def ensure_abort_notified(self, *, force_arm=False):
+        if not self.abort_notified:
+            self.abort()
+
+    def is_abort_release_safe(self):
+        return not self.loading
+
+    def clear(self):
+        self._end_room()  # SGLang is done with the request: so is this side
+
+
+class CxlTierKVBootstrapServer:
+    """SGLang's prefill starts a bootstrap server for its backend; this
+    backend needs none (the rooms are in the tier), so it listens nowhere."""
+
+    def __init__(self, host=None, port=None, **_):
+        self.host, self.port = host, port
+
+    def close(self):
+        pass
+
+
+def _test_gate():
+    """Holds a decode's landing until a file the tests create exists
+    (CXLTIER_PD_TEST_GATE_BEFORE_LOAD; unset in production)."""
+    gate = os.environ.get("CXLTIER_PD_TEST_GATE_BEFORE_LOAD")
+    deadline = time.monotonic() + 60
+    while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _slice(block, start, n):
+    """Keys start .. start+n of a KeyBlock, as a KeyBlock."""
+    from ..prefix import KEY_BYTES, KeyBlock
+    import ctypes
+
+    raw = bytes(block.array)[start * KEY_BYTES : (start + n) * KEY_BYTES]
+    return KeyBlock((ctypes.c_uint8 * len(raw)).from_buffer_copy(raw), n)
+
+
+# The plugin's part: SGLang learns the backend's name, its classes, and
+# hands each sender and receiver its request's prompt.
+
+_TARGETS = {
+    "get_kv_class": "sglang.srt.disaggregation.utils.get_kv_class",
+    "sender": "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.create_sender",
+    "receiver": "sglang.srt.disaggregation.decode.DecodePreallocQueue._create_receiver_and_enqueue",
+}
+
+
+def _kv_class(original, transfer_backend, class_type):
+    if str(getattr(transfer_backend, "value", transfer_backend)) != BACKEND:
+        return original(transfer_backend, class_type)
+    name = str(getattr(class_type, "value", class_type))
+    return {"kvargs": original(transfer_backend, class_type) if name == "kvargs" else None,
+            "manager": CxlTierKVManager, "sender": CxlTierKVSender, "receiver": CxlTierKVReceiver,
+            "bootstrap_server": CxlTierKVBootstrapServer}.get(name)
+
+
+def _kvargs_class(original, transfer_backend, class_type):
+    """KVArgs is every backend's one container: asked for ours, SGLang's own."""
+    if str(getattr(class_type, "value", class_type)) == "kvargs":
+        from sglang.srt.disaggregation.base import KVArgs
+
+        return KVArgs
+    return _kv_class(original, transfer_backend, class_type)
+
+
+def _give_sender_its_prompt(original, queue_, req, *args, **kwargs):
+    made = original(queue_, req, *args, **kwargs)
+    sender = getattr(req, "disagg_kv_sender", None)
+    if isinstance(sender, CxlTierKVSender):
+        sender.tokens = list(req.origin_input_ids)
+        sender.kv_mgr.bind_pool(getattr(queue_, "token_to_kv_pool", None))
+    return made
+
+
+def _give_receiver_its_prompt(original, queue_, req, *args, **kwargs):
+    decode_req = original(queue_, req, *args, **kwargs)
+    receiver = getattr(decode_req, "kv_receiver", None)
+    if isinstance(receiver, CxlTierKVReceiver):
+        receiver.tokens = list(req.origin_input_ids)
+        receiver.kv_mgr.bind_pool(getattr(queue_, "token_to_kv_pool", None))
+    return decode_req
+
+
+def _add_backend_member(TransferBackend):
+    """Adds CXLTIER = "cxltier" to SGLang's TransferBackend, in place: every
+    module that holds the class (the scheduler, the queues, the services)
+    then takes the name. An Enum has no public way to grow; this is the
+    one CPython's own Enum uses for its members (a member is an instance
+    with _name_ and _value_, listed in the class's maps)."""
+    if BACKEND in TransferBackend._value2member_map_:
+        return False
+    member = object.__new__(TransferBackend)
+    member._name_, member._value_ = BACKEND.upper(), BACKEND
+    type.__setattr__(TransferBackend, BACKEND.upper(), member)
+    TransferBackend._member_map_[BACKEND.upper()] = member
+    TransferBackend._value2member_map_[BACKEND] = member
+    TransferBackend._member_names_.append(BACKEND.upper())
+    return True
+
+
+def install():
+    """Registers the backend with SGLang: its name among the choices of
+    --disaggregation-transfer-backend, a member of TransferBackend, its
+    classes in get_kv_class, and the wraps that give each sender and
+    receiver its request's prompt (the keys of its pages). Through SGLang's
+    hook registry; True when it installed."""
+    from sglang.srt.arg_groups.choices import DISAGG_TRANSFER_BACKEND_CHOICES, add_disagg_transfer_backend_choices
+    from sglang.srt.disaggregation.utils import TransferBackend
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if BACKEND in DISAGG_TRANSFER_BACKEND_CHOICES and BACKEND in TransferBackend._value2member_map_:
+        return False
+    if BACKEND not in DISAGG_TRANSFER_BACKEND_CHOICES:
+        add_disagg_transfer_backend_choices([BACKEND])
+    _add_backend_member(TransferBackend)
+    HookRegistry.register(_TARGETS["get_kv_class"], _kvargs_class, HookType.AROUND)
+    HookRegistry.register(_TARGETS["sender"], _give_sender_its_prompt, HookType.AROUND)
+    HookRegistry.register(_TARGETS["receiver"], _give_receiver_its_prompt, HookType.AROUND)
+    HookRegistry.apply_hooks()  # load_plugins applies them too; once each
+    return True
