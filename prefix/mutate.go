@@ -543,21 +543,41 @@ func (s *Store) dropLocked(i uint32) {
 		return
 	}
 	if b := atomic.LoadUint32(u32At(e, entBlock)); sh.holdsBlock(b) && atomic.LoadUint32(s.owner(sh, b)) == i+1 {
-		atomic.StoreUint32(s.owner(sh, b), 0)
-		sh.add(slUsedBlocks, -1)
-		s.publishOwner(sh, b)
-		// The next allocations take the blocks just freed: an insert
-		// that evicted finds its block at once instead of scanning a
-		// full owner table (and pulling its lines from other cores).
-		if len(sh.freed) < cap(sh.freed) {
-			sh.freed = append(sh.freed, b)
-		}
-		s.noteFreed(sh, b)
+		s.freeBlockLocked(sh, b)
+	} else {
+		s.freeOwnedByLocked(sh, i)
 	}
 	atomic.StoreUint64(u64At(e, entWord), mkWord(wordGen(w)+1, stDeleted))
 	sh.add(slTombstones, 1)
 	s.publishEntry(i)
 	s.clearTombstones(sh, i)
+}
+
+// freeBlockLocked gives block b of sh back to the allocator.
+func (s *Store) freeBlockLocked(sh *shard, b uint32) {
+	atomic.StoreUint32(s.owner(sh, b), 0)
+	sh.add(slUsedBlocks, -1)
+	s.publishOwner(sh, b)
+	// The next allocations take the blocks just freed: an insert
+	// that evicted finds its block at once instead of scanning a
+	// full owner table (and pulling its lines from other cores).
+	if len(sh.freed) < cap(sh.freed) {
+		sh.freed = append(sh.freed, b)
+	}
+	s.noteFreed(sh, b)
+}
+
+// freeOwnedByLocked frees the blocks the owner table gives entry i when
+// the entry's own block word does not name one of them: that word is
+// shared memory a stray write can change, and trusting it left the
+// entry's real block owned by a deleted entry for good. The scan of the
+// owner table runs only on such damage.
+func (s *Store) freeOwnedByLocked(sh *shard, i uint32) {
+	for b := sh.block0; b-sh.block0 < sh.blocks; b++ {
+		if atomic.LoadUint32(s.owner(sh, b)) == i+1 {
+			s.freeBlockLocked(sh, b)
+		}
+	}
 }
 
 // clearTombstones turns the run of tombstones ending at i back into empty
