@@ -2,6 +2,8 @@
 forms it takes and refuses, and blocks of each form (MLA's included)
 through the tier and back, byte for byte."""
 
+import re
+
 import pytest
 import torch
 
@@ -135,3 +137,24 @@ def test_an_index_the_tier_cannot_hold_names_the_setting(built):
             cv.open_index(t, "too-big", GEOM, cfg)
         cfg["index_bytes"] = 16 << 20
         cv.open_index(t, "fits", GEOM, cfg).close()
+
+
+@pytest.mark.parametrize("version,sleep,environ,refused", [
+    ("0.32.0", False, {}, None),
+    ("0.32.0+cpu", False, {}, None),
+    ("0.33.0", False, {}, "vLLM 0.33.0 is not a release it is tested against (0.32.0)"),
+    ("0.33.0", False, {"CXLTIER_VLLM_UNTESTED": "0"}, "set CXLTIER_VLLM_UNTESTED=1"),
+    ("0.33.0", False, {"CXLTIER_VLLM_UNTESTED": "1"}, None),
+    ("0.32.0", True, {}, "enable-sleep-mode"),
+    ("0.33.0", True, {"CXLTIER_VLLM_UNTESTED": "1"}, "enable-sleep-mode"),
+])
+def test_an_untested_vllm_or_sleep_mode_is_refused_at_start(version, sleep, environ, refused):
+    if refused is None:
+        cv.check_vllm(version, sleep, environ)
+        return
+    with pytest.raises(cv.UnsupportedError, match=re.escape(refused)):
+        cv.check_vllm(version, sleep, environ)
+
+
+def test_vllm_is_told_the_connector_cannot_sleep():
+    assert cv.CxlTierConnector.supports_sleep_mode(None) is False

@@ -11,10 +11,11 @@ started after the one before it exited:
   M      kv_consumer with verify 0, its own prefix cache off: loads P2's
          zeroed blocks as they are. Its tokens must differ from a plain
          run's, or the comparisons below could not catch wrong KV
-  B      kv_consumer: P1 (found), P1 under another cache salt (computed: the
-         same engine without the tier's blocks), P2 (fails its check:
-         recomputed), P3 with C's params (found), P4 (never stored:
-         computed, and B stores nothing)
+  B      kv_consumer, every load asynchronous (async_load_bytes 0; C's
+         loads are small, so synchronous): P1 (found), P1 under another
+         cache salt (computed: the same engine without the tier's blocks),
+         P2 (fails its check: recomputed), P3 with C's params (found), P4
+         (never stored: computed, and B stores nothing)
   plain  no connector: the reference tokens
   MLA    a dense DeepSeek-V2 on vLLM's CPU MLA backend, kv_both, in an
          index with room for 12 blocks: a 25-block prompt overfills it. That
@@ -106,7 +107,7 @@ def runs(tier, tmp_path_factory):
                                   prefix_caching=False), tmp, "M")
 
     params = out["C"]["P3"]["params"]
-    out["B"], _ = run_engine(spec(connector(tier, "kv_consumer"), [
+    out["B"], _ = run_engine(spec(connector(tier, "kv_consumer", async_load_bytes=0), [
         {"name": "P1", "tokens": P1}, {"name": "P1 salted", "tokens": P1, "salt": "another tenant"},
         {"name": "P2", "tokens": P2}, {"name": "P3", "tokens": P3, "params": params},
         {"name": "P4", "tokens": P4}]), tmp, "B")

@@ -6,10 +6,14 @@ a spec one generate() at a time, in order, and writes what each returned.
 
 SPEC: {"model_dir", "connector": {kv_transfer_config} or null,
        "kv_cache_bytes", "max_model_len", "prefix_caching" (false: off),
+       "stats" (true: vLLM's per-request stats, for "ttft"), "max_num_seqs" (4),
        "requests": [{"name", "tokens", "salt", "max_tokens", "params",
-                     "wait_for": a file to wait for first (a gate)}]}
+                     "wait_for": a file to wait for first (a gate)}
+                    or {"batch": [requests as above], "wait_for"}: one
+                    generate() of them all]}
 OUT:  {"start_s", name: {"tokens", "cached", "top" (each step's 5 likeliest
-       tokens and their logprobs), "params", "seconds"}}
+       tokens and their logprobs), "params", "seconds" (of its generate()),
+       "ttft" (with stats: from its arrival to its first token)}}
 """
 
 import json
@@ -74,11 +78,13 @@ def main():
     started = time.monotonic()
     weights = os.path.exists(os.path.join(spec["model_dir"], "model.safetensors"))
     kwargs = dict(model=spec["model_dir"], load_format="safetensors" if weights else "dummy", skip_tokenizer_init=True, enforce_eager=True,
-                  max_model_len=spec.get("max_model_len", 1024), max_num_seqs=4,
+                  max_model_len=spec.get("max_model_len", 1024), max_num_seqs=spec.get("max_num_seqs", 4),
                   max_num_batched_tokens=spec.get("max_model_len", 1024), dtype="bfloat16", seed=0,
                   kv_cache_memory_bytes=spec.get("kv_cache_bytes", 64 << 20))
     if spec.get("connector"):
         kwargs["kv_transfer_config"] = spec["connector"]
+    if spec.get("stats"):
+        kwargs["disable_log_stats"] = False
     if spec.get("prefix_caching") is False:  # every hit then comes from the connector
         kwargs["enable_prefix_caching"] = False
     llm = LLM(**kwargs)
@@ -86,18 +92,26 @@ def main():
     for r in spec["requests"]:
         if r.get("wait_for"):
             wait_for(r["wait_for"])
-        prompt = {"prompt_token_ids": r["tokens"]}
-        if r.get("salt"):
-            prompt["cache_salt"] = r["salt"]
-        extra = {"kv_transfer_params": r["params"]} if r.get("params") else None
-        sp = SamplingParams(max_tokens=r.get("max_tokens", 4), temperature=0.0, ignore_eos=True, detokenize=False,
-                            extra_args=extra, logprobs=5)
+        batch = r.get("batch") or [r]
+        prompts, params = [], []
+        for b in batch:
+            prompt = {"prompt_token_ids": b["tokens"]}
+            if b.get("salt"):
+                prompt["cache_salt"] = b["salt"]
+            extra = {"kv_transfer_params": b["params"]} if b.get("params") else None
+            prompts.append(prompt)
+            params.append(SamplingParams(max_tokens=b.get("max_tokens", 4), temperature=0.0, ignore_eos=True,
+                                         detokenize=False, extra_args=extra, logprobs=5))
         t0 = time.monotonic()
-        res = llm.generate([prompt], sp, use_tqdm=False)[0]
-        top = [sorted(((int(t), float(lp.logprob)) for t, lp in step.items()), key=lambda x: -x[1])
-               for step in (res.outputs[0].logprobs or [])]
-        out[r["name"]] = {"tokens": list(res.outputs[0].token_ids), "cached": res.num_cached_tokens, "top": top,
-                          "params": res.kv_transfer_params, "seconds": time.monotonic() - t0}
+        results = llm.generate(prompts, params, use_tqdm=False)
+        took = time.monotonic() - t0
+        for b, res in zip(batch, results):
+            top = [sorted(((int(t), float(lp.logprob)) for t, lp in step.items()), key=lambda x: -x[1])
+                   for step in (res.outputs[0].logprobs or [])]
+            m = getattr(res, "metrics", None)
+            out[b["name"]] = {"tokens": list(res.outputs[0].token_ids), "cached": res.num_cached_tokens, "top": top,
+                              "params": res.kv_transfer_params, "seconds": took,
+                              "ttft": getattr(m, "first_token_latency", None) if m is not None else None}
         with open(sys.argv[2], "w") as f:  # what ran so far, for a test that reads it while the engine runs
             json.dump(out, f)
     del llm

@@ -24,12 +24,20 @@ kv_connector_extra_config keys (each with an environment default):
                 vLLM was given it); engines must agree on it to share
   remote_wait_s how long a kv_consumer waits for a producer's blocks when
                 the request's kv_transfer_params ask for it (30)
+  async_load_bytes
+                a load of at least this many bytes runs beside the forward
+                passes of other requests (4MiB; 0: every load)
 
 What moves: every whole block of a prompt, all layers of it under one key
 (cxltier.kvpool: the gather engine, no staging copy), stored at the end of
-the step that computed it (wait_for_save) and loaded before the forward
-pass that needs it (synchronous loads: start_load_kv runs before the
-forward when the step has them). A block's key chains the token ids of
+the step that computed it (wait_for_save) and loaded before the request's
+first forward pass. A load of async_load_bytes or more is asynchronous, as
+vLLM's own offloading connectors load: the request waits in
+WAITING_FOR_REMOTE_KVS while one thread of each worker lands its blocks
+beside the forward passes of the other requests, and get_finished reports
+it (always, failed or not: vLLM holds the request's blocks until then). A
+smaller load is synchronous: it lands before the step's forward pass, which
+costs less than the step an asynchronous one waits. A block's key chains the token ids of
 every block before it (cxltier's page-key chain, as the Go library and the
 SGLang backend compute it) from a seed naming the model, the KV geometry
 and layout, the KV dtype, the tensor-parallel rank where blocks differ by
@@ -61,6 +69,7 @@ import json
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -86,15 +95,55 @@ _KEY_DOMAIN = b"cxltier/vllm/v1\x00"
 _TRAILER_ROOM = 64  # an index block holds a page and its trailer
 
 
+# The vLLM releases this connector is tested against (tests_vllm, in vLLM's
+# own engine). Its base class and the scheduler's calls change between
+# releases (0.33.0 added sleep mode's unregister/restore calls, on by
+# default), so another release is refused at start unless the operator
+# says to run on it anyway.
+TESTED_VLLM = ("0.32.0",)
+UNTESTED_ENV = "CXLTIER_VLLM_UNTESTED"
+
+
 class LayoutError(ValueError):
     """vLLM's KV cache has a form this connector does not move."""
+
+
+class UnsupportedError(RuntimeError):
+    """A vLLM release or setting this connector does not run under."""
+
+
+def check_vllm(version, sleep_mode, environ=os.environ):
+    """Refuses what the connector cannot serve safely: a vLLM release it is
+    not tested against (unless $CXLTIER_VLLM_UNTESTED=1, then a warning),
+    and sleep mode, which frees and remaps the KV caches whose addresses
+    the connector moves blocks to and from."""
+    if sleep_mode:
+        raise UnsupportedError("cxltier vLLM connector: --enable-sleep-mode frees the KV caches the connector "
+                               "moves blocks into; run without sleep mode")
+    release = str(version).split("+", 1)[0]
+    if release in TESTED_VLLM:
+        return
+    tested = ", ".join(TESTED_VLLM)
+    if environ.get(UNTESTED_ENV) == "1":
+        logger.warning("cxltier: vLLM %s is not a release this connector is tested against (%s); running on it "
+                       "because %s=1", version, tested, UNTESTED_ENV)
+        return
+    raise UnsupportedError(f"cxltier vLLM connector: vLLM {version} is not a release it is tested against "
+                           f"({tested}); install one of those, or set {UNTESTED_ENV}=1 to run on {version} anyway")
+
+
+def _vllm_version():
+    import vllm
+
+    return getattr(vllm, "__version__", "unknown")
 
 
 def settings(extra, environ=os.environ):
     """The connector's settings from kv_connector_extra_config and the
     environment; ValueError naming a bad one."""
     extra = dict(extra or {})
-    known = {"device", "index", "key", "index_bytes", "verify", "kv_events", "model_id", "remote_wait_s", "engine"}
+    known = {"device", "index", "key", "index_bytes", "verify", "kv_events", "model_id", "remote_wait_s", "engine",
+             "async_load_bytes"}
     unknown = sorted(set(extra) - known)
     if unknown:
         raise ValueError(f"cxltier vLLM connector: unknown kv_connector_extra_config keys {unknown} "
@@ -119,6 +168,7 @@ def settings(extra, environ=os.environ):
         "model_id": extra.get("model_id") or None,
         "remote_wait_s": wait,
         "engine": extra.get("engine") or None,
+        "async_load_bytes": parse_size(extra.get("async_load_bytes", "4MiB")),
     }
 
 
@@ -256,6 +306,7 @@ class Move:
     blocks: list
     tokens: list = None
     parent: bytes = None
+    background: bool = False  # an asynchronous load: reported by get_finished
 
 
 @dataclass
@@ -272,6 +323,7 @@ class _Request:
     local: int = 0  # tokens vLLM had computed when it asked
     stored: int = 0  # leading blocks known to be in the tier
     first_asked: float = 0.0
+    background: bool = False  # the last match's load runs asynchronously
 
 
 def open_index(tier, name, geom, cfg):
@@ -300,6 +352,7 @@ class CxlTierConnector(KVConnectorBase_V1):
     """KVConnectorBase_V1 on a cxltier tier; see the module's doc."""
 
     def __init__(self, vllm_config, role, kv_cache_config):
+        check_vllm(_vllm_version(), getattr(vllm_config.model_config, "enable_sleep_mode", False))
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         cfg = settings(self._kv_transfer_config.kv_connector_extra_config)
         self._cfg = cfg
@@ -328,6 +381,8 @@ class CxlTierConnector(KVConnectorBase_V1):
         self._on_device = False
         self._recorder = None
         self._failed = set()
+        self._loader = None  # the thread that runs asynchronous loads, made by the first
+        self._landing = {}  # request id -> (Move, Future of its failed blocks)
         self._counts = {"stored": 0, "present": 0, "no_space": 0, "loaded": 0, "load_errors": 0, "store_errors": 0}
         logger.info("cxltier: vLLM connector (%s, %s) on %s, index %r, blocks of %d tokens, %d bytes",
                     side, kv_role, cfg["device"], self._index_name, self._geom.block_size, self._geom.page_bytes)
@@ -343,6 +398,13 @@ class CxlTierConnector(KVConnectorBase_V1):
 
     def _open_index(self):
         return open_index(self.tier, self._index_name, self._geom, self._cfg)
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config):
+        """vLLM 0.33 asks before it sleeps; this connector keeps the KV
+        caches' addresses for its whole life (check_vllm refuses sleep mode
+        on releases that do not ask)."""
+        return False
 
     @property
     def requires_kv_delivery(self):
@@ -384,7 +446,10 @@ class CxlTierConnector(KVConnectorBase_V1):
         if not self._loads:
             return 0, False
         ext = st.hits * bs - num_computed_tokens
-        return (ext, False) if ext > 0 else (0, False)
+        if ext <= 0:
+            return 0, False
+        st.background = ext // bs * self._geom.page_bytes >= self._cfg["async_load_bytes"]
+        return ext, st.background
 
     def _waits_for_producer(self, request, st):
         params = getattr(request, "kv_transfer_params", None) or {}
@@ -409,7 +474,7 @@ class CxlTierConnector(KVConnectorBase_V1):
                            request.request_id, len(ids), first + n)
             return
         self._pending_loads[request.request_id] = Move(request.request_id, st.keys[first * KEY_BYTES:(first + n) * KEY_BYTES],
-                                                       ids[first:first + n])
+                                                       ids[first:first + n], background=st.background)
 
     def build_connector_meta(self, scheduler_output):
         meta = CxlTierMetadata(loads=list(self._pending_loads.values()))
@@ -491,28 +556,56 @@ class CxlTierConnector(KVConnectorBase_V1):
         return part_keys(pages, [part_mask(f"vllm/rank/{self._rank}")])
 
     def start_load_kv(self, forward_context, **kwargs):
-        if self._pool is None or not self.has_connector_metadata():
+        if not self.has_connector_metadata():
             return
         for mv in self._get_connector_metadata().loads:
-            self._load(mv)
+            if mv.background:
+                self._start_background(mv)
+            else:
+                self._account(mv, self._land(mv))
 
-    def _load(self, mv):
+    def _start_background(self, mv):
+        if self._loader is None:
+            self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cxltier-load")
+        self._landing[mv.req_id] = (mv, self._loader.submit(self._land, mv))
+
+    def _land(self, mv):
+        """Lands mv's blocks, every check on; the blocks that failed (all
+        of them, or none). It never raises: an asynchronous load's request
+        must be reported finished whatever happened."""
         try:
+            if self._pool is None:
+                raise _native.ClosedError(-6, "cxltier: no KV caches registered")
             load = self._pool.load(self._entry_keys(mv.keys), mv.blocks)
             try:
                 for layer in range(self._pool.layers):
                     load.layer(layer)
             finally:
                 load.close()
-            self._counts["loaded"] += len(mv.blocks)
-        except CxlTierError as e:
-            self._counts["load_errors"] += len(mv.blocks)
-            self._failed.update(mv.blocks)
+            return set()
+        except Exception as e:  # CxlTierError above all; anything else fails the blocks too, never the engine
             logger.warning("cxltier: load of %d blocks for request %s failed (they are computed instead): %s",
                            len(mv.blocks), mv.req_id, e)
+            return set(mv.blocks)
+
+    def _account(self, mv, failed):
+        self._failed.update(failed)
+        self._counts["load_errors" if failed else "loaded"] += len(mv.blocks)
+
+    def get_finished(self, finished_req_ids):
+        """(None, the requests whose asynchronous loads ended): their
+        failed blocks are in get_block_ids_with_load_errors from this
+        same step on, as vLLM requires."""
+        done = set()
+        for req_id, (mv, landing) in list(self._landing.items()):
+            if landing.done():
+                del self._landing[req_id]
+                self._account(mv, landing.result())
+                done.add(req_id)
+        return None, done or None
 
     def wait_for_layer_load(self, layer_name):
-        return  # loads land whole before the forward pass
+        return  # a synchronous load lands whole before the forward pass; an asynchronous one before its request runs
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
         return  # a block is stored whole, every layer under one key, in wait_for_save
@@ -561,6 +654,9 @@ class CxlTierConnector(KVConnectorBase_V1):
         return dict(self._counts)
 
     def shutdown(self):
+        if self._loader is not None:
+            self._loader.shutdown(wait=True)  # a load in flight lands in buffers the pool must still reach
+            self._loader = None
         for closer in (self._recorder, self._pool):
             if closer is not None:
                 try:
