@@ -81,6 +81,17 @@ def read_when(path, name, proc, timeout=900):
         time.sleep(0.1)
 
 
+def same(a, b):
+    """Two runs agree: the same tokens, and at each step the same 5
+    likeliest tokens with logprobs within bf16 noise."""
+    if a["tokens"] != b["tokens"] or len(a["top"]) != len(b["top"]):
+        return False
+    for x, y in zip(a["top"], b["top"]):
+        if [t for t, _ in x] != [t for t, _ in y] or any(abs(p - q) > 1e-3 for (_, p), (_, q) in zip(x, y)):
+            return False
+    return True
+
+
 def records(device, index_name):
     """The token records of an index's pages: (page key, parent, tokens)."""
     import cxltier

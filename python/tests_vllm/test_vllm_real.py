@@ -29,7 +29,7 @@ import random
 
 import pytest
 
-from conftest import damage, read_when, records, run_engine, start_engine, tier_device
+from conftest import damage, read_when, records, run_engine, same, start_engine, tier_device
 
 BLOCK = 128  # vLLM's CPU block size
 
@@ -53,17 +53,6 @@ def connector(device, role, **extra):
     return {"kv_connector": "CxlTierConnector", "kv_connector_module_path": "cxltier.vllm", "kv_role": role,
             "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {"device": device, "index": "vllm-test", "index_bytes": "32MiB", **extra}}
-
-
-def same(a, b):
-    """Two runs agree: the same tokens, and at each step the same 5
-    likeliest tokens with logprobs within bf16 noise."""
-    if a["tokens"] != b["tokens"] or len(a["top"]) != len(b["top"]):
-        return False
-    for x, y in zip(a["top"], b["top"]):
-        if [t for t, _ in x] != [t for t, _ in y] or any(abs(p - q) > 1e-3 for (_, p), (_, q) in zip(x, y)):
-            return False
-    return True
 
 
 def index_keys(device, name="vllm-test"):

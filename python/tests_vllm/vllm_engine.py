@@ -7,6 +7,7 @@ a spec one generate() at a time, in order, and writes what each returned.
 SPEC: {"model_dir", "connector": {kv_transfer_config} or null,
        "kv_cache_bytes", "max_model_len", "prefix_caching" (false: off),
        "stats" (true: vLLM's per-request stats, for "ttft"), "max_num_seqs" (4),
+       "tp" (tensor-parallel size, 1),
        "requests": [{"name", "tokens", "salt", "max_tokens", "params",
                      "wait_for": a file to wait for first (a gate)}
                     or {"batch": [requests as above], "wait_for"}: one
@@ -85,6 +86,14 @@ def main():
         kwargs["kv_transfer_config"] = spec["connector"]
     if spec.get("stats"):
         kwargs["disable_log_stats"] = False
+    if spec.get("tp", 1) > 1:  # worker processes on this host, as vLLM's CPU engine runs tensor parallel
+        kwargs["tensor_parallel_size"] = spec["tp"]
+        kwargs["distributed_executor_backend"] = "mp"
+        # vLLM's CPU workers bind their threads a NUMA node each unless told
+        # which cores: on a machine of one node, give each rank its share.
+        cpus = sorted(os.sched_getaffinity(0))
+        share = [cpus[i::spec["tp"]] or cpus[:1] for i in range(spec["tp"])]
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(",".join(map(str, c)) for c in share))
     if spec.get("prefix_caching") is False:  # every hit then comes from the connector
         kwargs["enable_prefix_caching"] = False
     llm = LLM(**kwargs)

@@ -1,0 +1,95 @@
+"""Tensor parallel in vLLM's real CPU engine: each engine runs two worker
+processes (vLLM's multiprocessing executor), on one tier.
+
+  S      TP 2, kv_both, KV events on: computes P and stores its blocks,
+         each rank its own heads' half under its own keys
+  R      TP 2, kv_both, a restart: P from the tier (every rank loads its
+         half), and Q computed
+  MLA    a dense DeepSeek-V2 at TP 2: every rank holds the same latent
+         blocks, so rank 0 stores one copy and no rank stores another
+
+S's own computation of P is the reference: R must answer the same tokens
+and top-5 logprobs, having found every whole block but the last.
+"""
+
+import os
+import random
+
+import pytest
+
+from conftest import records, run_engine, same, tier_device
+
+BLOCK = 128  # vLLM's CPU block size
+
+
+def prompt(seed, n):
+    rng = random.Random(seed)
+    return [rng.randrange(3, 1000) for _ in range(n)]
+
+
+P, Q = prompt(11, 400), prompt(12, 300)
+
+
+def connector(device, index, **extra):
+    return {"kv_connector": "CxlTierConnector", "kv_connector_module_path": "cxltier.vllm", "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"device": device, "index": index, "index_bytes": "32MiB", **extra}}
+
+
+def index_keys(device, name):
+    import cxltier
+
+    with cxltier.Tier(device) as t:
+        ix = t.prefix(name)
+        try:
+            return set(ix.keys())
+        finally:
+            ix.close()
+
+
+@pytest.fixture(scope="module")
+def runs(built, tmp_path_factory):
+    from vllm_engine import DEEPSEEK, write_model
+
+    tmp = str(tmp_path_factory.mktemp("vllm-tp"))
+    out = {}
+    with tier_device(built["cli"], "256MiB", "cxltier-vllm-tp") as tier:
+        llama = write_model(os.path.join(tmp, "llama"))
+        spec = lambda conn, reqs, model=llama, **kw: {"model_dir": model, "connector": conn, "requests": reqs,  # noqa: E731
+                                                      "tp": 2, **kw}
+        out["S"], _ = run_engine(spec(connector(tier, "vllm-tp", kv_events=1), [{"name": "P", "tokens": P}]),
+                                 tmp, "S")
+        out["keys S"] = index_keys(tier, "vllm-tp")
+        out["records"] = records(tier, "vllm-tp")
+        out["R"], _ = run_engine(spec(connector(tier, "vllm-tp"), [{"name": "P", "tokens": P},
+                                                                    {"name": "Q", "tokens": Q}]), tmp, "R")
+        mla = write_model(os.path.join(tmp, "deepseek"), DEEPSEEK)
+        out["MLA"], _ = run_engine(spec(connector(tier, "vllm-tp-mla"), [{"name": "Q", "tokens": Q}], model=mla,
+                                        prefix_caching=False), tmp, "MLA")
+        out["keys MLA"] = index_keys(tier, "vllm-tp-mla")
+    return out
+
+
+def test_each_rank_stores_its_own_half_of_every_whole_block(runs):
+    assert len(runs["keys S"]) == 2 * (len(P) // BLOCK)
+    assert runs["S"]["P"]["cached"] == 0
+
+
+def test_a_restarted_tp_engine_loads_every_rank_and_answers_the_same(runs):
+    assert runs["R"]["P"]["cached"] == (len(P) - 1) // BLOCK * BLOCK
+    assert same(runs["R"]["P"], runs["S"]["P"])
+    assert runs["R"]["Q"]["cached"] == 0
+
+
+def test_every_ranks_token_records_name_parents_that_are_there(runs):
+    by_key = {page: (parent, tokens) for page, parent, tokens in runs["records"]}
+    assert set(by_key) == runs["keys S"]
+    roots = [k for k, (parent, _) in by_key.items() if parent is None]
+    assert len(roots) == 2  # the first block of P, once per rank
+    for page, (parent, tokens) in by_key.items():
+        assert parent is None or parent in by_key
+        assert len(tokens) == BLOCK
+
+
+def test_mla_blocks_are_stored_once_for_every_rank(runs):
+    assert len(runs["keys MLA"]) == len(Q) // 16  # vLLM's CPU MLA backend: 16-token blocks
