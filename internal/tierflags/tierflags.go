@@ -163,6 +163,22 @@ func (s *Size) Set(v string) error {
 func (s *Size) UnmarshalText(b []byte) error { return s.Set(string(b)) }
 func (s Size) MarshalText() ([]byte, error)  { return []byte(FormatSize(int64(s))), nil }
 
+// UnmarshalJSON takes a size as a string ("256MiB") or as a JSON number of
+// bytes (268435456), as people write either in a config file.
+func (s *Size) UnmarshalJSON(b []byte) error {
+	var text string
+	if err := json.Unmarshal(b, &text); err == nil {
+		return s.Set(text)
+	}
+	var n json.Number
+	if err := json.Unmarshal(b, &n); err == nil {
+		if err := s.Set(n.String()); err == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("size %s: want a byte count (268435456) or a string with a binary suffix (\"256MiB\")", b)
+}
+
 // ParseSize parses a byte count with an optional binary suffix.
 func ParseSize(v string) (int64, error) {
 	t := strings.TrimSpace(v)

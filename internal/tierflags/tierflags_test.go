@@ -1,6 +1,7 @@
 package tierflags
 
 import (
+	"encoding/json"
 	"flag"
 	"io"
 	"strings"
@@ -135,6 +136,32 @@ func TestDevicesInAConfigFile(t *testing.T) {
 		}
 		if err != nil || strings.Join(d.List, "|") != strings.Join(c.want, "|") {
 			t.Errorf("%s: %v, %v; want %v", c.json, d.List, err, c.want)
+		}
+	}
+}
+
+func TestSizeInJSON(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int64
+		err  string
+	}{
+		{`"256MiB"`, 256 << 20, ""},
+		{`268435456`, 256 << 20, ""},
+		{`0`, 0, ""},
+		{`1.5`, 0, "want a byte count"},
+		{`-1`, 0, "want a byte count"},
+		{`1e9`, 0, "want a byte count"},
+		{`true`, 0, "want a byte count"},
+		{`"64MB"`, 0, "ambiguous"},
+	} {
+		var s Size
+		err := json.Unmarshal([]byte(tc.in), &s)
+		switch {
+		case tc.err == "" && (err != nil || int64(s) != tc.want):
+			t.Errorf("%s: %d, %v; want %d", tc.in, s, err, tc.want)
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%s: %v; want an error saying %q", tc.in, err, tc.err)
 		}
 	}
 }
