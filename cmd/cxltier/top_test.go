@@ -131,6 +131,7 @@ func TestTopIsPlainIntoAPipe(t *testing.T) {
 		}
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
+		rw.Header().Set(adminapi.HealthHeader, "1") // as cxltierd answers (TestAdminEndpoints checks it does)
 		json.NewEncoder(rw).Encode(adminapi.Status{Node: 1})
 	}))
 	defer srv.Close()

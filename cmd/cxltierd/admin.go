@@ -154,6 +154,7 @@ func (a *admin) routes() map[string]route {
 }
 
 func (a *admin) handle(ctx *fasthttp.RequestCtx) {
+	ctx.Response.Header.Set(adminapi.HealthHeader, "1") // every answer says it is cxltierd's, errors too
 	path := string(ctx.Path())
 	rt, ok := a.routes()[path]
 	authed := a.hasToken(ctx)
@@ -200,7 +201,6 @@ func (a *admin) authorized(ctx *fasthttp.RequestCtx, authed bool) bool {
 // table that no longer checks (damaged, or zeroed under the daemon).
 func (a *admin) healthz(ctx *fasthttp.RequestCtx) {
 	ctx.SetContentType("text/plain; charset=utf-8")
-	ctx.Response.Header.Set(adminapi.HealthHeader, "1")
 	if err := a.r.Verify(); err != nil {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 		ctx.SetBodyString("unhealthy: " + err.Error() + "\n")

@@ -238,6 +238,14 @@ func TestAdminEndpoints(t *testing.T) {
 	if err := adminapi.FetchHealth(addr, 5*time.Second); err != nil {
 		t.Errorf("the health check against the daemon itself: %v", err)
 	}
+	if _, _, err := adminapi.FetchStatus(addr, 5*time.Second); err != nil {
+		t.Errorf("cxltier status against the daemon itself: %v", err)
+	}
+	if resp, err := http.Get(base + "/no/such/endpoint"); err != nil || resp.Header.Get(adminapi.HealthHeader) == "" {
+		t.Errorf("a 404 of the daemon does not say it is the daemon's: %v", err)
+	} else {
+		resp.Body.Close()
+	}
 	code, body := get(t, base+"/v1/status")
 	var st adminapi.Status
 	if err := json.Unmarshal([]byte(body), &st); code != 200 || err != nil {

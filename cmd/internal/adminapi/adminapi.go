@@ -62,6 +62,9 @@ func FetchStatus(addr string, timeout time.Duration) (Status, []byte, error) {
 	if err != nil {
 		return st, nil, fmt.Errorf("read status from %s: %w", addr, err)
 	}
+	if resp.Header.Get(HealthHeader) == "" {
+		return st, nil, notTheDaemon(addr, resp.StatusCode)
+	}
 	if resp.StatusCode != http.StatusOK {
 		return st, raw, fmt.Errorf("status from %s: HTTP %d: %s", addr, resp.StatusCode, raw)
 	}
@@ -86,8 +89,7 @@ func FetchHealth(addr string, timeout time.Duration) error {
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if resp.Header.Get(HealthHeader) == "" {
-		return fmt.Errorf("%s answers HTTP %d but is not cxltierd (no %s header): another server on this port? (-addr, the daemon's -listen)",
-			addr, resp.StatusCode, HealthHeader)
+		return notTheDaemon(addr, resp.StatusCode)
 	}
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("%s: HTTP %d: %s", addr, resp.StatusCode, strings.TrimSpace(string(raw)))
@@ -95,9 +97,14 @@ func FetchHealth(addr string, timeout time.Duration) error {
 	return nil
 }
 
-// HealthHeader is set on every /healthz answer of cxltierd, so that a
-// health check tells the daemon from any other server on its port.
+// HealthHeader is set on every answer of cxltierd's admin API, so that a
+// client tells the daemon from any other server on its port.
 const HealthHeader = "X-Cxltier-Daemon"
+
+func notTheDaemon(addr string, code int) error {
+	return fmt.Errorf("%s answers HTTP %d but is not cxltierd (no %s header): another server on this port? (-addr, the daemon's -listen)",
+		addr, code, HealthHeader)
+}
 
 // HostPort checks an -addr value and returns it as host:port: the admin
 // API is plain HTTP, so "http://host:port/" is taken as host:port and any
