@@ -325,3 +325,4 @@ def test_events_cli_reads_both_encodings():
     lines, n = events_cli.describe(8, [1.0, [{"type": "BlockRemoved", "block_hashes": [3]}, ["AllBlocksCleared"]], None])
     assert (lines, n) == (["seq 8: BlockRemoved 1 page(s) 0000000000000003", "seq 8: AllBlocksCleared"], 0)
     assert events_cli.describe(9, {"not": "a batch"}) == (["seq 9: not a KVEventBatch (dict)"], 0)
+

@@ -1202,3 +1202,13 @@ def test_no_master_is_reported_within_seconds(built, device):
     assert r.returncode == 2, r.stderr[-500:]
     assert f"no mooncake_master answers at 127.0.0.1:{port}" in r.stderr, r.stderr[-500:]
     assert time.monotonic() - started < 20
+
+
+def test_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit) as e:
+        up.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for shown in ("(default: tcp)", "(default: 1GiB)", "(default: 65536)", "(default: all)", "(default: 0.5)"):
+        assert shown in out
+    assert "(default: None)" not in out and "(default: )" not in out and "(default: False)" not in out

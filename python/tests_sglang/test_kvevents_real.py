@@ -243,3 +243,19 @@ def test_pages_the_linker_fetched_from_the_cluster_are_announced(built, tmp_path
         a.destroy()
         b.destroy()
         master.kill()
+
+
+def test_events_cli_says_when_it_hears_nothing(monkeypatch, capsys):
+    """At an endpoint where no uplink publishes, ZMQ connects and waits
+    without a word: the command says what to check, once."""
+    import socket
+
+    from cxltier.cluster import events_cli
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(events_cli, "SILENT_HINT_S", 0.2)
+    assert events_cli.main([f"tcp://127.0.0.1:{port}", "--stored", "1", "--timeout", "1.5"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("nothing from tcp://127.0.0.1") == 1 and "--events endpoint" in err

@@ -62,6 +62,11 @@ def describe(seq, batch):
     return lines, stored
 
 
+# A stream sends a batch (empty if need be) every second: this long a
+# silence means a wrong endpoint or no uplink, which ZMQ never reports.
+SILENT_HINT_S = 5.0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="cxltier-events", description="Prints a node's KV event stream.")
     p.add_argument("endpoint", help="the stream's endpoint (the uplink's --events), e.g. tcp://127.0.0.1:5557")
@@ -79,8 +84,9 @@ def main(argv=None):
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(args.endpoint)
-    deadline = time.monotonic() + args.timeout if args.timeout else None
-    stored, last = 0, -1
+    started = time.monotonic()
+    deadline = started + args.timeout if args.timeout else None
+    stored, last, heard = 0, -1, False
     if args.replay:
         last, stored = _replay(ctx, args.replay, unpack, deadline)
     try:
@@ -91,7 +97,13 @@ def main(argv=None):
                       f"waited for {args.stored}", file=sys.stderr)
                 return 1
             if not sub.poll(min(wait, 1000)):
+                if not heard and time.monotonic() - started >= SILENT_HINT_S:
+                    heard = True  # said once
+                    print(f"cxltier-events: nothing from {args.endpoint} in {SILENT_HINT_S:g} s; a node's stream "
+                          "sends a batch every second: is this the uplink's --events endpoint, and is it up?",
+                          file=sys.stderr, flush=True)
                 continue
+            heard = True
             frames = sub.recv_multipart()
             if len(frames) != 3 or len(frames[1]) != 8:
                 print(f"cxltier-events: a message of {len(frames)} frames, not a KV event batch", file=sys.stderr)

@@ -1475,12 +1475,23 @@ def _check_tier(devices):
     Tier(devices, name="cxltier-uplink").close()
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows every option's default, except where its help already
+    says it or there is none to show."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, "", argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="cxltier-uplink", description="Join this node's cxltier tier to a cluster "
-                                "through Mooncake Store (one process per node).")
+                                "through Mooncake Store (one process per node).", formatter_class=_Help)
     p.add_argument("--tier", required=True, help="the tier's devices, as cxltierd takes them (shm:cxltier)")
     p.add_argument("--master", help="mooncake_master HOST:PORT; without it the uplink serves no cluster")
-    p.add_argument("--protocol", default="tcp", choices=["tcp", "rdma"])
+    p.add_argument("--protocol", default="tcp", choices=["tcp", "rdma"], help="how Mooncake moves pages between nodes")
     p.add_argument("--metadata", default="P2PHANDSHAKE", help="Mooncake metadata: P2PHANDSHAKE or a metadata server URL")
     p.add_argument("--hostname", default=None, help="this node's address as other nodes reach it (default: the host's name)")
     p.add_argument("--rdma-devices", default="", help="RDMA NICs for --protocol rdma (mlx5_0,mlx5_1)")
