@@ -1212,3 +1212,15 @@ def test_help_shows_the_defaults(capsys):
     for shown in ("(default: tcp)", "(default: 1GiB)", "(default: 65536)", "(default: all)", "(default: 0.5)"):
         assert shown in out
     assert "(default: None)" not in out and "(default: )" not in out and "(default: False)" not in out
+
+
+def test_the_daemon_check_of_an_uplink_that_stopped_says_nothing(device):
+    """An uplink stopped within its first 2 s (no daemon answering yet)
+    printed 'Exception in thread uplink-daemon-check ... ClosedError'."""
+    from types import SimpleNamespace
+
+    t = cxltier.Tier(device)
+    stopping = threading.Timer(0.3, t.close)
+    stopping.start()
+    up._warn_without_daemon(SimpleNamespace(tier=t))  # raised ClosedError: tier detached
+    stopping.join()

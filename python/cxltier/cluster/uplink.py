@@ -1183,8 +1183,14 @@ def registered(tier, wait=0.0):
 
 
 def _warn_without_daemon(up):
-    """A node with an uplink needs its daemon: says so when none answers."""
-    ok, why = registered(up.tier, wait=2.0)
+    """A node with an uplink needs its daemon: says so when none answers.
+    An uplink that stops within the wait has nothing to be told."""
+    from .. import _native
+
+    try:
+        ok, why = registered(up.tier, wait=2.0)
+    except _native.ClosedError:
+        return  # the uplink stopped and detached meanwhile
     if not ok:
         logger.warning("cxltier uplink: this node's cxltierd does not know this uplink (%s). Run cxltierd on every "
                        "node with an uplink: without it, blocks an uplink reserved when it died stay reserved until "
