@@ -28,7 +28,13 @@ try:
 except ImportError as e:
     if os.environ.get("CXLTIER_REQUIRE_SGLANG") == "1":
         raise
-    pytest.skip(f"SGLang is not installed ({e}); .ci/run installs it", allow_module_level=True)
+    # Not an error: python -m pytest python runs every suite this
+    # environment can, and says which it left out and why.
+    _MISSING = f"SGLang is not installed ({e}); .ci/run installs it"
+    collect_ignore_glob = ["test_*.py"]
+
+    def pytest_terminal_summary(terminalreporter):
+        terminalreporter.write_line(f"{os.path.basename(HERE)}/ not run: {_MISSING}")
 
 
 @pytest.fixture(scope="session")

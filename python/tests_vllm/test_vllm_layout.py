@@ -128,7 +128,7 @@ def test_an_index_the_tier_cannot_hold_names_the_setting(built):
     naming index_bytes (the engine died deep in a worker with 'tier space
     exhausted'); a size that fits opens."""
     from cxltier import _native
-    from conftest import tier_device
+    from vllm_suite import tier_device
 
     cfg = cv.settings({}, environ={})
     with tier_device(built["cli"], "64MiB", "cxltier-vllm-small") as dev, Tier(dev) as t:

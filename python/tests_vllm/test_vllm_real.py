@@ -29,7 +29,7 @@ import random
 
 import pytest
 
-from conftest import damage, read_when, records, run_engine, same, start_engine, tier_device
+from vllm_suite import damage, read_when, records, run_engine, same, start_engine, tier_device
 
 BLOCK = 128  # vLLM's CPU block size
 

@@ -17,7 +17,7 @@ import random
 
 import pytest
 
-from conftest import records, run_engine, same, tier_device
+from vllm_suite import records, run_engine, same, tier_device
 
 BLOCK = 128  # vLLM's CPU block size
 
