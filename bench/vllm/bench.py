@@ -58,6 +58,9 @@ def parse_args():
     p.add_argument("--prompts", type=int, default=3)
     p.add_argument("--tier-size", default="4GiB")
     p.add_argument("--no-offload", action="store_true", help="skip vLLM's OffloadingConnector (a small run)")
+    p.add_argument("--async-load-bytes", default="4MiB",
+                   help="the connector's async_load_bytes: loads of at least this many bytes are asynchronous "
+                        "(0: all, 1TiB: none)")
     p.add_argument("--out", default=None)
     return p.parse_args()
 
@@ -108,10 +111,11 @@ class Engine:
         return (errors or lines or ["(no output)"])[0][-400:]
 
 
-def connector(device, role, index_bytes):
+def connector(device, role, index_bytes, async_bytes="4MiB"):
     return {"kv_connector": "CxlTierConnector", "kv_connector_module_path": "cxltier.vllm", "kv_role": role,
             "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"device": device, "index": "bench-vllm", "index_bytes": str(index_bytes)}}
+            "kv_connector_extra_config": {"device": device, "index": "bench-vllm", "index_bytes": str(index_bytes),
+                                          "async_load_bytes": async_bytes}}
 
 
 def main():
@@ -152,7 +156,7 @@ def run(args, tier, env, cxltier):
         gate = os.path.join(tmp, "first-may-go")
         # Each engine's first generate() pays for warming up: a short prompt of its own goes first.
         warm = lambda i: one("warm", prompt(900 + i, 64))  # noqa: E731
-        first = Engine({**base, "connector": connector(tier, "kv_both", room), "requests": [
+        first = Engine({**base, "connector": connector(tier, "kv_both", room, args.async_load_bytes), "requests": [
             warm(0), *(one(f"p{i}", p) for i, p in enumerate(prompts)),
             one("done", prompts[0], wait_for=gate)]}, tmp, "first", env)
         print(f"first engine: computing {args.prompts} prompts of {args.tokens} tokens...", flush=True)
@@ -161,7 +165,7 @@ def run(args, tier, env, cxltier):
             ix = t.prefix("bench-vllm")
             st = ix.stats()
             ix.close()
-        second = Engine({**base, "connector": connector(tier, "kv_both", room), "requests": [warm(1)] + [
+        second = Engine({**base, "connector": connector(tier, "kv_both", room, args.async_load_bytes), "requests": [warm(1)] + [
             r for i, p in enumerate(prompts) for r in (one(f"tier{i}", p), one(f"recompute{i}", p, salt=f"s{i}"),
                                                        one(f"local{i}", p))]}, tmp, "second", env)
         print("second engine, beside the first...", flush=True)
@@ -169,7 +173,7 @@ def run(args, tier, env, cxltier):
         open(gate, "w").close()
         out1 = first.wait()
         print("restarted engine...", flush=True)
-        out3 = Engine({**base, "connector": connector(tier, "kv_both", room), "requests": [warm(2)] + [
+        out3 = Engine({**base, "connector": connector(tier, "kv_both", room, args.async_load_bytes), "requests": [warm(2)] + [
             one(f"restart{i}", p) for i, p in enumerate(prompts)]}, tmp, "restart", env).wait()
         out4, offload = {}, "not run (--no-offload)"
         if not args.no_offload:
