@@ -25,6 +25,7 @@ what a per-engine copy takes for two engines.
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -111,31 +112,39 @@ class Engine:
         return (errors or lines or ["(no output)"])[0][-400:]
 
 
-def connector(device, role, index_bytes, async_bytes="4MiB"):
+def connector(device, role, index_bytes, async_bytes="4MiB", index="bench-vllm"):
     return {"kv_connector": "CxlTierConnector", "kv_connector_module_path": "cxltier.vllm", "kv_role": role,
             "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"device": device, "index": "bench-vllm", "index_bytes": str(index_bytes),
+            "kv_connector_extra_config": {"device": device, "index": index, "index_bytes": str(index_bytes),
                                           "async_load_bytes": async_bytes}}
 
 
-def main():
-    args = parse_args()
-    lib, cli = build(tempfile.mkdtemp(prefix="cxltier-bench-vllm-"))
+@contextlib.contextmanager
+def scratch_tier(name, size):
+    """(tier, engines' environment): the library and CLI built from this
+    checkout, and a tier of size in /dev/shm, destroyed after."""
+    lib, cli = build(tempfile.mkdtemp(prefix=f"cxltier-{name}-"))
     env = dict(os.environ, CXLTIER_LIB=lib, VLLM_LOGGING_LEVEL="WARNING",
                PYTHONPATH=os.path.join(REPO, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     os.environ["CXLTIER_LIB"] = lib
-    import cxltier
-
-    tier = f"shm:cxltier-bench-vllm-{uuid.uuid4().hex[:8]}"
-    subprocess.check_call([cli, "format", "-device", tier, "-size", args.tier_size], stdout=subprocess.DEVNULL)
+    tier = f"shm:cxltier-{name}-{uuid.uuid4().hex[:8]}"
+    subprocess.check_call([cli, "format", "-device", tier, "-size", size], stdout=subprocess.DEVNULL)
     try:
-        rows, memory, offload = run(args, tier, env, cxltier)
+        yield tier, env
     finally:
         subprocess.run([cli, "destroy", "-force", tier], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             os.remove("/dev/shm/" + tier.removeprefix("shm:"))
         except FileNotFoundError:
             pass
+
+
+def main():
+    args = parse_args()
+    with scratch_tier("bench-vllm", args.tier_size) as (tier, env):
+        import cxltier
+
+        rows, memory, offload = run(args, tier, env, cxltier)
     report(args, rows, memory, offload)
 
 

@@ -38,15 +38,13 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
-import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench import REPO, Engine, LLAMA, build, prompt, write_model  # noqa: E402
+from bench import Engine, LLAMA, connector, prompt, scratch_tier, write_model  # noqa: E402
 
 BLOCK = 128  # vLLM's CPU block size
 
@@ -64,30 +62,12 @@ def parse_args():
     return p.parse_args()
 
 
-def connector(device, role, room, async_bytes):
-    return {"kv_connector": "CxlTierConnector", "kv_connector_module_path": "cxltier.vllm", "kv_role": role,
-            "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"device": device, "index": "bench-mixed", "index_bytes": str(room),
-                                          "async_load_bytes": async_bytes}}
-
-
 def main():
     args = parse_args()
     if min(args.hits, args.misses, args.rounds) < 1 or args.hits + args.misses > 8:
         sys.exit("mixed: --hits, --misses and --rounds at least 1, hits + misses at most 8")
-    lib, cli = build(tempfile.mkdtemp(prefix="cxltier-bench-mixed-"))
-    env = dict(os.environ, CXLTIER_LIB=lib, VLLM_LOGGING_LEVEL="WARNING",
-               PYTHONPATH=os.path.join(REPO, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    tier = f"shm:cxltier-bench-mixed-{uuid.uuid4().hex[:8]}"
-    subprocess.check_call([cli, "format", "-device", tier, "-size", args.tier_size], stdout=subprocess.DEVNULL)
-    try:
+    with scratch_tier("bench-mixed", args.tier_size) as (tier, env):
         result = run(args, tier, env)
-    finally:
-        subprocess.run([cli, "destroy", "-force", tier], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            os.remove("/dev/shm/" + tier.removeprefix("shm:"))
-        except FileNotFoundError:
-            pass
     report(args, result)
 
 
@@ -107,7 +87,7 @@ def run(args, tier, env):
         one = lambda name, toks, **kw: {"name": name, "tokens": toks, "max_tokens": 1, **kw}  # noqa: E731
         warm = lambda i: one(f"warm{i}", prompt(900 + i, 64))  # noqa: E731
         print(f"store: computing {args.rounds * args.hits} prompts of {args.tokens} tokens...", flush=True)
-        Engine({**base, "connector": connector(tier, "kv_both", room, "4MiB"), "requests": [warm(0)] + [
+        Engine({**base, "connector": connector(tier, "kv_both", room, "4MiB", index="bench-mixed"), "requests": [warm(0)] + [
             {"batch": [one(f"h{r}.{i}", p) for i, p in enumerate(hs)]} for r, hs in enumerate(stored)]},
             tmp, "store", env).wait()
         out = {}
@@ -122,7 +102,7 @@ def run(args, tier, env):
                 reqs.append({"batch": [one(f"tier{r}.h{i}", p) for i, p in enumerate(stored[r])] + misses("tier")})
             print(f"{mode}: {args.rounds} rounds of {args.hits} hits and {args.misses} misses, from vLLM's cache "
                   "and from the tier...", flush=True)
-            out[mode] = Engine({**base, "connector": connector(tier, "kv_both", room, async_bytes), "requests": reqs},
+            out[mode] = Engine({**base, "connector": connector(tier, "kv_both", room, async_bytes, index="bench-mixed"), "requests": reqs},
                                tmp, mode, env).wait()
     return out
 

@@ -29,7 +29,7 @@ import random
 
 import pytest
 
-from vllm_suite import damage, read_when, records, run_engine, same, start_engine, tier_device
+from vllm_suite import damage, index_keys, read_when, records, run_engine, same, start_engine, tier_device
 
 BLOCK = 128  # vLLM's CPU block size
 
@@ -55,17 +55,6 @@ def connector(device, role, **extra):
             "kv_connector_extra_config": {"device": device, "index": "vllm-test", "index_bytes": "32MiB", **extra}}
 
 
-def index_keys(device, name="vllm-test"):
-    import cxltier
-
-    with cxltier.Tier(device) as t:
-        ix = t.prefix(name)
-        try:
-            return set(ix.keys())
-        finally:
-            ix.close()
-
-
 @pytest.fixture(scope="module")
 def runs(tier, tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("vllm"))
@@ -79,16 +68,16 @@ def runs(tier, tmp_path_factory):
     proc, path = start_engine(spec(connector(tier, "kv_both", kv_events=1), [
         {"name": "P1", "tokens": P1}, {"name": "P2", "tokens": P2, "wait_for": gate}]), tmp, "A")
     out["A"] = read_when(path, "P1", proc)
-    out["keys"]["after P1"] = index_keys(tier)
+    out["keys"]["after P1"] = index_keys(tier, "vllm-test")
     open(gate, "w").close()
     assert proc.wait(timeout=900) == 0, proc.stderr.read()[-6000:]
     out["A"] = read_when(path, "P2", proc)
-    out["keys"]["after A"] = index_keys(tier)
+    out["keys"]["after A"] = index_keys(tier, "vllm-test")
     out["records"] = records(tier, "vllm-test")
 
     out["C"], _ = run_engine(spec(connector(tier, "kv_producer"), [
         {"name": "P1", "tokens": P1}, {"name": "P3", "tokens": P3}]), tmp, "C")
-    out["keys"]["after C"] = index_keys(tier)
+    out["keys"]["after C"] = index_keys(tier, "vllm-test")
 
     out["P2 keys"] = sorted(out["keys"]["after A"] - out["keys"]["after P1"])
     damage(tier, "vllm-test", out["P2 keys"], zero=True)
@@ -100,7 +89,7 @@ def runs(tier, tmp_path_factory):
         {"name": "P1", "tokens": P1}, {"name": "P1 salted", "tokens": P1, "salt": "another tenant"},
         {"name": "P2", "tokens": P2}, {"name": "P3", "tokens": P3, "params": params},
         {"name": "P4", "tokens": P4}]), tmp, "B")
-    out["keys"]["after B"] = index_keys(tier)
+    out["keys"]["after B"] = index_keys(tier, "vllm-test")
 
     out["plain"], _ = run_engine(spec(None, [{"name": "P1", "tokens": P1}, {"name": "P2", "tokens": P2}]), tmp,
                                  "plain")

@@ -17,7 +17,7 @@ import random
 
 import pytest
 
-from vllm_suite import records, run_engine, same, tier_device
+from vllm_suite import index_keys, records, run_engine, same, tier_device
 
 BLOCK = 128  # vLLM's CPU block size
 
@@ -34,17 +34,6 @@ def connector(device, index, **extra):
     return {"kv_connector": "CxlTierConnector", "kv_connector_module_path": "cxltier.vllm", "kv_role": "kv_both",
             "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {"device": device, "index": index, "index_bytes": "32MiB", **extra}}
-
-
-def index_keys(device, name):
-    import cxltier
-
-    with cxltier.Tier(device) as t:
-        ix = t.prefix(name)
-        try:
-            return set(ix.keys())
-        finally:
-            ix.close()
 
 
 @pytest.fixture(scope="module")

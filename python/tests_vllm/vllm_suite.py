@@ -77,6 +77,18 @@ def same(a, b):
     return True
 
 
+def index_keys(device, name):
+    """The entry keys an index of the tier holds."""
+    import cxltier
+
+    with cxltier.Tier(device) as t:
+        ix = t.prefix(name)
+        try:
+            return set(ix.keys())
+        finally:
+            ix.close()
+
+
 def records(device, index_name):
     """The token records of an index's pages: (page key, parent, tokens)."""
     import cxltier
