@@ -39,7 +39,9 @@ type SnapshotInfo struct {
 	Restored int64 // entries inserted on restore (the rest existed)
 }
 
-// progress prints a line at most once a second, then a last one.
+// progress prints a line a second after the work began and at most once a
+// second from then on, then a last one (so work of under a second prints
+// that one alone, not the same count twice).
 type progress struct {
 	w     io.Writer
 	what  string
@@ -48,7 +50,14 @@ type progress struct {
 }
 
 func (p *progress) show(done, bytes int64, final bool) {
-	if p.w == nil || (!final && time.Since(p.last) < time.Second) {
+	if p.w == nil {
+		return
+	}
+	if !final && p.last.IsZero() {
+		p.last = time.Now()
+		return
+	}
+	if !final && time.Since(p.last) < time.Second {
 		return
 	}
 	p.last = time.Now()

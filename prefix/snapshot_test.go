@@ -10,6 +10,23 @@ import (
 	"testing"
 )
 
+// A snapshot's progress ends with its count once, however short it was
+// (one entry printed the same line twice: a first line and the last).
+func TestSnapshotProgressSaysTheEndOnce(t *testing.T) {
+	_, c := testTier(t, 1)
+	s := testStore(t, c, 8, 4096)
+	if _, err := s.Set([]Key{keyN(1)}, [][]byte{payloadFor(keyN(1), 100)}); err != nil {
+		t.Fatal(err)
+	}
+	var file, progress bytes.Buffer
+	if _, err := s.Snapshot(&file, &progress); err != nil {
+		t.Fatal(err)
+	}
+	if got := progress.String(); got != "prefix: snapshot 1 entries (100%), 0.0 MiB\n" {
+		t.Fatalf("progress: %q", got)
+	}
+}
+
 func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	_, c := testTier(t, 1)
 	s := testStore(t, c, 64, 4096)
@@ -27,8 +44,8 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	if err != nil || info.Entries != 50 {
 		t.Fatalf("Snapshot = %+v, %v", info, err)
 	}
-	if !strings.Contains(progress.String(), "50 entries (100%)") {
-		t.Fatalf("progress: %q", progress.String())
+	if strings.Count(progress.String(), "50 entries (100%)") != 1 {
+		t.Fatalf("progress: %q; want its last line once", progress.String())
 	}
 
 	_, c2 := testTier(t, 2) // a fresh tier, a different layout

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/cxltier/cxltier/internal/tierflags"
@@ -22,6 +21,8 @@ subcommands:
   create     create a prefix index in a tier
   stats      print an index's counts and counters
   check      verify an index's invariants and payload checksums
+  put        store a file as one page's payload under its key
+  get        write one page's payload (checksum verified) to a file
   snapshot   write an index to a zstd file
   restore    load a snapshot file into an index (creating it if asked)
   destroy    remove an index and free its space (no client may be using it)
@@ -30,8 +31,8 @@ Subcommands other than keys take the tier's devices as arguments, in tier
 order, as 'inspect' does (a bare path means file:PATH).
 
 An index created with a key (--key-file FILE, or $CXLTIER_PREFIX_KEY) is
-read and written only with it: snapshot and restore need it; stats and
-check do not (they never show entries).
+read and written only with it: put, get, snapshot and restore need it;
+stats and check do not (they never show entries).
 `
 
 func cmdPrefix(args []string, stdout, stderr io.Writer) error {
@@ -40,7 +41,7 @@ func cmdPrefix(args []string, stdout, stderr io.Writer) error {
 		return errUsage
 	}
 	sub := map[string]command{"keys": prefixKeys, "create": prefixCreate, "stats": prefixStats,
-		"check": prefixCheck, "snapshot": prefixSnapshot, "restore": prefixRestore, "destroy": prefixDestroy}
+		"check": prefixCheck, "put": prefixPut, "get": prefixGet, "snapshot": prefixSnapshot, "restore": prefixRestore, "destroy": prefixDestroy}
 	if cmd, ok := sub[args[0]]; ok {
 		return cmd(args[1:], stdout, stderr)
 	}
@@ -259,31 +260,14 @@ func prefixSnapshot(args []string, stdout, stderr io.Writer) error {
 		return errors.New("--out is required")
 	}
 	return withIndexOpen(fs, f, true, prefix.OpenToMove, func(s *prefix.Store) error {
-		// A fresh temporary beside the target (O_EXCL, a random name): a
-		// fixed name could be another run's file, or a planted link.
-		file, err := os.CreateTemp(filepath.Dir(*out), filepath.Base(*out)+".*.tmp")
+		var info prefix.SnapshotInfo
+		err := writeFileAtomic(*out, func(w io.Writer) error {
+			var err error
+			info, err = s.Snapshot(w, stderr)
+			return err
+		})
 		if err != nil {
 			return err
-		}
-		tmp := file.Name()
-		info, err := s.Snapshot(file, stderr)
-		if err == nil {
-			err = file.Sync()
-		}
-		if cerr := file.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			os.Remove(tmp)
-			return err
-		}
-		if err := os.Rename(tmp, *out); err != nil {
-			os.Remove(tmp)
-			return err
-		}
-		if dir, err := os.Open(filepath.Dir(*out)); err == nil { // the rename itself survives a crash
-			dir.Sync()
-			dir.Close()
 		}
 		fmt.Fprintf(stdout, "wrote %d entries (%s of payload) to %s\n", info.Entries, tierflags.HumanSize(info.Bytes), *out)
 		return nil
