@@ -106,6 +106,18 @@ func (r *Region) runningDaemon(inf LeaseInfo, opts ManagerOptions) bool {
 	return age < r.l.LeaseTimeout && age > -r.l.LeaseTimeout-time.Minute
 }
 
+// RunningDaemon reports the daemon that serves node, if one does by the
+// tests NewManager applies before it starts (a live daemon lease whose
+// process is not proven gone, heartbeating).
+func (r *Region) RunningDaemon(node int) (LeaseInfo, bool) {
+	for _, inf := range r.Leases() {
+		if r.runningDaemon(inf, ManagerOptions{Node: node}) {
+			return inf, true
+		}
+	}
+	return LeaseInfo{}, false
+}
+
 // NewManager attaches the daemon's own lease on node opts.Node.
 func NewManager(r *Region, opts ManagerOptions) (*Manager, error) {
 	for _, inf := range r.Leases() {

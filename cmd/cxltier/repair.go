@@ -29,6 +29,10 @@ func cmdRepair(args []string, stdout, stderr io.Writer) error {
 	}
 	defer r.Close()
 	if *dry {
+		if inf, ok := r.RunningDaemon(*node); ok {
+			fmt.Fprintf(stdout, "note: a daemon serves node %d of this tier (slot %d, pid %d, %q): repair would refuse to run, and the daemon repairs as it goes.\n"+
+				"  What follows is a view of a tier in use: a finding may be a change in flight, not damage.\n", *node, inf.Slot, inf.PID, inf.Name)
+		}
 		printRepairPlan(stdout, r.AuditFindings())
 		return nil
 	}

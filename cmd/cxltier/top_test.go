@@ -174,3 +174,34 @@ func TestClientLabel(t *testing.T) {
 		}
 	}
 }
+
+// TestRepairDryRunOnAServedTier: a dry run beside a running daemon says the
+// tier is in use (its findings may be changes in flight) and that repair
+// itself would refuse; without the daemon it says nothing of the kind.
+func TestRepairDryRunOnAServedTier(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tier")
+	if code, _, errs := runCLI(t, "format", "-device", "file:"+path, "-size", "16MiB", "-chunk", "256KiB"); code != 0 {
+		t.Fatal(errs)
+	}
+	b, _ := tier.ParseBacking("file:" + path)
+	r, err := tier.Open(tier.Options{Devices: []tier.Backing{b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	m, err := tier.NewManager(r, tier.ManagerOptions{NoClientSocket: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := runCLI(t, "repair", "-dry-run", path)
+	if code != 0 || !strings.Contains(out, "a daemon serves node 0 of this tier") || !strings.Contains(out, "a change in flight") {
+		t.Errorf("dry run beside a daemon: exit %d, %q %q", code, out, errs)
+	}
+	if code, _, errs := runCLI(t, "repair", path); code != 1 || !strings.Contains(errs, "runs already") {
+		t.Errorf("repair beside a daemon: exit %d, %q", code, errs)
+	}
+	m.Close()
+	if code, out, errs := runCLI(t, "repair", "-dry-run", path); code != 0 || strings.Contains(out, "daemon serves") {
+		t.Errorf("dry run after the daemon stopped: exit %d, %q %q", code, out, errs)
+	}
+}
