@@ -4,6 +4,7 @@ tiers in /dev/shm."""
 
 import os
 import subprocess
+import sys
 import uuid
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -13,6 +14,9 @@ def build(tmp):
     """Paths of libcxltier and the CLI (built into tmp when not given);
     sets CXLTIER_LIB for the cxltier package."""
     lib, cli = os.environ.get("CXLTIER_LIB"), os.environ.get("CXLTIER_CLI")
+    if not (lib and cli):
+        print("building libcxltier.so and the cxltier CLI from this checkout with Go (1-2 min when Go's cache is cold)",
+              file=sys.stderr, flush=True)
     if not lib:
         lib = os.path.join(tmp, "libcxltier.so")
         subprocess.check_call(["go", "build", "-buildmode=c-shared", "-o", lib, "./cmd/libcxltier"], cwd=REPO)

@@ -11,12 +11,36 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(REPO, "python"))
 
 
+def say(config, line):
+    """A line on pytest's terminal now, between its dots: what a long step
+    is doing before it starts."""
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if reporter is None:
+        return
+    # Inside a test's setup pytest captures the terminal: the line would
+    # show only if the test failed.
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        reporter.ensure_newline()
+        reporter.write_line(line)
+
+
+def announce_suite(session, here, what):
+    """Before a long suite runs: how many of its tests, against what, and
+    about how long they take (pytest's dots alone say nothing for minutes)."""
+    mine = [i for i in session.items if str(i.path).startswith(here + os.sep)]
+    if mine and session.config.option.verbose <= 0:
+        say(session.config, f"{os.path.basename(here)}/: {len(mine)} tests against {what}; -v names each test as it runs")
+
+
 @pytest.fixture(scope="session")
-def built(tmp_path_factory):
+def built(tmp_path_factory, pytestconfig):
     """The real library and CLI, built from this checkout (or $CXLTIER_LIB
     and $CXLTIER_CLI when given)."""
     out = tmp_path_factory.mktemp("bin")
     lib = os.environ.get("CXLTIER_LIB")
+    if not (lib and os.environ.get("CXLTIER_CLI")):
+        say(pytestconfig, "cxltier: building libcxltier.so and the cxltier CLI from this checkout with Go (1-2 min when Go's cache is cold)")
     if not lib:
         lib = str(out / "libcxltier.so")
         subprocess.check_call(["go", "build", "-buildmode=c-shared", "-o", lib, "./cmd/libcxltier"], cwd=REPO)

@@ -35,6 +35,10 @@ except ImportError as e:
 
     def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{os.path.basename(HERE)}/ not run: {_MISSING}")
+else:
+
+    def pytest_collection_finish(session):
+        _fixtures.announce_suite(session, HERE, f"SGLang {sglang.__version__} itself, many starting processes of their own (the whole suite: about 17 min on 2 cores)")
 
 
 @pytest.fixture(scope="session")

@@ -33,5 +33,9 @@ except ImportError as e:
 
     def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{os.path.basename(HERE)}/ not run: {_MISSING}")
+else:
+
+    def pytest_collection_finish(session):
+        _fixtures.announce_suite(session, HERE, f"vLLM {vllm.__version__}'s own engine and scheduler, an engine a process tree that takes about a minute to start (the whole suite: about 10 min on 2 cores)")
 
 sys.path.insert(0, HERE)  # vllm_suite, vllm_engine, scheduler_harness
