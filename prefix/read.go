@@ -243,24 +243,67 @@ func (s *Store) LookupAppend(dst []Hit, keys []Key) ([]Hit, error) {
 	return dst, nil
 }
 
-// lookupOne finds k and, if it is ready, pins it and fills h.
+// lookupOne finds k and, if it is ready, pins it, fills h and marks the
+// entry used.
 func (s *Store) lookupOne(h *Hit, k *Key) (bool, error) {
+	e, ok, err := s.pinOne(h, k)
+	if ok {
+		s.touch(e)
+	}
+	return ok, err
+}
+
+// pinOne finds k and, if it is ready, pins it and fills h.
+func (s *Store) pinOne(h *Hit, k *Key) ([]byte, bool, error) {
 	e, ok := s.probeHit(h, k)
 	if !ok {
-		return false, nil
+		return nil, false, nil
 	}
 	pin, err := s.pin(h.entry, h.word)
 	if err != nil || pin < 0 {
-		return false, err
+		return nil, false, err
 	}
 	h.pin = pin
 	if int64(h.Block) >= s.g.Blocks || h.Len > s.g.BlockBytes {
 		s.unpin(pin)
-		return false, fmt.Errorf("%w: entry %d names block %d of %d bytes", ErrBadIndex, h.entry, h.Block, h.Len)
+		return nil, false, fmt.Errorf("%w: entry %d names block %d of %d bytes", ErrBadIndex, h.entry, h.Block, h.Len)
 	}
 	h.Offset = s.blockAt(h.Block)
-	s.touch(e)
-	return true, nil
+	return e, true, nil
+}
+
+// Keep pins the ready entries among keys, each on its own (a missing key
+// does not end it, as it ends a lookup's prefix), and sets present[i] for
+// the keys it pinned. It counts no hit and does not mark an entry used: a
+// writer keeps what it stored until a reader has read it, and eviction
+// takes no pinned entry. Give the hits back with Release; on an error
+// nothing stays pinned (ErrPinsFull where this client's pin table is full).
+func (s *Store) Keep(keys []Key, present []bool) ([]Hit, error) {
+	held, herr := s.hold("keep")
+	if herr != nil {
+		return nil, herr
+	}
+	defer held.Done()
+	if len(present) < len(keys) {
+		return nil, fmt.Errorf("prefix: %q: keep: %d keys but %d answers: %w", s.name, len(keys), len(present), ErrBadConfig)
+	}
+	if err := s.entries("keep"); err != nil {
+		return nil, err
+	}
+	hits := make([]Hit, 0, len(keys))
+	for n := range keys {
+		hits = hits[:len(hits)+1]
+		_, ok, err := s.pinOne(&hits[len(hits)-1], &keys[n])
+		if err != nil {
+			s.Release(hits[:len(hits)-1])
+			return nil, fmt.Errorf("prefix: %q: keep key %d (%v): %w", s.name, n, keys[n], err)
+		}
+		present[n] = ok
+		if !ok {
+			hits = hits[:len(hits)-1]
+		}
+	}
+	return hits, nil
 }
 
 // probeHit finds k and, if it is ready, fills h from its entry, which it

@@ -31,6 +31,7 @@
 //	cxl_prefix_stats(index, json, json_cap)             with "uplink": this process's fills and write-behind notices
 //	cxl_prefix_list(index, out, out_cap, &n)             the keys of every ready entry (CXL_ERANGE with n when out is short)
 //	cxl_prefix_has(index, keys, n, present)              each key ready (1) or not (0)
+//	cxl_prefix_keep(index, keys, n, present, &pins)      pin the ready ones (no read, no hit) until cxl_prefix_unpin(pins)
 //	cxl_prefix_names(tier, buf, buf_len, &n)             the tier's prefix indexes, each name NUL-terminated
 //	cxl_uplink_off(tier)                                 indexes opened on tier from now on never ask the uplink (the uplink's own)
 //	cxl_uplink_address(tier, buf, cap)                   the socket path of the node's uplink (for the uplink)
@@ -125,7 +126,7 @@ package main
 import "C"
 
 // abiVersion changes whenever a call's meaning or signature does.
-const abiVersion = 15
+const abiVersion = 16
 
 //export cxl_abi_version
 func cxl_abi_version() C.int { return abiVersion }

@@ -349,6 +349,62 @@ func cxl_prefix_has(h C.uint64_t, keys *C.uint8_t, n C.int64_t, present *C.int8_
 	return report(err, errbuf, errlen)
 }
 
+// cxl_prefix_keep pins each key's ready entry (present[i] 1, else 0)
+// without reading its payload, so that no eviction takes it until
+// cxl_prefix_unpin of *out: a prefill keeps the pages it published for a
+// decode until the decode has landed them. The pins count against this
+// client's pin table (a full one fails with CXL_ENOSPACE, nothing kept),
+// hold the tier until released (a detach waits for them, bounded), and end
+// with the client's lease.
+//
+//export cxl_prefix_keep
+func cxl_prefix_keep(h C.uint64_t, keys *C.uint8_t, n C.int64_t, present *C.int8_t, out *C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_prefix_keep", errbuf, errlen, &code)
+	err := func() error {
+		s, ks, done, err := indexKeys(h, keys, n)
+		defer done.Done()
+		if err != nil {
+			return err
+		}
+		if out == nil || (n > 0 && present == nil) {
+			return fmt.Errorf("prefix keep: %w", errBadArg)
+		}
+		id, err := keepKeys(s, ks, unsafe.Slice((*int8)(unsafe.Pointer(present)), len(ks)))
+		if err == nil {
+			*out = C.uint64_t(id)
+		}
+		return err
+	}()
+	return report(err, errbuf, errlen)
+}
+
+// keepKeys pins ks's ready entries of index s, marking which in present,
+// and returns the pins' handle, which holds the tier until it is closed.
+func keepKeys(s *index, ks []prefix.Key, present []int8) (uint64, error) {
+	a, err := tierOf(s.tier)
+	if err != nil {
+		return 0, err
+	}
+	held, err := a.c.Hold()
+	if err != nil {
+		return 0, err
+	}
+	have := make([]bool, len(ks))
+	hits, err := s.Keep(ks, have)
+	if err != nil {
+		held.Done()
+		return 0, err
+	}
+	for i, ok := range have {
+		present[i] = 0
+		if ok {
+			present[i] = 1
+		}
+	}
+	p := &pinned{child: child{tier: s.tier, close: func() error { s.Release(hits); held.Done(); return nil }}}
+	return handles.addChild(a, p, p.child), nil
+}
+
 // cxl_prefix_names writes the names of the tier's prefix indexes to buf,
 // each followed by a NUL byte, and the bytes that takes to n. With too
 // little room it writes n only and fails with a range error.

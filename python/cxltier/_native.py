@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 
-ABI_VERSION = 15
+ABI_VERSION = 16
 _ERRLEN = 1024
 
 
@@ -93,6 +93,7 @@ _PROTOTYPES = {
     "cxl_prefix_stats": [_u64, ctypes.c_char_p, _int] + _err,
     "cxl_prefix_list": [_u64, _bytes, _i64, _p(_i64)] + _err,
     "cxl_prefix_has": [_u64, _bytes, _i64, _p(_i8)] + _err,
+    "cxl_prefix_keep": [_u64, _bytes, _i64, _p(_i8), _p(_u64)] + _err,
     "cxl_prefix_names": [_u64, ctypes.c_char_p, _i64, _p(_i64)] + _err,
     "cxl_uplink_off": [_u64] + _err,
     "cxl_uplink_address": [_u64, ctypes.c_char_p, _int] + _err,

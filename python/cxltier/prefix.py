@@ -73,6 +73,27 @@ def _joined(keys):
     return None
 
 
+class Kept:
+    """Pins PrefixIndex.keep_block took; release() (or the with block's
+    end) gives them back. Pins of a process that ends go with its lease."""
+
+    def __init__(self, handle, present):
+        self._h, self.present = handle, present
+        self._lock = threading.Lock()
+
+    def release(self):
+        with self._lock:
+            h, self._h = self._h, 0
+        if h:
+            _native.call("cxl_prefix_unpin", h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
 class KeyBlock:
     """n keys back to back in one ctypes array, the form the library takes:
     what part_keys makes in one call, and what PrefixIndex's *_block calls
@@ -321,6 +342,17 @@ class PrefixIndex(_native.Child):
         out = (ctypes.c_int8 * max(block.n, 1))()
         self._hot("cxl_prefix_has")[0](block.array, ctypes.c_int64(block.n), out)
         return [out[i] == 1 for i in range(block.n)]
+
+    def keep_block(self, block):
+        """Pins each key of block that has a ready entry, reading nothing,
+        so that eviction takes none of them until the Kept it returns is
+        released: a prefill keeps the pages it published until its decode
+        has landed them. Kept.present says which keys were there. A full
+        pin table raises NoSpaceError with nothing kept."""
+        out = (ctypes.c_int8 * max(block.n, 1))()
+        h = ctypes.c_uint64()
+        _native.call("cxl_prefix_keep", self.handle, block.array, block.n, out, ctypes.byref(h))
+        return Kept(h.value, [out[i] == 1 for i in range(block.n)])
 
     def _hot(self, name):
         """(call, pointer to its output word, the word) of a hot call with

@@ -163,3 +163,29 @@ def test_exists_pages_counts_pages_with_every_part(built, device):
         assert idx.exists_pages(pages[:4] + pages[5:], masks) == 6  # every page complete, the NUL one too
         assert idx.exists_pages(pages, []) == 0
         assert idx.exists_block(part_keys(pages[:4], masks)) == 8
+
+
+def key_block(keys):
+    raw = b"".join(bytes.fromhex(k) for k in keys)
+    return cxltier.prefix.KeyBlock((ctypes.c_uint8 * len(raw)).from_buffer_copy(raw), len(keys))
+
+
+def test_kept_entries_outlive_eviction_until_released(built, device):
+    """keep_block pins what is there (a missing key between skipped), counts
+    no hit, and no insert evicts a kept entry until it is released."""
+    with cxltier.Tier(device) as t:
+        ix = t.prefix("m", blocks=4, block_bytes=4096)
+        keys = cxltier.page_keys(range(80), 4)
+        assert ix.set(keys[:2], [payload(i, 100) for i in range(2)]) == ["stored"] * 2
+        hits = ix.stats()["hits"]
+        kept = ix.keep_block(key_block([keys[0], keys[10], keys[1]]))
+        assert kept.present == [True, False, True]
+        assert ix.stats()["hits"] == hits
+        for i in range(2, 12):  # ten more entries through a 4-block index
+            ix.set([keys[i]], [payload(i, 100)])
+        assert ix.has(keys[:2]) == [True, True]
+        kept.release()
+        kept.release()  # a second release is nothing
+        for i in range(12, 20):
+            ix.set([keys[i]], [payload(i, 100)])
+        assert ix.has(keys[:2]) == [False, False]

@@ -22,7 +22,8 @@ them as follows.
     python pd_worker.py ROLE JSON
 
 JSON: the job (kind, tokens, room, seed, pages; tp_rank and tp_size for a
-rank of a TP group, delay for a slow rank, model for the model path: see
+rank of a TP group, delay for a slow rank, poll_after for a decode that
+polls late, model for the model path: see
 the tests).
 
 prints one JSON line: the outcome and a digest of every page it holds.
@@ -173,6 +174,7 @@ def decode(job, pool, meta, mgr):
         receiver.abort()
         receiver.clear()
         return {"role": "decode", "state": "aborted"}
+    time.sleep(job.get("poll_after", 0))  # a decode scheduler busy elsewhere: it lands nothing until it polls
     st = wait(receiver, (KVPoll.Success,), job.get("limit", 30))
     receiver.clear()  # as SGLang's decode queues, after a success or a failure
     out = {"role": "decode", "state": {KVPoll.Success: "success", KVPoll.Failed: "failed", None: "timeout"}.get(st, str(st)),

@@ -232,6 +232,33 @@ def test_more_rooms_in_flight_than_the_old_mailbox_held(built, device):
     assert rooms_in_flight(device) == 0  # every room freed: both sides ended it
 
 
+def test_published_pages_are_kept_until_the_decode_lands_them(built, device):
+    """A full index whose older pages were each read once (a serving tier's
+    steady state: every page sent was read by its decode): eviction's second
+    chance passes those over and takes the newest unread pages first, so the
+    prefill's next pages evicted its own published ones before a decode that
+    polled late read them, and the decode failed ("a page is not in the
+    tier"). The prefill keeps what it published until the decode's ack."""
+    t = cxltier.Tier(device)
+    try:
+        ix = t.prefix("pd", 8, 4096)
+        old = cxltier.page_keys(range(90000, 90000 + 6 * PAGE), PAGE)
+        assert ix.set(old, [bytes(768)] * 6) == ["stored"] * 6
+        assert ix.get(old, [bytearray(4096) for _ in old])[0] == 6  # each read once
+    finally:
+        t.close()
+    tokens = list(range(9100, 9100 + 5 * PAGE))  # five whole pages: three must evict
+    pr, dr = pair(built, device, job("mha", tokens, 77, chunk_pages=1, send_gap=0.05),
+                  job("mha", tokens, 77, first_slot_page=30, poll_after=2.0))
+    assert pr["state"] == "success" and dr["state"] == "success", (pr, dr)
+    assert dr["digests"] == pr["digests"]
+    t = cxltier.Tier(device)
+    try:
+        assert t.prefix("pd").has(old).count(True) == 3  # the old pages were evicted instead
+    finally:
+        t.close()
+
+
 def test_a_bad_publish_size_is_refused_naming_it(built, device):
     index_for(built, device, "mha")
     r = result(start(built, device, "prefill", job("mha", [1, 2, 3, 4], 72), {"CXLTIER_PD_PUBLISH_MIB": "lots"}))

@@ -206,6 +206,7 @@ class CxlTierKVManager(BaseKVManager):
         blocks = int(os.environ.get("CXLTIER_PD_BLOCKS", "0") or 0)
         key = os.environ.get("CXLTIER_PREFIX_KEY") or None
         self.index = self.tier.prefix(self.index_name, blocks, self.page_bytes + 64 if blocks else 0, key)
+        self.said_pins_full = False
         if self.index.stats()["block_bytes"] < self.page_bytes:
             raise DisaggError(f"cxltier disaggregation: index {self.index_name!r} has "
                               f"{self.index.stats()['block_bytes']}-byte blocks; a page is {self.page_bytes} bytes")
@@ -365,6 +366,7 @@ class _Side:
         self.finished = None
         self.handle = None  # the request's room in the rooms table (a rooms.Room)
         self._ended = False  # whether this side ended its room
+        self._kept = []  # pins on the pages this side published, until it ends (a prefill's: see _keep)
 
     def room_of(self, find=False):
         """This request's room: the decode's claim; the prefill's once the
@@ -391,9 +393,14 @@ class _Side:
         goes with it (whichever side ends first drops it: the decode has
         landed it by then, or never will). At the conclusion, not at
         clear(): SGLang clears a prefill's sender only after a success."""
-        if self.handle is None or self._ended:
+        with self._lock:
+            kept, self._kept = self._kept, []
+            done = self.handle is None or self._ended
+            self._ended = self._ended or self.handle is not None
+        for k in kept:
+            k.release()
+        if done:
             return
-        self._ended = True
         if self.nonce is not None:
             try:
                 self.kv_mgr.drop_tail(self.room, self.nonce)
@@ -403,6 +410,28 @@ class _Side:
             self.kv_mgr.rooms.end(self.handle, self.kv_mgr.side)
         except Exception:
             pass  # freed already (a reclaim) or claimed anew: nothing to end
+
+    def _keep(self, block):
+        """Pins the pages of block this side just published until it ends.
+        A decode lands them after they are published, and meanwhile this
+        prefill's next parts (or any writer's) evict: in a full index whose
+        older pages were each read once, eviction's second chance passes
+        those over and takes the newest unread pages first, so the decode
+        found its own request's pages gone. A pin table that is full keeps
+        nothing, and says so once."""
+        try:
+            kept = self.kv_mgr.index.keep_block(block)
+        except _native.NoSpaceError as e:
+            if not self.kv_mgr.said_pins_full:
+                self.kv_mgr.said_pins_full = True
+                logger.warning("cxltier disaggregation: room %d: published pages are not kept from eviction until the "
+                               "decode reads them (%s): too many pages in flight for this process's pin table", self.room, e)
+            return
+        with self._lock:
+            if self.conclude_state is None:
+                self._kept.append(kept)
+                return
+        kept.release()  # the side ended meanwhile
 
     def _look(self):
         """Whether it is time to read the tier again (the scheduler polls
@@ -521,6 +550,7 @@ class CxlTierKVSender(_Side, BaseKVSender):
                 if status != "stored":
                     raise DisaggError(f"cxltier disaggregation: room {self.room}: the last page was not stored "
                                       f"({status}; index {mgr.index_name!r})")
+                self._keep(keys)
                 self.bytes += mgr.page_bytes
             if last:
                 self._finish()
@@ -533,6 +563,7 @@ class CxlTierKVSender(_Side, BaseKVSender):
         if "no_space" in statuses:
             raise DisaggError(f"cxltier disaggregation: room {self.room}: the tier is full "
                               f"(index {mgr.index_name!r}): {statuses.count('no_space')} of {len(pages)} pages not stored")
+        self._keep(block)
         self.written += statuses.count("stored")
         self.present += statuses.count("present")
         self.bytes += statuses.count("stored") * mgr.page_bytes
