@@ -3,14 +3,17 @@ process, through the tier (cxltier's transfer backend) against SGLang's own
 mooncake backend over loopback TCP (SGLang's mooncake_tcp), in one run.
 
     python bench/pd/bench.py [--layouts mha,mla] [--tokens 1536,3072,6144]
-                             [--repeat 3] [--tier-size 8GiB] [--out FILE]
+                             [--tp 1,2] [--repeat 3] [--tier-size 8GiB] [--out FILE]
 
-Each backend runs as two OS processes (bench/pd/worker.py): SGLang 0.5.23's
+Each backend runs as a prefill and a decode of TP ranks each, one OS
+process per rank (bench/pd/worker.py): SGLang 0.5.23's
 KV pool on CPU with a model's geometry, its MetadataBuffers, its KVArgs as
 PrefillBootstrapQueue fills them, the backend's manager, sender and
 receiver made by SGLang's queues' own methods, driven in their order. The
 mooncake side also runs SGLang's bootstrap server (HTTP), its process
-groups (gloo) and Mooncake's transfer engine with MC_FORCE_TCP=1.
+groups (gloo, one group per side across its ranks) and Mooncake's transfer
+engine with MC_FORCE_TCP=1. At TP 2 an MHA rank holds half the KV heads
+and an MLA rank the whole latent, as in serving.
 
   first       a prompt neither side has seen: the prefill's pages go to the
               decode (through the tier: written to it, then read from it)
@@ -89,41 +92,52 @@ def mooncake_path():
 
 
 class Pair:
-    """A prefill and a decode worker of one backend, fed requests on stdin."""
+    """The prefill and decode workers of one backend, one process per TP
+    rank on each side, fed requests on stdin."""
 
-    def __init__(self, backend, cfg, env):
+    def __init__(self, backend, cfg, env, tp):
         port = free_port()
         env = dict(env, PD_BENCH_BOOTSTRAP_PORT=str(port))
-        arg = json.dumps(dict(cfg, backend=backend))
-        self.procs = {role: subprocess.Popen([sys.executable, "-W", "ignore", WORKER, role, arg], env=env, text=True,
-                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                      for role in ("prefill", "decode")}
-        for role in self.procs:
-            self.read(role, 600)
+        self.tp = tp
+        self.procs = {}
+        for role in ("prefill", "decode"):
+            for rank in range(tp):
+                arg = json.dumps(dict(cfg, backend=backend, tp_rank=rank, tp_size=tp))
+                self.procs[role, rank] = subprocess.Popen([sys.executable, "-W", "ignore", WORKER, role, arg], env=env,
+                                                          text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                          stderr=subprocess.PIPE)
+        for key in self.procs:
+            self.read(key, 600)
 
-    def read(self, role, limit=300):
-        p = self.procs[role]
+    def read(self, key, limit=300):
+        p = self.procs[key]
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
             line = p.stdout.readline()
             if not line:
-                raise RuntimeError(f"{role} worker ended (exit {p.wait()}): {p.stderr.read()[-3000:]}")
+                raise RuntimeError(f"{key[0]} rank {key[1]} worker ended (exit {p.wait()}): {p.stderr.read()[-3000:]}")
             if line.startswith("{"):
                 return json.loads(line)
-        raise RuntimeError(f"{role} worker: no answer in {limit} s")
+        raise RuntimeError(f"{key[0]} rank {key[1]} worker: no answer in {limit} s")
+
+    def send(self, role, line):
+        for rank in range(self.tp):
+            self.procs[role, rank].stdin.write(line)
+            self.procs[role, rank].stdin.flush()
 
     def run(self, request):
-        """One request: the prefill makes its KV first (as its forward pass
-        would), then the decode is given the request and says hello."""
+        """One request on every rank: the prefill makes its KV first (as its
+        forward pass would), then the decode is given the request and says
+        hello. Returns the prefill's and the decode's results, a list of one
+        per rank each."""
         line = json.dumps(request) + "\n"
-        self.procs["prefill"].stdin.write(line)
-        self.procs["prefill"].stdin.flush()
-        filled = self.read("prefill")
-        if "filled" not in filled:
-            return filled, {"state": "not started"}
-        self.procs["decode"].stdin.write(line)
-        self.procs["decode"].stdin.flush()
-        return self.read("prefill"), self.read("decode")
+        self.send("prefill", line)
+        filled = [self.read(("prefill", rank)) for rank in range(self.tp)]
+        if not all("filled" in f for f in filled):
+            return filled, [{"state": "not started"}]
+        self.send("decode", line)
+        return ([self.read(("prefill", rank)) for rank in range(self.tp)],
+                [self.read(("decode", rank)) for rank in range(self.tp)])
 
     def close(self):
         for p in self.procs.values():
@@ -135,8 +149,8 @@ class Pair:
                 p.kill()
 
 
-def measure(backend, name, cfg, sizes, repeat, env):
-    pair = Pair(backend, cfg, env)
+def measure(backend, name, cfg, sizes, repeat, env, tp):
+    pair = Pair(backend, cfg, env, tp)
     rows = []
     room = 1
     try:
@@ -145,26 +159,30 @@ def measure(backend, name, cfg, sizes, repeat, env):
                 took, cpu = [], []
                 written = []
                 for r in range(repeat):
-                    prompt = list(range(10_000_000 * (r + 1) + tokens, 10_000_000 * (r + 1) + 2 * tokens))
+                    # A prompt of its own for each size, round and TP (an MLA page is
+                    # one for every TP: the same prompt at TP 2 would not be a first).
+                    base = 10_000_000 * (r + 1) + 1_000_000 * tp
+                    prompt = list(range(base + tokens, base + 2 * tokens))
                     room += 1
                     slot = 1 + (room % 2) * (cfg["pool_tokens"] // (2 * cfg["page_size"]))
                     # The KV of a prompt is a function of its tokens (as a model's is): the seed is the prompt's.
-                    pr, dr = pair.run({"tokens": prompt, "room": room, "first_slot_page": slot, "seed": prompt[0]})
-                    if pr.get("state") != "success" or dr.get("state") != "success":
-                        raise RuntimeError(f"{backend} {name} {tokens}: {pr} {dr}")
-                    if pr["sum"] != dr["sum"] or dr["first_token"] != 4242:
-                        raise RuntimeError(f"{backend} {name} {tokens}: the decode's pages are not the prefill's")
-                    # A decode that found pages already stored lands them before
-                    # the prefill's send: its transfer starts there.
-                    began = min(pr["t_send"], dr.get("t_started") or pr["t_send"])
-                    took.append((dr["t_done"] - began) * 1e3)
-                    cpu.append((pr["cpu_s"] + decode_cpu_since(dr, began)) * 1e3)
-                    written.append(pr.get("written"))
-                rows.append({"backend": backend, "layout": name, "tokens": tokens, "case": case,
+                    prs, drs = pair.run({"tokens": prompt, "room": room, "first_slot_page": slot, "seed": prompt[0]})
+                    if any(x.get("state") != "success" for x in prs + drs):
+                        said = [{k: v for k, v in x.items() if k in ("state", "reason", "room")} for x in prs + drs]
+                        raise RuntimeError(f"{backend} {name} {tokens} TP {tp}: prefill ranks then decode ranks: {said}")
+                    if any(p["sum"] != d["sum"] or d["first_token"] != 4242 for p, d in zip(prs, drs)):
+                        raise RuntimeError(f"{backend} {name} {tokens} TP {tp}: the decode's pages are not the prefill's")
+                    # The transfer starts at the first rank's send, or earlier where
+                    # a decode rank began landing pages already stored (a repeated
+                    # prefix), and ends when the last decode rank has its pages.
+                    began = min([p["t_send"] for p in prs] + [d["t_started"] for d in drs if d.get("t_started")])
+                    took.append((max(d["t_done"] for d in drs) - began) * 1e3)
+                    cpu.append((sum(p["cpu_s"] for p in prs) + sum(decode_cpu_since(d, began) for d in drs)) * 1e3)
+                    written.append(sum(p.get("written") or 0 for p in prs) if backend == "cxltier" else None)
+                rows.append({"backend": backend, "layout": name, "tp": tp, "tokens": tokens, "case": case,
                              "kv_bytes": tokens * cfg["bytes_per_token"], "ms": statistics.median(took),
-                             "ms_all": took, "cpu_ms": statistics.median(cpu),
-                             "pages_written": written[-1] if backend == "cxltier" else None})
-                print(f"  {backend:9} {name} {tokens:6} {case:7} {rows[-1]['ms']:9.1f} ms {rows[-1]['cpu_ms']:9.1f} cpu ms"
+                             "ms_all": took, "cpu_ms": statistics.median(cpu), "pages_written": written[-1]})
+                print(f"  {backend:9} {name} TP {tp} {tokens:6} {case:7} {rows[-1]['ms']:9.1f} ms {rows[-1]['cpu_ms']:9.1f} cpu ms"
                       + (f"  pages written {written[-1]}" if backend == "cxltier" else ""), flush=True)
     finally:
         pair.close()
@@ -186,6 +204,7 @@ def main():
     ap.add_argument("--tokens", default="1536,3072,6144")
     ap.add_argument("--layers", type=int, default=0, help="override the layouts' layer counts (small runs)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--tp", default="1", help="tensor-parallel sizes, each side the same (1,2: both)")
     ap.add_argument("--tier-size", default="8GiB")
     ap.add_argument("--backends", default="mooncake,cxltier", help="mooncake alone is the baseline of every ratio")
     ap.add_argument("--out", default="")
@@ -209,8 +228,9 @@ def main():
         blocks = parse_size(args.tier_size) * 3 // 4 // (page_bytes + 64)
         tenv = dict(env, CXLTIER_DEVICES=tier, CXLTIER_PD_INDEX=f"pd-bench-{name}", CXLTIER_PD_BLOCKS=str(blocks))
         try:
-            for backend in args.backends.split(","):
-                rows += measure(backend, name, cfg, sizes, args.repeat, tenv)
+            for tp in [int(x) for x in args.tp.split(",")]:
+                for backend in args.backends.split(","):
+                    rows += measure(backend, name, cfg, sizes, args.repeat, tenv, tp)
         finally:
             subprocess.run([cli, "destroy", "-force", tier], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     table(rows)
@@ -224,26 +244,23 @@ def main():
 
 def ratios(rows):
     out = []
-    by = {(r["backend"], r["layout"], r["tokens"], r["case"]): r for r in rows}
-    for (b, layout, tokens, case), r in sorted(by.items()):
-        if b != "cxltier" or ("mooncake", layout, tokens, case) not in by:
+    by = {(r["backend"], r["layout"], r["tp"], r["tokens"], r["case"]): r for r in rows}
+    for (b, layout, tp, tokens, case), r in sorted(by.items()):
+        if b != "cxltier" or ("mooncake", layout, tp, tokens, case) not in by:
             continue
-        m = by[("mooncake", layout, tokens, case)]
-        out.append({"layout": layout, "tokens": tokens, "case": case, "speedup": m["ms"] / r["ms"],
-                    "cpu_ratio": r["cpu_ms"] / m["cpu_ms"], "pages_written": r["pages_written"]})
+        m = by[("mooncake", layout, tp, tokens, case)]
+        out.append({"layout": layout, "tp": tp, "tokens": tokens, "case": case, "mooncake_ms": m["ms"], "tier_ms": r["ms"],
+                    "kv_bytes": r["kv_bytes"], "speedup": m["ms"] / r["ms"], "cpu_ratio": r["cpu_ms"] / m["cpu_ms"],
+                    "pages_written": r["pages_written"]})
     return out
 
 
 def table(rows):
-    print(f"\n{'layout':6} {'tokens':>6} {'case':7} {'KV MiB':>7} {'mooncake ms':>11} {'tier ms':>8} {'speedup':>7} "
+    print(f"\n{'layout':6} {'TP':>2} {'tokens':>6} {'case':7} {'KV MiB':>7} {'mooncake ms':>11} {'tier ms':>8} {'speedup':>7} "
           f"{'cpu (tier/mc)':>13} {'tier pages written':>18}")
     for q in ratios(rows):
-        m = next(r for r in rows if r["backend"] == "mooncake" and r["layout"] == q["layout"] and r["tokens"] == q["tokens"]
-                 and r["case"] == q["case"])
-        t = next(r for r in rows if r["backend"] == "cxltier" and r["layout"] == q["layout"] and r["tokens"] == q["tokens"]
-                 and r["case"] == q["case"])
-        print(f"{q['layout']:6} {q['tokens']:6} {q['case']:7} {m['kv_bytes'] / 2**20:7.0f} {m['ms']:11.1f} {t['ms']:8.1f} "
-              f"{q['speedup']:6.2f}x {q['cpu_ratio']:12.2f}x {q['pages_written']!s:>18}")
+        print(f"{q['layout']:6} {q['tp']:2} {q['tokens']:6} {q['case']:7} {q['kv_bytes'] / 2**20:7.0f} {q['mooncake_ms']:11.1f} "
+              f"{q['tier_ms']:8.1f} {q['speedup']:6.2f}x {q['cpu_ratio']:12.2f}x {q['pages_written']!s:>18}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import os
 import resource
 import sys
 import time
+from unittest import mock
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "python"))
@@ -43,17 +44,19 @@ def server_args(cfg, role):
 
     return ServerArgs(model_path="dummy", device="cpu", page_size=cfg["page_size"], disaggregation_mode=role,
                       disaggregation_transfer_backend=cfg["backend"], disaggregation_bootstrap_port=BOOTSTRAP_PORT,
-                      host="127.0.0.1")
+                      host="127.0.0.1", tp_size=cfg.get("tp_size", 1))
 
 
-def kv_args(backend, pool, meta, layers):
+def kv_args(backend, pool, meta, layers, rank, total_heads):
     """KVArgs as PrefillBootstrapQueue._init_kv_manager fills them, with
-    SGLang's own helpers (no draft model, no PP, no Rust server)."""
+    SGLang's own helpers (no draft model, no PP, no Rust server): rank is
+    the process's TP rank, total_heads the model's KV heads (each rank's
+    pool holds its share)."""
     from sglang.srt.disaggregation.utils import (KVClassType, TransferBackend, build_kv_layer_ids, get_kv_class,
                                                  get_kv_transfer_buf_infos, get_pd_kv_layout, setup_state_kv_args)
 
     args = get_kv_class(TransferBackend(backend), KVClassType.KVARGS)()
-    args.engine_rank, args.pp_rank, args.system_dp_rank, args.rust_http_port = 0, 0, 0, None
+    args.engine_rank, args.pp_rank, args.system_dp_rank, args.rust_http_port = rank, 0, 0, None
     args.kv_cache_dtype_str = "bfloat16"
     args.kv_layout = get_pd_kv_layout(pool)
     args.prefill_start_layer, args.prefill_end_layer = 0, getattr(pool, "end_layer", None)
@@ -62,7 +65,7 @@ def kv_args(backend, pool, meta, layers):
     args.kv_layer_ids = build_kv_layer_ids(token_to_kv_pool=pool, draft_token_to_kv_pool=None, num_draft_entries=0,
                                            num_hidden_layers=layers)
     if hasattr(pool, "head_num"):
-        args.kv_head_num = args.total_kv_head_num = pool.head_num
+        args.kv_head_num, args.total_kv_head_num = pool.head_num, total_heads
     args.page_size = pool.page_size
     args.aux_data_ptrs, args.aux_data_lens, args.aux_item_lens = meta.get_buf_infos()
     args.ib_device, args.gpu_id = None, 0
@@ -136,13 +139,14 @@ def prefill(cfg, pool, meta, mgr, r):
     # pass makes it: the decode's hello then comes just before the send.
     n_pages = -(-len(r["tokens"]) // page)
     pages = list(range(r["first_slot_page"], r["first_slot_page"] + n_pages))
-    fill(pool, pages, page, seed=r["seed"])
+    # An MHA rank's heads are its own; an MLA rank's latent is every rank's.
+    fill(pool, pages, page, seed=r["seed"] + (cfg.get("tp_rank", 0) if cfg["kind"] == "mha" else 0))
     aux_index = r["room"] % 8
     meta.output_ids[aux_index][0] = 4242
     out = {"sum": page_sum(pool, pages, page)}
     print(json.dumps({"filled": r["room"]}), flush=True)  # the bench starts the decode's request now
     req = request(r["tokens"], r["room"])
-    assert q.create_sender(req, num_kv_heads=8)
+    assert q.create_sender(req, num_kv_heads=cfg["heads"])
     sender = req.disagg_kv_sender
     if wait(sender, KVPoll.WaitingForInput) != KVPoll.WaitingForInput:
         return {"state": "failed", "reason": _reason(sender)}
@@ -157,6 +161,8 @@ def prefill(cfg, pool, meta, mgr, r):
     st = wait(sender, KVPoll.Success)
     out.update(t_send=t0, t_done=time.monotonic(), cpu_s=cpu_s() - c0,
                state={KVPoll.Success: "success", KVPoll.Failed: "failed", None: "timeout"}.get(st, str(st)))
+    if st != KVPoll.Success:
+        out["reason"] = _reason(sender)
     out["written"] = getattr(sender, "written", None)
     if hasattr(sender, "clear"):
         sender.clear()
@@ -192,32 +198,46 @@ def decode(cfg, pool, meta, mgr, r):
     t1, c1 = time.monotonic(), cpu_s()
     return {"t_done": t1, "cpu_end": c1, "clock": clock, "t_started": getattr(receiver, "started", None), "sum": page_sum(pool, pages, page),
             "first_token": int(meta.output_ids[aux_index][0]),
-            "state": {KVPoll.Success: "success", KVPoll.Failed: "failed", None: "timeout"}.get(st, str(st))}
+            "state": {KVPoll.Success: "success", KVPoll.Failed: "failed", None: "timeout"}.get(st, str(st)),
+            **({} if st == KVPoll.Success else {"reason": _reason(receiver)})}
 
 
 def manager(cfg, role, pool, meta):
+    """The backend's manager for this process's rank: the mooncake side
+    builds what a launched server builds first (the runtime context at its
+    rank, the process groups on gloo across this side's processes,
+    Mooncake's engine); the bootstrap server runs in rank 0 of the prefill, as SGLang
+    starts one per prefill server."""
     from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType, TransferBackend, get_kv_class
 
-    backend = cfg["backend"]
+    backend, rank, tp = cfg["backend"], cfg.get("tp_rank", 0), cfg.get("tp_size", 1)
     sa = server_args(cfg, role)
     if backend == "mooncake":
         os.environ["MC_FORCE_TCP"] = "1"
         from sglang.srt.runtime_context import SpawnRanks, publish
         from sglang.srt.distributed.device_communicators.mooncake_transfer_engine import init_mooncake_transfer_engine
 
-        publish(sa, role="test", ranks=SpawnRanks(world_rank=0, dp_rank=None))
-        # The process groups a launched server builds, on gloo for one process.
+        publish(sa, role="test", ranks=SpawnRanks(world_rank=rank, dp_rank=None))
         from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
+        from sglang.srt.platforms import current_platform
 
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+        # The process groups a launched server builds, on gloo across this
+        # side's ranks. SGLang opens NCCL for a group of two or more unless its
+        # platform says it has none: on a machine without CUDA, say so (the
+        # platform's own capabilities already do; only the in-tree check
+        # overrides them). The KV moves through Mooncake's engine, not them.
+        init_distributed_environment(world_size=tp, rank=rank, local_rank=rank, backend="gloo",
                                      distributed_init_method=f"tcp://127.0.0.1:{BOOTSTRAP_PORT + (1 if role == 'prefill' else 2)}")
-        initialize_model_parallel(backend="gloo")
-        init_mooncake_transfer_engine(hostname="127.0.0.1", gpu_id=0, ib_device=None)
+        with mock.patch.object(type(current_platform), "is_out_of_tree", lambda _self: True):
+            assert not current_platform.capabilities.supports_pynccl
+            initialize_model_parallel(backend="gloo")
+        init_mooncake_transfer_engine(hostname="127.0.0.1", gpu_id=rank, ib_device=None)
     server = None
-    if role == "prefill":  # SGLang starts it before the schedulers (start_disagg_service)
+    if role == "prefill" and rank == 0:  # SGLang starts it before the schedulers (start_disagg_service)
         server = get_kv_class(TransferBackend(backend), KVClassType.BOOTSTRAP_SERVER)(host="127.0.0.1", port=BOOTSTRAP_PORT)
     cls = get_kv_class(TransferBackend(backend), KVClassType.MANAGER)
-    mgr = cls(kv_args(backend, pool, meta, cfg["layers"]), DisaggregationMode(role), sa, is_mla_backend=cfg["kind"] == "mla")
+    args = kv_args(backend, pool, meta, cfg["layers"], rank, cfg["heads"])
+    mgr = cls(args, DisaggregationMode(role), sa, is_mla_backend=cfg["kind"] == "mla")
     return mgr, server
 
 
@@ -229,7 +249,8 @@ def main():
         disagg.install()
     from sglang.srt.disaggregation.utils import MetadataBuffers
 
-    dims = {"head_num": cfg["heads"], "head_dim": cfg["head_dim"], "kv_lora_rank": cfg["kv_lora_rank"],
+    # An MHA rank holds its share of the KV heads; an MLA rank the whole latent.
+    dims = {"head_num": max(1, cfg["heads"] // cfg.get("tp_size", 1)), "head_dim": cfg["head_dim"], "kv_lora_rank": cfg["kv_lora_rank"],
             "qk_rope_head_dim": cfg["qk_rope_head_dim"]}
     pool = kv_pool(cfg["kind"], cfg["page_size"], cfg["pool_tokens"], layers=cfg["layers"], dims=dims)
     meta = MetadataBuffers(8, hidden_size=16, hidden_states_dtype=torch.bfloat16, max_sampling_mask_tokens=1)
