@@ -286,6 +286,12 @@ func cxl_prefix_pin(h C.uint64_t, keys *C.uint8_t, n C.int64_t, addrs *unsafe.Po
 // pinKeys pins ks's present entries of index s, answering into o, and
 // returns the pins' handle, which holds the tier until it is closed.
 func pinKeys(s *index, ks []prefix.Key, o pinOut) (uint64, error) {
+	return holdPins(s, func() ([]prefix.Hit, error) { return pinEach(s, ks, o) })
+}
+
+// holdPins takes a hold on s's tier, then the hits pin takes, and returns
+// a handle that gives back both when it is closed (a detach waits for it).
+func holdPins(s *index, pin func() ([]prefix.Hit, error)) (uint64, error) {
 	a, err := tierOf(s.tier)
 	if err != nil {
 		return 0, err
@@ -294,7 +300,7 @@ func pinKeys(s *index, ks []prefix.Key, o pinOut) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	hits, err := pinEach(s, ks, o)
+	hits, err := pin()
 	if err != nil {
 		held.Done()
 		return 0, err

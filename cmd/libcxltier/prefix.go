@@ -381,28 +381,17 @@ func cxl_prefix_keep(h C.uint64_t, keys *C.uint8_t, n C.int64_t, present *C.int8
 // keepKeys pins ks's ready entries of index s, marking which in present,
 // and returns the pins' handle, which holds the tier until it is closed.
 func keepKeys(s *index, ks []prefix.Key, present []int8) (uint64, error) {
-	a, err := tierOf(s.tier)
-	if err != nil {
-		return 0, err
-	}
-	held, err := a.c.Hold()
-	if err != nil {
-		return 0, err
-	}
-	have := make([]bool, len(ks))
-	hits, err := s.Keep(ks, have)
-	if err != nil {
-		held.Done()
-		return 0, err
-	}
-	for i, ok := range have {
-		present[i] = 0
-		if ok {
-			present[i] = 1
+	return holdPins(s, func() ([]prefix.Hit, error) {
+		have := make([]bool, len(ks))
+		hits, err := s.Keep(ks, have)
+		for i, ok := range have {
+			present[i] = 0
+			if ok {
+				present[i] = 1
+			}
 		}
-	}
-	p := &pinned{child: child{tier: s.tier, close: func() error { s.Release(hits); held.Done(); return nil }}}
-	return handles.addChild(a, p, p.child), nil
+		return hits, err
+	})
 }
 
 // cxl_prefix_names writes the names of the tier's prefix indexes to buf,
