@@ -150,6 +150,7 @@ class Pair:
 
 
 def measure(backend, name, cfg, sizes, repeat, env, tp):
+    print(f"  starting {backend}'s {2 * tp} workers ({name}, TP {tp}: SGLang's imports take a while)...", flush=True)
     pair = Pair(backend, cfg, env, tp)
     rows = []
     room = 1
