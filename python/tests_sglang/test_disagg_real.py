@@ -230,6 +230,14 @@ def test_more_rooms_in_flight_than_the_old_mailbox_held(built, device):
     assert dr["digests"] == pr["digests"]
     assert dr["first_tokens"] == [4242 + k for k in range(n)]
     assert rooms_in_flight(device) == 0  # every room freed: both sides ended it
+    t = cxltier.Tier(device)
+    try:
+        # Each request's whole page stays as a cache entry; its partial last
+        # page went with its room (the prefill, which kept it pinned until the
+        # ack, dropped it once the decode's drop was refused).
+        assert len(t.prefix("pd").keys()) == n
+    finally:
+        t.close()
 
 
 def test_published_pages_are_kept_until_the_decode_lands_them(built, device):

@@ -390,9 +390,12 @@ class _Side:
     def _end_room(self):
         """This side is done with its room: the second side to end it
         frees it (prefix/rooms' rule), and the request's partial last page
-        goes with it (whichever side ends first drops it: the decode has
-        landed it by then, or never will). At the conclusion, not at
-        clear(): SGLang clears a prefill's sender only after a success."""
+        goes with it: each side drops it as it ends (the decode has landed
+        it by then, or never will). A prefill that has not ended yet still
+        pins it (_keep): the decode's drop is then refused, and the
+        prefill's own drop, after its pins are released, takes it. At the
+        conclusion, not at clear(): SGLang clears a prefill's sender only
+        after a success."""
         with self._lock:
             kept, self._kept = self._kept, []
             done = self.handle is None or self._ended
@@ -404,6 +407,8 @@ class _Side:
         if self.nonce is not None:
             try:
                 self.kv_mgr.drop_tail(self.room, self.nonce)
+            except _native.BusyError:
+                pass  # the prefill still keeps it: it drops it when it ends
             except Exception:
                 logger.exception("cxltier disaggregation: room %d: dropping the last page failed", self.room)
         try:
