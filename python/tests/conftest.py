@@ -21,7 +21,8 @@ def say(config, line):
     # Inside a test's setup pytest captures the terminal: the line would
     # show only if the test failed.
     with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        reporter.ensure_newline()
+        if getattr(reporter._tw, "width_of_current_line", 0):  # after a run of dots: a line of its own
+            reporter.write("\n")
         reporter.write_line(line)
 
 
