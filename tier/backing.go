@@ -104,7 +104,8 @@ func fileIDOf(f *os.File) fileID {
 	return fileID{dev: st.Dev, ino: st.Ino, rdev: st.Rdev, char: st.Mode&unix.S_IFMT == unix.S_IFCHR}
 }
 
-// createBacking makes a new backing of the given size, 0600, and maps it.
+// createBacking makes a new backing of the given size, 0600 (0660 and the
+// shared group's where CXLTIER_SHARED_GROUP names one), and maps it.
 // Files are allocated up front (fallocate) so a full tmpfs fails here with an
 // error instead of with SIGBUS on first touch.
 func createBacking(b Backing, size int64, overwrite bool) (*mapping, error) {
@@ -137,6 +138,9 @@ func createBacking(b Backing, size int64, overwrite bool) (*mapping, error) {
 	}
 	defer f.Close()
 	if err := checkMode(b, f, true); err != nil {
+		return nil, err
+	}
+	if err := shareWithGroup(b, f); err != nil {
 		return nil, err
 	}
 	if err := f.Truncate(0); err != nil {
@@ -246,9 +250,12 @@ const SharedGroupEnv = "CXLTIER_SHARED_GROUP"
 //   - a devdax device: owned by root (as udev makes them) or by this user;
 //     group-writable (root:dax 0660, the usual setup) when this process is
 //     in that group, since the administrator granted the group the device;
-//   - a file or shm backing: owned by this user; group-writable only when
-//     its group is the one CXLTIER_SHARED_GROUP names (by name or id) and
-//     this process is in it.
+//   - a file or shm backing: owned by this user, or by root where
+//     CXLTIER_SHARED_GROUP is set (a root daemon's tier that non-root
+//     uplinks and servers share); group-writable only when its group is
+//     the one CXLTIER_SHARED_GROUP names (by name or id) and this process
+//     is in it. Root can write every file anyway, so trusting its files
+//     adds no writer; another user's file may be a squatter's.
 //
 // Read-only mappings (inspect) only need the world-writable check.
 type ownership struct {
@@ -269,7 +276,7 @@ func (o ownership) check(b Backing) error {
 	}
 	inGroup := slices.Contains(o.groups, o.gid)
 	switch {
-	case o.uid != o.euid && !(o.dax && o.uid == 0):
+	case o.uid != o.euid && !(o.uid == 0 && (o.dax || o.sharedGroup != "")):
 		return fmt.Errorf("tier: %s is owned by uid %d, this process runs as %d: a region another user created is refused: %w",
 			b, o.uid, o.euid, ErrPermission)
 	case o.perm&0o020 == 0:

@@ -7,11 +7,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -564,19 +562,7 @@ func TestNoPermission(t *testing.T) {
 		}
 		return
 	}
-	// nobody must be able to execute a copy of the test binary.
-	dir, err := os.MkdirTemp("", "cxltier-perm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	exe := filepath.Join(dir, "tier.test")
-	if err := copyFile(os.Args[0], exe); err != nil {
-		t.Fatal(err)
-	}
+	exe := copyForAnyUser(t)
 	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(), envRole+"=open", envDevices+"="+b.String())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
@@ -585,23 +571,6 @@ func TestNoPermission(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode() != 4 {
 		t.Fatalf("open as nobody: %v (%s), want exit 4 (ErrPermission)", err, out)
 	}
-}
-
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
 
 // childZombie counts under the lock and allocates until its client is

@@ -149,6 +149,9 @@ func listenPeers(r *Region, node int, logf func(string, ...any)) (*peerServer, e
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("tier: socket directory: %w", err)
 	}
+	if err := shareSocketDirectory(path); err != nil {
+		return nil, err
+	}
 	squatter, err := clearStaleSocket(path)
 	if err != nil {
 		return nil, err

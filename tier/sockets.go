@@ -172,7 +172,9 @@ func (r *Region) Replaced() string {
 func TrustedUID(uid uint32) bool { return uid == 0 || int(uid) == os.Geteuid() }
 
 // CheckPeerUID reports an error unless the process at the other end of c
-// runs as a TrustedUID: the kernel's word (SO_PEERCRED), not the peer's.
+// runs as a TrustedUID, or with CXLTIER_SHARED_GROUP's group as its own
+// (a non-root uplink of a shared tier: that group may write the tier
+// anyway): the kernel's word (SO_PEERCRED), not the peer's.
 func CheckPeerUID(c *net.UnixConn, what string) error {
 	raw, err := c.SyscallConn()
 	if err != nil {
@@ -186,9 +188,12 @@ func CheckPeerUID(c *net.UnixConn, what string) error {
 	if cerr != nil {
 		return fmt.Errorf("%s: credentials of the peer: %w", what, cerr)
 	}
-	if !TrustedUID(cred.Uid) {
-		return fmt.Errorf("%s is held by uid %d, neither root nor this process's uid %d (a squatter?): not trusted: %w",
-			what, cred.Uid, os.Geteuid(), ErrPermission)
+	if TrustedUID(cred.Uid) {
+		return nil
 	}
-	return nil
+	if gid, ok, _ := sharedGroupID(); ok && int(cred.Gid) == gid {
+		return nil
+	}
+	return fmt.Errorf("%s is held by uid %d gid %d, neither root, this process's uid %d nor %s's group (a squatter?): not trusted: %w",
+		what, cred.Uid, cred.Gid, os.Geteuid(), SharedGroupEnv, ErrPermission)
 }

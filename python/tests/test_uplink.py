@@ -6,11 +6,13 @@ a failure."""
 
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
 import threading
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -58,6 +60,88 @@ def test_keys_file(tmp_path):
     f.write_text("acme\n")
     with pytest.raises(up.UplinkError, match="INDEX=KEY"):
         up._keys_file(str(f))
+
+
+SHARED_GID = 54321  # no account's: a child is made a member by its credentials alone
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another user")
+@pytest.mark.parametrize("named,peer_gid,trusted", [
+    (True, SHARED_GID, True),     # a non-root server of the shared group
+    (False, SHARED_GID, False),   # no group named: only root and this user
+    (True, 65534, False),         # the group named, the peer's another
+])
+def test_the_shared_group_reaches_the_uplink(monkeypatch, named, peer_gid, trusted):
+    """Issue 64, defect 4: an uplink of a tier shared by a group (a non-root
+    pod) makes its socket the group's, so members may connect, and trusts a
+    peer of that group; where no group is named, as before, only root and
+    its own user."""
+    monkeypatch.setenv("CXLTIER_SHARED_GROUP", str(SHARED_GID) if named else "")
+    # not under pytest's tmp_path, whose parents other users may not enter
+    where = tempfile.mkdtemp(prefix="cxltier-shared-")
+    os.chmod(where, 0o755)
+    path = os.path.join(where, "uplink.sock")
+    sock, lock = up._bind_socket(path)
+    try:
+        st = os.stat(path)
+        if named:
+            assert (st.st_gid, st.st_mode & 0o777) == (SHARED_GID, 0o660)
+        dial = textwrap.dedent("""
+            import os, socket, sys
+            os.setgroups([]); os.setgid(int(sys.argv[2])); os.setuid(65534)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                s.connect(sys.argv[1])
+            except PermissionError:
+                print("refused", flush=True); sys.exit(0)
+            print("connected", flush=True); sys.stdin.read()
+        """)
+        peer = subprocess.Popen([sys.executable, "-c", dial, path, str(peer_gid)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            said = peer.stdout.readline().strip()
+            # the socket is the group's: its members connect, others are refused by the kernel
+            assert said == ("connected" if named and peer_gid == SHARED_GID else "refused")
+            if said == "connected":
+                conn, _ = sock.accept()
+                assert up._trusted_peer(conn) is trusted
+                conn.close()
+        finally:
+            peer.kill()
+            peer.wait()
+    finally:
+        up._unbind_socket(path, lock)
+        sock.close()
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another group")
+def test_a_key_file_may_be_the_shared_groups(tmp_path, monkeypatch):
+    """A Kubernetes Secret a non-root uplink reads is root:fsGroup 0440: it
+    is accepted when that group is CXLTIER_SHARED_GROUP's, never when it is
+    another's or others may read it."""
+    f = tmp_path / "cluster.key"
+    f.write_text("k" * 32)
+    os.chown(f, 0, SHARED_GID)
+    f.chmod(0o440)
+    monkeypatch.setenv("CXLTIER_SHARED_GROUP", "")
+    with pytest.raises(up.UplinkError, match="chmod 600"):
+        up._cluster_key_file(str(f))
+    monkeypatch.setenv("CXLTIER_SHARED_GROUP", str(SHARED_GID))
+    assert up._cluster_key_file(str(f)) == b"k" * 32
+    f.chmod(0o444)
+    with pytest.raises(up.UplinkError, match="readable by group or others"):
+        up._cluster_key_file(str(f))
+    f.chmod(0o440)
+    os.chown(f, 0, SHARED_GID + 1)
+    with pytest.raises(up.UplinkError, match="readable by group or others"):
+        up._cluster_key_file(str(f))
+
+
+def test_an_unknown_shared_group_is_named(monkeypatch):
+    monkeypatch.setenv("CXLTIER_SHARED_GROUP", "no-such-group-cxltier")
+    with pytest.raises(up.UplinkError, match="no-such-group-cxltier"):
+        up._shared_gid()
 
 
 # The cluster.

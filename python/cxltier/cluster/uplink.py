@@ -42,6 +42,7 @@ import ctypes
 import errno
 import faulthandler
 import fcntl
+import grp
 import http.server
 import logging
 import mmap
@@ -686,7 +687,7 @@ class Uplink:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            if not _same_user(conn):
+            if not _trusted_peer(conn):
                 conn.close()
                 continue
             t = threading.Thread(target=self._serve_conn, args=(conn,), daemon=True, name="uplink-conn")
@@ -1213,8 +1214,9 @@ def _bind_socket(path):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         _bind_long(s, path)
+        _share_socket(path)
         s.listen(64)
-    except OSError as e:
+    except (OSError, UplinkError) as e:
         s.close()
         os.close(lock)
         raise UplinkError(f"uplink: cannot bind {path}: {e}") from e
@@ -1296,14 +1298,44 @@ def _unbind_socket(path, lock):
     os.close(lock)
 
 
-def _same_user(conn):
-    """Whether the peer runs as this user or root (SO_PEERCRED)."""
+def _trusted_peer(conn):
+    """Whether the peer runs as this user or root, or with the group
+    CXLTIER_SHARED_GROUP names as its own (a member may write the tier
+    anyway): the kernel's word (SO_PEERCRED), as the Go library checks the
+    uplink."""
     try:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        _, uid, _ = struct.unpack("3i", creds)
+        _, uid, gid = struct.unpack("3i", creds)
     except OSError:
         return False
-    return uid in (os.getuid(), 0)
+    shared = _shared_gid()
+    return uid in (os.geteuid(), 0) or (shared is not None and gid == shared)
+
+
+def _shared_gid():
+    """CXLTIER_SHARED_GROUP's gid (it names a group or a gid), or None."""
+    name = os.environ.get("CXLTIER_SHARED_GROUP", "")
+    if not name:
+        return None
+    if name.isdigit():
+        return int(name)
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise UplinkError(f"CXLTIER_SHARED_GROUP={name!r}: no such group") from None
+
+
+def _share_socket(path):
+    """Lets the shared group's processes connect (connecting takes write
+    permission on the socket), as cxltierd shares its own socket."""
+    gid = _shared_gid()
+    if gid is None:
+        return
+    try:
+        os.chown(path, -1, gid)
+        os.chmod(path, 0o660)
+    except OSError as e:
+        raise UplinkError(f"uplink: share {path} with group {gid} (CXLTIER_SHARED_GROUP): {e}") from e
 
 
 def _replicate_config(replicas):
@@ -1328,13 +1360,21 @@ def _admission(rule):
     raise ValueError(f"--admit {rule!r}: use all, none or index:NAME[,NAME...]")
 
 
+def _private_file(flag, path):
+    """Refuses a key file others may read, or its group unless that group is
+    CXLTIER_SHARED_GROUP's: a Kubernetes Secret a non-root uplink reads is
+    root's and the pod's fsGroup's, 0440."""
+    st = os.stat(path)
+    if st.st_mode & 0o007 or (st.st_mode & 0o070 and st.st_gid != _shared_gid()):
+        raise UplinkError(f"{flag} {path}: readable by group or others (chmod 600 it, or give it "
+                          f"CXLTIER_SHARED_GROUP's group)")
+
+
 def _cluster_key_file(path):
     """The cluster's key: the bytes of a file readable by its owner alone."""
     if not path:
         return None
-    st = os.stat(path)
-    if st.st_mode & 0o077:
-        raise UplinkError(f"--cluster-key {path}: readable by group or others (chmod 600 it)")
+    _private_file("--cluster-key", path)
     with open(path, "rb") as f:
         key = f.read().strip()
     if len(key) < 16:
@@ -1346,9 +1386,7 @@ def _keys_file(path):
     """index=key lines (a tenant's key per keyed index); # starts a comment."""
     if not path:
         return {}
-    st = os.stat(path)
-    if st.st_mode & 0o077:
-        raise UplinkError(f"--keys {path}: readable by group or others (chmod 600 it)")
+    _private_file("--keys", path)
     out = {}
     with open(path) as f:
         for n, line in enumerate(f, 1):
