@@ -254,8 +254,8 @@ const SharedGroupEnv = "CXLTIER_SHARED_GROUP"
 //     CXLTIER_SHARED_GROUP is set (a root daemon's tier that non-root
 //     uplinks and servers share); group-writable only when its group is
 //     the one CXLTIER_SHARED_GROUP names (by name or id) and this process
-//     is in it. Root can write every file anyway, so trusting its files
-//     adds no writer; another user's file may be a squatter's.
+//     is in it or is root. Root can write every file anyway, so trusting
+//     its files adds no writer; another user's file may be a squatter's.
 //
 // Read-only mappings (inspect) only need the world-writable check.
 type ownership struct {
@@ -283,12 +283,12 @@ func (o ownership) check(b Backing) error {
 		return nil
 	case o.dax && inGroup:
 		return nil
-	case !o.dax && inGroup && o.sharedGroup != "" && groupIs(o.gid, o.sharedGroup):
-		return nil
+	case !o.dax && (inGroup || o.euid == 0) && o.sharedGroup != "" && groupIs(o.gid, o.sharedGroup):
+		return nil // root needs no membership to write it: the named group is what is trusted
 	case o.dax:
 		return fmt.Errorf("tier: %s has mode %v and group %d, which this process is not in: %w", b, o.perm, o.gid, ErrPermission)
 	}
-	return fmt.Errorf("tier: %s has mode %v: group-writable files are refused unless %s names their group (%d) and this process is in it: %w",
+	return fmt.Errorf("tier: %s has mode %v: group-writable files are refused unless %s names their group (%d) and this process is in it (or is root): %w",
 		b, o.perm, SharedGroupEnv, o.gid, ErrPermission)
 }
 

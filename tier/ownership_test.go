@@ -48,6 +48,24 @@ func TestOwnership(t *testing.T) {
 			t.Errorf("%s: %v, want accepted %v", c.name, err, c.accept)
 		}
 	}
+	// A root process (a serving pod in SGLang's image) maps a tier of the
+	// named group without being in it; not one of a group nobody named.
+	for _, c := range []struct {
+		name   string
+		o      ownership
+		accept bool
+	}{
+		{"as root: root's file 0660, its group named", ownership{uid: root, gid: dax, perm: 0o660, sharedGroup: strconv.Itoa(dax)}, true},
+		{"as root: root's file 0660, no group named", ownership{uid: root, gid: dax, perm: 0o660}, false},
+		{"as root: root's file 0660, another group named", ownership{uid: root, gid: dax, perm: 0o660, sharedGroup: "1"}, false},
+	} {
+		o := c.o
+		o.euid, o.groups, o.writable = root, []int{root}, true
+		err := o.check(Backing{Kind: BackingFile, Path: "/x"})
+		if (err == nil) != c.accept || (err != nil && !errors.Is(err, ErrPermission)) {
+			t.Errorf("%s: %v, want accepted %v", c.name, err, c.accept)
+		}
+	}
 }
 
 // TestFIFORefused: a FIFO planted at a tier's path is refused at once; it

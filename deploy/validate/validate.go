@@ -17,6 +17,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	kjson "sigs.k8s.io/json"
@@ -110,6 +111,12 @@ func decodeOne(doc []byte) (Object, error) {
 			return o, err
 		}
 		o = Object{Meta: v.ObjectMeta, Pod: &v.Spec.Template, Obj: &v}
+	case "networking.k8s.io/v1 NetworkPolicy":
+		var v networkingv1.NetworkPolicy
+		if err := strict(doc, &v); err != nil {
+			return o, err
+		}
+		o = Object{Meta: v.ObjectMeta, Obj: &v}
 	default:
 		return Object{}, fmt.Errorf("apiVersion %q kind %q: not a kind these manifests use", tm.APIVersion, tm.Kind)
 	}
@@ -167,9 +174,13 @@ func Check(objs []Object) []error {
 			if len(v.Spec.Selector) == 0 {
 				bad(o, "selects no pods")
 			}
+		case *networkingv1.NetworkPolicy:
+			checkPolicy(o, v, objs, bad)
 		}
 		if o.Pod != nil {
 			checkPod(o, configMaps, bad)
+			checkPrivilege(o, bad)
+			checkGuarded(o, objs, bad)
 		}
 	}
 	return errs

@@ -518,6 +518,89 @@ def daemon_bin(built, tmp_path_factory):
     return out
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another user")
+def test_a_non_root_uplink_serves_a_root_daemons_tier(built, daemon_bin):
+    """Issue 64, defect 4, as the Kubernetes manifests run it: a root
+    cxltierd with CXLTIER_SHARED_GROUP set makes the tier the group's; an
+    uplink running as another user with that group as its own maps it,
+    binds its socket beside the daemon's, registers with the daemon, and
+    answers a root client's fills, which trusts it for its group."""
+    work = tempfile.mkdtemp(prefix="cxltier-shared-")  # readable by the uplink's user, unlike pytest's tmp
+    try:
+        os.chmod(work, 0o755)
+        for name in ("lib", "pkg", "tier"):
+            os.mkdir(os.path.join(work, name), 0o755)
+        lib = shutil.copy(built["lib"], os.path.join(work, "lib"))
+        shutil.copytree(os.path.join(ch.REPO, "python", "cxltier"), os.path.join(work, "pkg", "cxltier"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        subprocess.check_call(["chmod", "-R", "a+rX", work])
+        device = "file:" + os.path.join(work, "tier", "tier")
+        group = {"CXLTIER_SHARED_GROUP": str(SHARED_GID)}
+        daemon = subprocess.Popen([daemon_bin, "-device", device, "-size", "64MiB", "-listen", f"127.0.0.1:{ch.free_port()}"],
+                                  env=dict(os.environ, **group), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        uplink = None
+        try:
+            ch.wait_for(lambda: any(n.endswith(".sock") for n in os.listdir(os.path.join(work, "tier"))), 30,
+                        "the daemon's socket")
+            st = os.stat(os.path.join(work, "tier", "tier"))
+            assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, SHARED_GID, 0o660)
+
+            env = dict(os.environ, CXLTIER_LIB=lib, PYTHONPATH=os.path.join(work, "pkg"), **group)
+            python = _python_another_user_runs(env, work)
+            uplink = subprocess.Popen([python, "-m", "cxltier.cluster.uplink", "--tier", device], env=env,
+                                      preexec_fn=_become_uplink_user, cwd=work, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)
+            said = uplink.stdout.readline() + uplink.stdout.readline()
+            assert "serving" in said, said + (uplink.stdout.read() if uplink.poll() is not None else "")
+            sock = re.search(r"serving \S+ at (/\S+\.sock)", said).group(1)
+            assert os.stat(sock).st_uid == 65532
+            # A root client (a serving pod in SGLang's image), started with the
+            # group named as the pod would be: it asks the uplink and trusts it.
+            client = textwrap.dedent("""
+                import sys, cxltier
+                t = cxltier.Tier(sys.argv[1])
+                ix = t.prefix("m", blocks=8, block_bytes=4096)
+                print(ix.exists([cxltier.string_key("nothing")]), ix.stats()["uplink"]["fills"])
+                t.close()
+            """)
+            r = subprocess.run([sys.executable, "-c", client, device], capture_output=True, text=True, timeout=60,
+                               env=dict(os.environ, CXLTIER_LIB=built["lib"],
+                                        PYTHONPATH=os.path.join(ch.REPO, "python"), **group))
+            assert r.returncode == 0 and r.stdout.split() == ["0", "1"], r.stdout + r.stderr[-1000:]
+            uplink.terminate()
+            rest = uplink.communicate(timeout=10)[0]
+            assert uplink.returncode == 0, said + rest
+            assert "does not know this uplink" not in said + rest  # the daemon proved and registered it
+        finally:
+            if uplink is not None and uplink.poll() is None:
+                uplink.kill()
+                uplink.wait()
+            daemon.terminate()
+            daemon.wait(timeout=10)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _become_uplink_user():
+    os.setgroups([])
+    os.setgid(SHARED_GID)
+    os.setuid(65532)
+
+
+def _python_another_user_runs(env, cwd):
+    """This Python, or the system's, whichever uid 65532 may run with the
+    package importable (this one may live in root's home)."""
+    for python in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+        try:
+            r = subprocess.run([python, "-c", "import cxltier.cluster.uplink"], env=env, cwd=cwd,
+                               preexec_fn=_become_uplink_user, capture_output=True)
+        except OSError:  # not this user's to run (under a home only root enters), or not there
+            continue
+        if r.returncode == 0:
+            return python
+    pytest.skip("no Python interpreter that uid 65532 may run and import cxltier with")
+
+
 def test_uplink_crash_mid_fetch_publishes_nothing(cluster, daemon_bin):
     """The uplink dies after the transfer wrote the blocks and before it
     published them: the pages are not served, the node's daemon reclaims
