@@ -50,11 +50,12 @@ func (o Options) withDefaults() Options {
 
 // Stats counts what a Link did, for this process.
 type Stats struct {
-	Fills        uint64 `json:"fills"`         // fill requests answered
-	FillFailures uint64 `json:"fill_failures"` // fills that failed or timed out (the keys stayed misses)
-	Filled       uint64 `json:"filled"`        // keys the uplink brought in for this process
-	Notices      uint64 `json:"notices"`       // keys handed to the uplink to write behind
-	Dropped      uint64 `json:"dropped"`       // keys not handed over: the uplink's socket was full or gone
+	Fills        uint64 `json:"fills"`                // fill requests answered
+	FillFailures uint64 `json:"fill_failures"`        // fills that failed or timed out (the keys stayed misses)
+	Filled       uint64 `json:"filled"`               // keys the uplink brought in for this process
+	Notices      uint64 `json:"notices"`              // keys handed to the uplink to write behind
+	Dropped      uint64 `json:"dropped"`              // keys not handed over: the uplink's socket was full or gone
+	LastError    string `json:"last_error,omitempty"` // why the last failed fill failed (an uplink not trusted, say)
 }
 
 // Link is one process's connection to its node's uplink. Its methods are
@@ -70,6 +71,8 @@ type Link struct {
 	idle   []*net.UnixConn
 
 	fills, fillFailures, filled, notices, dropped atomic.Uint64
+
+	lastError atomic.Pointer[string]
 }
 
 // NewLink is a link to the uplink at addr (Address), which need not be
@@ -80,8 +83,12 @@ func NewLink(addr string, opts Options) *Link {
 
 // Stats is what the link did so far.
 func (l *Link) Stats() Stats {
-	return Stats{Fills: l.fills.Load(), FillFailures: l.fillFailures.Load(), Filled: l.filled.Load(),
+	st := Stats{Fills: l.fills.Load(), FillFailures: l.fillFailures.Load(), Filled: l.filled.Load(),
 		Notices: l.notices.Load(), Dropped: l.dropped.Load()}
+	if e := l.lastError.Load(); e != nil {
+		st.LastError = *e
+	}
+	return st
 }
 
 // Close drops the link's connections.
@@ -173,7 +180,11 @@ func (l *Link) Fill(index string, keys []prefix.Key) (int, error) {
 	}
 	n, err := l.exchange(msg, len(keys))
 	if err != nil {
+		// A fill's caller sees only misses: the reason is kept for stats,
+		// where a misconfiguration (an uplink of a group not named) shows.
 		l.fillFailures.Add(1)
+		why := err.Error()
+		l.lastError.Store(&why)
 	} else {
 		l.fills.Add(1)
 	}
@@ -307,7 +318,7 @@ func sendNow(c *net.UnixConn, msg []byte) error {
 }
 
 // Reachable reports whether an uplink answers at addr now: a connection is
-// accepted and its process runs as this user or root. The daemon's status
+// accepted and its process runs as this user, root or the shared group. The daemon's status
 // says so, because a node whose clients cannot reach its uplink turns
 // every cluster page into a local miss without an error anywhere.
 func Reachable(addr string, timeout time.Duration) error {

@@ -804,6 +804,46 @@ def test_dead_uplinks_socket_is_replaced(built, device):
     assert not os.path.exists(path) and not os.path.exists(path + ".lock")
 
 
+def test_an_untrusted_uplink_is_named_in_the_stats(built, device):
+    """A process of another user (not root, not this user, no group named)
+    at the uplink's socket gets no fill: each is a miss, as before, and the
+    index's uplink stats now say why (a server missing
+    CXLTIER_SHARED_GROUP beside a non-root uplink looked healthy)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a process as another user")
+    first, said = _start_uplink(built, device)
+    path = re.search(r"serving \S+ at (/\S+\.sock)", said).group(1)
+    first.terminate()
+    assert first.wait(timeout=10) == 0
+    other = textwrap.dedent("""
+        import os, socket, sys
+        os.setgroups([]); os.setgid(65534); os.setuid(65534)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.bind(sys.argv[1]); s.listen(8)
+        print("listening", flush=True)
+        sys.stdin.read()
+    """)
+    listener = subprocess.Popen([sys.executable, "-c", other, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)
+    try:
+        if listener.stdout.readline().strip() != "listening":
+            pytest.skip("uid 65534 may not bind beside the tier here")
+        t = cxltier.Tier(device)
+        try:
+            ix = t.prefix("m", blocks=8, block_bytes=4096)
+            assert ix.exists([cxltier.string_key("nothing")]) == 0
+            link = ix.stats()["uplink"]
+            assert link["fills"] == 0 and link["fill_failures"] == 1, link
+            assert "uid 65534" in link["last_error"] and "not trusted" in link["last_error"], link
+        finally:
+            t.close()
+    finally:
+        listener.kill()
+        listener.wait()
+        if os.path.exists(path):
+            os.unlink(path)
+
+
 def test_a_lock_file_another_user_holds_keeps_no_uplink_out(built, device):
     """Another user creates the uplink's lock file while no uplink runs and
     holds it (flock): every uplink then refused to start ("another uplink
