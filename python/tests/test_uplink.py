@@ -804,6 +804,15 @@ def test_dead_uplinks_socket_is_replaced(built, device):
     assert not os.path.exists(path) and not os.path.exists(path + ".lock")
 
 
+def _uplink_socket_path(built, device):
+    """Where the tier's uplink binds its socket, learnt from one that
+    started and stopped cleanly (no uplink runs after)."""
+    first, said = _start_uplink(built, device)
+    first.terminate()
+    assert first.wait(timeout=10) == 0
+    return re.search(r"serving \S+ at (/\S+\.sock)", said).group(1)
+
+
 def test_an_untrusted_uplink_is_named_in_the_stats(built, device):
     """A process of another user (not root, not this user, no group named)
     at the uplink's socket gets no fill: each is a miss, as before, and the
@@ -811,10 +820,7 @@ def test_an_untrusted_uplink_is_named_in_the_stats(built, device):
     CXLTIER_SHARED_GROUP beside a non-root uplink looked healthy)."""
     if os.geteuid() != 0:
         pytest.skip("needs root to run a process as another user")
-    first, said = _start_uplink(built, device)
-    path = re.search(r"serving \S+ at (/\S+\.sock)", said).group(1)
-    first.terminate()
-    assert first.wait(timeout=10) == 0
+    path = _uplink_socket_path(built, device)
     other = textwrap.dedent("""
         import os, socket, sys
         os.setgroups([]); os.setgid(65534); os.setuid(65534)
@@ -851,10 +857,7 @@ def test_a_lock_file_another_user_holds_keeps_no_uplink_out(built, device):
     serves."""
     if os.geteuid() != 0:
         pytest.skip("needs root to run a process as another user")
-    first, said = _start_uplink(built, device)
-    path = re.search(r"serving \S+ at (/\S+\.sock)", said).group(1)
-    first.terminate()
-    assert first.wait(timeout=10) == 0
+    path = _uplink_socket_path(built, device)
     squat = textwrap.dedent("""
         import fcntl, os, sys
         os.setgid(65534); os.setuid(65534)
