@@ -256,9 +256,5 @@ func checkTierClients(pods []Object) []error {
 }
 
 func namesTier(c corev1.Container) bool {
-	texts := append(append([]string{}, c.Command...), c.Args...)
-	for _, e := range c.Env {
-		texts = append(texts, e.Value)
-	}
-	return slices.ContainsFunc(texts, tierDevice.MatchString)
+	return slices.ContainsFunc(containerTexts(c), tierDevice.MatchString)
 }

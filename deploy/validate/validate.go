@@ -316,11 +316,7 @@ var tierDevice = regexp.MustCompile(`\b(file|dax):(/[^",\s]+)`)
 // arguments and environment) to its mounts: the device sits in (file:) or
 // is (dax:) a mounted path.
 func checkDevices(o Object, c corev1.Container, mounts map[string]bool, bad func(Object, string, ...any)) {
-	texts := append(append([]string{}, c.Command...), c.Args...)
-	for _, e := range c.Env {
-		texts = append(texts, e.Value)
-	}
-	for _, t := range texts {
+	for _, t := range containerTexts(c) {
 		for _, m := range tierDevice.FindAllStringSubmatch(t, -1) {
 			ok := false
 			for p := m[2]; !ok; p = path.Dir(p) {
@@ -334,6 +330,16 @@ func checkDevices(o Object, c corev1.Container, mounts map[string]bool, bad func
 			}
 		}
 	}
+}
+
+// containerTexts is what a container says: its command, arguments and
+// environment values.
+func containerTexts(c corev1.Container) []string {
+	texts := append(append([]string{}, c.Command...), c.Args...)
+	for _, e := range c.Env {
+		texts = append(texts, e.Value)
+	}
+	return texts
 }
 
 func checkRefs(o Object, c corev1.Container, configMaps map[string]*corev1.ConfigMap, bad func(Object, string, ...any)) {
