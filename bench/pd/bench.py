@@ -3,7 +3,7 @@ process, through the tier (cxltier's transfer backend) against SGLang's own
 mooncake backend over loopback TCP (SGLang's mooncake_tcp), in one run.
 
     python bench/pd/bench.py [--layouts mha,mla] [--tokens 1536,3072,6144]
-                             [--tp 1,2] [--repeat 3] [--tier-size 8GiB] [--out FILE]
+                             [--tp 1,2,2:1] [--repeat 3] [--tier-size 8GiB] [--out FILE]
 
 Each backend runs as a prefill and a decode of TP ranks each, one OS
 process per rank (bench/pd/worker.py): SGLang 0.5.23's
@@ -13,7 +13,9 @@ receiver made by SGLang's queues' own methods, driven in their order. The
 mooncake side also runs SGLang's bootstrap server (HTTP), its process
 groups (gloo, one group per side across its ranks) and Mooncake's transfer
 engine with MC_FORCE_TCP=1. At TP 2 an MHA rank holds half the KV heads
-and an MLA rank the whole latent, as in serving.
+and an MLA rank the whole latent, as in serving. "P:D" runs a prefill of
+TP P and a decode of TP D (MLA only: the tier's backend moves MHA pages
+between ranks of one TP size only).
 
   first       a prompt neither side has seen: the prefill's pages go to the
               decode (through the tier: written to it, then read from it)
@@ -75,6 +77,18 @@ def parse_size(text):
     return int(text)
 
 
+def parse_tp(text):
+    """(prefill TP, decode TP) of "N" or "P:D"; one must divide the other."""
+    try:
+        p, _, d = text.partition(":")
+        tp = (int(p), int(d or p))
+    except ValueError:
+        raise SystemExit(f"--tp {text!r}: want N or P:D (tensor-parallel sizes)") from None
+    if min(tp) < 1 or max(tp) % min(tp):
+        raise SystemExit(f"--tp {text!r}: sizes of at least 1, one dividing the other")
+    return tp
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -98,11 +112,11 @@ class Pair:
     def __init__(self, backend, cfg, env, tp):
         port = free_port()
         env = dict(env, PD_BENCH_BOOTSTRAP_PORT=str(port))
-        self.tp = tp
+        self.tp = {"prefill": tp[0], "decode": tp[1]}
         self.procs = {}
         for role in ("prefill", "decode"):
-            for rank in range(tp):
-                arg = json.dumps(dict(cfg, backend=backend, tp_rank=rank, tp_size=tp))
+            for rank in range(self.tp[role]):
+                arg = json.dumps(dict(cfg, backend=backend, tp_rank=rank, tp_size=self.tp[role]))
                 self.procs[role, rank] = subprocess.Popen([sys.executable, "-W", "ignore", WORKER, role, arg], env=env,
                                                           text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                           stderr=subprocess.PIPE)
@@ -121,7 +135,7 @@ class Pair:
         raise RuntimeError(f"{key[0]} rank {key[1]} worker: no answer in {limit} s")
 
     def send(self, role, line):
-        for rank in range(self.tp):
+        for rank in range(self.tp[role]):
             self.procs[role, rank].stdin.write(line)
             self.procs[role, rank].stdin.flush()
 
@@ -132,12 +146,12 @@ class Pair:
         per rank each."""
         line = json.dumps(request) + "\n"
         self.send("prefill", line)
-        filled = [self.read(("prefill", rank)) for rank in range(self.tp)]
+        filled = [self.read(("prefill", rank)) for rank in range(self.tp["prefill"])]
         if not all("filled" in f for f in filled):
             return filled, [{"state": "not started"}]
         self.send("decode", line)
-        return ([self.read(("prefill", rank)) for rank in range(self.tp)],
-                [self.read(("decode", rank)) for rank in range(self.tp)])
+        return ([self.read(("prefill", rank)) for rank in range(self.tp["prefill"])],
+                [self.read(("decode", rank)) for rank in range(self.tp["decode"])])
 
     def close(self):
         for p in self.procs.values():
@@ -149,9 +163,16 @@ class Pair:
                 p.kill()
 
 
+def tp_name(tp):
+    """"2" for a prefill and a decode of TP 2, "2:1" for a TP 2 prefill and a TP 1 decode."""
+    return str(tp[0]) if tp[0] == tp[1] else f"{tp[0]}:{tp[1]}"
+
+
 def measure(backend, name, cfg, sizes, repeat, env, tp):
-    print(f"  starting {backend}'s {2 * tp} workers ({name}, TP {tp}: SGLang's imports take a while)...", flush=True)
+    print(f"  starting {backend}'s {sum(tp)} workers ({name}, TP {tp_name(tp)}: SGLang's imports take a while)...",
+          flush=True)
     pair = Pair(backend, cfg, env, tp)
+    name_tp = tp_name(tp)
     rows = []
     room = 1
     try:
@@ -162,7 +183,7 @@ def measure(backend, name, cfg, sizes, repeat, env, tp):
                 for r in range(repeat):
                     # A prompt of its own for each size, round and TP (an MLA page is
                     # one for every TP: the same prompt at TP 2 would not be a first).
-                    base = 10_000_000 * (r + 1) + 1_000_000 * tp
+                    base = 10_000_000 * (r + 1) + 1_000_000 * (tp[0] + 8 * tp[1])
                     prompt = list(range(base + tokens, base + 2 * tokens))
                     room += 1
                     slot = 1 + (room % 2) * (cfg["pool_tokens"] // (2 * cfg["page_size"]))
@@ -170,9 +191,12 @@ def measure(backend, name, cfg, sizes, repeat, env, tp):
                     prs, drs = pair.run({"tokens": prompt, "room": room, "first_slot_page": slot, "seed": prompt[0]})
                     if any(x.get("state") != "success" for x in prs + drs):
                         said = [{k: v for k, v in x.items() if k in ("state", "reason", "room")} for x in prs + drs]
-                        raise RuntimeError(f"{backend} {name} {tokens} TP {tp}: prefill ranks then decode ranks: {said}")
-                    if any(p["sum"] != d["sum"] or d["first_token"] != 4242 for p, d in zip(prs, drs)):
-                        raise RuntimeError(f"{backend} {name} {tokens} TP {tp}: the decode's pages are not the prefill's")
+                        raise RuntimeError(f"{backend} {name} {tokens} TP {name_tp}: prefill ranks then decode ranks: {said}")
+                    # An MHA decode rank holds its prefill rank's heads (one TP
+                    # size); an MLA rank the latent every prefill rank holds.
+                    sources = prs if cfg["kind"] == "mha" else [prs[0]] * len(drs)
+                    if any(p["sum"] != d["sum"] or d["first_token"] != 4242 for p, d in zip(sources, drs)):
+                        raise RuntimeError(f"{backend} {name} {tokens} TP {name_tp}: the decode's pages are not the prefill's")
                     # The transfer starts at the first rank's send, or earlier where
                     # a decode rank began landing pages already stored (a repeated
                     # prefix), and ends when the last decode rank has its pages.
@@ -180,10 +204,10 @@ def measure(backend, name, cfg, sizes, repeat, env, tp):
                     took.append((max(d["t_done"] for d in drs) - began) * 1e3)
                     cpu.append((sum(p["cpu_s"] for p in prs) + sum(decode_cpu_since(d, began) for d in drs)) * 1e3)
                     written.append(sum(p.get("written") or 0 for p in prs) if backend == "cxltier" else None)
-                rows.append({"backend": backend, "layout": name, "tp": tp, "tokens": tokens, "case": case,
+                rows.append({"backend": backend, "layout": name, "tp": name_tp, "tokens": tokens, "case": case,
                              "kv_bytes": tokens * cfg["bytes_per_token"], "ms": statistics.median(took),
                              "ms_all": took, "cpu_ms": statistics.median(cpu), "pages_written": written[-1]})
-                print(f"  {backend:9} {name} TP {tp} {tokens:6} {case:7} {rows[-1]['ms']:9.1f} ms {rows[-1]['cpu_ms']:9.1f} cpu ms"
+                print(f"  {backend:9} {name} TP {name_tp:>3} {tokens:6} {case:7} {rows[-1]['ms']:9.1f} ms {rows[-1]['cpu_ms']:9.1f} cpu ms"
                       + (f"  pages written {written[-1]}" if backend == "cxltier" else ""), flush=True)
     finally:
         pair.close()
@@ -205,12 +229,14 @@ def main():
     ap.add_argument("--tokens", default="1536,3072,6144")
     ap.add_argument("--layers", type=int, default=0, help="override the layouts' layer counts (small runs)")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--tp", default="1", help="tensor-parallel sizes, each side the same (1,2: both)")
+    ap.add_argument("--tp", default="1", help="tensor-parallel sizes: N both sides, P:D a prefill of P and a decode of D "
+                    "(MLA only), e.g. 1,2,2:1")
     ap.add_argument("--tier-size", default="8GiB")
     ap.add_argument("--backends", default="mooncake,cxltier", help="mooncake alone is the baseline of every ratio")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     sizes = [int(x) for x in args.tokens.split(",")]
+    tps = [parse_tp(x) for x in args.tp.split(",")]
     lib, cli = build(tempfile.mkdtemp(prefix="cxltier-pd-bench-"))
     mpath = mooncake_path()
     env = dict(os.environ, CXLTIER_LIB=lib, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), mpath])))
@@ -229,7 +255,10 @@ def main():
         blocks = parse_size(args.tier_size) * 3 // 4 // (page_bytes + 64)
         tenv = dict(env, CXLTIER_DEVICES=tier, CXLTIER_PD_INDEX=f"pd-bench-{name}", CXLTIER_PD_BLOCKS=str(blocks))
         try:
-            for tp in [int(x) for x in args.tp.split(",")]:
+            for tp in tps:
+                if tp[0] != tp[1] and name == "mha":
+                    print(f"  mha TP {tp_name(tp)}: skipped (MHA pages move between ranks of one TP size only)", flush=True)
+                    continue
                 for backend in args.backends.split(","):
                     rows += measure(backend, name, cfg, sizes, args.repeat, tenv, tp)
         finally:
@@ -257,10 +286,10 @@ def ratios(rows):
 
 
 def table(rows):
-    print(f"\n{'layout':6} {'TP':>2} {'tokens':>6} {'case':7} {'KV MiB':>7} {'mooncake ms':>11} {'tier ms':>8} {'speedup':>7} "
+    print(f"\n{'layout':6} {'TP':>3} {'tokens':>6} {'case':7} {'KV MiB':>7} {'mooncake ms':>11} {'tier ms':>8} {'speedup':>7} "
           f"{'cpu (tier/mc)':>13} {'tier pages written':>18}")
     for q in ratios(rows):
-        print(f"{q['layout']:6} {q['tp']:2} {q['tokens']:6} {q['case']:7} {q['kv_bytes'] / 2**20:7.0f} {q['mooncake_ms']:11.1f} "
+        print(f"{q['layout']:6} {q['tp']:>3} {q['tokens']:6} {q['case']:7} {q['kv_bytes'] / 2**20:7.0f} {q['mooncake_ms']:11.1f} "
               f"{q['tier_ms']:8.1f} {q['speedup']:6.2f}x {q['cpu_ratio']:12.2f}x {q['pages_written']!s:>18}")
 
 

@@ -22,9 +22,10 @@ them as follows.
     python pd_worker.py ROLE JSON
 
 JSON: the job (kind, tokens, room, seed, pages; tp_rank and tp_size for a
-rank of a TP group, delay for a slow rank, poll_after for a decode that
-polls late, model for the model path: see
-the tests).
+rank of a TP group, delay for a slow rank, barrier for a directory where
+the prefill ranks of a group wait for each other after their bootstrap as
+SGLang's all-reduce of their states makes them, poll_after for a decode
+that polls late, model for the model path: see the tests).
 
 prints one JSON line: the outcome and a digest of every page it holds.
 """
@@ -123,6 +124,11 @@ def prefill(job, pool, meta, mgr):
     if wait(sender, (KVPoll.WaitingForInput,), job.get("bootstrap_limit", 30)) != KVPoll.WaitingForInput:
         out["state"], out["reason"] = "failed", sender.reason
         return out
+    if job.get("barrier"):  # SGLang's bootstrap queue: a request goes on once every TP rank bootstrapped
+        open(os.path.join(job["barrier"], f"prefill-{job.get('tp_rank', 0)}"), "w").close()
+        deadline = time.monotonic() + job.get("bootstrap_limit", 30)
+        while len(os.listdir(job["barrier"])) < job.get("tp_size", 1) and time.monotonic() < deadline:
+            time.sleep(0.01)
     prefix = sender.pop_decode_prefix_len()
     n_pages = -(-(len(job["tokens"]) - prefix) // PAGE)
     aux_index = job.get("aux_index", 3)

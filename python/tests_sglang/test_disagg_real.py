@@ -152,12 +152,14 @@ def test_a_second_decode_for_a_room_in_flight_fails_at_once(built, device, tmp_p
     index_for(built, device, "mha")
     tokens = list(range(3700, 3700 + 2 * PAGE))
     gate = tmp_path / "open"
-    p = start(built, device, "prefill", job("mha", tokens, 37))
-    d1 = start(built, device, "decode", job("mha", tokens, 37, first_slot_page=30),
-               {"CXLTIER_PD_TEST_GATE_BEFORE_LOAD": str(gate)})
+    # The first pair waits for the second decode's start (SGLang's imports:
+    # 20 s and more on a busy machine), longer than the tests' 20 s timeout.
+    patient = {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "120"}
+    p = start(built, device, "prefill", job("mha", tokens, 37, limit=150), patient)
+    d1 = start(built, device, "decode", job("mha", tokens, 37, first_slot_page=30, limit=150),
+               dict(patient, CXLTIER_PD_TEST_GATE_BEFORE_LOAD=str(gate)))
     wait_for_pages(device, 2, p)[0].close()  # the first request is in flight
     began = time.monotonic()
-    patient = {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "120"}  # waited out, the test would take that long
     second = result(start(built, device, "decode", job("mha", tokens, 37, first_slot_page=40), patient), 200)
     assert second["state"] == "failed" and "in flight" in second["reason"], second
     assert time.monotonic() - began < 60  # its own start (SGLang's imports) and one claim
@@ -390,16 +392,56 @@ def test_tensor_parallel_ranks_with_one_slow(built, device, kind, tp):
         assert len({tuple(p["digests"]) for p in prefills}) == tp
 
 
-def test_a_decode_of_another_tp_size_is_refused_saying_so(built, device):
-    """MLA pages are the same for every rank, so the layouts agree; the TP
-    sizes do not, and the prefill says so instead of waiting for ranks that
-    will never say hello."""
+def ranks(built, device, tmp_path, kind, tokens, room, prefill_tp, decode_tp, **kw):
+    """A prefill of prefill_tp ranks and a decode of decode_tp ranks, a
+    process a rank, all started at once, the prefill's ranks going on past
+    their bootstrap together (as SGLang's all-reduce of their states makes
+    them): (prefills' results, decodes')."""
+    slow = {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "120"}
+    barrier = tmp_path / f"barrier-{room}"
+    barrier.mkdir()
+    procs = []
+    for rank in range(prefill_tp):
+        extra = {"tp_rank": rank, "tp_size": prefill_tp, "limit": 90, "bootstrap_limit": 90, "barrier": str(barrier)}
+        procs.append(start(built, device, "prefill", job(kind, tokens, room, **extra, **kw), slow))
+    for rank in range(decode_tp):
+        extra = {"tp_rank": rank, "tp_size": decode_tp, "limit": 90, "bootstrap_limit": 90}
+        procs.append(start(built, device, "decode", job(kind, tokens, room, first_slot_page=20, **extra, **kw), slow))
+    got = [result(p, 300) for p in procs]
+    return got[:prefill_tp], got[prefill_tp:]
+
+
+@pytest.mark.parametrize("prefill_tp,decode_tp", [(2, 1), (1, 2)])
+def test_mla_between_tp_sizes(built, device, tmp_path, prefill_tp, decode_tp):
+    """MLA's latent is the same on every rank, so a decode of another TP
+    size gets it as SGLang's mooncake backend gives it: a TP 2 prefill's
+    rank 0 serves a TP 1 decode while rank 1 stands by, and a TP 1
+    prefill serves both ranks of a TP 2 decode, storing the pages once
+    (the prefill refused any decode of another TP size)."""
     index_for(built, device, "mla")
-    tokens = list(range(9500, 9500 + 2 * PAGE))
-    pr, dr = pair(built, device, job("mla", tokens, 95, tp_rank=0, tp_size=2),
-                  job("mla", tokens, 95, first_slot_page=20))
-    assert pr["state"] == "failed" and "TP" in pr["reason"], pr
-    assert dr["state"] == "failed" and "TP" in dr["reason"], dr
+    tokens = list(range(9500, 9500 + 3 * PAGE + 2))
+    prefills, decodes = ranks(built, device, tmp_path, "mla", tokens, 95, prefill_tp, decode_tp)
+    for r in prefills + decodes:
+        assert r["state"] == "success", [(x["role"], x["state"], x.get("reason")) for x in prefills + decodes]
+    for d in decodes:
+        assert d["digests"] == prefills[0]["digests"] and d["first_token"] == 4242, d
+    assert sum(p["written"] for p in prefills) == 3, prefills  # three whole pages, once
+    assert rooms_in_flight(device) == 0
+
+
+def test_an_mha_decode_of_another_tp_size_is_refused_saying_so(built, device, tmp_path):
+    """An MHA page holds one rank's heads: a TP 1 decode of a TP 2 prefill
+    fails at once, the prefill rank that serves it and the decode naming
+    both sizes, instead of waiting out a timeout or landing half the
+    heads. (Prefill rank 1 fails too: by the same reason when it finds the
+    decode's room, else at its bootstrap timeout; in SGLang the all-reduce
+    of the ranks' states fails it with rank 0.)"""
+    index_for(built, device, "mha")
+    tokens = list(range(9600, 9600 + 2 * PAGE))
+    prefills, decodes = ranks(built, device, tmp_path, "mha", tokens, 96, 2, 1)
+    for r in prefills[:1] + decodes:
+        assert r["state"] == "failed" and "TP 1" in r["reason"] and "TP 2" in r["reason"], r
+    assert prefills[1]["state"] == "failed", prefills[1]
 
 
 def test_a_reused_room_serves_its_own_last_page(built, device):

@@ -26,8 +26,16 @@ earlier request stored, at once). Each part is checked as it lands.
 
 Nothing crosses a network: the two find each other through a room of the
 tier's rooms table ("<index>@pd", prefix/rooms in Go), named by the
-bootstrap room and the TP rank (rank r of the prefill pairs with rank r
-of the decode; both sides need the same TP size). The decode claims the
+bootstrap room and the decode's TP rank. At the same TP size rank r of the
+prefill serves rank r of the decode. The sizes may differ for MLA, whose
+latent every rank holds alike, where one divides the other: a prefill rank
+serves decode_tp/prefill_tp decode ranks (the same pages, stored once, and
+records in each one's room), or one prefill rank in prefill_tp/decode_tp
+serves a decode rank and the others stand by. A prefill rank learns the
+decode's TP size from the hello it finds: the room of its own rank it looks
+at every poll, those of the other sizes every PROBE_EVERY (a hello names
+its size, and only the room of the size it names counts); the decode never
+needs the prefill's. The decode claims the
 room, each side writes records of its own in it and ends it when it
 concludes, and the second side to end it frees it; nothing evicts a live
 room
@@ -36,7 +44,7 @@ room
 - hello (decode): the prefix it holds, its layout and TP size, a nonce of
   its own for this request and its lease; the prefill's bootstrap ends
   when it is there (SGLang's bootstrap timeout bounds it).
-- accept (prefill): the hello was answered; the prefill's lease.
+- accept (prefill): the hello was answered; the prefill's lease and TP size.
 - done (prefill): the pages are written (or why not: the tier is full),
   with the hello's nonce.
 - ack (decode): the pages landed and checked; the prefill's send is over.
@@ -57,9 +65,10 @@ host one that no longer runs, fails the request at once. A page whose
 checksum fails on the decode side fails the request (never damaged KV). The decode
 side needs no bootstrap server; SGLang's prefill starts the no-op one here.
 
-Served: MHA and MLA KV pools of one pipeline stage, the same TP size on
-both sides (an MHA page holds a rank's heads; a decode of another TP size
-is refused at its first request, naming both). Hybrid state (SWA, Mamba,
+Served: MHA and MLA KV pools of one pipeline stage; MHA at the same TP
+size on both sides (an MHA page holds a rank's heads: a decode of another
+TP size is refused at its first request, naming both), MLA at any two
+sizes one of which divides the other. Hybrid state (SWA, Mamba,
 DSA's indexer) is refused at start, naming it.
 """
 
@@ -103,6 +112,30 @@ RECORDS_BYTES = 2048
 POLL_EVERY = 0.002
 # How often a waiting side asks whether the other side's process is gone.
 PEER_EVERY = 0.25
+# How often a prefill rank, bootstrapping, looks for a decode of another TP
+# size than its own (its own it looks for at every poll).
+PROBE_EVERY = 0.02
+# The largest decode TP size a prefill rank looks for.
+MAX_TP = 64
+
+
+def first_decode_rank(prefill_rank, prefill_tp, decode_tp):
+    """The decode rank whose room a prefill rank finds first: its own
+    rank's at the same TP size; of a decode of larger TP, the first of the
+    decode_tp/prefill_tp ranks it serves; of a smaller one, the rank it
+    and prefill_tp/decode_tp - 1 other prefill ranks hold the KV of."""
+    if decode_tp >= prefill_tp:
+        return prefill_rank * (decode_tp // prefill_tp)
+    return prefill_rank // (prefill_tp // decode_tp)
+
+
+def decode_ranks_served(prefill_rank, prefill_tp, decode_tp):
+    """The decode ranks a prefill rank writes records for (one size
+    dividing the other): none for a rank that stands by."""
+    first = first_decode_rank(prefill_rank, prefill_tp, decode_tp)
+    if decode_tp >= prefill_tp:
+        return range(first, first + decode_tp // prefill_tp)
+    return range(first, first + 1) if prefill_rank % (prefill_tp // decode_tp) == 0 else range(0)
 
 
 class DisaggError(RuntimeError):
@@ -276,16 +309,20 @@ class CxlTierKVManager(BaseKVManager):
         masked for this pool), as a KeyBlock."""
         return part_keys(page_keys(tokens, self.page_size), [self.mask])
 
-    def room_key(self, room, kind, i=0):
-        """A record's key: the room's, this rank's (every rank of a TP group
-        has records of its own in the same room)."""
-        return string_key(f"cxltier-pd/{room}/r{self.tp_rank}/{kind}/{i}")
+    def tail_keys(self, room, rank, nonce):
+        """The key of a request's partial last page for the decode rank
+        rank: its room's and rank's, and that decode's nonce for the
+        request, so that a later request on the same room never finds it."""
+        return part_keys([string_key(f"cxltier-pd/{room}/r{rank}/tail-{nonce}/0").hex()], [self.mask])
 
-    def tail_keys(self, room, nonce):
-        """The key of a request's partial last page: its room's and rank's,
-        and the decode's nonce for the request, so that a later request on
-        the same room never finds it."""
-        return part_keys([self.room_key(room, f"tail-{nonce}").hex()], [self.mask])
+    def decode_tp_candidates(self, all_sizes):
+        """The decode TP sizes a prefill rank looks for a hello under: its
+        own first (the common case, every poll), with all_sizes every size
+        one of whose TP sizes divides the other's, up to MAX_TP."""
+        p = self.tp_size
+        if not all_sizes:
+            return [p]
+        return [p] + [d for d in range(1, MAX_TP + 1) if d != p and (d % p == 0 or p % d == 0)]
 
     # Records.
 
@@ -313,8 +350,8 @@ class CxlTierKVManager(BaseKVManager):
                               "the request) or claimed anew (another request on the same room)") from None
         return raw if into is not None or raw is None else json.loads(raw)
 
-    def drop_tail(self, room, nonce):
-        self.index.delete([self.tail_keys(room, nonce).hex(0)])
+    def drop_tail(self, room, rank, nonce):
+        self.index.delete([self.tail_keys(room, rank, nonce).hex(0)])
 
     # The mover thread.
 
@@ -369,13 +406,14 @@ class _Side:
         self._kept = []  # pins on the pages this side published, until it ends (a prefill's: see _keep)
 
     def room_of(self, find=False):
-        """This request's room: the decode's claim; the prefill's once the
-        decode claimed it (with find, None before)."""
-        if self.handle is None and self.kv_mgr.side == PREFILL:
-            self.handle = self.kv_mgr.rooms.find(self.room, self.kv_mgr.tp_rank)
+        """This request's room (the decode's claim; with find, None before)."""
         if self.handle is None and not find:
             raise DisaggError(f"cxltier disaggregation: room {self.room}: not claimed by a decode yet")
         return self.handle
+
+    def _rooms(self):
+        """(room handle, decode rank, nonce) of each room this side ends."""
+        return [] if self.handle is None else [(self.handle, self.kv_mgr.tp_rank, self.nonce)]
 
     def _conclude(self, state, reason=None):
         with self._lock:
@@ -398,23 +436,22 @@ class _Side:
         after a success."""
         with self._lock:
             kept, self._kept = self._kept, []
-            done = self.handle is None or self._ended
-            self._ended = self._ended or self.handle is not None
+            rooms = [] if self._ended else self._rooms()
+            self._ended = self._ended or bool(rooms)
         for k in kept:
             k.release()
-        if done:
-            return
-        if self.nonce is not None:
+        for handle, rank, nonce in rooms:
+            if nonce is not None:
+                try:
+                    self.kv_mgr.drop_tail(self.room, rank, nonce)
+                except _native.BusyError:
+                    pass  # the prefill still keeps it: it drops it when it ends
+                except Exception:
+                    logger.exception("cxltier disaggregation: room %d: dropping the last page failed", self.room)
             try:
-                self.kv_mgr.drop_tail(self.room, self.nonce)
-            except _native.BusyError:
-                pass  # the prefill still keeps it: it drops it when it ends
+                self.kv_mgr.rooms.end(handle, self.kv_mgr.side)
             except Exception:
-                logger.exception("cxltier disaggregation: room %d: dropping the last page failed", self.room)
-        try:
-            self.kv_mgr.rooms.end(self.handle, self.kv_mgr.side)
-        except Exception:
-            pass  # freed already (a reclaim) or claimed anew: nothing to end
+                pass  # freed already (a reclaim) or claimed anew: nothing to end
 
     def _keep(self, block):
         """Pins the pages of block this side just published until it ends.
@@ -447,38 +484,43 @@ class _Side:
         self._next_look = now + POLL_EVERY
         return True
 
-    def _other_aborted(self, other):
+    def _other_aborted(self, other, room=None):
         """Whether the other side (named other, for the reason) wrote an
-        abort of this request (one naming another nonce is an earlier
-        request's): this side then concludes Failed. Raises the tier's
-        error."""
-        abort = self.kv_mgr.get_record(self, "abort")
+        abort of this request in room (this side's own room by default;
+        one naming another nonce is an earlier request's): this side then
+        concludes Failed. Raises the tier's error."""
+        room = room or self
+        abort = self.kv_mgr.get_record(room, "abort")
         if abort is None:
             return False
-        if self.nonce is not None and abort.get("nonce") not in (None, self.nonce):
+        if room.nonce is not None and abort.get("nonce") not in (None, room.nonce):
             return False  # a prefill before the hello knows no nonce, and takes any abort
         self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the {other} side aborted")
         return True
 
-    def _peer_gone(self, record, other):
-        """Whether the other side's process, named by the lease in its
-        record, is gone (looked at most every PEER_EVERY): this side then
-        concludes Failed at once instead of at SGLang's waiting timeout.
-        The lease is the other side's word in the tier: it only ends this
-        side's wait."""
+    def _peer_gone(self, records, other):
+        """Whether a process of the other side, named by the lease in one
+        of its records, is gone (looked at most every PEER_EVERY): this
+        side then concludes Failed at once instead of at SGLang's waiting
+        timeout. A lease is the other side's word in the tier: it only ends
+        this side's wait."""
         now = time.monotonic()
-        lease = (record or {}).get("lease")
-        if now < self._next_peer_look or not isinstance(lease, list) or len(lease) != 2:
+        if now < self._next_peer_look:
             return False
         self._next_peer_look = now + PEER_EVERY
-        try:
-            gone = self.kv_mgr.tier.lease_gone(int(lease[0]), int(lease[1]))
-        except (_native.CxlTierError, TypeError, ValueError):
-            return False  # a lease this tier cannot read names no one to wait on less
-        if gone:
-            self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the {other} side's process is "
-                                          f"gone (its lease, slot {lease[0]}, ended)")
-        return gone
+        for record in records:
+            lease = (record or {}).get("lease")
+            if not isinstance(lease, list) or len(lease) != 2:
+                continue
+            try:
+                gone = self.kv_mgr.tier.lease_gone(int(lease[0]), int(lease[1]))
+            except (_native.CxlTierError, TypeError, ValueError):
+                continue  # a lease this tier cannot read names no one to wait on less
+            if gone:
+                self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the {other} side's process "
+                                              f"is gone (its lease, slot {lease[0]}, ended)")
+                return True
+        return False
 
     def failure_exception(self):
         raise DisaggError(self.reason or "cxltier disaggregation: the transfer failed")
@@ -488,14 +530,36 @@ class _Side:
         return KVTransferMetric(transfer_latency_s=took, transfer_total_bytes=self.bytes)
 
 
+class _Peer:
+    """A decode rank a prefill rank serves in one request: its room (the
+    decode's claim) and its hello."""
+
+    def __init__(self, room, rank, handle, hello):
+        self.room, self.rank, self.handle, self.hello = room, rank, handle, hello
+        self.nonce = hello.get("nonce")
+        self.acked = False
+
+    def room_of(self, find=False):
+        return self.handle
+
+
 class CxlTierKVSender(_Side, BaseKVSender):
-    """The prefill side of one request: waits for the decode's hello,
-    writes the pages as SGLang sends them, then the aux data and the done
-    record, and ends when the decode acks."""
+    """The prefill side of one request: waits for the hello of each decode
+    rank it serves, writes the pages as SGLang sends them, then the aux data
+    and the done record into each one's room, and ends when all ack.
+
+    A rank serves the decode rank of its own number at the same TP size;
+    of a decode of larger TP (MLA), decode_tp/prefill_tp ranks; of a
+    smaller one (MLA), one rank in prefill_tp/decode_tp serves the decode
+    rank and the others stand by (every MLA rank holds the same latent).
+    MHA pages hold a rank's heads: a decode of another TP size is refused."""
 
     def __init__(self, mgr, bootstrap_addr, bootstrap_room, req_has_disagg_prefill_dp_rank=False):
         _Side.__init__(self, mgr, bootstrap_addr, bootstrap_room)
-        self.hello = None
+        self.hello = None  # the first decode rank's, once every rank served said hello
+        self.peers = []  # the decode ranks this rank serves (_Peer), as their hellos are found
+        self.decode_tp = None
+        self.standby = False  # an MLA rank whose decode rank another prefill rank serves
         self.num_pages = 0
         self.aux_index = None
         self.sent_pages = 0
@@ -504,6 +568,10 @@ class CxlTierKVSender(_Side, BaseKVSender):
         self.written = 0
         self.present = 0
         self._since = time.monotonic()
+        self._next_probe = 0.0
+
+    def _rooms(self):
+        return [(p.handle, p.rank, p.nonce) for p in self.peers]
 
     def pop_decode_prefix_len(self):
         return int((self.hello or {}).get("decode_prefix_len", 0))
@@ -523,6 +591,10 @@ class CxlTierKVSender(_Side, BaseKVSender):
         start = self.first_page + self.sent_pages
         self.sent_pages += len(pages)
         last = self.sent_pages >= self.num_pages
+        if self.standby:  # another rank sends this request's pages
+            if last:
+                self._conclude(KVPoll.Success)
+            return
         if self.started is None:
             self.started = time.monotonic()
         self.kv_mgr.submit(lambda: self._store(start, pages, last))
@@ -548,8 +620,10 @@ class CxlTierKVSender(_Side, BaseKVSender):
                     part = full[at : at + mgr.publish_pages]
                     self._store_part(_slice(keys, part[0][0], len(part)), [p for _, p in part])
             tail = [(i, p) for i, p in zip(range(start, start + len(pages)), pages) if i >= whole]
-            if tail:  # the last page, partial: the request's own, under its room and the decode's nonce
-                keys = mgr.tail_keys(self.room, self.nonce)
+            for peer in self.peers if tail else []:
+                # The last page, partial: the request's own, under its room,
+                # the decode rank's and its nonce.
+                keys = mgr.tail_keys(self.room, peer.rank, peer.nonce)
                 mgr.index.delete([keys.hex(0)])
                 status = mgr.pool.store(keys, [tail[0][1]])[0]
                 if status != "stored":
@@ -576,27 +650,30 @@ class CxlTierKVSender(_Side, BaseKVSender):
     def _finish(self):
         mgr = self.kv_mgr
         args = mgr.kv_args
-        hello = mgr.get_record(self, "hello")
-        if (hello or {}).get("nonce") != self.nonce:
-            raise DisaggError(f"cxltier disaggregation: room {self.room}: the decode's hello changed while this "
-                              "request was sent (another request on the same room?)")
+        for peer in self.peers:
+            hello = mgr.get_record(peer, "hello")
+            if (hello or {}).get("nonce") != peer.nonce:
+                raise DisaggError(f"cxltier disaggregation: room {self.room}: the hello of decode rank {peer.rank} "
+                                  "changed while this request was sent (another request on the same room?)")
         n = len(args.aux_data_ptrs)
-        if self.aux_index is not None and n:
-            for i in range(n):
-                at = args.aux_data_ptrs[i] + self.aux_index * args.aux_item_lens[i]
-                mgr.put_record(self, f"aux/{i}", (at, int(args.aux_item_lens[i])))
-        mgr.put_record(self, "done", {"status": "ok", "pages": self.num_pages, "first_page": self.first_page,
-                                           "tokens": len(self.tokens), "aux": n, "layout": mgr.layout,
-                                           "nonce": self.nonce})
+        for peer in self.peers:
+            if self.aux_index is not None:
+                for i in range(n):
+                    at = args.aux_data_ptrs[i] + self.aux_index * args.aux_item_lens[i]
+                    mgr.put_record(peer, f"aux/{i}", (at, int(args.aux_item_lens[i])))
+            mgr.put_record(peer, "done", {"status": "ok", "pages": self.num_pages, "first_page": self.first_page,
+                                          "tokens": len(self.tokens), "aux": n if self.aux_index is not None else 0,
+                                          "layout": mgr.layout, "nonce": peer.nonce})
         self.done_written = True
         self._since = time.monotonic()
 
     def _fail(self, e):
         reason = str(e)
-        try:
-            self.kv_mgr.put_record(self, "done", {"status": "failed", "reason": reason, "nonce": self.nonce})
-        except Exception:
-            pass
+        for peer in self.peers:
+            try:
+                self.kv_mgr.put_record(peer, "done", {"status": "failed", "reason": reason, "nonce": peer.nonce})
+            except Exception:
+                pass
         self._conclude(KVPoll.Failed, reason)
 
     def poll(self):
@@ -604,39 +681,111 @@ class CxlTierKVSender(_Side, BaseKVSender):
             return self.conclude_state
         if not self._look():
             return KVPoll.Bootstrapping if self.hello is None else KVPoll.Transferring if self.started else KVPoll.WaitingForInput
-        mgr = self.kv_mgr
         try:
-            if self._other_aborted("decode"):
-                return self.conclude_state
             if self.hello is None:
-                hello = mgr.get_record(self, "hello")
-                if hello is None:
-                    return self._waited("bootstrap", "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", KVPoll.Bootstrapping)
-                self.nonce = hello.get("nonce")
-                if hello.get("layout") != mgr.layout or hello.get("key_suffix") != mgr.key_suffix:
-                    self._fail(DisaggError(f"cxltier disaggregation: room {self.room}: the decode's KV layout "
-                                           f"{hello.get('layout')} ({hello.get('key_suffix')}) is not this prefill's "
-                                           f"{mgr.layout} ({mgr.key_suffix}): same model, KV dtype and TP size needed"))
-                    return self.conclude_state
-                if hello.get("tp_size") != mgr.tp_size:
-                    self._fail(DisaggError(f"cxltier disaggregation: room {self.room}: the decode runs at TP "
-                                           f"{hello.get('tp_size')}, this prefill at TP {mgr.tp_size}: this backend "
-                                           "needs the same TP size on both sides"))
-                    return self.conclude_state
-                self.hello = hello
-                mgr.put_record(self, "accept", {"nonce": self.nonce, "lease": mgr.lease})
+                return self._bootstrap()
+            if self.standby:
                 return KVPoll.WaitingForInput
-            if self._peer_gone(self.hello, "decode"):
+            for peer in self.peers:
+                if self._other_aborted("decode", peer):
+                    return self.conclude_state
+            if self._peer_gone([p.hello for p in self.peers], "decode"):
                 return self.conclude_state
             if not self.done_written:
                 return KVPoll.Transferring if self.started else KVPoll.WaitingForInput
-            if mgr.get_record(self, "ack") is not None:
+            for peer in self.peers:
+                if not peer.acked:
+                    peer.acked = self.kv_mgr.get_record(peer, "ack") is not None
+            if all(p.acked for p in self.peers):
                 self._conclude(KVPoll.Success)
                 return KVPoll.Success
             return self._waited("the decode side's ack", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", KVPoll.Transferring)
         except (_native.CxlTierError, DisaggError) as e:
             self._fail(e)
             return self.conclude_state
+
+    def _bootstrap(self):
+        """Finds the hello of each decode rank this rank serves, checks it
+        against this side's layout and answers it; WaitingForInput once
+        every one did."""
+        mgr = self.kv_mgr
+        if self.decode_tp is None:
+            found = self._find_decode()
+            if found is None:
+                return self._waited("bootstrap", "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", KVPoll.Bootstrapping)
+            d, rank, handle, hello = found
+            self.decode_tp = d
+            first = _Peer(self.room, rank, handle, hello)
+            p = mgr.tp_size
+            served = decode_ranks_served(mgr.tp_rank, p, d)
+            if d != p and not mgr.is_mla:
+                if served:
+                    self.peers.append(first)  # the rank that answers that decode rank: it says why
+                self._fail(DisaggError(f"cxltier disaggregation: room {self.room}: the decode runs at TP {d}, this "
+                                       f"prefill at TP {p}: an MHA page holds one rank's heads, and this backend moves "
+                                       "them between ranks of one TP size only (MLA between any two sizes one of which "
+                                       "divides the other); use the same TP size, or the mooncake backend"))
+                return self.conclude_state
+            if not served:
+                self.standby, self.hello = True, hello  # another rank of this prefill serves that decode rank
+                return KVPoll.WaitingForInput
+            self._answer(first)
+            if self.conclude_state is not None:
+                return self.conclude_state
+        d = self.decode_tp
+        for rank in decode_ranks_served(mgr.tp_rank, mgr.tp_size, d)[len(self.peers) :]:
+            handle = mgr.rooms.find(self.room, rank)
+            hello = None if handle is None else self._hello(handle)
+            if hello is None or hello.get("tp_size") != d:
+                return self._waited("bootstrap", "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", KVPoll.Bootstrapping)
+            self._answer(_Peer(self.room, rank, handle, hello))
+            if self.conclude_state is not None:
+                return self.conclude_state
+        self.hello = self.peers[0].hello
+        return KVPoll.WaitingForInput
+
+    def _find_decode(self):
+        """(decode TP size, rank, room handle, hello) of the first decode
+        rank this rank serves, once it said hello: its own rank's room is
+        looked at every poll, those of a decode of another TP size every
+        PROBE_EVERY (a hello names its TP size; only the room of the size it
+        names counts)."""
+        mgr = self.kv_mgr
+        now = time.monotonic()
+        wide = now >= self._next_probe
+        if wide:
+            self._next_probe = now + PROBE_EVERY
+        for d in mgr.decode_tp_candidates(wide):
+            rank = first_decode_rank(mgr.tp_rank, mgr.tp_size, d)
+            handle = mgr.rooms.find(self.room, rank)
+            hello = None if handle is None else self._hello(handle)
+            if hello is not None and hello.get("tp_size") == d:
+                return d, rank, handle, hello
+        return None
+
+    def _hello(self, handle):
+        try:
+            raw = self.kv_mgr.rooms.get(handle, DECODE, "hello")
+        except _native.NotFoundError:
+            return None  # the room went meanwhile: looked for again
+        return None if raw is None else json.loads(raw)
+
+    def _answer(self, peer):
+        """Checks a decode rank's hello against this side and accepts it;
+        a mismatch fails the request, saying why in that rank's room."""
+        mgr = self.kv_mgr
+        self.peers.append(peer)
+        hello = peer.hello
+        if hello.get("layout") != mgr.layout or hello.get("key_suffix") != mgr.key_suffix:
+            self._fail(DisaggError(f"cxltier disaggregation: room {self.room}: the decode's KV layout "
+                                   f"{hello.get('layout')} ({hello.get('key_suffix')}) is not this prefill's "
+                                   f"{mgr.layout} ({mgr.key_suffix}): same model and KV dtype needed"))
+            return
+        if hello.get("decode_prefix_len") != self.peers[0].hello.get("decode_prefix_len"):
+            self._fail(DisaggError(f"cxltier disaggregation: room {self.room}: decode ranks {self.peers[0].rank} and "
+                                   f"{peer.rank} hold prefixes of different lengths"))
+            return
+        mgr.put_record(peer, "accept", {"nonce": peer.nonce, "lease": mgr.lease, "tp_size": mgr.tp_size})
 
     def _waited(self, what, timeout_env, state):
         if time.monotonic() - self._since > _timeout(timeout_env, 300):
@@ -651,10 +800,11 @@ class CxlTierKVSender(_Side, BaseKVSender):
         pass
 
     def abort(self):
-        try:
-            self.kv_mgr.put_record(self, "abort", {"by": "prefill", "nonce": self.nonce})
-        except Exception:
-            pass
+        for peer in self.peers:
+            try:
+                self.kv_mgr.put_record(peer, "abort", {"by": "prefill", "nonce": peer.nonce})
+            except Exception:
+                pass
         self._conclude(KVPoll.Failed, self.reason or f"cxltier disaggregation: room {self.room}: aborted")
 
     def clear(self):
@@ -737,7 +887,7 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
                 accept = mgr.get_record(self, "accept") if time.monotonic() >= self._next_peer_look else None
             except (_native.CxlTierError, DisaggError):
                 accept = None
-            if accept is not None and accept.get("nonce") == self.nonce and self._peer_gone(accept, "prefill"):
+            if accept is not None and accept.get("nonce") == self.nonce and self._peer_gone([accept], "prefill"):
                 return self.conclude_state
             if time.monotonic() - self._since > _timeout("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300):
                 self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the prefill side wrote "
@@ -822,7 +972,7 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
                 self.landed = len(full)
             tail = self.pages[len(full) :]
             if tail:
-                self._land(mgr.tail_keys(self.room, self.nonce), [tail[0]])  # dropped as the room ends
+                self._land(mgr.tail_keys(self.room, mgr.tp_rank, self.nonce), [tail[0]])  # dropped as the room ends
             self._read_aux(int(done.get("aux", 0)))
             mgr.put_record(self, "ack", {"pages": len(self.pages)})
             self._conclude(KVPoll.Success)
