@@ -32,9 +32,10 @@ latent every rank holds alike, where one divides the other: a prefill rank
 serves decode_tp/prefill_tp decode ranks (the same pages, stored once, and
 records in each one's room), or one prefill rank in prefill_tp/decode_tp
 serves a decode rank and the others stand by. A prefill rank learns the
-decode's TP size from the hello it finds: the room of its own rank it looks
-at every poll, those of the other sizes every PROBE_EVERY (a hello names
-its size, and only the room of the size it names counts); the decode never
+decode's TP size from the hello it finds: the rooms of its own size and of
+the last size it served it looks at every poll, those of other sizes
+(TP_RATIOS times larger or smaller) every PROBE_EVERY (a hello names its
+size, and only the room of the size it names counts); the decode never
 needs the prefill's. The decode claims the
 room, each side writes records of its own in it and ends it when it
 concludes, and the second side to end it frees it; nothing evicts a live
@@ -115,8 +116,11 @@ PEER_EVERY = 0.25
 # How often a prefill rank, bootstrapping, looks for a decode of another TP
 # size than its own (its own it looks for at every poll).
 PROBE_EVERY = 0.02
-# The largest decode TP size a prefill rank looks for.
+# The largest decode TP size a prefill rank looks for, and how much larger or
+# smaller than its own (a look is a lookup in the rooms table, made for every
+# request in bootstrap: a few sizes, not every divisor).
 MAX_TP = 64
+TP_RATIOS = (2, 3, 4, 6, 8, 16, 32, 64)
 
 
 def first_decode_rank(prefill_rank, prefill_tp, decode_tp):
@@ -127,6 +131,18 @@ def first_decode_rank(prefill_rank, prefill_tp, decode_tp):
     if decode_tp >= prefill_tp:
         return prefill_rank * (decode_tp // prefill_tp)
     return prefill_rank // (prefill_tp // decode_tp)
+
+
+def decode_tp_candidates(prefill_tp, seen, all_sizes):
+    """The decode TP sizes a prefill rank looks for a hello under: its own
+    and seen, the last one it served (the common cases, every poll), with
+    all_sizes those TP_RATIOS times larger or smaller, up to MAX_TP."""
+    p = prefill_tp
+    first = [p] if seen in (None, p) else [p, seen]
+    if not all_sizes:
+        return first
+    wider = [p * r for r in TP_RATIOS if p * r <= MAX_TP] + [p // r for r in TP_RATIOS if p % r == 0]
+    return first + [d for d in wider if d not in first]
 
 
 def decode_ranks_served(prefill_rank, prefill_tp, decode_tp):
@@ -240,6 +256,7 @@ class CxlTierKVManager(BaseKVManager):
         key = os.environ.get("CXLTIER_PREFIX_KEY") or None
         self.index = self.tier.prefix(self.index_name, blocks, self.page_bytes + 64 if blocks else 0, key)
         self.said_pins_full = False
+        self.decode_tp_seen = None  # the TP size of the last decode a prefill rank found: looked for first
         if self.index.stats()["block_bytes"] < self.page_bytes:
             raise DisaggError(f"cxltier disaggregation: index {self.index_name!r} has "
                               f"{self.index.stats()['block_bytes']}-byte blocks; a page is {self.page_bytes} bytes")
@@ -315,14 +332,6 @@ class CxlTierKVManager(BaseKVManager):
         request, so that a later request on the same room never finds it."""
         return part_keys([string_key(f"cxltier-pd/{room}/r{rank}/tail-{nonce}/0").hex()], [self.mask])
 
-    def decode_tp_candidates(self, all_sizes):
-        """The decode TP sizes a prefill rank looks for a hello under: its
-        own first (the common case, every poll), with all_sizes every size
-        one of whose TP sizes divides the other's, up to MAX_TP."""
-        p = self.tp_size
-        if not all_sizes:
-            return [p]
-        return [p] + [d for d in range(1, MAX_TP + 1) if d != p and (d % p == 0 or p % d == 0)]
 
     # Records.
 
@@ -714,7 +723,7 @@ class CxlTierKVSender(_Side, BaseKVSender):
             if found is None:
                 return self._waited("bootstrap", "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", KVPoll.Bootstrapping)
             d, rank, handle, hello = found
-            self.decode_tp = d
+            self.decode_tp = mgr.decode_tp_seen = d
             first = _Peer(self.room, rank, handle, hello)
             p = mgr.tp_size
             served = decode_ranks_served(mgr.tp_rank, p, d)
@@ -746,16 +755,15 @@ class CxlTierKVSender(_Side, BaseKVSender):
 
     def _find_decode(self):
         """(decode TP size, rank, room handle, hello) of the first decode
-        rank this rank serves, once it said hello: its own rank's room is
-        looked at every poll, those of a decode of another TP size every
-        PROBE_EVERY (a hello names its TP size; only the room of the size it
-        names counts)."""
+        rank this rank serves, once it said hello (see decode_tp_candidates:
+        a hello names its TP size; only the room of the size it names
+        counts)."""
         mgr = self.kv_mgr
         now = time.monotonic()
         wide = now >= self._next_probe
         if wide:
             self._next_probe = now + PROBE_EVERY
-        for d in mgr.decode_tp_candidates(wide):
+        for d in decode_tp_candidates(mgr.tp_size, mgr.decode_tp_seen, wide):
             rank = first_decode_rank(mgr.tp_rank, mgr.tp_size, d)
             handle = mgr.rooms.find(self.room, rank)
             hello = None if handle is None else self._hello(handle)
