@@ -153,19 +153,19 @@ def test_a_second_decode_for_a_room_in_flight_fails_at_once(built, device, tmp_p
     tokens = list(range(3700, 3700 + 2 * PAGE))
     gate = tmp_path / "open"
     # The first pair waits for the second decode's start (SGLang's imports:
-    # 20 s and more on a busy machine), longer than the tests' 20 s timeout.
-    patient = {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "120"}
-    p = start(built, device, "prefill", job("mha", tokens, 37, limit=150), patient)
-    d1 = start(built, device, "decode", job("mha", tokens, 37, first_slot_page=30, limit=150),
+    # 20 s, and past a minute on a machine loaded 4 times over), longer than
+    # the tests' 20 s timeout: SGLang's default then (the second decode's
+    # reason, not a clock, says it failed at its claim, not at a timeout).
+    patient = {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "300"}
+    p = start(built, device, "prefill", job("mha", tokens, 37, limit=330), patient)
+    d1 = start(built, device, "decode", job("mha", tokens, 37, first_slot_page=30, limit=330),
                dict(patient, CXLTIER_PD_TEST_GATE_BEFORE_LOAD=str(gate)))
     wait_for_pages(device, 2, p)[0].close()  # the first request is in flight
-    began = time.monotonic()
-    second = result(start(built, device, "decode", job("mha", tokens, 37, first_slot_page=40), patient), 200)
+    second = result(start(built, device, "decode", job("mha", tokens, 37, first_slot_page=40), patient), 300)
     assert second["state"] == "failed" and "in flight" in second["reason"], second
-    assert time.monotonic() - began < 60  # its own start (SGLang's imports) and one claim
     gate.touch()
     pr, dr = result(p), result(d1)
-    assert pr["state"] == "success" and dr["state"] == "success", (pr, dr)
+    assert pr["state"] == "success" and dr["state"] == "success", (pr["state"], pr["reason"], dr["state"], dr["reason"])
     assert dr["digests"] == pr["digests"]
 
 

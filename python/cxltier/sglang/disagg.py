@@ -1056,7 +1056,7 @@ def _test_gate():
     """Holds a decode's landing until a file the tests create exists
     (CXLTIER_PD_TEST_GATE_BEFORE_LOAD; unset in production)."""
     gate = os.environ.get("CXLTIER_PD_TEST_GATE_BEFORE_LOAD")
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 600  # a bound, far past any test's wait
     while gate and not os.path.exists(gate) and time.monotonic() < deadline:
         time.sleep(0.01)
 
