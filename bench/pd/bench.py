@@ -31,11 +31,7 @@ counted). "cpu ms" is the CPU time of both processes over the same span,
 every thread counted (the decode's from its CPU clock sampled before each
 poll, so its polling before the transfer starts is not counted).
 The decode's pages are compared with the prefill's, page by page, in
-every run. Each worker writes its whole KV pool once at start, as a serving
-engine's pool is written by its first requests (--cold-pool leaves it
-fresh: SGLang's CPU pool comes from torch.zeros, mapped page by page on
-first write, and those faults fell into the first transfers of each
-size). Layouts (sizes as flags):
+every run. Layouts (sizes as flags):
 
   mha   Llama-3-8B: 32 layers, 8 KV heads of 128, bf16, 16-token pages
   mla   DeepSeek-V3: 61 layers, 512 + 64 latent, bf16, 64-token pages
@@ -237,8 +233,6 @@ def main():
                     "(MLA only), e.g. 1,2,2:1")
     ap.add_argument("--tier-size", default="8GiB")
     ap.add_argument("--backends", default="mooncake,cxltier", help="mooncake alone is the baseline of every ratio")
-    ap.add_argument("--cold-pool", action="store_true",
-                    help="leave the workers' KV pools unwritten at start (their page faults then fall in the first transfers)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     sizes = [int(x) for x in args.tokens.split(",")]
@@ -248,7 +242,7 @@ def main():
     env = dict(os.environ, CXLTIER_LIB=lib, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), mpath])))
     rows = []
     for name in args.layouts.split(","):
-        cfg = dict(LAYOUTS[name], cold_pool=args.cold_pool)
+        cfg = dict(LAYOUTS[name])
         if args.layers:
             cfg["bytes_per_token"] = cfg["bytes_per_token"] // cfg["layers"] * args.layers
             cfg["layers"] = args.layers

@@ -73,17 +73,6 @@ def kv_args(backend, pool, meta, layers, rank, total_heads):
     return args
 
 
-def resident(pool):
-    """Writes every page of the pool once, as a serving engine's pool is
-    written by its first requests: SGLang allocates a CPU pool with
-    torch.zeros, whose memory the kernel maps page by page on first write,
-    so a fresh pool's page faults fell into the first transfers that reached
-    each part of it (both backends' decodes, and most runs of a size)."""
-    for layer in range(pool.layer_num):
-        for buf, _ in layer_buffers(pool, layer):
-            buf.view(torch.uint8).fill_(0)
-
-
 def fill(pool, pages, page_size, seed):
     gen = torch.Generator().manual_seed(seed)
     for layer in range(pool.layer_num):
@@ -264,8 +253,6 @@ def main():
     dims = {"head_num": max(1, cfg["heads"] // cfg.get("tp_size", 1)), "head_dim": cfg["head_dim"], "kv_lora_rank": cfg["kv_lora_rank"],
             "qk_rope_head_dim": cfg["qk_rope_head_dim"]}
     pool = kv_pool(cfg["kind"], cfg["page_size"], cfg["pool_tokens"], layers=cfg["layers"], dims=dims)
-    if not cfg.get("cold_pool"):
-        resident(pool)
     meta = MetadataBuffers(8, hidden_size=16, hidden_states_dtype=torch.bfloat16, max_sampling_mask_tokens=1)
     mgr, _server = manager(cfg, role, pool, meta)
     print(json.dumps({"ready": role}), flush=True)
