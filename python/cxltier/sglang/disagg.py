@@ -469,7 +469,10 @@ class _Side:
         older pages were each read once, eviction's second chance passes
         those over and takes the newest unread pages first, so the decode
         found its own request's pages gone. A pin table that is full keeps
-        nothing, and says so once."""
+        nothing, and says so once. Returns the indexes of the keys of block
+        with no entry to pin: evicted since they were stored or found (a
+        full tier, another writer's store); none when nothing could be
+        kept."""
         try:
             kept = self.kv_mgr.index.keep_block(block)
         except _native.NoSpaceError as e:
@@ -477,12 +480,14 @@ class _Side:
                 self.kv_mgr.said_pins_full = True
                 logger.warning("cxltier disaggregation: room %d: published pages are not kept from eviction until the "
                                "decode reads them (%s): too many pages in flight for this process's pin table", self.room, e)
-            return
+            return []
+        gone = [i for i, there in enumerate(kept.present) if not there]
         with self._lock:
             if self.conclude_state is None:
                 self._kept.append(kept)
-                return
+                return gone
         kept.release()  # the side ended meanwhile
+        return gone
 
     def _look(self):
         """Whether it is time to read the tier again (the scheduler polls
@@ -635,26 +640,35 @@ class CxlTierKVSender(_Side, BaseKVSender):
                 keys = mgr.tail_keys(self.room, peer.rank, peer.nonce)
                 mgr.index.delete([keys.hex(0)])
                 status = mgr.pool.store(keys, [tail[0][1]])[0]
-                if status != "stored":
+                if status != "stored" or self._keep(keys):
                     raise DisaggError(f"cxltier disaggregation: room {self.room}: the last page was not stored "
-                                      f"({status}; index {mgr.index_name!r})")
-                self._keep(keys)
+                                      f"({status if status != 'stored' else 'evicted as soon as stored'}; "
+                                      f"index {mgr.index_name!r})")
                 self.bytes += mgr.page_bytes
             if last:
                 self._finish()
         except Exception as e:
             self._fail(e)
 
-    def _store_part(self, block, pages):
+    def _store_part(self, block, pages, again=False):
+        """Stores and keeps the pages of block. A page stored or found
+        there but evicted before its pin (the tier full, and another rank's
+        or engine's store taking the oldest entries: at TP 4 a decode then
+        found a page of its request gone) is stored and kept once more."""
         mgr = self.kv_mgr
         statuses = mgr.pool.store(block, pages)
         if "no_space" in statuses:
             raise DisaggError(f"cxltier disaggregation: room {self.room}: the tier is full "
                               f"(index {mgr.index_name!r}): {statuses.count('no_space')} of {len(pages)} pages not stored")
-        self._keep(block)
+        gone = self._keep(block)
         self.written += statuses.count("stored")
-        self.present += statuses.count("present")
+        self.present += 0 if again else statuses.count("present")
         self.bytes += statuses.count("stored") * mgr.page_bytes
+        if gone and again:
+            raise DisaggError(f"cxltier disaggregation: room {self.room}: {len(gone)} pages evicted as soon as they were "
+                              f"stored (index {mgr.index_name!r}): the tier is too small for the pages in flight")
+        if gone:
+            self._store_part(_pick(block, gone), [pages[i] for i in gone], again=True)
 
     def _finish(self):
         mgr = self.kv_mgr
@@ -1059,6 +1073,16 @@ def _test_gate():
     deadline = time.monotonic() + 600  # a bound, far past any test's wait
     while gate and not os.path.exists(gate) and time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+def _pick(block, indexes):
+    """The keys at indexes of a KeyBlock, as a KeyBlock."""
+    from ..prefix import KEY_BYTES, KeyBlock
+    import ctypes
+
+    raw = bytes(block.array)
+    picked = b"".join(raw[i * KEY_BYTES : (i + 1) * KEY_BYTES] for i in indexes)
+    return KeyBlock((ctypes.c_uint8 * len(picked)).from_buffer_copy(picked), len(indexes))
 
 
 def _slice(block, start, n):
