@@ -37,12 +37,15 @@ def manager(built, device, monkeypatch):
     mgr.close()
 
 
-def losing(mgr, every_time):
+def losing(mgr, every_time, then_theirs=False):
     """Wraps the pool's store: after it, another writer evicts the first
-    key of the block (the first store only, or every one)."""
+    key of the block (the first store only, or every one); then_theirs:
+    before the second, another writer stores that key itself."""
     real, lost = mgr.pool.store, []
 
     def store(block, pages):
+        if then_theirs and lost:
+            assert real(block, pages) == ["stored"]  # the other writer's store of the same page
         statuses = real(block, pages)
         if every_time or not lost:
             mgr.index.delete([block.hex(0)])
@@ -82,3 +85,19 @@ def test_a_page_lost_twice_fails_the_request_saying_why(manager):
     with pytest.raises(DisaggError, match="evicted as soon as they were stored"):
         sender._store_part(manager.page_keys(tokens), list(range(PAGES)))
     sender._end_room()  # as the failure concludes the side: the pins it took go
+
+
+def test_a_page_another_writer_holds_again_is_left_to_it(manager):
+    """Found there when stored again, and still not to be pinned (another
+    writer stored it meanwhile and it went again, or that writer is still
+    writing it: the same MLA page from another rank of the prefill), the
+    page is that writer's to publish: no failure. (Failing here failed an
+    MLA prefill of TP 2 in CI, whose ranks store the same pages at once.)"""
+    tokens = list(range(300, 300 + PAGES * PAGE))
+    block = manager.page_keys(tokens)
+    sender = CxlTierKVSender(manager, "tier", 9)
+    losing(manager, every_time=True, then_theirs=True)
+    sender._store_part(block, list(range(PAGES)))
+    assert sender.written == PAGES  # its own pages, once each
+    assert all(pinned(manager, block.hex(i)) for i in range(1, PAGES))
+    sender._end_room()

@@ -652,9 +652,12 @@ class CxlTierKVSender(_Side, BaseKVSender):
 
     def _store_part(self, block, pages, again=False):
         """Stores and keeps the pages of block. A page stored or found
-        there but evicted before its pin (the tier full, and another rank's
-        or engine's store taking the oldest entries: at TP 4 a decode then
-        found a page of its request gone) is stored and kept once more."""
+        there but with no entry to pin (evicted meanwhile: the tier full,
+        and another rank's or engine's store taking the oldest entries; at
+        TP 4 a decode then found a page of its request gone), or one another
+        writer is still writing (the same MLA page from another rank), is
+        stored once more: one this store writes is kept, or the request
+        fails; one found there again is that writer's to publish."""
         mgr = self.kv_mgr
         statuses = mgr.pool.store(block, pages)
         if "no_space" in statuses:
@@ -664,10 +667,12 @@ class CxlTierKVSender(_Side, BaseKVSender):
         self.written += statuses.count("stored")
         self.present += 0 if again else statuses.count("present")
         self.bytes += statuses.count("stored") * mgr.page_bytes
-        if gone and again:
-            raise DisaggError(f"cxltier disaggregation: room {self.room}: {len(gone)} pages evicted as soon as they were "
-                              f"stored (index {mgr.index_name!r}): the tier is too small for the pages in flight")
-        if gone:
+        if again:
+            lost = [i for i in gone if statuses[i] == "stored"]
+            if lost:
+                raise DisaggError(f"cxltier disaggregation: room {self.room}: {len(lost)} pages evicted as soon as they "
+                                  f"were stored (index {mgr.index_name!r}): the tier is too small for the pages in flight")
+        elif gone:
             self._store_part(_pick(block, gone), [pages[i] for i in gone], again=True)
 
     def _finish(self):
