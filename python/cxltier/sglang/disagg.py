@@ -1082,21 +1082,25 @@ def _test_gate():
 
 def _pick(block, indexes):
     """The keys at indexes of a KeyBlock, as a KeyBlock."""
-    from ..prefix import KEY_BYTES, KeyBlock
-    import ctypes
+    from ..prefix import KEY_BYTES
 
     raw = bytes(block.array)
-    picked = b"".join(raw[i * KEY_BYTES : (i + 1) * KEY_BYTES] for i in indexes)
-    return KeyBlock((ctypes.c_uint8 * len(picked)).from_buffer_copy(picked), len(indexes))
+    return _keyblock(b"".join(raw[i * KEY_BYTES : (i + 1) * KEY_BYTES] for i in indexes))
 
 
 def _slice(block, start, n):
-    """Keys start .. start+n of a KeyBlock, as a KeyBlock."""
+    """Keys start .. start+n of a KeyBlock, as a KeyBlock (one slice: this
+    runs per part of every request)."""
+    from ..prefix import KEY_BYTES
+
+    return _keyblock(bytes(block.array)[start * KEY_BYTES : (start + n) * KEY_BYTES])
+
+
+def _keyblock(raw):
     from ..prefix import KEY_BYTES, KeyBlock
     import ctypes
 
-    raw = bytes(block.array)[start * KEY_BYTES : (start + n) * KEY_BYTES]
-    return KeyBlock((ctypes.c_uint8 * len(raw)).from_buffer_copy(raw), n)
+    return KeyBlock((ctypes.c_uint8 * len(raw)).from_buffer_copy(raw), len(raw) // KEY_BYTES)
 
 
 # The plugin's part: SGLang learns the backend's name, its classes, and
