@@ -14,8 +14,9 @@ mooncake side also runs SGLang's bootstrap server (HTTP), its process
 groups (gloo, one group per side across its ranks) and Mooncake's transfer
 engine with MC_FORCE_TCP=1. At TP 2 an MHA rank holds half the KV heads
 and an MLA rank the whole latent, as in serving. "P:D" runs a prefill of
-TP P and a decode of TP D (MLA only: the tier's backend moves MHA pages
-between ranks of one TP size only).
+TP P and a decode of TP D: for MHA, D a multiple of P (each decode rank
+holds a share of its prefill rank's heads; the tier's backend does not
+join the heads of several prefill ranks into one decode rank's).
 
   first       a prompt neither side has seen: the prefill's pages go to the
               decode (through the tier: written to it, then read from it)
@@ -116,7 +117,8 @@ class Pair:
         self.procs = {}
         for role in ("prefill", "decode"):
             for rank in range(self.tp[role]):
-                arg = json.dumps(dict(cfg, backend=backend, tp_rank=rank, tp_size=self.tp[role]))
+                shares = tp[1] // tp[0] if cfg["kind"] == "mha" and tp[1] > tp[0] else 1
+                arg = json.dumps(dict(cfg, backend=backend, tp_rank=rank, tp_size=self.tp[role], shares=shares))
                 self.procs[role, rank] = subprocess.Popen([sys.executable, "-W", "ignore", WORKER, role, arg], env=env,
                                                           text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                           stderr=subprocess.PIPE)
@@ -192,10 +194,13 @@ def measure(backend, name, cfg, sizes, repeat, env, tp):
                     if any(x.get("state") != "success" for x in prs + drs):
                         said = [{k: v for k, v in x.items() if k in ("state", "reason", "room")} for x in prs + drs]
                         raise RuntimeError(f"{backend} {name} {tokens} TP {name_tp}: prefill ranks then decode ranks: {said}")
-                    # An MHA decode rank holds its prefill rank's heads (one TP
-                    # size); an MLA rank the latent every prefill rank holds.
-                    sources = prs if cfg["kind"] == "mha" else [prs[0]] * len(drs)
-                    if any(p["sum"] != d["sum"] or d["first_token"] != 4242 for p, d in zip(sources, drs)):
+                    # An MHA decode rank holds its share of the heads of prefill
+                    # rank j // k (k = decode TP / prefill TP; all of them at one
+                    # TP size); an MLA rank the latent every prefill rank holds.
+                    k = max(1, tp[1] // tp[0])
+                    sources = ([prs[j // k]["shares"][j % k] for j in range(len(drs))] if cfg["kind"] == "mha"
+                               else [prs[0]["sum"]] * len(drs))
+                    if any(want != d["sum"] or d["first_token"] != 4242 for want, d in zip(sources, drs)):
                         raise RuntimeError(f"{backend} {name} {tokens} TP {name_tp}: the decode's pages are not the prefill's")
                     # The transfer starts at the first rank's send, or earlier where
                     # a decode rank began landing pages already stored (a repeated
@@ -230,7 +235,7 @@ def main():
     ap.add_argument("--layers", type=int, default=0, help="override the layouts' layer counts (small runs)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tp", default="1", help="tensor-parallel sizes: N both sides, P:D a prefill of P and a decode of D "
-                    "(MLA only), e.g. 1,2,2:1")
+                    "(for MHA, D a multiple of P), e.g. 1,2,1:2,2:1")
     ap.add_argument("--tier-size", default="8GiB")
     ap.add_argument("--backends", default="mooncake,cxltier", help="mooncake alone is the baseline of every ratio")
     ap.add_argument("--out", default="")
@@ -248,21 +253,12 @@ def main():
             cfg["layers"] = args.layers
         pages = -(-max(sizes) // cfg["page_size"])
         cfg["pool_tokens"] = 2 * (pages + 1) * cfg["page_size"]
-        tier = f"shm:cxltier-pd-bench-{uuid.uuid4().hex[:10]}"
-        subprocess.check_call([cli, "format", "-device", tier, "-size", args.tier_size, "-chunk", "1MiB"],
-                              stdout=subprocess.DEVNULL)
-        page_bytes = cfg["page_size"] * cfg["bytes_per_token"]
-        blocks = parse_size(args.tier_size) * 3 // 4 // (page_bytes + 64)
-        tenv = dict(env, CXLTIER_DEVICES=tier, CXLTIER_PD_INDEX=f"pd-bench-{name}", CXLTIER_PD_BLOCKS=str(blocks))
-        try:
-            for tp in tps:
-                if tp[0] != tp[1] and name == "mha":
-                    print(f"  mha TP {tp_name(tp)}: skipped (MHA pages move between ranks of one TP size only)", flush=True)
-                    continue
-                for backend in args.backends.split(","):
-                    rows += measure(backend, name, cfg, sizes, args.repeat, tenv, tp)
-        finally:
-            subprocess.run([cli, "destroy", "-force", tier], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for tp in tps:
+            if tp[0] > tp[1] and name == "mha":
+                print(f"  mha TP {tp_name(tp)}: skipped (an MHA decode rank takes its heads from one prefill rank)",
+                      flush=True)
+                continue
+            rows += measure_tp(args, cli, env, name, cfg, sizes, tp)
     table(rows)
     if args.out:
         with open(args.out, "w") as f:
@@ -270,6 +266,25 @@ def main():
                        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
                        "args": vars(args), "rows": rows, "ratios": ratios(rows)}, f, indent=1)
         print(f"wrote {args.out}")
+
+
+def measure_tp(args, cli, env, name, cfg, sizes, tp):
+    """Both backends at one TP pair, over a tier of its own whose index has
+    blocks of a prefill rank's page (an MHA rank's holds 1/TP of the heads;
+    an index made for the whole page would leave most of each block empty)."""
+    tier = f"shm:cxltier-pd-bench-{uuid.uuid4().hex[:10]}"
+    subprocess.check_call([cli, "format", "-device", tier, "-size", args.tier_size, "-chunk", "1MiB"],
+                          stdout=subprocess.DEVNULL)
+    page_bytes = cfg["page_size"] * cfg["bytes_per_token"] // (tp[0] if cfg["kind"] == "mha" else 1)
+    blocks = parse_size(args.tier_size) * 3 // 4 // (page_bytes + 64)
+    tenv = dict(env, CXLTIER_DEVICES=tier, CXLTIER_PD_INDEX=f"pd-bench-{name}", CXLTIER_PD_BLOCKS=str(blocks))
+    rows = []
+    try:
+        for backend in args.backends.split(","):
+            rows += measure(backend, name, cfg, sizes, args.repeat, tenv, tp)
+    finally:
+        subprocess.run([cli, "destroy", "-force", tier], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return rows
 
 
 def ratios(rows):

@@ -82,13 +82,22 @@ def fill(pool, pages, page_size, seed):
                 rows.copy_(torch.randn(rows.shape, generator=gen).to(buf.dtype))
 
 
-def page_sum(pool, pages, page_size):
+def page_sum(pool, pages, page_size, share=0, shares=1):
     """A cheap fingerprint of pages (sum of their bytes as int64), to check
-    that the decode landed the prefill's bytes."""
+    that the decode landed the prefill's bytes; with shares, of the
+    share-th of that many shares of an MHA page's heads (what a rank of a
+    decode of a TP size shares times larger holds)."""
     out = []
     for layer in range(pool.layer_num):
         for buf, _ in layer_buffers(pool, layer):
-            out.append([int(buf[p * page_size : (p + 1) * page_size].contiguous().view(torch.uint8).sum()) for p in pages])
+            sums = []
+            for p in pages:
+                rows = buf[p * page_size : (p + 1) * page_size]
+                if shares > 1:
+                    n = rows.shape[1] // shares
+                    rows = rows[:, share * n : (share + 1) * n]
+                sums.append(int(rows.contiguous().view(torch.uint8).sum()))
+            out.append(sums)
     return out
 
 
@@ -135,6 +144,7 @@ def prefill(cfg, pool, meta, mgr, r):
     page = cfg["page_size"]
     q = object.__new__(PrefillBootstrapQueue)
     q.kv_manager, q.transfer_backend, q.bootstrap_port, q.max_input_len = mgr, TransferBackend(cfg["backend"]), BOOTSTRAP_PORT, 1 << 30
+    q.token_to_kv_pool = pool  # as SGLang's queue holds it: the plugin's wrap hands it to the manager
     # The KV first (the decode holds no prefix here), as a prefill's forward
     # pass makes it: the decode's hello then comes just before the send.
     n_pages = -(-len(r["tokens"]) // page)
@@ -143,7 +153,9 @@ def prefill(cfg, pool, meta, mgr, r):
     fill(pool, pages, page, seed=r["seed"] + (cfg.get("tp_rank", 0) if cfg["kind"] == "mha" else 0))
     aux_index = r["room"] % 8
     meta.output_ids[aux_index][0] = 4242
+    shares = cfg.get("shares", 1)  # an MHA decode of a larger TP: each of its ranks holds a share of the heads
     out = {"sum": page_sum(pool, pages, page)}
+    out["shares"] = [page_sum(pool, pages, page, k, shares) for k in range(shares)] if shares > 1 else [out["sum"]]
     print(json.dumps({"filled": r["room"]}), flush=True)  # the bench starts the decode's request now
     req = request(r["tokens"], r["room"])
     assert q.create_sender(req, num_kv_heads=cfg["heads"])
@@ -177,6 +189,7 @@ def decode(cfg, pool, meta, mgr, r):
     page = cfg["page_size"]
     q = object.__new__(DecodePreallocQueue)
     q.kv_manager, q.transfer_backend, q.queue = mgr, TransferBackend(cfg["backend"]), []
+    q.token_to_kv_pool = pool
     req = request(r["tokens"], r["room"])
     decode_req = q._create_receiver_and_enqueue(req)
     receiver = decode_req.kv_receiver

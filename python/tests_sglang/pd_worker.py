@@ -22,10 +22,12 @@ them as follows.
     python pd_worker.py ROLE JSON
 
 JSON: the job (kind, tokens, room, seed, pages; tp_rank and tp_size for a
-rank of a TP group, delay for a slow rank, barrier for a directory where
-the prefill ranks of a group wait for each other after their bootstrap as
-SGLang's all-reduce of their states makes them, poll_after for a decode
-that polls late, model for the model path: see the tests).
+rank of a TP group, heads for an MHA rank's KV heads, shares for the
+digests of a prefill page's heads in that many shares, delay for a slow
+rank, barrier for a directory where the prefill ranks of a group wait for
+each other after their bootstrap as SGLang's all-reduce of their states
+makes them, poll_after for a decode that polls late, model for the model
+path: see the tests).
 
 prints one JSON line: the outcome and a digest of every page it holds.
 """
@@ -43,7 +45,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from linker_stack import kv_pool, layer_buffers  # noqa: E402
+from linker_stack import SMALL, kv_pool, layer_buffers  # noqa: E402
 
 
 def server_args(kind, tp_size, model):
@@ -68,12 +70,18 @@ def kv_args(pool, meta, tp_rank):
     return args
 
 
-def page_digest(pool, page):
-    """sha256 over every layer's bytes of one page (K then V, or the latent)."""
+def page_digest(pool, page, share=0, shares=1):
+    """sha256 over every layer's bytes of one page (K then V, or the
+    latent); with shares, of the share-th of that many equal shares of its
+    heads (what a decode rank of a TP size shares times larger holds)."""
     h = hashlib.sha256()
     for layer in range(pool.layer_num):
         for buf, _ in layer_buffers(pool, layer):
-            h.update(buf[page * PAGE : (page + 1) * PAGE].contiguous().view(torch.uint8).numpy().tobytes())
+            rows = buf[page * PAGE : (page + 1) * PAGE]
+            if shares > 1:
+                n = rows.shape[1] // shares
+                rows = rows[:, share * n : (share + 1) * n]
+            h.update(rows.contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -139,6 +147,8 @@ def prefill(job, pool, meta, mgr):
         fill(pool, p, seed=job["seed"] * 1000 + first + i)
     meta.output_ids[aux_index][0] = job["first_token"]
     out["digests"] = [page_digest(pool, p) for p in pages]
+    shares = job.get("shares", 1)
+    out["shares"] = [[page_digest(pool, p, k, shares) for p in pages] for k in range(shares)]
     if job.get("die_before_send"):
         print(json.dumps({"role": "prefill", "state": "about to die"}), flush=True)
         time.sleep(60)
@@ -246,7 +256,7 @@ def main():
 
     disagg.install()  # what the plugin does in every SGLang process, before SGLang looks the backend up
     from sglang.srt.disaggregation.utils import DisaggregationMode, KVClassType, MetadataBuffers, TransferBackend, get_kv_class
-    pool = kv_pool(job["kind"], PAGE, job["pool_tokens"])
+    pool = kv_pool(job["kind"], PAGE, job["pool_tokens"], dims=dict(SMALL, head_num=job.get("heads", SMALL["head_num"])))
     meta = MetadataBuffers(max(8, job.get("many", 0)), hidden_size=16, hidden_states_dtype=torch.bfloat16, max_sampling_mask_tokens=1)
     mgr_class = get_kv_class(TransferBackend("cxltier"), KVClassType.MANAGER)
     try:

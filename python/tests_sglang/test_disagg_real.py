@@ -293,6 +293,27 @@ def test_a_damaged_page_is_never_handed_to_the_decode(built, device, tmp_path):
     assert pr["state"] == "failed", pr
 
 
+def test_a_damaged_page_is_never_handed_to_a_decode_rank_of_its_heads(built, device, tmp_path):
+    """A share of a page's heads lands through a staging copy checked
+    before any row reaches the pool: a byte flipped in a TP 1 prefill's
+    page fails both ranks of the TP 2 decode, the one whose heads hold the
+    byte and the other."""
+    index_for(built, device, "mha")
+    tokens = list(range(9800, 9800 + 3 * PAGE))
+    gate = str(tmp_path / "load-gate")
+    slow = {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "60"}
+    p = start(built, device, "prefill", job("mha", tokens, 98, heads=2, limit=90, bootstrap_limit=90), slow)
+    ds = [start(built, device, "decode", job("mha", tokens, 98, heads=1, tp_rank=r, tp_size=2, first_slot_page=30,
+                                             limit=90, bootstrap_limit=90),
+                dict(slow, CXLTIER_PD_TEST_GATE_BEFORE_LOAD=gate)) for r in range(2)]
+    _damage_one_page(built, device, want=3)
+    open(gate, "w").close()
+    got = [result(d, 300) for d in ds]
+    for r in got:
+        assert r["state"] == "failed" and "checksum" in r["reason"].lower(), got
+    assert result(p, 300)["state"] == "failed"
+
+
 def wait_for_pages(device, want, prefill=None):
     """Waits until index pd holds want pages (the prefill, when given, must
     not have ended first); returns the attached tier and the index."""
@@ -392,21 +413,23 @@ def test_tensor_parallel_ranks_with_one_slow(built, device, kind, tp):
         assert len({tuple(p["digests"]) for p in prefills}) == tp
 
 
-def ranks(built, device, tmp_path, kind, tokens, room, prefill_tp, decode_tp, **kw):
+def ranks(built, device, tmp_path, kind, tokens, room, prefill_tp, decode_tp, pkw=None, dkw=None, **kw):
     """A prefill of prefill_tp ranks and a decode of decode_tp ranks, a
     process a rank, all started at once, the prefill's ranks going on past
     their bootstrap together (as SGLang's all-reduce of their states makes
-    them): (prefills' results, decodes')."""
+    them), pkw and dkw in the jobs of the prefill's and the decode's ranks:
+    (prefills' results, decodes')."""
     slow = {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "120"}
     barrier = tmp_path / f"barrier-{room}"
     barrier.mkdir()
     procs = []
     for rank in range(prefill_tp):
         extra = {"tp_rank": rank, "tp_size": prefill_tp, "limit": 90, "bootstrap_limit": 90, "barrier": str(barrier)}
-        procs.append(start(built, device, "prefill", job(kind, tokens, room, **extra, **kw), slow))
+        procs.append(start(built, device, "prefill", job(kind, tokens, room, **extra, **kw, **(pkw or {})), slow))
     for rank in range(decode_tp):
         extra = {"tp_rank": rank, "tp_size": decode_tp, "limit": 90, "bootstrap_limit": 90}
-        procs.append(start(built, device, "decode", job(kind, tokens, room, first_slot_page=20, **extra, **kw), slow))
+        procs.append(start(built, device, "decode", job(kind, tokens, room, first_slot_page=20, **extra, **kw, **(dkw or {})),
+                           slow))
     got = [result(p, 300) for p in procs]
     return got[:prefill_tp], got[prefill_tp:]
 
@@ -429,11 +452,37 @@ def test_mla_between_tp_sizes(built, device, tmp_path, prefill_tp, decode_tp):
     assert rooms_in_flight(device) == 0
 
 
+@pytest.mark.parametrize("prefill_heads,decode_heads", [(2, 1), (1, 1)])
+def test_mha_to_a_decode_of_a_larger_tp_size(built, device, tmp_path, prefill_heads, decode_heads):
+    """An MHA page holds a prefill rank's KV heads; each rank of a decode
+    of twice its TP size holds half of them (SGLang shards heads by rank),
+    or all of them when there are fewer KV heads than decode ranks (SGLang
+    replicates them): a TP 1 prefill serves both ranks of a TP 2 decode,
+    storing its pages once, and decode rank j lands the j-th half of the
+    heads of every page, K and V of every layer, the partial last page
+    too (the prefill refused every MHA decode of another TP size)."""
+    index_for(built, device, "mha")
+    tokens = list(range(9700, 9700 + 3 * PAGE + 2))
+    shares = prefill_heads // decode_heads
+    prefills, decodes = ranks(built, device, tmp_path, "mha", tokens, 97, 1, 2, pkw={"heads": prefill_heads, "shares": shares},
+                              dkw={"heads": decode_heads})
+    for r in prefills + decodes:
+        assert r["state"] == "success", [(x["role"], x["state"], x.get("reason")) for x in prefills + decodes]
+    for rank, d in enumerate(decodes):
+        want = prefills[0]["shares"][rank] if shares == 2 else prefills[0]["digests"]
+        assert d["digests"] == want and d["first_token"] == 4242, (rank, d)
+    if shares == 2:
+        assert decodes[0]["digests"] != decodes[1]["digests"]
+    assert prefills[0]["written"] == 3, prefills  # three whole pages, once for both decode ranks
+    assert rooms_in_flight(device) == 0
+
+
 def test_an_mha_decode_of_another_tp_size_is_refused_saying_so(built, device, tmp_path):
-    """An MHA page holds one rank's heads: a TP 1 decode of a TP 2 prefill
-    fails at once, the prefill rank that serves it and the decode naming
-    both sizes, instead of waiting out a timeout or landing half the
-    heads. (Prefill rank 1 fails too: by the same reason when it finds the
+    """An MHA page holds one rank's heads, and a decode rank of a smaller
+    TP size than the prefill's holds those of several prefill ranks: a TP 1
+    decode of a TP 2 prefill fails at once, the prefill rank that serves it
+    and the decode naming both sizes, instead of waiting out a timeout or
+    landing half the heads. (Prefill rank 1 fails too: by the same reason when it finds the
     decode's room, else at its bootstrap timeout; in SGLang the all-reduce
     of the ranks' states fails it with rank 0.)"""
     index_for(built, device, "mha")

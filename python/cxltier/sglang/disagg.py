@@ -6,7 +6,9 @@ transfer is the cache insert.
 with the cxltier plugin installed (SGLANG_PLUGINS=cxltier) and, on both
 sides, CXLTIER_DEVICES naming the tier they share (shm:cxltier by default)
 and CXLTIER_PD_INDEX the prefix index (the model path by default;
-CXLTIER_PD_BLOCKS creates it when missing, with blocks of one page).
+CXLTIER_PD_BLOCKS on a prefill creates it when missing, with blocks of one
+of its pages; a decode opens it at its first request if not there at its
+start).
 
 The prefill worker writes each page of a request's KV (every layer, as
 the unified-cache linker lays a page out) into the tier under SGLang's own
@@ -27,11 +29,12 @@ earlier request stored, at once). Each part is checked as it lands.
 Nothing crosses a network: the two find each other through a room of the
 tier's rooms table ("<index>@pd", prefix/rooms in Go), named by the
 bootstrap room and the decode's TP rank. At the same TP size rank r of the
-prefill serves rank r of the decode. The sizes may differ for MLA, whose
-latent every rank holds alike, where one divides the other: a prefill rank
-serves decode_tp/prefill_tp decode ranks (the same pages, stored once, and
-records in each one's room), or one prefill rank in prefill_tp/decode_tp
-serves a decode rank and the others stand by. A prefill rank learns the
+prefill serves rank r of the decode. The sizes may differ where one divides
+the other: a prefill rank serves decode_tp/prefill_tp decode ranks (the
+same pages, stored once, and records in each one's room; an MHA decode
+rank lands its share of their heads), or, for MLA, whose latent every rank
+holds alike, one prefill rank in prefill_tp/decode_tp serves a decode rank
+and the others stand by. A prefill rank learns the
 decode's TP size from the hello it finds: the rooms of its own size and of
 the last size it served it looks at every poll, those of other sizes
 (TP_RATIOS times larger or smaller) every PROBE_EVERY (a hello names its
@@ -45,7 +48,8 @@ room
 - hello (decode): the prefix it holds, its layout and TP size, a nonce of
   its own for this request and its lease; the prefill's bootstrap ends
   when it is there (SGLang's bootstrap timeout bounds it).
-- accept (prefill): the hello was answered; the prefill's lease and TP size.
+- accept (prefill): the hello was answered; the prefill's lease, TP size,
+  key suffix and page chunk (the decode reads the pages of that rank).
 - done (prefill): the pages are written (or why not: the tier is full),
   with the hello's nonce.
 - ack (decode): the pages landed and checked; the prefill's send is over.
@@ -66,11 +70,15 @@ host one that no longer runs, fails the request at once. A page whose
 checksum fails on the decode side fails the request (never damaged KV). The decode
 side needs no bootstrap server; SGLang's prefill starts the no-op one here.
 
-Served: MHA and MLA KV pools of one pipeline stage; MHA at the same TP
-size on both sides (an MHA page holds a rank's heads: a decode of another
-TP size is refused at its first request, naming both), MLA at any two
-sizes one of which divides the other. Hybrid state (SWA, Mamba,
-DSA's indexer) is refused at start, naming it.
+Served: MHA and MLA KV pools of one pipeline stage; MLA at any two sizes
+one of which divides the other; MHA at one TP size or with a decode of a
+multiple k of the prefill's TP size: an MHA page holds a rank's KV heads,
+prefill rank i serves decode ranks i*k .. i*k+k-1, and each lands its
+share of the heads (head_share) through a staging copy checked before any
+row of it reaches the pool. An MHA decode of a smaller TP size (a decode
+rank holding several prefill ranks' heads) is refused at its first
+request, naming both sizes. Hybrid state (SWA, Mamba, DSA's indexer) is
+refused at start, naming it.
 """
 
 from __future__ import annotations
@@ -158,6 +166,31 @@ class DisaggError(RuntimeError):
     """A request's transfer through the tier failed; the message says why."""
 
 
+def head_share(prefill_chunk, decode_chunk, page_size, prefill_tp, decode_tp, decode_rank):
+    """Where an MHA decode rank's heads lie in the page of the prefill rank
+    that serves it: (offset, length) in bytes of each token's row of the
+    prefill's page, or None when the decode rank holds that page whole (the
+    same TP size, or KV heads replicated across the decode's ranks, as
+    SGLang shards them when there are fewer KV heads than ranks). A
+    prefill rank of a TP p serves decode ranks j of a TP d = k*p with j // k
+    its rank; its page holds r = prefill_chunk / decode_chunk times the
+    decode's heads (r divides k: k / r decode ranks then hold each head),
+    and rank j holds the ((j % k) * r // k)-th share of them."""
+    if prefill_chunk == decode_chunk and prefill_tp <= decode_tp:
+        return None
+    geometry = (f"a prefill rank of TP {prefill_tp} with {prefill_chunk}-byte page chunks, a decode rank of TP "
+                f"{decode_tp} with {decode_chunk}-byte ones")
+    if decode_tp < prefill_tp or decode_tp % prefill_tp:
+        raise DisaggError(f"cxltier disaggregation: {geometry}: an MHA decode rank must take its heads from one "
+                          "prefill rank (a decode TP size a multiple of the prefill's)")
+    k = decode_tp // prefill_tp
+    if decode_chunk <= 0 or prefill_chunk % decode_chunk or k % (prefill_chunk // decode_chunk) or decode_chunk % page_size:
+        raise DisaggError(f"cxltier disaggregation: {geometry}: the decode's heads are not a share of the prefill "
+                          "rank's (same model and KV dtype needed)")
+    row = decode_chunk // page_size
+    return (decode_rank % k) * (prefill_chunk // decode_chunk) // k * row, row
+
+
 def _timeout(name, default):
     try:
         from sglang.srt.environ import envs
@@ -197,7 +230,11 @@ class CxlTierKVManager(BaseKVManager):
         self.tp_size = int(getattr(server_args, "tp_size", 1) or 1)
         pp_rank, pp_size = int(getattr(args, "pp_rank", 0) or 0), int(getattr(server_args, "pp_size", 1) or 1)
         model = str(getattr(server_args, "model_path", None) or "default").replace("/", "-")
+        self.model, self.pp_rank, self.pp_size = model, pp_rank, pp_size
         self.key_suffix = pagekeys.key_suffix(model, self.tp_rank, self.tp_size, pp_rank, pp_size, replicated=self.is_mla)
+        self.kv_pool = None  # SGLang's KV pool, once a queue hands it over (bind_pool)
+        self._staging = None  # (chunk, KVPool, buffers): a prefill rank's pages of another geometry land here first
+        self._views = None  # SGLang's K and V buffers as pages of rows of bytes (_pool_buffers)
         engine = "cpu" if str(getattr(server_args, "device", "cuda")) == "cpu" else "cuda"
         self.tier = Tier(os.environ.get("CXLTIER_DEVICES") or "shm:cxltier", name=f"sglang-pd-{self.mode}-{os.getpid()}")
         try:
@@ -236,6 +273,7 @@ class CxlTierKVManager(BaseKVManager):
             ptrs, lens = [ptrs[i] for i in order], [lens[i] for i in order]
         chunk = items[0]
         self.page_bytes = chunk * n
+        self.buffer_ptrs = [int(p) for p in ptrs]  # K and V of each layer, in turn
         # Pages stored per part: the decode lands a part while the next is
         # stored (CXLTIER_PD_PUBLISH_MIB of KV a part, 32 by default).
         text = os.environ.get("CXLTIER_PD_PUBLISH_MIB") or "32"
@@ -253,17 +291,46 @@ class CxlTierKVManager(BaseKVManager):
         self.dtype_bound = pagekeys.kv_dtype(self.server_dtype, "auto") != "auto"
         self.index_name = os.environ.get("CXLTIER_PD_INDEX") or model
         blocks = int(os.environ.get("CXLTIER_PD_BLOCKS", "0") or 0)
-        key = os.environ.get("CXLTIER_PREFIX_KEY") or None
-        self.index = self.tier.prefix(self.index_name, blocks, self.page_bytes + 64 if blocks else 0, key)
         self.said_pins_full = False
         self.decode_tp_seen = None  # the TP size of the last decode a prefill rank found: looked for first
-        if self.index.stats()["block_bytes"] < self.page_bytes:
-            raise DisaggError(f"cxltier disaggregation: index {self.index_name!r} has "
-                              f"{self.index.stats()['block_bytes']}-byte blocks; a page is {self.page_bytes} bytes")
         self._open_rooms([int(x) for x in args.aux_item_lens])
-        self.pool = KVPool(self.index, list(zip(ptrs, lens)), per_layer, chunk, chunk, engine=engine,
-                           device=engine != "cpu")
         self._name_pages(pagekeys.kv_dtype(self.server_dtype, "auto"))
+        self.index = self.pool = None
+        self._index_lock = threading.Lock()
+        self._index_args = (os.environ.get("CXLTIER_PREFIX_KEY") or None, list(zip(ptrs, lens)), engine)
+        if self.mode == "prefill":
+            self._open_index(int(os.environ.get("CXLTIER_PD_BLOCKS", "0") or 0))
+            return
+        try:
+            self._open_index(0)
+        except _native.NotFoundError:
+            logger.info("cxltier disaggregation: index %r is not in the tier yet: opened when the first prefill "
+                        "answers (a prefill makes it, with blocks of its pages)", self.index_name)
+
+    def _open_index(self, blocks):
+        """Opens the index of pages and binds this pool to it; with blocks,
+        a prefill makes it when missing, with blocks of its pages. A decode
+        never makes it: the prefill's pages (of a smaller TP size, larger
+        than the decode's) decide its blocks."""
+        key, buffers, engine = self._index_args
+        index = self.tier.prefix(self.index_name, blocks, self.page_bytes + 64 if blocks else 0, key)
+        if self.mode == "prefill" and index.stats()["block_bytes"] < self.page_bytes:
+            raise DisaggError(f"cxltier disaggregation: index {self.index_name!r} has "
+                              f"{index.stats()['block_bytes']}-byte blocks; a page is {self.page_bytes} bytes")
+        self.pool = KVPool(index, buffers, self.per_layer, self.chunk, self.chunk, engine=engine, device=engine != "cpu")
+        self.index = index
+
+    def ready_index(self):
+        """A decode's index, opened at its first request when it was not in
+        the tier at start (a prefill answered by then, so it is there)."""
+        with self._index_lock:
+            if self.index is not None:
+                return
+            try:
+                self._open_index(0)
+            except _native.NotFoundError:
+                raise DisaggError(f"cxltier disaggregation: index {self.index_name!r} is not in the tier {self.tier.devices}, "
+                                  "though a prefill answered: do both sides name the same CXLTIER_PD_INDEX?") from None
 
     def _open_rooms(self, aux):
         """The rooms table (CXLTIER_PD_ROOMS rooms in flight, 1024 by
@@ -293,13 +360,25 @@ class CxlTierKVManager(BaseKVManager):
         """The layout both sides compare and the key mask of this pool's
         pages: the unified-cache linker's, so that pages this backend
         writes are the linker's cache entries, and the other way round."""
+        self.dtype_name = dtype
         self.layout = pagekeys.layout(self.layers, self.per_layer, self.chunk, dtype)
         self.mask = pagekeys.pool_mask(self.key_suffix, "kv", 0, self.page_size, self.layout)
+
+    def source_mask(self, key_suffix, chunk):
+        """The key mask of the pages of a prefill rank that names its pages
+        key_suffix and its chunk (a decode of another TP size than the
+        prefill's reads the prefill rank's pages, not its own)."""
+        return pagekeys.pool_mask(key_suffix, "kv", 0, self.page_size, self.layout_of(chunk))
+
+    def layout_of(self, chunk):
+        """This model's layout with another rank's chunk (its share of the heads)."""
+        return pagekeys.layout(self.layers, self.per_layer, chunk, self.dtype_name)
 
     def bind_pool(self, pool):
         """SGLang's KV pool, from the queue that made a sender or receiver:
         with --kv-cache-dtype auto its dtype names the pages. Before any
         request is sent (the wraps call it as they make the first)."""
+        self.kv_pool = pool if pool is not None else self.kv_pool
         dtype = getattr(pool, "dtype", None)
         if self.dtype_bound or dtype is None:
             return
@@ -321,16 +400,17 @@ class CxlTierKVManager(BaseKVManager):
 
     # Keys.
 
-    def page_keys(self, tokens):
+    def page_keys(self, tokens, mask=None):
         """The entry keys of the whole pages of tokens (SGLang's hash chain,
-        masked for this pool), as a KeyBlock."""
-        return part_keys(page_keys(tokens, self.page_size), [self.mask])
+        masked for this pool, or by mask: another rank's), as a KeyBlock."""
+        return part_keys(page_keys(tokens, self.page_size), [mask or self.mask])
 
-    def tail_keys(self, room, rank, nonce):
+    def tail_keys(self, room, rank, nonce, mask=None):
         """The key of a request's partial last page for the decode rank
         rank: its room's and rank's, and that decode's nonce for the
-        request, so that a later request on the same room never finds it."""
-        return part_keys([string_key(f"cxltier-pd/{room}/r{rank}/tail-{nonce}/0").hex()], [self.mask])
+        request, so that a later request on the same room never finds it
+        (masked as page_keys)."""
+        return part_keys([string_key(f"cxltier-pd/{room}/r{rank}/tail-{nonce}/0").hex()], [mask or self.mask])
 
 
     # Records.
@@ -359,8 +439,85 @@ class CxlTierKVManager(BaseKVManager):
                               "the request) or claimed anew (another request on the same room)") from None
         return raw if into is not None or raw is None else json.loads(raw)
 
-    def drop_tail(self, room, rank, nonce):
-        self.index.delete([self.tail_keys(room, rank, nonce).hex(0)])
+    def drop_tail(self, room, rank, nonce, mask=None):
+        if self.index is not None:  # none: a decode that never learned of a prefill's pages
+            self.index.delete([self.tail_keys(room, rank, nonce, mask).hex(0)])
+
+    # A decode rank's share of another rank's pages (MHA, a larger decode TP).
+
+    def land_share(self, block, pages, chunk, share):
+        """Lands, of each page of block (a prefill rank's, of chunk-byte
+        chunks), the share (offset, length) of every token's row in pages of
+        this pool: each batch into a staging copy first, checked against
+        its checksums after its last layer, and only then its rows' share
+        copied into the pool. NotFoundError when an entry is gone."""
+        import torch
+
+        pool, staged = self._staging_for(chunk)
+        cap = staged[0].numel() // chunk
+        mine = self._pool_buffers()
+        offset, length = share
+        for at in range(0, len(pages), cap):
+            part = pages[at : at + cap]
+            load = pool.load(_slice(block, at, len(part)), list(range(len(part))))
+            try:
+                for layer in range(pool.layers):
+                    load.layer(layer)  # the last one compares the checksums: nothing below runs on a bad page
+            finally:
+                load.close()
+            index = torch.tensor(part, dtype=torch.long, device=mine[0].device)
+            for src, dst in zip(staged, mine):
+                rows = src[: len(part) * chunk].view(len(part), self.page_size, chunk // self.page_size)
+                dst[index] = rows[:, :, offset : offset + length].to(dst.device)
+
+    def _staging_for(self, chunk):
+        """A staging pool for pages of chunk-byte chunks: host buffers of
+        CXLTIER_PD_PUBLISH_MIB of KV (pinned when this pool is on a GPU),
+        made once per geometry."""
+        import torch
+
+        if self._staging is not None and self._staging[0] == chunk:
+            return self._staging[1:]
+        if self._staging is not None:
+            self._staging[1].close()
+        n = len(self.kv_args.kv_data_ptrs)
+        cap = max(1, self.publish_pages * self.page_bytes // (chunk * n))
+        pin = self.pool_device() != "cpu"
+        staged = [torch.empty(cap * chunk, dtype=torch.uint8, pin_memory=pin) for _ in range(n)]
+        pool = KVPool(self.index, [(t.data_ptr(), t.numel()) for t in staged], self.per_layer, chunk, chunk)
+        self._staging = (chunk, pool, staged)
+        return pool, staged
+
+    def pool_device(self):
+        buffers = getattr(self.kv_pool, "k_buffer", None)
+        return str(buffers[0].device.type) if buffers else "cpu"
+
+    def _pool_buffers(self):
+        """SGLang's K and V buffers of every layer, in this side's order (K
+        and V of each layer), each as pages of token rows of bytes: checked
+        against the addresses the KV args gave."""
+        import torch
+
+        if self._views is not None:
+            return self._views
+        pool = self.kv_pool
+        if pool is None or not hasattr(pool, "k_buffer"):
+            raise DisaggError("cxltier disaggregation: a decode of another TP size than the prefill's lands a share "
+                              "of each page's heads, which needs SGLang's MHA KV pool (none was handed over)")
+        out = []
+        for layer in range(self.layers):
+            for t in (pool.k_buffer[layer], pool.v_buffer[layer]):
+                out.append(t)
+        if [t.data_ptr() for t in out] != self.buffer_ptrs:
+            raise DisaggError("cxltier disaggregation: SGLang's KV pool is not the one whose buffers the KV args name")
+        row = self.chunk // self.page_size
+        views = []
+        for t in out:
+            flat = t.view(torch.uint8).reshape(-1) if t.dtype != torch.uint8 else t.reshape(-1)
+            n = flat.numel() // self.chunk
+            views.append(flat[: n * self.chunk].view(n, self.page_size, row))
+        self._views = views
+        return views
 
     # The mover thread.
 
@@ -424,6 +581,11 @@ class _Side:
         """(room handle, decode rank, nonce) of each room this side ends."""
         return [] if self.handle is None else [(self.handle, self.kv_mgr.tp_rank, self.nonce)]
 
+    def _tail_mask(self):
+        """The mask the request's last page is keyed under: the prefill
+        rank's (None: this side's own)."""
+        return None
+
     def _conclude(self, state, reason=None):
         with self._lock:
             if self.conclude_state is not None:
@@ -452,7 +614,7 @@ class _Side:
         for handle, rank, nonce in rooms:
             if nonce is not None:
                 try:
-                    self.kv_mgr.drop_tail(self.room, rank, nonce)
+                    self.kv_mgr.drop_tail(self.room, rank, nonce, self._tail_mask())
                 except _native.BusyError:
                     pass  # the prefill still keeps it: it drops it when it ends
                 except Exception:
@@ -563,10 +725,10 @@ class CxlTierKVSender(_Side, BaseKVSender):
     and the done record into each one's room, and ends when all ack.
 
     A rank serves the decode rank of its own number at the same TP size;
-    of a decode of larger TP (MLA), decode_tp/prefill_tp ranks; of a
-    smaller one (MLA), one rank in prefill_tp/decode_tp serves the decode
-    rank and the others stand by (every MLA rank holds the same latent).
-    MHA pages hold a rank's heads: a decode of another TP size is refused."""
+    of a decode of larger TP, decode_tp/prefill_tp ranks (an MHA one lands
+    its share of the heads); of a smaller one (MLA), one rank in
+    prefill_tp/decode_tp serves the decode rank and the others stand by
+    (every MLA rank holds the same latent). A smaller MHA decode is refused."""
 
     def __init__(self, mgr, bootstrap_addr, bootstrap_room, req_has_disagg_prefill_dp_rank=False):
         _Side.__init__(self, mgr, bootstrap_addr, bootstrap_room)
@@ -746,13 +908,15 @@ class CxlTierKVSender(_Side, BaseKVSender):
             first = _Peer(self.room, rank, handle, hello)
             p = mgr.tp_size
             served = decode_ranks_served(mgr.tp_rank, p, d)
-            if d != p and not mgr.is_mla:
+            if d < p and not mgr.is_mla:
                 if served:
                     self.peers.append(first)  # the rank that answers that decode rank: it says why
                 self._fail(DisaggError(f"cxltier disaggregation: room {self.room}: the decode runs at TP {d}, this "
-                                       f"prefill at TP {p}: an MHA page holds one rank's heads, and this backend moves "
-                                       "them between ranks of one TP size only (MLA between any two sizes one of which "
-                                       "divides the other); use the same TP size, or the mooncake backend"))
+                                       f"prefill at TP {p}: an MHA page holds one rank's heads, and a decode rank of a "
+                                       "smaller TP size holds the heads of several prefill ranks, which this backend "
+                                       "does not join (MHA goes to a decode of the same TP size or a multiple of it, "
+                                       "MLA between any two sizes one of which divides the other); use such sizes, "
+                                       "or the mooncake backend"))
                 return self.conclude_state
             if not served:
                 self.standby, self.hello = True, hello  # another rank of this prefill serves that decode rank
@@ -803,16 +967,38 @@ class CxlTierKVSender(_Side, BaseKVSender):
         mgr = self.kv_mgr
         self.peers.append(peer)
         hello = peer.hello
-        if hello.get("layout") != mgr.layout or hello.get("key_suffix") != mgr.key_suffix:
+        if not self._fits(hello, peer.rank):
             self._fail(DisaggError(f"cxltier disaggregation: room {self.room}: the decode's KV layout "
                                    f"{hello.get('layout')} ({hello.get('key_suffix')}) is not this prefill's "
-                                   f"{mgr.layout} ({mgr.key_suffix}): same model and KV dtype needed"))
+                                   f"{mgr.layout} ({mgr.key_suffix}) nor a share of its heads: same model and KV "
+                                   "dtype needed"))
             return
         if hello.get("decode_prefix_len") != self.peers[0].hello.get("decode_prefix_len"):
             self._fail(DisaggError(f"cxltier disaggregation: room {self.room}: decode ranks {self.peers[0].rank} and "
                                    f"{peer.rank} hold prefixes of different lengths"))
             return
-        mgr.put_record(peer, "accept", {"nonce": peer.nonce, "lease": mgr.lease, "tp_size": mgr.tp_size})
+        mgr.put_record(peer, "accept", {"nonce": peer.nonce, "lease": mgr.lease, "tp_size": mgr.tp_size,
+                                        "key_suffix": mgr.key_suffix, "chunk": mgr.chunk})
+
+    def _fits(self, hello, rank):
+        """Whether the decode rank rank that said hello holds this rank's
+        pages (the same layout and key suffix) or, of an MHA decode of a
+        larger TP size, a share of their heads (head_share)."""
+        mgr = self.kv_mgr
+        if hello.get("layout") == mgr.layout and hello.get("key_suffix") == mgr.key_suffix:
+            return True
+        d, chunk = hello.get("tp_size"), hello.get("chunk")
+        if mgr.is_mla or not isinstance(d, int) or not isinstance(chunk, int) or d <= mgr.tp_size:
+            return False
+        if hello.get("layout") != mgr.layout_of(chunk):
+            return False
+        if hello.get("key_suffix") != pagekeys.key_suffix(mgr.model, rank, d, mgr.pp_rank, mgr.pp_size):
+            return False
+        try:
+            head_share(mgr.chunk, chunk, mgr.page_size, mgr.tp_size, d, rank)
+        except DisaggError:
+            return False
+        return True
 
     def _waited(self, what, timeout_env, state):
         if time.monotonic() - self._since > _timeout(timeout_env, 300):
@@ -852,7 +1038,37 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
         self.bootstrap_infos = []
         self.loading = False
         self.nonce = secrets.token_hex(8)  # this request's, in every record the prefill writes for it
+        self.source = None  # (key mask, chunk, head share) of the prefill rank's pages, from its accept
         self._since = time.monotonic()
+
+    def _tail_mask(self):
+        return self.source[0] if self.source else None
+
+    def _learn_source(self, accept):
+        """What the prefill rank's accept says of its pages: their key mask
+        and chunk, and, of an MHA prefill of a smaller TP size, the share of
+        their heads this rank holds. The accept is another process's word:
+        only sizes this rank's own geometry admits are taken."""
+        mgr = self.kv_mgr
+        mgr.ready_index()
+        p = accept.get("tp_size", mgr.tp_size)
+        chunk = accept.get("chunk", mgr.chunk)
+        suffix = accept.get("key_suffix", mgr.key_suffix)
+        if not (isinstance(p, int) and 1 <= p <= MAX_TP and isinstance(chunk, int) and 0 < chunk and isinstance(suffix, str)):
+            raise DisaggError(f"cxltier disaggregation: room {self.room}: the prefill's accept names no usable TP size, "
+                              f"page chunk and key suffix ({p!r}, {chunk!r}, {suffix!r})")
+        if mgr.is_mla or (chunk == mgr.chunk and suffix == mgr.key_suffix):
+            if chunk != mgr.chunk or suffix != mgr.key_suffix:
+                raise DisaggError(f"cxltier disaggregation: room {self.room}: the prefill's pages ({suffix}, "
+                                  f"{chunk}-byte chunks) are not this decode's ({mgr.key_suffix}, {mgr.chunk})")
+            self.source = (mgr.mask, chunk, None)
+            return
+        d = mgr.tp_size
+        if d % p or suffix != pagekeys.key_suffix(mgr.model, mgr.tp_rank // (d // p), p, mgr.pp_rank, mgr.pp_size):
+            raise DisaggError(f"cxltier disaggregation: room {self.room}: the prefill's pages ({suffix}, TP {p}) are not "
+                              f"those of the rank of this model that serves decode rank {mgr.tp_rank} of TP {d}")
+        share = head_share(chunk, mgr.chunk, mgr.page_size, p, d, mgr.tp_rank)
+        self.source = (mgr.source_mask(suffix, chunk), chunk, share)
 
     @property
     def supports_host_destination(self):
@@ -882,7 +1098,7 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
                 raise DisaggError(f"cxltier disaggregation: room {self.room}: {e}") from None
             mgr.put_record(self, "hello", {"decode_prefix_len": self.decode_prefix_len, "layout": mgr.layout,
                                                 "key_suffix": mgr.key_suffix, "tp_size": mgr.tp_size,
-                                                "nonce": self.nonce, "lease": mgr.lease})
+                                                "chunk": mgr.chunk, "nonce": self.nonce, "lease": mgr.lease})
         except Exception as e:
             self._conclude(KVPoll.Failed, str(e))
             return
@@ -911,25 +1127,51 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
             done = None  # an earlier request's, written late: not this one's
         if done is None:
             try:
-                accept = mgr.get_record(self, "accept") if time.monotonic() >= self._next_peer_look else None
+                look = self.source is None or time.monotonic() >= self._next_peer_look
+                accept = mgr.get_record(self, "accept") if look else None
             except (_native.CxlTierError, DisaggError):
                 accept = None
-            if accept is not None and accept.get("nonce") == self.nonce and self._peer_gone([accept], "prefill"):
-                return self.conclude_state
+            if accept is not None and accept.get("nonce") == self.nonce:
+                if self.source is None and not self._source_from(accept):
+                    return self.conclude_state
+                if self._peer_gone([accept], "prefill"):
+                    return self.conclude_state
             if time.monotonic() - self._since > _timeout("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300):
                 self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the prefill side wrote "
                                               "nothing within SGLANG_DISAGGREGATION_WAITING_TIMEOUT (did it die?)")
                 return self.conclude_state
-            if self._whole is None or self.landed < len(self._whole[1]):
+            if self.source is not None and (self._whole is None or self.landed < len(self._whole[1])):
                 self.loading = True  # lands what the prefill has published so far, while it stores the rest
                 mgr.submit(self._stream)
             return waiting
         if done.get("status") != "ok":
             self._conclude(KVPoll.Failed, done.get("reason") or "cxltier disaggregation: the prefill side failed")
             return self.conclude_state
+        if self.source is None:
+            try:
+                accept = mgr.get_record(self, "accept")
+            except (_native.CxlTierError, DisaggError) as e:
+                self._conclude(KVPoll.Failed, str(e))
+                return self.conclude_state
+            if accept is None or accept.get("nonce") != self.nonce:
+                self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the prefill's done came "
+                                              "without its accept")
+                return self.conclude_state
+            if not self._source_from(accept):
+                return self.conclude_state
         self.loading = True
         mgr.submit(lambda: self._load(done))
         return KVPoll.Transferring
+
+    def _source_from(self, accept):
+        """_learn_source, a refusal failing the request (written as this
+        side's abort, so that the prefill stops too): whether it learned."""
+        try:
+            self._learn_source(accept)
+            return True
+        except DisaggError as e:
+            self._fail_load(e)
+            return False
 
     def _whole_pages(self):
         """(KeyBlock, pages): the request's whole pages past the prefix the
@@ -944,7 +1186,7 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
             full = [p for i, p in zip(range(first, first + len(self.pages)), self.pages) if i < whole]
             block = None
             if full:
-                keys = mgr.page_keys(self.tokens[: (first + len(full)) * mgr.page_size])
+                keys = mgr.page_keys(self.tokens[: (first + len(full)) * mgr.page_size], self.source[0])
                 block = _slice(keys, first, len(full))
             self._whole = (block, full)
         return self._whole
@@ -999,7 +1241,7 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
                 self.landed = len(full)
             tail = self.pages[len(full) :]
             if tail:
-                self._land(mgr.tail_keys(self.room, mgr.tp_rank, self.nonce), [tail[0]])  # dropped as the room ends
+                self._land(mgr.tail_keys(self.room, mgr.tp_rank, self.nonce, self.source[0]), [tail[0]])  # dropped as the room ends
             self._read_aux(int(done.get("aux", 0)))
             mgr.put_record(self, "ack", {"pages": len(self.pages)})
             self._conclude(KVPoll.Success)
@@ -1020,6 +1262,11 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
         against their checksums after the last layer (ChecksumError).
         NotFoundError when one is not in the tier."""
         mgr = self.kv_mgr
+        _, chunk, share = self.source
+        if share is not None:  # a share of a prefill rank's heads
+            mgr.land_share(block, pages, chunk, share)
+            self.bytes += len(pages) * mgr.page_bytes
+            return
         load = mgr.pool.load(block, pages)
         try:
             for layer in range(mgr.pool.layers):
