@@ -20,6 +20,18 @@ them as follows.
   until Success or Failed (the transfer queue).
 
     python pd_worker.py ROLE JSON
+    python pd_worker.py serve
+
+serve: a fork server. Importing torch and SGLang takes a process about
+17 s of CPU, most of a test's time when every test starts two to six
+workers; the server imports them once (nothing that starts a thread or
+loads libcxltier, whose Go runtime would not survive a fork) and forks a
+worker for each line on stdin ({"role", "job", "env", "out", "err",
+"rc"}): the child takes env as its whole environment, writes its stdout
+and stderr to out and err, and runs as a worker started with ROLE and
+JSON would; the server answers {"pid"} and, when the child ends, writes
+its exit status to rc (a negative signal number when killed, as
+subprocess says it).
 
 JSON: the job (kind, tokens, room, seed, pages; tp_rank and tp_size for a
 rank of a TP group, heads for an MHA rank's KV heads, shares for the
@@ -36,8 +48,11 @@ import array
 import hashlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
+import traceback
 
 import numpy as np
 import torch
@@ -249,9 +264,15 @@ def start_decode(job, pool, mgr):
 
 
 def main():
+    if sys.argv[1] == "serve":
+        serve()
+        return
+    run(sys.argv[1], json.loads(sys.argv[2]))
+
+
+def run(role, job):
     global ROLE, PAGE
-    ROLE, job = sys.argv[1], json.loads(sys.argv[2])
-    PAGE = job["page_size"]
+    ROLE, PAGE = role, job["page_size"]
     from cxltier.sglang import disagg
 
     disagg.install()  # what the plugin does in every SGLang process, before SGLang looks the backend up
@@ -269,6 +290,84 @@ def main():
     out = (many if job.get("many") else prefill if ROLE == "prefill" else decode)(job, pool, meta, mgr)
     print(json.dumps(out), flush=True)
     mgr.close()
+
+
+def serve():
+    """The fork server (see the module comment)."""
+    import cxltier.sglang.disagg  # noqa: F401 - SGLang's modules, torch; libcxltier loads at its first call
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue  # noqa: F401
+    from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue  # noqa: F401
+    from sglang.srt.disaggregation.utils import MetadataBuffers  # noqa: F401
+    from sglang.srt.managers.schedule_batch import Req  # noqa: F401
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: F401
+    from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: F401
+    from sglang.srt.server_args import ServerArgs  # noqa: F401
+
+    if threading.active_count() != 1:
+        raise SystemExit(f"pd_worker serve: {threading.active_count()} threads after the imports: a fork would lose them")
+    children = {}  # pid: the file its exit status goes to
+
+    def reap(*_):
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            rc = children.pop(pid, None)
+            if rc is not None:
+                with open(rc + ".tmp", "w") as f:
+                    f.write(str(os.waitstatus_to_exitcode(status)))
+                os.replace(rc + ".tmp", rc)
+
+    signal.signal(signal.SIGCHLD, reap)
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])  # its pid is known before it is reaped
+        pid = os.fork()
+        if pid == 0:
+            _child(req)
+        children[pid] = req["rc"]
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+        reap()
+        print(json.dumps({"pid": pid}), flush=True)
+    for pid in list(children):  # the tests are over: nothing outlives them
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _child(req):
+    code = 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        for fd, path in ((1, req["out"]), (2, req["err"])):
+            out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(out, fd)
+            os.close(out)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        run(req["role"], req["job"])
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@ classes: a prefill process and a decode process (pd_worker.py, which says
 what each runs of SGLang and in which order), SGLang's real MHA and MLA KV
 pools on CPU, the cxltier transfer backend registered as the plugin
 registers it. The transfer is the cache insert: a second request with the
-same prefix writes nothing."""
+same prefix writes nothing. Each worker is a process of its own, forked by
+one server per module that imported SGLang once (pd_worker.py serve):
+started afresh, each worker's imports (about 17 s of CPU) were most of this
+module's 12 minutes on 2 cores; forked, it takes about one."""
 
 import hashlib
 import json
@@ -30,9 +33,102 @@ def env(built, device, extra=None):
     return e
 
 
+class Forks:
+    """The module's fork server (pd_worker.py serve): SGLang's imports once,
+    a forked worker process per start()."""
+
+    def __init__(self, built, folder):
+        self.folder, self.n = folder, 0
+        self.proc = subprocess.Popen([sys.executable, "-W", "ignore", os.path.join(HERE, "pd_worker.py"), "serve"],
+                                     env=env(built, "shm:unused"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        line = self.proc.stdout.readline()
+        assert line.startswith('{"ready"'), f"the fork server did not start (exit {self.proc.wait()})"
+
+    def start(self, role, job, environ):
+        self.n += 1
+        base = os.path.join(self.folder, f"{self.n}-{role}")
+        req = {"role": role, "job": job, "env": environ, "out": base + ".out", "err": base + ".err", "rc": base + ".rc"}
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return Worker(json.loads(self.proc.stdout.readline())["pid"], req)
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+class Worker:
+    """A forked pd_worker, asked as a subprocess.Popen is: poll, wait,
+    communicate, send_signal, and its stdout and stderr (files it writes)
+    read as they grow."""
+
+    def __init__(self, pid, req):
+        self.pid, self.req, self.returncode = pid, req, None
+        self.stdout, self.stderr = _Tail(req["out"]), _Tail(req["err"])
+
+    def poll(self):
+        if self.returncode is None and os.path.exists(self.req["rc"]):
+            with open(self.req["rc"]) as f:
+                self.returncode = int(f.read())
+        return self.returncode
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pd_worker {self.req['role']}", timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def communicate(self, timeout=None):
+        self.wait(timeout)
+        return tuple(open(self.req[k]).read() for k in ("out", "err"))
+
+    def send_signal(self, sig):
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+
+class _Tail:
+    """A worker's output file, read a line at a time as it is written."""
+
+    def __init__(self, path):
+        self.path, self.at = path, 0
+
+    def readline(self):
+        time.sleep(0.01)
+        try:
+            with open(self.path) as f:
+                f.seek(self.at)
+                line = f.readline()
+        except FileNotFoundError:
+            return ""
+        if not line.endswith("\n"):
+            return ""
+        self.at += len(line.encode())
+        return line
+
+    def read(self):
+        try:
+            with open(self.path) as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+
+FORKS = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def forks(built, tmp_path_factory):
+    FORKS["server"] = Forks(built, str(tmp_path_factory.mktemp("pd-workers")))
+    yield
+    FORKS.pop("server").close()
+
+
 def start(built, device, role, job, extra=None):
-    return subprocess.Popen([sys.executable, os.path.join(HERE, "pd_worker.py"), role, json.dumps(job)],
-                            env=env(built, device, extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return FORKS["server"].start(role, job, env(built, device, extra))
 
 
 def result(p, timeout=120):
@@ -110,8 +206,7 @@ def test_a_prefill_that_dies_mid_send_fails_the_decode_at_once(built, device):
     dr = result(d, timeout=400)
     assert dr["state"] == "failed" and "prefill side's process is gone" in dr["reason"], dr
     # Seconds, not the 300 s timeout; generous for a loaded machine. (Timed
-    # from the kill: the processes' start, SGLang's imports, took 20 s
-    # beside other jobs.)
+    # from the kill, not from the processes' start.)
     assert time.monotonic() - killed < 60
     t = cxltier.Tier(device)
     assert t.prefix("pd").stats()["reserved"] == 0
@@ -152,10 +247,11 @@ def test_a_second_decode_for_a_room_in_flight_fails_at_once(built, device, tmp_p
     index_for(built, device, "mha")
     tokens = list(range(3700, 3700 + 2 * PAGE))
     gate = tmp_path / "open"
-    # The first pair waits for the second decode's start (SGLang's imports:
-    # 20 s, and past a minute on a machine loaded 4 times over), longer than
-    # the tests' 20 s timeout: SGLang's default then (the second decode's
-    # reason, not a clock, says it failed at its claim, not at a timeout).
+    # The first pair waits for the second decode's start (a fork of the
+    # server; a worker that imports SGLang itself took 20 s, and past a
+    # minute on a machine loaded 4 times over), maybe longer than the tests'
+    # 20 s timeout: SGLang's default then (the second decode's reason, not a
+    # clock, says it failed at its claim, not at a timeout).
     patient = {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "300"}
     p = start(built, device, "prefill", job("mha", tokens, 37, limit=330), patient)
     d1 = start(built, device, "decode", job("mha", tokens, 37, first_slot_page=30, limit=330),
