@@ -299,7 +299,7 @@ class CxlTierKVManager(BaseKVManager):
         self._index_lock = threading.Lock()
         self._index_args = (os.environ.get("CXLTIER_PREFIX_KEY") or None, list(zip(ptrs, lens)), engine)
         if self.mode == "prefill":
-            self._open_index(int(os.environ.get("CXLTIER_PD_BLOCKS", "0") or 0))
+            self._open_index(blocks)
             return
         try:
             self._open_index(0)
@@ -504,16 +504,13 @@ class CxlTierKVManager(BaseKVManager):
         if pool is None or not hasattr(pool, "k_buffer"):
             raise DisaggError("cxltier disaggregation: a decode of another TP size than the prefill's lands a share "
                               "of each page's heads, which needs SGLang's MHA KV pool (none was handed over)")
-        out = []
-        for layer in range(self.layers):
-            for t in (pool.k_buffer[layer], pool.v_buffer[layer]):
-                out.append(t)
+        out = [t for layer in range(self.layers) for t in (pool.k_buffer[layer], pool.v_buffer[layer])]
         if [t.data_ptr() for t in out] != self.buffer_ptrs:
             raise DisaggError("cxltier disaggregation: SGLang's KV pool is not the one whose buffers the KV args name")
         row = self.chunk // self.page_size
         views = []
         for t in out:
-            flat = t.view(torch.uint8).reshape(-1) if t.dtype != torch.uint8 else t.reshape(-1)
+            flat = t.view(torch.uint8).reshape(-1)
             n = flat.numel() // self.chunk
             views.append(flat[: n * self.chunk].view(n, self.page_size, row))
         self._views = views
@@ -1057,12 +1054,12 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
         if not (isinstance(p, int) and 1 <= p <= MAX_TP and isinstance(chunk, int) and 0 < chunk and isinstance(suffix, str)):
             raise DisaggError(f"cxltier disaggregation: room {self.room}: the prefill's accept names no usable TP size, "
                               f"page chunk and key suffix ({p!r}, {chunk!r}, {suffix!r})")
-        if mgr.is_mla or (chunk == mgr.chunk and suffix == mgr.key_suffix):
-            if chunk != mgr.chunk or suffix != mgr.key_suffix:
-                raise DisaggError(f"cxltier disaggregation: room {self.room}: the prefill's pages ({suffix}, "
-                                  f"{chunk}-byte chunks) are not this decode's ({mgr.key_suffix}, {mgr.chunk})")
+        if chunk == mgr.chunk and suffix == mgr.key_suffix:
             self.source = (mgr.mask, chunk, None)
             return
+        if mgr.is_mla:
+            raise DisaggError(f"cxltier disaggregation: room {self.room}: the prefill's pages ({suffix}, "
+                              f"{chunk}-byte chunks) are not this decode's ({mgr.key_suffix}, {mgr.chunk})")
         d = mgr.tp_size
         if d % p or suffix != pagekeys.key_suffix(mgr.model, mgr.tp_rank // (d // p), p, mgr.pp_rank, mgr.pp_size):
             raise DisaggError(f"cxltier disaggregation: room {self.room}: the prefill's pages ({suffix}, TP {p}) are not "
@@ -1265,14 +1262,13 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
         _, chunk, share = self.source
         if share is not None:  # a share of a prefill rank's heads
             mgr.land_share(block, pages, chunk, share)
-            self.bytes += len(pages) * mgr.page_bytes
-            return
-        load = mgr.pool.load(block, pages)
-        try:
-            for layer in range(mgr.pool.layers):
-                load.layer(layer)
-        finally:
-            load.close()
+        else:
+            load = mgr.pool.load(block, pages)
+            try:
+                for layer in range(mgr.pool.layers):
+                    load.layer(layer)
+            finally:
+                load.close()
         self.bytes += len(pages) * mgr.page_bytes
 
     def _read_aux(self, n):
