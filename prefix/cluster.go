@@ -77,27 +77,39 @@ func (s *Store) wireIsEntry() bool { return s.g.Version == 0 || s.g.Version >= 5
 
 // WirePayload is a pinned hit's payload in place and its WireChecksum,
 // after checking the payload against the entry's own checksum (ErrChecksum
-// for a damaged one): what a page takes off the node. One pass over the
-// payload on an index of layout 5 or later, two before.
-func (s *Store) WirePayload(h Hit) ([]byte, uint32, error) {
+// for a damaged one) and, in a keyed index, its signature (ErrUnsigned):
+// what a page takes off the node. checked is the bytes the checks passed,
+// for a caller that signs the page for the cluster: the payload in place
+// on an index without a key (one pass, on layout 5 or later), else a
+// private copy, since a writer without the key could change the bytes in
+// place between the checks and the cluster's signature, which would then
+// vouch for a page the tenant's key never signed.
+func (s *Store) WirePayload(h Hit) (inPlace, checked []byte, wire uint32, err error) {
 	held, herr := s.hold("payload")
 	if herr != nil {
-		return nil, 0, herr
+		return nil, nil, 0, herr
 	}
 	defer held.Done()
 	b, err := s.Payload(h)
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
 	}
-	wire := WireChecksum(h.Key, b)
+	checked = b
+	if s.mac != nil {
+		checked = append([]byte(nil), b...)
+	}
+	wire = WireChecksum(h.Key, checked)
 	entry := wire
 	if !s.wireIsEntry() {
-		entry = s.Checksum(h.Key, b)
+		entry = s.Checksum(h.Key, checked)
 	}
 	if entry != h.CRC {
-		return nil, 0, fmt.Errorf("prefix: %q: %v: %w: stored %#x, read %#x", s.name, h.Key, ErrChecksum, h.CRC, entry)
+		return nil, nil, 0, fmt.Errorf("prefix: %q: %v: %w: stored %#x, read %#x", s.name, h.Key, ErrChecksum, h.CRC, entry)
 	}
-	return b, wire, nil
+	if err := s.checkSigned(&h, [][]byte{checked}); err != nil {
+		return nil, nil, 0, fmt.Errorf("prefix: %q: %w", s.name, err)
+	}
+	return b, checked, wire, nil
 }
 
 // Room is how many bytes from the start of a block belong to it: its

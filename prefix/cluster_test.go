@@ -246,13 +246,13 @@ func TestWirePayloadChecksTheEntry(t *testing.T) {
 				t.Fatalf("lookup: %v, %d hits", err, len(hits))
 			}
 			defer s.Release(hits)
-			b, wire, err := s.WirePayload(hits[0])
+			b, _, wire, err := s.WirePayload(hits[0])
 			if err != nil || wire != WireChecksum(keys[0], payloadFor(keys[0], 2000)) || len(b) != 2000 {
 				t.Fatalf("good payload: %v, wire %#x", err, wire)
 			}
 			raw, _ := s.Payload(hits[1])
 			raw[7] ^= 0x40
-			if _, _, err := s.WirePayload(hits[1]); !errors.Is(err, ErrChecksum) {
+			if _, _, _, err := s.WirePayload(hits[1]); !errors.Is(err, ErrChecksum) {
 				t.Errorf("damaged payload: %v", err)
 			}
 			// A page filled in place on this index is published with the

@@ -42,5 +42,8 @@
 // that fails it. From layout version 5 the checksum starts from the key's
 // (it covers the key's 32 bytes, then the payload), so an entry whose
 // length, block and CRC words came from another key's entry fails it
-// rather than serving that key's payload.
+// rather than serving that key's payload. A checksum stops damage, not a
+// writer: from layout 6 an index with a tenant key also signs each page
+// (HMAC-SHA256 of key and payload), and its readers refuse a page the key
+// did not sign, whatever VerifyReads says (mac.go).
 package prefix

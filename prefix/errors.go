@@ -15,6 +15,7 @@ var (
 	ErrPinned      = errkind.New(errkind.Busy, "entry pinned by a reader")
 	ErrNotFound    = errkind.New(errkind.NotFound, "key not found")
 	ErrChecksum    = errkind.New(errkind.Checksum, "payload checksum mismatch")
+	ErrUnsigned    = errkind.New(errkind.Checksum, "page not signed with the index's key")
 	ErrLost        = errkind.New(errkind.Closed, "reservation lost (reclaimed)")
 	ErrOpen        = errkind.New(errkind.Exists, "index already open by this client")
 	ErrBadSnapshot = errkind.New(errkind.Invalid, "malformed prefix snapshot")

@@ -191,6 +191,7 @@ func (s *Store) publishWritten(res []Reservation, check Check, flush func(tier.O
 			return make([]bool, len(res)), errors.Join(err, s.Abort(res))
 		}
 		ok[i] = true
+		r.mac = checked[i].mac
 		good = append(good, r)
 		// The tier's own checksum, which differs from the wire's only on
 		// layouts before 5.
@@ -211,6 +212,7 @@ func (s *Store) publishWritten(res []Reservation, check Check, flush func(tier.O
 type written struct {
 	payload []byte
 	wire    uint32
+	mac     [macBytes]byte // a keyed index's signature of what check passed
 	err     error
 }
 
@@ -232,8 +234,19 @@ func (s *Store) checkWritten(res []Reservation, check Check) []written {
 			return
 		}
 		w := &out[i]
-		if w.payload, w.err = s.payload(res[i].Offset, res[i].Len); w.err == nil {
+		if w.payload, w.err = s.payload(res[i].Offset, res[i].Len); w.err != nil {
+			return
+		}
+		if s.mac == nil {
 			w.wire, w.err = check(i, w.payload)
+			return
+		}
+		// A keyed index signs what check passed: a private copy, which a
+		// writer racing the fill cannot change between the two (in place,
+		// it could have check pass one page and the signature cover another).
+		mine := append([]byte(nil), w.payload...)
+		if w.wire, w.err = check(i, mine); w.err == nil {
+			w.mac = s.sign(&res[i].Key, [][]byte{mine})
 		}
 	})
 	return out

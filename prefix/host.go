@@ -44,9 +44,14 @@ func (s *Store) SetPieces(keys []Key, pieces [][][]byte) ([]Status, error) {
 	}
 	// Outside the locks, so the payloads are written side by side.
 	crcs, werrs := make([]uint32, len(res)), make([]error, len(res))
-	eachInParallel(len(res), total, func(i int) {
+	grain := int64(moveGrain)
+	if s.mac != nil {
+		grain = signGrain
+	}
+	eachInParallelBy(len(res), total, grain, func(i int) {
 		if res[i].Status == Reserved {
 			crcs[i], werrs[i] = s.writePayload(held, &res[i].Key, res[i].Offset, sizes[i], pieces[i])
+			res[i].mac = s.sign(&res[i].Key, pieces[i])
 		}
 	})
 	for i, werr := range werrs {
@@ -95,6 +100,7 @@ func (s *Store) setInline(held tier.Hold, keys []Key, sizes []int64, pieces [][]
 					ferr = errors.Join(ferr, fmt.Errorf("prefix: %q: set %v: %w", s.name, keys[i], werr))
 					continue
 				}
+				r.mac = s.sign(&r.Key, pieces[i])
 				ok, perr := s.publishOne(sh, r, crc, now)
 				if ok {
 					bytes += uint64(r.Len)
@@ -181,7 +187,7 @@ func (s *Store) Get(keys []Key, dst [][]byte) (int, error) {
 			return fmt.Errorf("get %v: buffer of %d bytes for a %d-byte payload: %w", h.Key, cap(dst[i]), h.Len, ErrBadConfig)
 		}
 		dst[i] = dst[i][:h.Len]
-		return s.readHit(h, dst[i:i+1], !s.skipVerify.Load())
+		return s.readHit(h, dst[i:i+1], s.verifying())
 	})
 }
 
@@ -202,7 +208,7 @@ func (s *Store) GetPieces(keys []Key, dst [][][]byte) (int, error) {
 		if n := piecesLen(dst[i]); n != h.Len {
 			return fmt.Errorf("get %v: %d bytes of buffers for a %d-byte payload: %w", h.Key, n, h.Len, ErrBadConfig)
 		}
-		return s.readHit(h, dst[i], !s.skipVerify.Load())
+		return s.readHit(h, dst[i], s.verifying())
 	})
 }
 
@@ -225,7 +231,7 @@ func (s *Store) serve(keys []Key, read func(i int, h Hit) error) (int, error) {
 	for i, err := range errs {
 		if err != nil {
 			// The prefix served ends at the first failure, as if read in turn.
-			if errors.Is(err, ErrChecksum) {
+			if errors.Is(err, ErrChecksum) || errors.Is(err, ErrUnsigned) {
 				h := hits[i]
 				s.Release(hits[i:])
 				hits = hits[:i]
@@ -262,7 +268,13 @@ func (s *Store) payload(off tier.Offset, n int64) ([]byte, error) {
 // damaged in the tier reaches the caller unnoticed; inserts still record
 // every checksum, so readers that keep it on, Snapshot and Check still
 // catch damage. bench/prefix measures reads both ways.
+//
+// A keyed index checks every read whatever VerifyReads says: its pages'
+// signatures are what keep writers without the key out (mac.go).
 func (s *Store) VerifyReads(on bool) { s.skipVerify.Store(!on) }
+
+// verifying reports whether reads check what they serve.
+func (s *Store) verifying() bool { return s.mac != nil || !s.skipVerify.Load() }
 
 // readHit copies a pinned hit's payload (h.Len bytes) into dst's pieces in
 // order, which together hold exactly that, and, if verify, checks it
@@ -286,7 +298,9 @@ func (s *Store) readHit(h Hit, dst [][]byte, verify bool) error {
 	if crc != h.CRC {
 		return fmt.Errorf("%v: %w: stored %#x, read %#x", h.Key, ErrChecksum, h.CRC, crc)
 	}
-	return nil
+	// Signed as copied: what the caller got, not the tier's bytes, which a
+	// writer racing this read could have changed since.
+	return s.checkSigned(&h, dst)
 }
 
 // VerifyHit checks a pinned hit's payload in place against its checksum,
@@ -303,6 +317,9 @@ func (s *Store) VerifyHit(h Hit) error {
 	}
 	if got := crc32.Update(s.g.crcSeed(&h.Key), castagnoli, src); got != h.CRC {
 		return fmt.Errorf("prefix: %q: %v: %w: stored %#x, read %#x", s.name, h.Key, ErrChecksum, h.CRC, got)
+	}
+	if err := s.checkSigned(&h, [][]byte{src}); err != nil {
+		return fmt.Errorf("prefix: %q: %w", s.name, err)
 	}
 	return nil
 }

@@ -16,7 +16,7 @@ const DirKind = 0x50465831 // "PFX1"
 
 const (
 	indexMagic   = 0x3130584650544c43 // "CLTPFX01"
-	indexVersion = 5                  // 2: tenant key digest; 3: per-client counters in the pin tables, shards; 4: owner lines per shard; 5: entry CRCs cover the key
+	indexVersion = 6                  // 2: tenant key digest; 3: per-client counters in the pin tables, shards; 4: owner lines per shard; 5: entry CRCs cover the key; 6: a keyed index signs its pages
 	lineSize     = 64
 	headerBytes  = 4096
 
@@ -114,6 +114,7 @@ const (
 	entPrev     = 80 // u32 entry index+1 toward the LRU head (0: none)
 	entNext     = 84 // u32 entry index+1 toward the tail
 	entLinkedAt = 88 // u64 ns when put at the LRU head
+	entMAC      = 96 // [macBytes]: a keyed index's page signature (layout 6), see mac.go
 )
 
 // Entry states, the low byte of the state word.
@@ -266,7 +267,7 @@ func decodeGeometry(b []byte, metaBytes int64) (geometry, error) {
 	switch v {
 	case 1: // before tenant keys: no digest, and the CRC covers lines 0–1 only
 		want = crc32.Checksum(b[:hdrImmutable], castagnoli)
-	case 2, 3, 4, indexVersion: // 3 adds per-client counters to the pin tables' headers, 4 a line-aligned owner table per shard, 5 key-covering entry CRCs
+	case 2, 3, 4, 5, indexVersion: // 3 adds per-client counters to the pin tables' headers, 4 a line-aligned owner table per shard, 5 key-covering entry CRCs, 6 signed pages in keyed indexes
 	default:
 		return g, fmt.Errorf("%w: version %d, this build reads 1 to %d", ErrBadIndex, v, indexVersion)
 	}

@@ -46,6 +46,13 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if os.Getenv(envRole) == "forger" {
+		if err := runForger(); err != nil {
+			fmt.Fprintf(os.Stderr, "prefix forger %d: %v\n", os.Getpid(), err)
+			os.Exit(3)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv(envRole) == "worker" {
 		if err := runWorker(); err != nil {
 			fmt.Fprintf(os.Stderr, "prefix worker %d: %v\n", os.Getpid(), err)

@@ -35,6 +35,7 @@ type Reservation struct {
 
 	entry uint32
 	word  uint64
+	mac   [macBytes]byte // a keyed index's signature of the payload, set by the writer before Publish
 }
 
 // locked runs fn under shard sh's lock: its process mutex, then its tier
@@ -428,6 +429,9 @@ func (s *Store) publishOne(sh *shard, r *Reservation, crc uint32, now uint64) (b
 		return false, s.lost(r)
 	}
 	atomic.StoreUint32(u32At(e, entCRC), crc)
+	if s.mac != nil {
+		storeMAC(e, r.mac)
+	}
 	s.linkHead(r.entry, now) // stamps the access word too
 	atomic.StoreUint64(u64At(e, entWord), mkWord(wordGen(r.word), stReady))
 	s.publishEntry(r.entry)

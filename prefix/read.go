@@ -23,6 +23,7 @@ type Hit struct {
 	entry uint32
 	word  uint64
 	pin   int32
+	mac   [macBytes]byte // a keyed index's signature of the page, read once pinned
 }
 
 // readEntry is entry i, refreshed first on a non-coherent tier.
@@ -225,7 +226,7 @@ func (s *Store) LookupAppend(dst []Hit, keys []Key) ([]Hit, error) {
 		if n%touchAhead == 0 && len(keys) > 1 {
 			s.touchHomes(keys[n:min(n+touchAhead, len(keys))])
 		}
-		// Filled in place: a Hit is ten words, worth not copying twice.
+		// Filled in place: a Hit is twelve words, worth not copying twice.
 		dst = dst[:len(dst)+1]
 		ok, err := s.lookupOne(&dst[len(dst)-1], &keys[n])
 		if err != nil {
@@ -269,6 +270,9 @@ func (s *Store) pinOne(h *Hit, k *Key) ([]byte, bool, error) {
 		return nil, false, fmt.Errorf("%w: entry %d names block %d of %d bytes", ErrBadIndex, h.entry, h.Block, h.Len)
 	}
 	h.Offset = s.blockAt(h.Block)
+	if s.mac != nil {
+		h.mac = s.loadMAC(h.entry) // pinned: the entry holds still for anyone keeping to the protocol
+	}
 	return e, true, nil
 }
 

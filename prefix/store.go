@@ -75,9 +75,10 @@ type Store struct {
 	ents   []byte      // the entry table, when one is set: entry needs no call
 	shared bool        // non-coherent tier: publish and refresh metadata lines
 	hdr    []byte
-	maint  bool   // opened by Maintain: counters and upkeep only, no entries
-	ns     string // the index's name across nodes (Namespace)
-	tenant []byte // TenantSecret: nil for an index without a key
+	maint  bool     // opened by Maintain: counters and upkeep only, no entries
+	ns     string   // the index's name across nodes (Namespace)
+	tenant []byte   // TenantSecret: nil for an index without a key
+	mac    *pageMAC // signs and checks pages: nil for an index without a key (mac.go)
 
 	blockOff []tier.Offset // tier offset of every payload block (use blockAt)
 
@@ -338,9 +339,16 @@ func open(c *tier.Client, name, key string, maint, anyLayout bool) (*Store, erro
 		if want := keyDigest(name, key); subtle.ConstantTimeCompare(want[:], g.KeyDigest[:]) != 1 {
 			return nil, fmt.Errorf("prefix: open %q: %w", name, ErrDenied)
 		}
+		if key != "" && g.Version < 6 && !anyLayout {
+			return nil, fmt.Errorf("prefix: open %q: %w: a keyed index of layout %d keeps no page signatures (6 needed): "+
+				"cxltier prefix snapshot, prefix destroy, prefix create, prefix restore", name, ErrBadIndex, g.Version)
+		}
 	}
 	s := &Store{c: c, r: r, name: name, g: g, meta: de.Offset, hdr: hdr, ns: namespace(name, key), tenant: tenantSecret(name, key),
 		shared: r.Info().Coherence == tier.Shared, maint: maint, perClient: g.Version >= 3}
+	if g.Version >= 6 {
+		s.mac = newPageMAC(name, key) // before 6 (OpenToMove only) nothing is signed
+	}
 	if r.NumDevices() == 1 {
 		s.one = r.Device(0)
 		start, end := int64(s.meta)+g.EntriesOff, int64(s.meta)+g.EntriesOff+g.Entries*entryBytes

@@ -2,6 +2,7 @@ package prefix
 
 import (
 	"fmt"
+	"hash"
 	"slices"
 
 	"github.com/cxltier/cxltier/kernels"
@@ -33,7 +34,8 @@ type Mover struct {
 	// the bytes as it gathers them, in the same pass, and a page whose
 	// checksum differs from its entry's is not served. Turn it off only
 	// where the tier is trusted. Stores are checksummed either way: the
-	// entry's checksum is what every reader verifies.
+	// entry's checksum is what every reader verifies. A keyed index checks
+	// every page, and its signature, whatever Verify says (mac.go).
 	Verify bool
 
 	afterReserve func() // tests only: a pause between Put's reserve and its scatter
@@ -144,6 +146,10 @@ func (m *Mover) Put(keys []Key, l Layout, pages []int64) ([]Status, error) {
 			return nil, fmt.Errorf("prefix: %q: scatter %d pages: %w", m.s.name, len(b.Tier), werr)
 		}
 	}
+	if serr := m.signStored(res, l, pages); serr != nil {
+		m.s.Abort(res)
+		return nil, serr
+	}
 	crcs := make([]uint32, len(res))
 	j := 0
 	for i, r := range res {
@@ -187,7 +193,8 @@ func (m *Mover) Get(keys []Key, l Layout, pages []int64) (int, error) {
 	}
 	defer func() { m.s.Release(hits) }()
 	b := kernels.Blocks{ChunkBytes: l.ChunkBytes, Chunks: l.Chunks, PageStride: l.PageStride}
-	if m.Verify {
+	verify := m.verifying()
+	if verify {
 		b.CRCs = make([]uint32, 0, len(hits))
 	}
 	for i, h := range hits {
@@ -202,7 +209,7 @@ func (m *Mover) Get(keys []Key, l Layout, pages []int64) (int, error) {
 		}
 		b.Tier = append(b.Tier, a)
 		b.Pages = append(b.Pages, pages[i])
-		if m.Verify {
+		if verify {
 			b.CRCs = append(b.CRCs, m.s.g.crcSeed(&h.Key))
 		}
 	}
@@ -214,12 +221,18 @@ func (m *Mover) Get(keys []Key, l Layout, pages []int64) (int, error) {
 	n := len(b.Tier)
 	for i := range b.CRCs {
 		if h := hits[i]; b.CRCs[i] != h.CRC {
-			m.s.Release(hits[i:])
-			hits = hits[:i]
-			m.s.dropCorrupt(h.Key)
 			n, err = i, fmt.Errorf("prefix: %q: %v: %w: stored %#x, read %#x", m.s.name, h.Key, ErrChecksum, h.CRC, b.CRCs[i])
 			break
 		}
+	}
+	if bad, serr := m.checkLoaded(hits[:n], l, pages); serr != nil {
+		n, err = bad, serr
+	}
+	if n < len(hits) && err != nil {
+		h := hits[n]
+		m.s.Release(hits[n:])
+		hits = hits[:n]
+		m.s.dropCorrupt(h.Key)
 	}
 	m.s.count(ctrBytesOut, uint64(n)*uint64(l.BlockBytes()))
 	return n, err
@@ -263,8 +276,9 @@ type LayerLoad struct {
 	hits     []Hit
 	pages    []int64
 	crcs     []uint32
-	next     int   // the layer the next call must copy
-	err      error // the first failure; every later call reports it
+	macs     []hash.Hash // a keyed index's signatures, a layer at a time
+	next     int         // the layer the next call must copy
+	err      error       // the first failure; every later call reports it
 	released bool
 }
 
@@ -311,7 +325,14 @@ func (m *Mover) StartLoad(keys []Key, l Layout, perLayer int, pages []int64) (*L
 	for j := range hits {
 		crcs[j] = m.s.g.crcSeed(&hits[j].Key)
 	}
-	return &LayerLoad{m: m, l: l, perLayer: perLayer, hits: hits, pages: slices.Clone(pages), crcs: crcs}, nil
+	var macs []hash.Hash
+	if m.s.mac != nil {
+		macs = make([]hash.Hash, len(hits))
+		for j := range hits {
+			macs[j] = m.s.mac.begin(&hits[j].Key)
+		}
+	}
+	return &LayerLoad{m: m, l: l, perLayer: perLayer, hits: hits, pages: slices.Clone(pages), crcs: crcs, macs: macs}, nil
 }
 
 // Pages is how many pages the load moves.
@@ -349,7 +370,7 @@ func (ld *LayerLoad) copyLayer(i int) error {
 	lo := int64(i) * span
 	b := kernels.Blocks{ChunkBytes: ld.l.ChunkBytes, Chunks: ld.l.Chunks[i*ld.perLayer : (i+1)*ld.perLayer],
 		PageStride: ld.l.PageStride, Pages: ld.pages, Tier: make([]kernels.Addr, len(ld.hits))}
-	if ld.m.Verify {
+	if ld.m.verifying() {
 		b.CRCs = ld.crcs // the layers before this one's, updated in place
 	}
 	for j, h := range ld.hits {
@@ -362,18 +383,31 @@ func (ld *LayerLoad) copyLayer(i int) error {
 	if err := wait(ld.m.eng.GatherBlocks(b)); err != nil {
 		return fmt.Errorf("prefix: %q: gather layer %d of %d pages: %w", s.name, i, len(ld.hits), err)
 	}
+	if ld.macs != nil {
+		lo, hi := i*ld.perLayer, (i+1)*ld.perLayer
+		err := eachPage(ld.hits, span, func(j int) error {
+			pieces, err := ld.m.landed(ld.l, ld.pages[j], lo, hi, ld.hits[j].Offset+tier.Offset(int64(lo)*ld.l.ChunkBytes), span)
+			for _, p := range pieces {
+				ld.macs[j].Write(p)
+			}
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("prefix: %q: sign layer %d of %d pages: %w", s.name, i, len(ld.hits), err)
+		}
+	}
 	s.count(ctrBytesOut, uint64(len(ld.hits))*uint64(span))
 	return nil
 }
 
 // verify compares the accumulated checksums; damaged entries are dropped.
 func (ld *LayerLoad) verify() error {
-	if !ld.m.Verify {
+	if !ld.m.verifying() {
 		return nil
 	}
 	var bad []Hit
 	for j, h := range ld.hits {
-		if ld.crcs[j] != h.CRC {
+		if ld.crcs[j] != h.CRC || (ld.macs != nil && ld.m.s.checkMAC(&h, macOf(ld.macs[j])) != nil) {
 			bad = append(bad, h)
 		}
 	}
@@ -384,7 +418,11 @@ func (ld *LayerLoad) verify() error {
 	for _, h := range bad {
 		ld.m.s.dropCorrupt(h.Key)
 	}
-	return fmt.Errorf("prefix: %q: %d of %d pages damaged, first %v: %w", ld.m.s.name, len(bad), len(ld.hits), bad[0].Key, ErrChecksum)
+	kind := ErrChecksum
+	if ld.macs != nil {
+		kind = fmt.Errorf("%w or %w", ErrChecksum, ErrUnsigned)
+	}
+	return fmt.Errorf("prefix: %q: %d of %d pages damaged, first %v: %w", ld.m.s.name, len(bad), len(ld.hits), bad[0].Key, kind)
 }
 
 func (ld *LayerLoad) release() {
@@ -405,4 +443,97 @@ func (ld *LayerLoad) Close() error {
 		return fmt.Errorf("prefix: %q: load closed after %d of %d layers: %w", ld.m.s.name, ld.next, layers, ErrIncomplete)
 	}
 	return nil
+}
+
+// verifying reports whether loads check what they land: Verify, or a
+// keyed index, whose signatures are checked always.
+func (m *Mover) verifying() bool { return m.Verify || m.s.mac != nil }
+
+// landed is chunks lo..hi of page p of l as they lie in the pool, where
+// the engine's buffers are host memory (the CPU engine); otherwise (GPU
+// memory) the n tier bytes at off that the engine moved. A keyed index
+// signs and checks the pool's side where it can: what a reader uses, or
+// what a writer meant to store, not tier bytes a writer without the key
+// may change in between. Over the tier's side (a GPU pool, until the GPU
+// computes signatures) a writer racing the copy can make the two differ.
+func (m *Mover) landed(l Layout, p int64, lo, hi int, off tier.Offset, n int64) ([][]byte, error) {
+	if cpu, ok := m.eng.(*kernels.CPU); ok {
+		stride := l.PageStride
+		if stride == 0 {
+			stride = l.ChunkBytes
+		}
+		pieces := make([][]byte, 0, hi-lo)
+		for _, c := range l.Chunks[lo:hi] {
+			buf, err := cpu.Bytes(c.Buf)
+			start := c.Offset + p*stride
+			if err != nil || start < 0 || start+l.ChunkBytes > int64(len(buf)) {
+				break // not the CPU's memory after all: sign the tier's side
+			}
+			pieces = append(pieces, buf[start:start+l.ChunkBytes])
+		}
+		if len(pieces) == hi-lo {
+			return pieces, nil
+		}
+	}
+	b, err := m.s.payload(off, n)
+	return [][]byte{b}, err
+}
+
+// eachPage runs fn(j) for every page of a batch of pages of pageBytes
+// each, on several cores when the batch is megabytes, and returns the
+// first error.
+func eachPage(hits []Hit, pageBytes int64, fn func(j int) error) error {
+	errs := make([]error, len(hits))
+	eachInParallelBy(len(hits), int64(len(hits))*pageBytes, signGrain, func(j int) { errs[j] = fn(j) })
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// signStored signs, in a keyed index, each page a Put reserved, before it
+// is published.
+func (m *Mover) signStored(res []Reservation, l Layout, pages []int64) error {
+	if m.s.mac == nil {
+		return nil
+	}
+	errs := make([]error, len(res))
+	eachInParallelBy(len(res), int64(len(res))*l.BlockBytes(), signGrain, func(i int) {
+		if res[i].Status == Reserved {
+			var pieces [][]byte
+			pieces, errs[i] = m.landed(l, pages[i], 0, len(l.Chunks), res[i].Offset, res[i].Len)
+			res[i].mac = m.s.sign(&res[i].Key, pieces)
+		}
+	})
+	for i, err := range errs {
+		if err != nil {
+			return fmt.Errorf("prefix: %q: sign %v: %w", m.s.name, res[i].Key, err)
+		}
+	}
+	return nil
+}
+
+// checkLoaded checks, in a keyed index, the signature of each page a Get
+// landed, in order; it returns how many passed before the first that did
+// not, and why.
+func (m *Mover) checkLoaded(hits []Hit, l Layout, pages []int64) (int, error) {
+	if m.s.mac == nil {
+		return len(hits), nil
+	}
+	errs := make([]error, len(hits))
+	eachInParallelBy(len(hits), int64(len(hits))*l.BlockBytes(), signGrain, func(i int) {
+		pieces, err := m.landed(l, pages[i], 0, len(l.Chunks), hits[i].Offset, hits[i].Len)
+		if err == nil {
+			err = m.s.checkSigned(&hits[i], pieces)
+		}
+		errs[i] = err
+	})
+	for i, err := range errs {
+		if err != nil {
+			return i, fmt.Errorf("prefix: %q: %w", m.s.name, err)
+		}
+	}
+	return len(hits), nil
 }

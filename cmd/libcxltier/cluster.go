@@ -333,7 +333,7 @@ func pinEach(s *index, ks []prefix.Key, o pinOut) ([]prefix.Hit, error) {
 			continue
 		}
 		hit := hits[before]
-		b, wire, err := s.WirePayload(hit)
+		b, checked, wire, err := s.WirePayload(hit)
 		if err != nil { // damaged in the tier: not for the cluster
 			s.Release(hits[before:])
 			hits = hits[:before]
@@ -342,7 +342,7 @@ func pinEach(s *index, ks []prefix.Key, o pinOut) ([]prefix.Hit, error) {
 		tr := o.trailers[i*cluster.TrailerBytes : (i+1)*cluster.TrailerBytes]
 		t := cluster.Trailer{Length: uint32(hit.Len), CRC: wire}
 		if auth := s.auth.Load(); auth != nil {
-			_, t.MAC = auth.Seal(hit.Key, b)
+			_, t.MAC = auth.Seal(hit.Key, checked)
 			t.Signed = true
 		}
 		t.Put(tr)
