@@ -122,6 +122,78 @@ def test_damaged_page_fails_the_last_layer_and_is_dropped(index, device):
     pool.close()
 
 
+# A writer of the tier without the index's key: another process that maps
+# the tier file, finds a page by its bytes and its entry by its key (the
+# entry is a state word, the 32-byte key, length, block, then the CRC-32C
+# of key and payload), and puts bytes of its own there with their CRC.
+FORGER = r"""
+import mmap, sys
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+
+path, key, old, new = sys.argv[1], bytes.fromhex(sys.argv[2]), bytes.fromhex(sys.argv[3]), bytes.fromhex(sys.argv[4])
+with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+    at, entry = m.find(old), m.find(key) - 8
+    assert at >= 0 and m.find(old, at + 1) < 0 and entry >= 0 and m.find(key, entry + 9) < 0
+    m[at : at + len(new)] = new
+    m[entry + 48 : entry + 52] = crc32c(key + new).to_bytes(4, "little")
+print("forged")
+"""
+
+
+@pytest.mark.parametrize("key", [None, "tenant-a"])
+def test_a_page_forged_without_the_key(built, device, key):
+    """A page replaced in the tier by a process without the key, with a
+    valid checksum: a keyed index's load refuses it (its signature fails,
+    a ChecksumError as for damage) and drops it; an index without a key
+    trusts every writer of its tier and lands the forged bytes
+    (docs/operations.md, Tenants)."""
+    import subprocess
+    import sys
+
+    t = cxltier.Tier(device)
+    try:
+        index = t.prefix("kv", 32, 2 * LAYERS * CHUNK, key=key)
+        bufs = buffers()
+        pool = pool_on(index, bufs)
+        pool.store(keys("a"), [3])
+        stored = b"".join(page(b, 3) for b in bufs)
+        forged = bytes((x ^ 0xA5) for x in stored)
+        path = "/dev/shm/" + device.split(":", 1)[1]
+        out = subprocess.run([sys.executable, "-c", FORGER, path, keys("a").hex(0), stored.hex(), forged.hex()],
+                             capture_output=True, text=True, timeout=60)
+        assert out.stdout == "forged\n", out.stderr
+        load = pool.load(keys("a"), [4])
+        if key is None:
+            for layer in range(LAYERS):
+                load.layer(layer)
+            load.close()
+            assert b"".join(page(b, 4) for b in bufs) == forged
+        else:
+            for layer in range(LAYERS - 1):
+                load.layer(layer)
+            with pytest.raises(cxltier.ChecksumError, match="not signed"):
+                load.layer(LAYERS - 1)
+            with pytest.raises(cxltier.ChecksumError):
+                load.close()
+            assert index.exists_block(keys("a")) == 0
+            assert pool.store(keys("a"), [3]) == ["stored"]  # the key's holder stores it again
+            load = pool.load(keys("a"), [5])
+            for layer in range(LAYERS):
+                load.layer(layer)
+            load.close()
+            assert b"".join(page(b, 5) for b in bufs) == stored
+        pool.close()
+    finally:
+        t.close()
+
+
 def test_detaching_with_an_open_load_returns(built, device):
     """Tier.close() while a pool has a layer-wise load open closes them and
     returns, 100 times over (it hung the whole library in about half the
