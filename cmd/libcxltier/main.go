@@ -41,7 +41,7 @@
 //	cxl_tier_populate(tier, &bytes)                      enter every tier page into this process's page tables, once
 //	cxl_tier_lease(tier, &slot, &gen)                    this client's lease: what names it to its peers
 //	cxl_tier_lease_gone(tier, slot, gen, &gone)          whether the client of that lease is gone (to stop waiting on it)
-//	cxl_rooms_open(tier, name, slots, slot_bytes, &rooms)  the rendezvous table of prefill-to-decode rooms (slots > 0: created when missing)
+//	cxl_rooms_open(tier, name, key, slots, slot_bytes, &rooms)  the rendezvous table of prefill-to-decode rooms (slots > 0: created when missing; key signs its records)
 //	cxl_rooms_claim(rooms, room, rank, &slot, &gen)      a decode's room (anew when it is there: the earlier claim reads CXL_ENOTFOUND); CXL_ENOSPC when full
 //	cxl_rooms_find(rooms, room, rank, &slot, &gen, &found)   the room a decode claimed
 //	cxl_rooms_put(rooms, slot, gen, side, kind, data, n) one record of a side's (0 decode, 1 prefill); n = -1 deletes it
@@ -126,7 +126,7 @@ package main
 import "C"
 
 // abiVersion changes whenever a call's meaning or signature does.
-const abiVersion = 16
+const abiVersion = 17
 
 //export cxl_abi_version
 func cxl_abi_version() C.int { return abiVersion }

@@ -30,8 +30,13 @@ func roomsOf(h C.uint64_t) (*roomTable, func(), error) {
 	return t, done.Done, nil
 }
 
+// cxl_rooms_open opens (slots > 0: creates when missing) the rooms table
+// name; key, when not NULL, is the tenant key both sides of its rooms
+// share: records are signed with it, and a room's records it did not sign
+// are refused (CXL_ECHECKSUM).
+//
 //export cxl_rooms_open
-func cxl_rooms_open(h C.uint64_t, name *C.char, slots, slotBytes C.int64_t, out *C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
+func cxl_rooms_open(h C.uint64_t, name, key *C.char, slots, slotBytes C.int64_t, out *C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	defer recoverCall("cxl_rooms_open", errbuf, errlen, &code)
 	err := func() error {
 		if out == nil || name == nil {
@@ -45,7 +50,11 @@ func cxl_rooms_open(h C.uint64_t, name *C.char, slots, slotBytes C.int64_t, out 
 			return err
 		}
 		defer done.Done()
-		t, err := rooms.Open(a.c, rooms.Config{Name: C.GoString(name), Slots: int(slots), SlotBytes: int(slotBytes)})
+		cfg := rooms.Config{Name: C.GoString(name), Slots: int(slots), SlotBytes: int(slotBytes)}
+		if key != nil {
+			cfg.Key = C.GoString(key)
+		}
+		t, err := rooms.Open(a.c, cfg)
 		if err != nil {
 			return err
 		}

@@ -137,6 +137,10 @@ func (t *Table) writeArea(rm Room, side Side, records []byte) error {
 	if err != nil {
 		return err
 	}
+	sig, err := t.signatureFor(rm, side, records)
+	if err != nil {
+		return err
+	}
 	seq := words.U64At(b, areaSeq)
 	s := atomic.LoadUint64(seq)
 	atomic.StoreUint64(seq, s|1)
@@ -147,6 +151,7 @@ func (t *Table) writeArea(rm Room, side Side, records []byte) error {
 	binary.LittleEndian.PutUint64(b[areaToken:], t.c.Token())
 	binary.LittleEndian.PutUint32(b[areaGen:], rm.Gen)
 	binary.LittleEndian.PutUint32(b[areaLen:], uint32(len(records)))
+	copy(b[areaMAC:areaMAC+macBytes], sig) // without a key, nothing: those bytes are not read
 	binary.LittleEndian.PutUint32(b[areaCRC:], areaCRCOf(b[:line], records))
 	if err := t.publish(off+line, int64(len(records))); err != nil {
 		return err
@@ -221,6 +226,9 @@ func (t *Table) parseArea(rm Room, side Side, snap []byte, max int) (area, error
 	records := snap[line : line+n]
 	if binary.LittleEndian.Uint32(snap[areaCRC:]) != areaCRCOf(snap[:line], records) {
 		return area{}, fmt.Errorf("%w: table %q, slot %d: the %s side's records fail their checksum", ErrCorrupt, t.name, rm.Slot, side)
+	}
+	if err := t.checkSigned(rm, side, snap[:line], records); err != nil {
+		return area{}, err
 	}
 	a, err := decodeRecords(records)
 	if err != nil {

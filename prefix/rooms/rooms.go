@@ -15,7 +15,8 @@
 //	          claimant lease token u64 · crc u32 at 60 (of room, rank, token)
 //	  then two areas, the decode's and the prefill's, each written by its
 //	  side alone: seq u64 (odd while written) · writer token u64 ·
-//	  gen u32 · length u32 · crc u32 (of 8..24 and the records), and from
+//	  gen u32 · length u32 · crc u32 (of 8..24 and the records) · in a
+//	  table with a key, a signature [16] at 32 (sign.go), and from
 //	  byte 64 the records: kind length u8 · kind · data length u32 · data.
 //
 // The state words change only under the table's tier lock (claims,
@@ -97,6 +98,11 @@ type Config struct {
 	// SlotBytes is a room's size, a power of two from 1 KiB to 1 MiB: each
 	// side's records (aux data included) get about half of it.
 	SlotBytes int
+	// Key, when set, signs every area this handle writes and refuses every
+	// area it reads that the key did not sign (sign.go): the tenant key of
+	// the index whose pages the rooms hand over. Both sides of a room need
+	// the same key.
+	Key string
 }
 
 // Table is one process's handle on a table of rooms. Safe for concurrent
@@ -109,6 +115,7 @@ type Table struct {
 	slots     int
 	slotBytes int
 	lock      int
+	mac       *[32]byte  // the signing secret of a keyed table (sign.go); nil without a key
 	mu        sync.Mutex // this process's writers of an area take turns
 	// sim, in tests only, gives this handle a host's caches of its own
 	// (tier.CacheSim over a one-device tier): nil outside them.
@@ -136,7 +143,7 @@ func Open(c *tier.Client, cfg Config) (*Table, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rooms: open %q: %w", cfg.Name, err)
 	}
-	t := &Table{c: c, r: r, name: cfg.Name, base: o.Offset}
+	t := &Table{c: c, r: r, name: cfg.Name, base: o.Offset, mac: roomsMAC(cfg.Name, cfg.Key)}
 	if err := t.readHeader(o.Size); err != nil {
 		return nil, err
 	}

@@ -478,3 +478,164 @@ func FuzzDecodeRecords(f *testing.F) {
 		}
 	})
 }
+
+// keyedSetup is setup with both sides' tables opened with key.
+func keyedSetup(t *testing.T, shared bool, decodeKey, prefillKey string) (hosts, *tier.Region, *tier.Client) {
+	t.Helper()
+	r, c := tiertest.Format(t, 1, 32<<20, 64<<10)
+	open := func(name, key string, slots int) (*Table, *tier.Client) {
+		cl, err := r.Attach(tier.ClientOptions{Name: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cl.Close() })
+		tb, err := Open(cl, Config{Name: "pd", Slots: slots, SlotBytes: 4096, Key: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tb, cl
+	}
+	a, _ := open("decode", decodeKey, 16)
+	b, _ := open("prefill", prefillKey, 0)
+	if shared {
+		a.sim, b.sim = tier.NewCacheSim(r.Device(0)), tier.NewCacheSim(r.Device(0))
+	}
+	return hosts{a, b}, r, c
+}
+
+// TestKeyedRoomsRefuseRecordsTheKeyDidNotSign: in a table opened with the
+// tenant key, records written by a handle without it (another process of
+// the tier: a valid checksum, no signature) are refused, ErrUnsigned, as
+// are signed records copied to another room or the other side, and those
+// of a peer with another key; a table without a key reads them all.
+func TestKeyedRoomsRefuseRecordsTheKeyDidNotSign(t *testing.T) {
+	eachCoherence(t, func(t *testing.T, shared bool) {
+		h, r, c := keyedSetup(t, shared, "tenant", "tenant")
+		rm, err := h.decode.Claim(5, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.decode.Put(rm, Decode, "hello", []byte("signed")); err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := get(t, h.prefill, rm, Decode, "hello"); !ok || v != "signed" {
+			t.Fatalf("signed hello: %q %v", v, ok)
+		}
+		if shared {
+			return // the forgeries below write through this host's view
+		}
+		forger, err := Open(c, Config{Name: "pd"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := forger.Put(rm, Decode, "hello", []byte("forged")); err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := get(t, forger, rm, Decode, "hello"); !ok || v != "forged" {
+			t.Fatalf("a table without a key reads the forgery: %q %v", v, ok)
+		}
+		if _, _, err := h.prefill.Get(rm, Decode, "hello", make([]byte, 64)); !errors.Is(err, ErrUnsigned) {
+			t.Fatalf("forged hello: %v; want ErrUnsigned", err)
+		}
+		// Signed records moved: to another room's decode area, to the
+		// prefill's area of their own room (rooms the forger did not touch:
+		// a side whose own area was forged cannot write it again, since a
+		// Put reads the area first).
+		mine, _ := h.decode.Claim(6, 0)
+		other, _ := h.decode.Claim(7, 0)
+		if mine.Gen != other.Gen {
+			t.Fatalf("claims of two fresh slots: generations %d and %d", mine.Gen, other.Gen)
+		}
+		for _, p := range []struct {
+			rm   Room
+			data string
+		}{{mine, "signed"}, {other, "other"}} {
+			if err := h.decode.Put(p.rm, Decode, "hello", []byte(p.data)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		area := func(rm Room, side Side) []byte {
+			b, err := r.Slice(h.decode.areaOff(rm.Slot, side), int64(h.decode.areaSize()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		}
+		copy(area(other, Decode), area(mine, Decode))
+		if _, _, err := h.prefill.Get(other, Decode, "hello", make([]byte, 64)); !errors.Is(err, ErrUnsigned) {
+			t.Fatalf("a signed area moved to another room: %v; want ErrUnsigned", err)
+		}
+		copy(area(mine, Prefill), area(mine, Decode))
+		if _, _, err := h.decode.Get(mine, Prefill, "hello", make([]byte, 64)); !errors.Is(err, ErrUnsigned) {
+			t.Fatalf("a signed area moved to the other side: %v; want ErrUnsigned", err)
+		}
+		if v, ok := get(t, h.prefill, mine, Decode, "hello"); !ok || v != "signed" {
+			t.Fatalf("the original: %q %v", v, ok)
+		}
+		// To the room of another rank; into a later claim of the slot
+		// (its generation rewritten, and the checksum with it).
+		rank1, _ := h.decode.Claim(6, 1)
+		if rank1.Gen != mine.Gen {
+			t.Fatalf("claims of two fresh slots: generations %d and %d", mine.Gen, rank1.Gen)
+		}
+		h.decode.Put(rank1, Decode, "hello", []byte("rank 1"))
+		copy(area(rank1, Decode), area(mine, Decode))
+		if _, _, err := h.prefill.Get(rank1, Decode, "hello", make([]byte, 64)); !errors.Is(err, ErrUnsigned) {
+			t.Fatalf("a signed area moved to another rank's room: %v; want ErrUnsigned", err)
+		}
+		eight, err := h.decode.Claim(8, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.decode.Put(eight, Decode, "hello", []byte("eight")); err != nil {
+			t.Fatal(err)
+		}
+		old := append([]byte(nil), area(eight, Decode)...)
+		h.decode.End(eight, Decode)
+		h.prefill.End(eight, Prefill)
+		again, err := h.decode.Claim(8, 0)
+		if err != nil || again.Slot != eight.Slot || again.Gen == eight.Gen {
+			t.Fatalf("claim anew: %+v after %+v, %v", again, eight, err)
+		}
+		binary.LittleEndian.PutUint32(old[areaGen:], again.Gen)
+		n := int(binary.LittleEndian.Uint32(old[areaLen:]))
+		binary.LittleEndian.PutUint32(old[areaCRC:], areaCRCOf(old[:line], old[line:line+n]))
+		copy(area(again, Decode), old)
+		if _, _, err := h.prefill.Get(again, Decode, "hello", make([]byte, 64)); !errors.Is(err, ErrUnsigned) {
+			t.Fatalf("a signed area of an earlier claim: %v; want ErrUnsigned", err)
+		}
+		// A slot's identity rewritten (with its checksum) to name another
+		// room, or another rank, under a reader's handle: its signed
+		// records are not that room's.
+		for _, to := range []struct {
+			room uint64
+			rank uint32
+		}{{9, 0}, {10, 1}} {
+			ten, err := h.decode.Claim(10, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := h.decode.Put(ten, Decode, "hello", []byte("ten")); err != nil {
+				t.Fatal(err)
+			}
+			id, err := r.Slice(h.decode.slotOff(ten.Slot), line)
+			if err != nil {
+				t.Fatal(err)
+			}
+			binary.LittleEndian.PutUint64(id[8:], to.room)
+			binary.LittleEndian.PutUint32(id[16:], to.rank)
+			binary.LittleEndian.PutUint32(id[60:], identityCRC(id))
+			if _, _, err := h.prefill.Get(ten, Decode, "hello", make([]byte, 64)); !errors.Is(err, ErrUnsigned) {
+				t.Fatalf("records of room 10 rank 0 under room %d rank %d: %v; want ErrUnsigned", to.room, to.rank, err)
+			}
+		}
+	})
+	t.Run("another key", func(t *testing.T) {
+		h, _, _ := keyedSetup(t, false, "tenant", "not the tenant")
+		rm, _ := h.decode.Claim(5, 0)
+		h.decode.Put(rm, Decode, "hello", []byte("signed"))
+		if _, _, err := h.prefill.Get(rm, Decode, "hello", make([]byte, 64)); !errors.Is(err, ErrUnsigned) {
+			t.Fatalf("a peer of another key: %v; want ErrUnsigned", err)
+		}
+	})
+}

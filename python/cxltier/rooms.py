@@ -33,13 +33,15 @@ class Room:
 class Rooms(_native.Child):
     """The rooms table `name` of a tier; slots > 0 creates it when missing
     (slot_bytes: a power of two, 1 KiB to 1 MiB; each side's records get
-    about half)."""
+    about half). key: the tenant key both sides share, which signs every
+    record; records it did not sign read as ChecksumError."""
 
     _kind = "rooms"
 
-    def __init__(self, tier, name, slots=0, slot_bytes=0):
+    def __init__(self, tier, name, slots=0, slot_bytes=0, key=None):
         h = ctypes.c_uint64()
-        _native.call("cxl_rooms_open", tier.handle, name.encode(), int(slots), int(slot_bytes), ctypes.byref(h))
+        _native.call("cxl_rooms_open", tier.handle, name.encode(), key.encode() if key else None, int(slots),
+                     int(slot_bytes), ctypes.byref(h))
         self._opened(tier, h.value)
         self.name = name
 

@@ -92,12 +92,13 @@ class Tier:
 
         return PrefixIndex(self, name, blocks, block_bytes, key)
 
-    def rooms(self, name, slots=0, slot_bytes=0):
+    def rooms(self, name, slots=0, slot_bytes=0, key=None):
         """Opens the rooms table `name` of prefill-to-decode transfers; with
-        slots > 0 it is created (rooms of slot_bytes) when missing."""
+        slots > 0 it is created (rooms of slot_bytes) when missing. key: the
+        tenant key that signs the rooms' records (both sides give it)."""
         from .rooms import Rooms
 
-        return Rooms(self, name, slots, slot_bytes)
+        return Rooms(self, name, slots, slot_bytes, key)
 
     def track_view(self, view):
         """Counts view (a buffer or tensor over this tier's mapping) until it

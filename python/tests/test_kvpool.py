@@ -10,6 +10,7 @@ import pytest
 import cxltier
 from cxltier.kvpool import KVPool
 from cxltier.prefix import part_keys, string_key
+from forge_page import forge
 
 LAYERS, PAGES, CHUNK = 2, 8, 64
 
@@ -122,41 +123,14 @@ def test_damaged_page_fails_the_last_layer_and_is_dropped(index, device):
     pool.close()
 
 
-# A writer of the tier without the index's key: another process that maps
-# the tier file, finds a page by its bytes and its entry by its key (the
-# entry is a state word, the 32-byte key, length, block, then the CRC-32C
-# of key and payload), and puts bytes of its own there with their CRC.
-FORGER = r"""
-import mmap, sys
-
-def crc32c(data):
-    crc = 0xFFFFFFFF
-    for b in data:
-        crc ^= b
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
-    return crc ^ 0xFFFFFFFF
-
-path, key, old, new = sys.argv[1], bytes.fromhex(sys.argv[2]), bytes.fromhex(sys.argv[3]), bytes.fromhex(sys.argv[4])
-with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
-    at, entry = m.find(old), m.find(key) - 8
-    assert at >= 0 and m.find(old, at + 1) < 0 and entry >= 0 and m.find(key, entry + 9) < 0
-    m[at : at + len(new)] = new
-    m[entry + 48 : entry + 52] = crc32c(key + new).to_bytes(4, "little")
-print("forged")
-"""
-
-
 @pytest.mark.parametrize("key", [None, "tenant-a"])
 def test_a_page_forged_without_the_key(built, device, key):
     """A page replaced in the tier by a process without the key, with a
     valid checksum: a keyed index's load refuses it (its signature fails,
     a ChecksumError as for damage) and drops it; an index without a key
     trusts every writer of its tier and lands the forged bytes
-    (docs/operations.md, Tenants)."""
-    import subprocess
-    import sys
-
+    (docs/operations.md, Tenants). The forger is forge_page.py, a process
+    of its own without the key."""
     t = cxltier.Tier(device)
     try:
         index = t.prefix("kv", 32, 2 * LAYERS * CHUNK, key=key)
@@ -165,10 +139,7 @@ def test_a_page_forged_without_the_key(built, device, key):
         pool.store(keys("a"), [3])
         stored = b"".join(page(b, 3) for b in bufs)
         forged = bytes((x ^ 0xA5) for x in stored)
-        path = "/dev/shm/" + device.split(":", 1)[1]
-        out = subprocess.run([sys.executable, "-c", FORGER, path, keys("a").hex(0), stored.hex(), forged.hex()],
-                             capture_output=True, text=True, timeout=60)
-        assert out.stdout == "forged\n", out.stderr
+        forge("/dev/shm/" + device.split(":", 1)[1], bytes.fromhex(keys("a").hex(0)), stored, forged)
         load = pool.load(keys("a"), [4])
         if key is None:
             for layer in range(LAYERS):

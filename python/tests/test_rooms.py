@@ -130,3 +130,39 @@ def test_the_second_side_to_end_frees_the_room(device):
     finally:
         dec.close()
         pre.close()
+
+
+def test_keyed_rooms_refuse_records_the_key_did_not_sign(device):
+    """Both sides give the tenant key (the PD backend gives
+    CXLTIER_PREFIX_KEY): their records are signed and read back; records
+    a handle without the key writes (a valid checksum, no signature), or
+    one with another key, are a ChecksumError for the keyed side, while a
+    handle without a key reads them (it trusts every writer)."""
+    dec, pre, other = cxltier.Tier(device), cxltier.Tier(device), cxltier.Tier(device)
+    try:
+        rooms_d, rooms_p = dec.rooms("k@pd", 16, 4096, key="tenant"), pre.rooms("k@pd", key="tenant")
+        rm = rooms_d.claim(41, 0)
+        rooms_d.put(rm, DECODE, "hello", b'{"nonce": "cd"}')
+        assert rooms_p.get(rooms_p.find(41, 0), DECODE, "hello") == b'{"nonce": "cd"}'
+        rooms_p.put(rm, PREFILL, "accept", b'{"pages": 3}')
+        assert rooms_d.get(rm, PREFILL, "accept") == b'{"pages": 3}'
+
+        keyless = other.rooms("k@pd")
+        keyless.put(rm, PREFILL, "accept", b'{"pages": 99}')
+        assert keyless.get(rm, PREFILL, "accept") == b'{"pages": 99}'
+        with pytest.raises(cxltier.ChecksumError, match="not signed"):
+            rooms_d.get(rm, PREFILL, "accept")
+    finally:
+        dec.close()
+        pre.close()
+        other.close()
+    dec, pre = cxltier.Tier(device), cxltier.Tier(device)
+    try:
+        rooms_d, rooms_p = dec.rooms("k@pd", key="tenant"), pre.rooms("k@pd", key="another tenant")
+        rm = rooms_d.claim(42, 0)
+        rooms_d.put(rm, DECODE, "hello", b"{}")
+        with pytest.raises(cxltier.ChecksumError, match="not signed"):
+            rooms_p.get(rooms_p.find(42, 0), DECODE, "hello")
+    finally:
+        dec.close()
+        pre.close()

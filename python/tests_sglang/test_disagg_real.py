@@ -21,6 +21,9 @@ import torch
 
 import cxltier
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+import forge_page  # noqa: E402  a writer of the tier without the key
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 PAGE = 4
 
@@ -410,17 +413,26 @@ def test_a_damaged_page_is_never_handed_to_a_decode_rank_of_its_heads(built, dev
     assert result(p, 300)["state"] == "failed"
 
 
-def wait_for_pages(device, want, prefill=None):
-    """Waits until index pd holds want pages (the prefill, when given, must
-    not have ended first); returns the attached tier and the index."""
+def wait_for_pages(device, want, prefill=None, key=None):
+    """Waits until index pd (with tenant key key) holds want pages (the
+    prefill, when given, must not have ended first); returns the attached
+    tier and the index."""
     t = cxltier.Tier(device)
-    ix = t.prefix("pd")
+    ix = t.prefix("pd", key=key)
     deadline = time.monotonic() + 120
     while len(keys := ix.keys()) < want:
         assert time.monotonic() < deadline, f"the prefill stored {len(keys)} of {want} pages"
         assert prefill is None or prefill.poll() is None, "the prefill ended before storing its pages"
         time.sleep(0.02)
     return t, ix
+
+
+def _payload_of(ix, key):
+    """The payload of key in index ix, read (and checked) through it."""
+    buf = bytearray(ix.stats()["block_bytes"])
+    served, lens = ix.get([key], [buf])
+    assert served == 1, f"{key.hex()} is not in the index"
+    return bytes(buf[: lens[0]])
 
 
 def _damage_one_page(built, device, want):
@@ -441,6 +453,44 @@ def _damage_one_page(built, device, want):
     _native.call("cxl_prefix_unpin", h.value)
     del view
     t.close()
+
+
+def test_a_page_forged_without_the_key_is_never_handed_to_the_decode(built, device, tmp_path):
+    """With a tenant key (CXLTIER_PREFIX_KEY on both sides) the index's
+    pages and the rooms' records are signed: a pair succeeds as without
+    one; then a page replaced in the tier between the prefill's store and
+    the decode's load by a process without the key, bytes of its own with
+    a valid CRC (forge_page.py, which an index without a key would serve:
+    tests/test_kvpool.py), fails the decode's load saying the page is not
+    signed, and the request fails on both sides instead of decoding from
+    forged KV."""
+    key = {"CXLTIER_PREFIX_KEY": "pd-tenant"}
+    t = cxltier.Tier(device)
+    t.prefix("pd", 64, 4096, key=key["CXLTIER_PREFIX_KEY"])
+    t.close()
+    tokens = list(range(6500, 6500 + 3 * PAGE))
+    pr, dr = pair(built, device, job("mha", tokens, 65), job("mha", tokens, 65, first_slot_page=30), key, key)
+    assert pr["state"] == "success" and dr["state"] == "success" and dr["digests"] == pr["digests"], (pr, dr)
+
+    t, ix = wait_for_pages(device, 3, key=key["CXLTIER_PREFIX_KEY"])
+    first = set(ix.keys())
+    t.close()
+
+    tokens = list(range(6600, 6600 + 3 * PAGE))  # other pages: other tokens, and KV of another seed
+    gate = str(tmp_path / "load-gate")
+    p = start(built, device, "prefill", job("mha", tokens, 66, seed=8), {**key, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "15"})
+    d = start(built, device, "decode", job("mha", tokens, 66, seed=8, first_slot_page=30),
+              {**key, "CXLTIER_PD_TEST_GATE_BEFORE_LOAD": gate})
+    t, ix = wait_for_pages(device, 6, p, key=key["CXLTIER_PREFIX_KEY"])
+    target = next(k for k in ix.keys() if k not in first)
+    stored = _payload_of(ix, target)  # where the forger's bytes go: the test has the key, the forger not
+    t.close()
+    forged = bytes(x ^ 0x3C for x in stored)
+    forge_page.forge("/dev/shm/" + device.split(":", 1)[1], target, stored, forged)
+    open(gate, "w").close()
+    dr, pr = result(d), result(p)
+    assert dr["state"] == "failed" and "not signed" in dr["reason"], dr
+    assert pr["state"] == "failed", pr
 
 
 @pytest.fixture

@@ -17,6 +17,10 @@ started after the one before it exited:
          P2 (fails its check: recomputed), P3 with C's params (found), P4
          (never stored: computed, and B stores nothing)
   plain  no connector: the reference tokens
+  K1     kv_producer on index vllm-keyed, with a tenant key: stores P2
+  (a process without the key replaces P2's blocks, valid CRCs and all)
+  K2     kv_consumer on vllm-keyed with the key: P2's blocks fail their
+         signatures, so they are recomputed, not used
   MLA    a dense DeepSeek-V2 on vLLM's CPU MLA backend, kv_both, in an
          index with room for 12 blocks: a 25-block prompt overfills it. That
          backend cannot prefill after a prefix it did not compute, so the
@@ -29,9 +33,10 @@ import random
 
 import pytest
 
-from vllm_suite import damage, index_keys, read_when, records, run_engine, same, start_engine, tier_device
+from vllm_suite import damage, forge, index_keys, read_when, records, run_engine, same, start_engine, tier_device
 
 BLOCK = 128  # vLLM's CPU block size
+TENANT = "vllm-tenant"  # the tenant key of index vllm-keyed
 
 
 def prompt(seed, n):
@@ -94,6 +99,14 @@ def runs(tier, tmp_path_factory):
     out["plain"], _ = run_engine(spec(None, [{"name": "P1", "tokens": P1}, {"name": "P2", "tokens": P2}]), tmp,
                                  "plain")
 
+    keyed = dict(index="vllm-keyed", key=TENANT)
+    out["K1"], _ = run_engine(spec(connector(tier, "kv_producer", **keyed), [{"name": "P2", "tokens": P2}]), tmp, "K1")
+    out["K keys"] = sorted(index_keys(tier, "vllm-keyed", TENANT))
+    forge(tier, "vllm-keyed", TENANT, out["K keys"])
+    out["K2"], _ = run_engine(spec(connector(tier, "kv_consumer", **keyed), [{"name": "P2", "tokens": P2}],
+                                   prefix_caching=False), tmp, "K2")
+    out["keys"]["after K2"] = index_keys(tier, "vllm-keyed", TENANT)
+
     mla = write_model(os.path.join(tmp, "deepseek"), DEEPSEEK)
     small = connector(tier, "kv_both", index="vllm-mla", index_bytes=str(MLA_ROOM * MLA_BLOCK_BYTES))
     out["MLA"], _ = run_engine({"model_dir": mla, "connector": small, "prefix_caching": False, "requests": [
@@ -153,6 +166,17 @@ def test_a_damaged_block_is_recomputed_not_used(runs):
     assert same(runs["B"]["P2"], runs["plain"]["P2"])
     # The damaged entries were dropped when their check failed.
     assert not set(runs["P2 keys"]) & runs["keys"]["after B"]
+
+
+def test_a_block_forged_without_the_key_is_recomputed_not_used(runs):
+    """In an index with a tenant key, blocks a writer of the tier without
+    the key replaced (bytes of its own with a valid CRC, which an index
+    without a key serves: tests/test_kvpool.py) fail their signature when
+    K2 loads them: dropped, recomputed, and K2 answers as a plain run (M
+    shows that wrong KV changes the answer)."""
+    assert len(runs["K keys"]) == full_blocks(P2)
+    assert same(runs["K2"]["P2"], runs["plain"]["P2"])
+    assert not set(runs["K keys"]) & runs["keys"]["after K2"]
 
 
 def test_stored_blocks_carry_their_tokens_for_kv_events(runs):

@@ -77,12 +77,12 @@ def same(a, b):
     return True
 
 
-def index_keys(device, name):
-    """The entry keys an index of the tier holds."""
+def index_keys(device, name, key=None):
+    """The entry keys an index of the tier (with tenant key key) holds."""
     import cxltier
 
     with cxltier.Tier(device) as t:
-        ix = t.prefix(name)
+        ix = t.prefix(name, key=key)
         try:
             return set(ix.keys())
         finally:
@@ -137,3 +137,24 @@ def damage(device, index_name, keys, zero=False):
             _native.call("cxl_prefix_unpin", h.value)
     finally:
         t.close()
+
+
+def forge(device, index_name, key, keys):
+    """Replaces each listed entry's payload of a keyed index with bytes of
+    its own and their valid CRC, by a process of the tier without the key
+    (tests/forge_page.py); the test, which has the key, reads the payloads
+    first to say which bytes are whose."""
+    import cxltier
+
+    sys.path.insert(0, os.path.join(PACKAGE_DIR, "tests"))
+    import forge_page
+
+    with cxltier.Tier(device) as t:
+        ix = t.prefix(index_name, key=key)
+        bufs = [bytearray(ix.stats()["block_bytes"]) for _ in keys]
+        served, lens = ix.get(keys, bufs)
+        assert served == len(keys), f"{served} of {len(keys)} entries in {index_name!r}"
+        payloads = [bytes(b[:n]) for b, n in zip(bufs, lens)]
+        ix.close()
+    for k, old in zip(keys, payloads):
+        forge_page.forge("/dev/shm/" + device.split(":", 1)[1], k, old, bytes(b ^ 0x5A for b in old))

@@ -347,7 +347,10 @@ class CxlTierKVManager(BaseKVManager):
         self.other = DECODE if self.side == PREFILL else PREFILL
         self.rooms_name = self.index_name + ROOMS_SUFFIX
         try:
-            self.rooms = self.tier.rooms(self.rooms_name, int(text), slot)
+            # Signed with the index's tenant key, when it has one: a writer
+            # of the tier without it can then forge no record (an accept,
+            # the aux data's first token) that this side acts on.
+            self.rooms = self.tier.rooms(self.rooms_name, int(text), slot, os.environ.get("CXLTIER_PREFIX_KEY") or None)
         except _native.InvalidError as e:
             raise DisaggError(f"cxltier disaggregation: rooms table {self.rooms_name!r}: {e}") from None
         area = self.rooms.stats()["area_bytes"]
