@@ -3,10 +3,12 @@ process, through the tier (cxltier's transfer backend) against SGLang's own
 mooncake backend over loopback TCP (SGLang's mooncake_tcp), in one run.
 
     python bench/pd/bench.py [--layouts mha,mla] [--tokens 1536,3072,6144]
-                             [--tp 1,2,2:1] [--repeat 3] [--tier-size 8GiB] [--out FILE]
+                             [--tp 1,2,2:1] [--repeat 3] [--tier-size 8GiB] [--out FILE] [--no-fork]
 
 Each backend runs as a prefill and a decode of TP ranks each, one OS
-process per rank (bench/pd/worker.py): SGLang 0.5.23's
+process per rank (bench/pd/worker.py), forked by a server that imported
+torch and SGLang once (--no-fork: each started anew, importing them
+itself, about 17 s of CPU a process): SGLang 0.5.23's
 KV pool on CPU with a model's geometry, its MetadataBuffers, its KVArgs as
 PrefillBootstrapQueue fills them, the backend's manager, sender and
 receiver made by SGLang's queues' own methods, driven in their order. The
@@ -48,6 +50,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import socket
 import statistics
 import subprocess
@@ -106,11 +109,88 @@ def mooncake_path():
     return out.strip()
 
 
+class Forks:
+    """The workers' fork server (worker.py serve): torch's and SGLang's
+    imports once, then a forked worker per start(), its stdin, stdout and
+    stderr handed over on a Unix socket."""
+
+    def __init__(self, env):
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.folder, self.n = tempfile.mkdtemp(prefix="cxltier-pd-bench-workers-"), 0
+        self.proc = subprocess.Popen([sys.executable, "-W", "ignore", WORKER, "serve", str(theirs.fileno())], env=env,
+                                     pass_fds=[theirs.fileno()])
+        theirs.close()
+        self.sock.settimeout(600)
+        said = self.sock.recv(1 << 16)
+        if not said.startswith(b'{"ready"'):
+            raise RuntimeError(f"the workers' fork server did not start (exit {self.proc.wait()})")
+
+    def start(self, role, cfg, env):
+        self.n += 1
+        rc = os.path.join(self.folder, f"{self.n}.rc")
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err = tempfile.TemporaryFile()
+        req = {"role": role, "cfg": cfg, "env": env, "rc": rc}
+        socket.send_fds(self.sock, [json.dumps(req).encode()], [in_r, out_w, err.fileno()])
+        os.close(in_r)
+        os.close(out_w)
+        pid = json.loads(self.sock.recv(1 << 16))["pid"]
+        return Forked(pid, rc, os.fdopen(in_w, "w"), os.fdopen(out_r, "r"), err)
+
+    def close(self):
+        self.sock.close()
+        self.proc.wait(timeout=60)
+
+
+class Forked:
+    """A forked worker, used as a subprocess.Popen with pipes is: stdin,
+    stdout, stderr.read(), wait, kill (its exit status comes from the file
+    the fork server writes)."""
+
+    def __init__(self, pid, rc, stdin, stdout, err):
+        self.pid, self.rc, self.stdin, self.stdout, self.stderr = pid, rc, stdin, stdout, _Spooled(err)
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not os.path.exists(self.rc):
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
+            time.sleep(0.02)
+        with open(self.rc) as f:
+            return int(f.read())
+
+    def kill(self):
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class _Spooled:
+    """A worker's stderr, spooled to a file: read() is all of it so far."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def read(self):
+        self.f.seek(0)
+        return self.f.read().decode(errors="replace")
+
+
+def start_worker(forks, role, cfg, env):
+    """A worker process: forked by forks, or (None) started anew."""
+    if forks is not None:
+        return forks.start(role, cfg, env)
+    return subprocess.Popen([sys.executable, "-W", "ignore", WORKER, role, json.dumps(cfg)], env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
 class Pair:
     """The prefill and decode workers of one backend, one process per TP
     rank on each side, fed requests on stdin."""
 
-    def __init__(self, backend, cfg, env, tp):
+    def __init__(self, backend, cfg, env, tp, forks=None):
         port = free_port()
         env = dict(env, PD_BENCH_BOOTSTRAP_PORT=str(port))
         self.tp = {"prefill": tp[0], "decode": tp[1]}
@@ -118,10 +198,8 @@ class Pair:
         for role in ("prefill", "decode"):
             for rank in range(self.tp[role]):
                 shares = tp[1] // tp[0] if cfg["kind"] == "mha" and tp[1] > tp[0] else 1
-                arg = json.dumps(dict(cfg, backend=backend, tp_rank=rank, tp_size=self.tp[role], shares=shares))
-                self.procs[role, rank] = subprocess.Popen([sys.executable, "-W", "ignore", WORKER, role, arg], env=env,
-                                                          text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                          stderr=subprocess.PIPE)
+                wcfg = dict(cfg, backend=backend, tp_rank=rank, tp_size=self.tp[role], shares=shares)
+                self.procs[role, rank] = start_worker(forks, role, wcfg, env)
         for key in self.procs:
             self.read(key, 600)
 
@@ -170,10 +248,10 @@ def tp_name(tp):
     return str(tp[0]) if tp[0] == tp[1] else f"{tp[0]}:{tp[1]}"
 
 
-def measure(backend, name, cfg, sizes, repeat, env, tp):
-    print(f"  starting {backend}'s {sum(tp)} workers ({name}, TP {tp_name(tp)}: SGLang's imports take a while)...",
-          flush=True)
-    pair = Pair(backend, cfg, env, tp)
+def measure(backend, name, cfg, sizes, repeat, env, tp, forks):
+    print(f"  starting {backend}'s {sum(tp)} workers ({name}, TP {tp_name(tp)}"
+          + ("" if forks else ": SGLang's imports take a while") + ")...", flush=True)
+    pair = Pair(backend, cfg, env, tp, forks)
     name_tp = tp_name(tp)
     rows = []
     room = 1
@@ -239,12 +317,34 @@ def main():
     ap.add_argument("--tier-size", default="8GiB")
     ap.add_argument("--backends", default="mooncake,cxltier", help="mooncake alone is the baseline of every ratio")
     ap.add_argument("--out", default="")
+    ap.add_argument("--no-fork", action="store_true", help="start each worker anew instead of forking it from a server "
+                    "that imported SGLang once (slower to start; the same once running)")
     args = ap.parse_args()
     sizes = [int(x) for x in args.tokens.split(",")]
     tps = [parse_tp(x) for x in args.tp.split(",")]
     lib, cli = build(tempfile.mkdtemp(prefix="cxltier-pd-bench-"))
     mpath = mooncake_path()
     env = dict(os.environ, CXLTIER_LIB=lib, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), mpath])))
+    rows = []
+    forks = None
+    if not args.no_fork:
+        print("starting the workers' fork server (it imports torch and SGLang once)...", flush=True)
+        forks = Forks(env)
+    try:
+        rows = run_all(args, cli, env, sizes, tps, forks)
+    finally:
+        if forks is not None:
+            forks.close()
+    table(rows)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                       "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+                       "args": vars(args), "rows": rows, "ratios": ratios(rows)}, f, indent=1)
+        print(f"wrote {args.out}")
+
+
+def run_all(args, cli, env, sizes, tps, forks):
     rows = []
     for name in args.layouts.split(","):
         cfg = dict(LAYOUTS[name])
@@ -258,17 +358,11 @@ def main():
                 print(f"  mha TP {tp_name(tp)}: skipped (an MHA decode rank takes its heads from one prefill rank)",
                       flush=True)
                 continue
-            rows += measure_tp(args, cli, env, name, cfg, sizes, tp)
-    table(rows)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                       "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-                       "args": vars(args), "rows": rows, "ratios": ratios(rows)}, f, indent=1)
-        print(f"wrote {args.out}")
+            rows += measure_tp(args, cli, env, name, cfg, sizes, tp, forks)
+    return rows
 
 
-def measure_tp(args, cli, env, name, cfg, sizes, tp):
+def measure_tp(args, cli, env, name, cfg, sizes, tp, forks):
     """Both backends at one TP pair, over a tier of its own whose index has
     blocks of a prefill rank's page (an MHA rank's holds 1/TP of the heads;
     an index made for the whole page would leave most of each block empty)."""
@@ -281,7 +375,7 @@ def measure_tp(args, cli, env, name, cfg, sizes, tp):
     rows = []
     try:
         for backend in args.backends.split(","):
-            rows += measure(backend, name, cfg, sizes, args.repeat, tenv, tp)
+            rows += measure(backend, name, cfg, sizes, args.repeat, tenv, tp, forks)
     finally:
         subprocess.run([cli, "destroy", "-force", tier], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return rows

@@ -7,19 +7,34 @@ the order SGLang's queues drive them (as python/tests_sglang/pd_worker.py
 does, which says why the queues themselves are not built).
 
     python worker.py ROLE JSON
+    python worker.py serve FD
 
 Prints JSON lines: {"ready": ...} once the manager is up, then one result
 per request: monotonic times (the machine's one clock, shared by both
 processes), the process's CPU seconds over the request, bytes moved.
 Requests come on stdin, one JSON line each; an empty line ends.
+
+serve is a fork server: it imports torch and SGLang once (about 17 s of
+CPU a process, most of a small run's time: a run starts a worker per TP
+rank, side, backend and layout), then forks a worker for each request on
+the Unix socket FD: a JSON message {"role", "cfg", "env", "rc"} with the
+worker's stdin, stdout and stderr attached (SCM_RIGHTS); it answers
+{"pid": ...} and writes the worker's exit status to the file rc. Nothing
+that starts a thread runs before the fork (the transfer backends start
+theirs in the worker), so each worker is a process of its own as a
+started one is.
 """
 
 import array
 import json
 import os
 import resource
+import signal
+import socket
 import sys
+import threading
 import time
+import traceback
 from unittest import mock
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -255,7 +270,13 @@ def manager(cfg, role, pool, meta):
 
 
 def main():
-    role, cfg = sys.argv[1], json.loads(sys.argv[2])
+    if sys.argv[1] == "serve":
+        serve(int(sys.argv[2]))
+        return
+    work(sys.argv[1], json.loads(sys.argv[2]))
+
+
+def work(role, cfg):
     if cfg["backend"] == "cxltier":
         from cxltier.sglang import disagg
 
@@ -277,6 +298,94 @@ def main():
         out["room"] = r["room"]
         print(json.dumps(out), flush=True)
     os._exit(0)  # the mooncake engine's threads do not end on their own
+
+
+def serve(fd):
+    """The fork server (see the module comment)."""
+    import cxltier.sglang.disagg  # noqa: F401 - libcxltier loads at its first call, in a worker
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue  # noqa: F401
+    from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue  # noqa: F401
+    from sglang.srt.disaggregation.utils import MetadataBuffers  # noqa: F401
+    from sglang.srt.managers.schedule_batch import Req  # noqa: F401
+    from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: F401
+    from sglang.srt.server_args import ServerArgs  # noqa: F401
+
+    if threading.active_count() != 1:
+        raise SystemExit(f"worker serve: {threading.active_count()} threads after the imports: a fork would lose them")
+    sock = socket.socket(fileno=fd)
+    children = {}  # pid: the file its exit status goes to
+
+    def reap(*_):
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            rc = children.pop(pid, None)
+            if rc is not None:
+                with open(rc + ".tmp", "w") as f:
+                    f.write(str(os.waitstatus_to_exitcode(status)))
+                os.replace(rc + ".tmp", rc)
+
+    signal.signal(signal.SIGCHLD, reap)
+    sock.send(json.dumps({"ready": True}).encode())
+    while True:
+        msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
+        if not msg:
+            break
+        req = json.loads(msg)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])  # its pid is known before it is reaped
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            _child(req, fds)
+        for f in fds:
+            os.close(f)
+        children[pid] = req["rc"]
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+        reap()
+        sock.send(json.dumps({"pid": pid}).encode())
+    for pid in list(children):  # the run is over: nothing outlives it
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _child(req, fds):
+    """A forked worker: the request's environment and standard streams,
+    then work() as a started worker runs it."""
+    global BOOTSTRAP_PORT
+    code = 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        BOOTSTRAP_PORT = int(os.environ.get("PD_BENCH_BOOTSTRAP_PORT", "18998"))
+        for std, f in enumerate(fds):
+            os.dup2(f, std)
+            os.close(f)
+        # New stream objects: the server's may hold bytes read ahead.
+        sys.stdin = open(0, "r", closefd=False)
+        sys.stdout = open(1, "w", closefd=False)
+        sys.stderr = open(2, "w", closefd=False)
+        work(req["role"], req["cfg"])
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
 
 
 if __name__ == "__main__":
