@@ -29,12 +29,9 @@ import array
 import json
 import os
 import resource
-import signal
 import socket
 import sys
-import threading
 import time
-import traceback
 from unittest import mock
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -44,6 +41,7 @@ sys.path.insert(0, os.path.join(REPO, "python", "tests_sglang"))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+import forkserver  # noqa: E402
 from linker_stack import kv_pool, layer_buffers  # noqa: E402
 
 BOOTSTRAP_PORT = int(os.environ.get("PD_BENCH_BOOTSTRAP_PORT", "18998"))
@@ -310,82 +308,29 @@ def serve(fd):
     from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: F401
     from sglang.srt.server_args import ServerArgs  # noqa: F401
 
-    if threading.active_count() != 1:
-        raise SystemExit(f"worker serve: {threading.active_count()} threads after the imports: a fork would lose them")
+    server = forkserver.Server("worker serve")
     sock = socket.socket(fileno=fd)
-    children = {}  # pid: the file its exit status goes to
-
-    def reap(*_):
-        while children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            rc = children.pop(pid, None)
-            if rc is not None:
-                with open(rc + ".tmp", "w") as f:
-                    f.write(str(os.waitstatus_to_exitcode(status)))
-                os.replace(rc + ".tmp", rc)
-
-    signal.signal(signal.SIGCHLD, reap)
     sock.send(json.dumps({"ready": True}).encode())
     while True:
         msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
         if not msg:
             break
         req = json.loads(msg)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])  # its pid is known before it is reaped
-        pid = os.fork()
-        if pid == 0:
-            sock.close()
-            _child(req, fds)
+        pid = server.fork(req["rc"], lambda: _child(req, fds, sock))
         for f in fds:
             os.close(f)
-        children[pid] = req["rc"]
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
-        reap()
         sock.send(json.dumps({"pid": pid}).encode())
-    for pid in list(children):  # the run is over: nothing outlives it
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    server.close()  # the run is over
 
 
-def _child(req, fds):
+def _child(req, fds, sock):
     """A forked worker: the request's environment and standard streams,
     then work() as a started worker runs it."""
     global BOOTSTRAP_PORT
-    code = 1
-    try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
-        os.environ.clear()
-        os.environ.update(req["env"])
-        BOOTSTRAP_PORT = int(os.environ.get("PD_BENCH_BOOTSTRAP_PORT", "18998"))
-        for std, f in enumerate(fds):
-            os.dup2(f, std)
-            os.close(f)
-        # New stream objects: the server's may hold bytes read ahead.
-        sys.stdin = open(0, "r", closefd=False)
-        sys.stdout = open(1, "w", closefd=False)
-        sys.stderr = open(2, "w", closefd=False)
-        work(req["role"], req["cfg"])
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+    sock.close()
+    forkserver.redirect(req["env"], fds)
+    BOOTSTRAP_PORT = int(os.environ.get("PD_BENCH_BOOTSTRAP_PORT", "18998"))
+    work(req["role"], req["cfg"])
 
 
 if __name__ == "__main__":

@@ -48,11 +48,8 @@ import array
 import hashlib
 import json
 import os
-import signal
 import sys
-import threading
 import time
-import traceback
 
 import numpy as np
 import torch
@@ -60,6 +57,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import forkserver  # noqa: E402
 from linker_stack import SMALL, kv_pool, layer_buffers  # noqa: E402
 
 
@@ -303,71 +301,20 @@ def serve():
     from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: F401
     from sglang.srt.server_args import ServerArgs  # noqa: F401
 
-    if threading.active_count() != 1:
-        raise SystemExit(f"pd_worker serve: {threading.active_count()} threads after the imports: a fork would lose them")
-    children = {}  # pid: the file its exit status goes to
-
-    def reap(*_):
-        while children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            rc = children.pop(pid, None)
-            if rc is not None:
-                with open(rc + ".tmp", "w") as f:
-                    f.write(str(os.waitstatus_to_exitcode(status)))
-                os.replace(rc + ".tmp", rc)
-
-    signal.signal(signal.SIGCHLD, reap)
+    server = forkserver.Server("pd_worker serve")
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])  # its pid is known before it is reaped
-        pid = os.fork()
-        if pid == 0:
-            _child(req)
-        children[pid] = req["rc"]
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
-        reap()
+        pid = server.fork(req["rc"], lambda: _child(req))
         print(json.dumps({"pid": pid}), flush=True)
-    for pid in list(children):  # the tests are over: nothing outlives them
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    server.close()  # the tests are over
 
 
 def _child(req):
-    code = 1
-    try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
-        os.environ.clear()
-        os.environ.update(req["env"])
-        for fd, path in ((1, req["out"]), (2, req["err"])):
-            out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(out, fd)
-            os.close(out)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
-        run(req["role"], req["job"])
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+    fds = [os.open(os.devnull, os.O_RDONLY)]
+    fds += [os.open(req[k], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for k in ("out", "err")]
+    forkserver.redirect(req["env"], fds)
+    run(req["role"], req["job"])
 
 
 if __name__ == "__main__":
