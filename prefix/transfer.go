@@ -385,7 +385,7 @@ func (ld *LayerLoad) copyLayer(i int) error {
 	}
 	if ld.macs != nil {
 		lo, hi := i*ld.perLayer, (i+1)*ld.perLayer
-		err := eachPage(ld.hits, span, func(j int) error {
+		_, err := eachSigned(len(ld.hits), int64(len(ld.hits))*span, func(j int) error {
 			pieces, err := ld.m.landed(ld.l, ld.pages[j], lo, hi, ld.hits[j].Offset+tier.Offset(int64(lo)*ld.l.ChunkBytes), span)
 			for _, p := range pieces {
 				ld.macs[j].Write(p)
@@ -479,18 +479,18 @@ func (m *Mover) landed(l Layout, p int64, lo, hi int, off tier.Offset, n int64) 
 	return [][]byte{b}, err
 }
 
-// eachPage runs fn(j) for every page of a batch of pages of pageBytes
-// each, on several cores when the batch is megabytes, and returns the
-// first error.
-func eachPage(hits []Hit, pageBytes int64, fn func(j int) error) error {
-	errs := make([]error, len(hits))
-	eachInParallelBy(len(hits), int64(len(hits))*pageBytes, signGrain, func(j int) { errs[j] = fn(j) })
-	for _, err := range errs {
+// eachSigned runs fn(i) for every i in [0, n), whose signing comes to
+// bytes in all, on several cores when there is enough of it (signGrain a
+// goroutine), and returns the first i that failed and its error, or n.
+func eachSigned(n int, bytes int64, fn func(i int) error) (int, error) {
+	errs := make([]error, n)
+	eachInParallelBy(n, bytes, signGrain, func(i int) { errs[i] = fn(i) })
+	for i, err := range errs {
 		if err != nil {
-			return err
+			return i, err
 		}
 	}
-	return nil
+	return n, nil
 }
 
 // signStored signs, in a keyed index, each page a Put reserved, before it
@@ -499,18 +499,16 @@ func (m *Mover) signStored(res []Reservation, l Layout, pages []int64) error {
 	if m.s.mac == nil {
 		return nil
 	}
-	errs := make([]error, len(res))
-	eachInParallelBy(len(res), int64(len(res))*l.BlockBytes(), signGrain, func(i int) {
-		if res[i].Status == Reserved {
-			var pieces [][]byte
-			pieces, errs[i] = m.landed(l, pages[i], 0, len(l.Chunks), res[i].Offset, res[i].Len)
-			res[i].mac = m.s.sign(&res[i].Key, pieces)
+	i, err := eachSigned(len(res), int64(len(res))*l.BlockBytes(), func(i int) error {
+		if res[i].Status != Reserved {
+			return nil
 		}
+		pieces, err := m.landed(l, pages[i], 0, len(l.Chunks), res[i].Offset, res[i].Len)
+		res[i].mac = m.s.sign(&res[i].Key, pieces)
+		return err
 	})
-	for i, err := range errs {
-		if err != nil {
-			return fmt.Errorf("prefix: %q: sign %v: %w", m.s.name, res[i].Key, err)
-		}
+	if err != nil {
+		return fmt.Errorf("prefix: %q: sign %v: %w", m.s.name, res[i].Key, err)
 	}
 	return nil
 }
@@ -522,18 +520,15 @@ func (m *Mover) checkLoaded(hits []Hit, l Layout, pages []int64) (int, error) {
 	if m.s.mac == nil {
 		return len(hits), nil
 	}
-	errs := make([]error, len(hits))
-	eachInParallelBy(len(hits), int64(len(hits))*l.BlockBytes(), signGrain, func(i int) {
+	i, err := eachSigned(len(hits), int64(len(hits))*l.BlockBytes(), func(i int) error {
 		pieces, err := m.landed(l, pages[i], 0, len(l.Chunks), hits[i].Offset, hits[i].Len)
-		if err == nil {
-			err = m.s.checkSigned(&hits[i], pieces)
-		}
-		errs[i] = err
-	})
-	for i, err := range errs {
 		if err != nil {
-			return i, fmt.Errorf("prefix: %q: %w", m.s.name, err)
+			return err
 		}
+		return m.s.checkSigned(&hits[i], pieces)
+	})
+	if err != nil {
+		return i, fmt.Errorf("prefix: %q: %w", m.s.name, err)
 	}
 	return len(hits), nil
 }
