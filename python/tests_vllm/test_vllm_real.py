@@ -1,7 +1,8 @@
 """cxltier.vllm.CxlTierConnector in vLLM's real engine on CPU.
 
-One sequence of engines, each its own process tree, on one tier, each
-started after the one before it exited:
+Two sequences of engines side by side, each engine its own process tree,
+on one tier; in each, an engine starts after the one before it exited.
+On index vllm-test:
 
   A      kv_both, KV events on: stores P1 and P2 (a gate between them lets
          the test tell P2's blocks from P1's)
@@ -16,10 +17,13 @@ started after the one before it exited:
          cache salt (computed: the same engine without the tier's blocks),
          P2 (fails its check: recomputed), P3 with C's params (found), P4
          (never stored: computed, and B stores nothing)
+
+and beside them, on other indexes:
+
   plain  no connector: the reference tokens
-  K1     kv_producer on index vllm-keyed, with a tenant key: stores P2
+  K1     kv_producer on index vllm-keyed, with a tenant key: stores P5
   (a process without the key replaces P2's blocks, valid CRCs and all)
-  K2     kv_consumer on vllm-keyed with the key: P2's blocks fail their
+  K2     kv_consumer on vllm-keyed with the key: P5's blocks fail their
          signatures, so they are recomputed, not used
   MLA    a dense DeepSeek-V2 on vLLM's CPU MLA backend, kv_both, in an
          index with room for 12 blocks: a 25-block prompt overfills it. That
@@ -33,7 +37,8 @@ import random
 
 import pytest
 
-from vllm_suite import damage, forge, index_keys, read_when, records, run_engine, same, start_engine, tier_device
+from vllm_suite import (damage, forge, in_parallel, index_keys, read_when, records, run_engine, same, start_engine,
+                        tier_device)
 
 BLOCK = 128  # vLLM's CPU block size
 TENANT = "vllm-tenant"  # the tenant key of index vllm-keyed
@@ -45,6 +50,7 @@ def prompt(seed, n):
 
 
 P1, P2, P3, P4 = prompt(1, 400), prompt(2, 300), prompt(3, 300), prompt(4, 300)
+P5 = prompt(6, 300)  # the keyed index's alone: no other index holds its bytes or keys
 Q1 = prompt(5, 400)
 
 
@@ -66,52 +72,59 @@ def runs(tier, tmp_path_factory):
     from vllm_engine import DEEPSEEK, write_model
 
     model = write_model(os.path.join(tmp, "llama"))
-    gate = os.path.join(tmp, "gate-a")
+    mla = write_model(os.path.join(tmp, "deepseek"), DEEPSEEK)
     spec = lambda conn, reqs, **kw: {"model_dir": model, "connector": conn, "requests": reqs, **kw}  # noqa: E731
     out = {"keys": {}}
 
-    proc, path = start_engine(spec(connector(tier, "kv_both", kv_events=1), [
-        {"name": "P1", "tokens": P1}, {"name": "P2", "tokens": P2, "wait_for": gate}]), tmp, "A")
-    out["A"] = read_when(path, "P1", proc)
-    out["keys"]["after P1"] = index_keys(tier, "vllm-test")
-    open(gate, "w").close()
-    assert proc.wait(timeout=900) == 0, proc.stderr.read()[-6000:]
-    out["A"] = read_when(path, "P2", proc)
-    out["keys"]["after A"] = index_keys(tier, "vllm-test")
-    out["records"] = records(tier, "vllm-test")
+    def shared_index():  # A, C, M and B on index vllm-test, in that order
+        gate = os.path.join(tmp, "gate-a")
+        proc, path = start_engine(spec(connector(tier, "kv_both", kv_events=1), [
+            {"name": "P1", "tokens": P1}, {"name": "P2", "tokens": P2, "wait_for": gate}]), tmp, "A")
+        out["A"] = read_when(path, "P1", proc)
+        out["keys"]["after P1"] = index_keys(tier, "vllm-test")
+        open(gate, "w").close()
+        assert proc.wait(timeout=900) == 0, proc.stderr.read()[-6000:]
+        out["A"] = read_when(path, "P2", proc)
+        out["keys"]["after A"] = index_keys(tier, "vllm-test")
+        out["records"] = records(tier, "vllm-test")
 
-    out["C"], _ = run_engine(spec(connector(tier, "kv_producer"), [
-        {"name": "P1", "tokens": P1}, {"name": "P3", "tokens": P3}]), tmp, "C")
-    out["keys"]["after C"] = index_keys(tier, "vllm-test")
+        out["C"], _ = run_engine(spec(connector(tier, "kv_producer"), [
+            {"name": "P1", "tokens": P1}, {"name": "P3", "tokens": P3}]), tmp, "C")
+        out["keys"]["after C"] = index_keys(tier, "vllm-test")
 
-    out["P2 keys"] = sorted(out["keys"]["after A"] - out["keys"]["after P1"])
-    damage(tier, "vllm-test", out["P2 keys"], zero=True)
-    out["M"], _ = run_engine(spec(connector(tier, "kv_consumer", verify=0), [{"name": "P2", "tokens": P2}],
-                                  prefix_caching=False), tmp, "M")
+        out["P2 keys"] = sorted(out["keys"]["after A"] - out["keys"]["after P1"])
+        damage(tier, "vllm-test", out["P2 keys"], zero=True)
+        out["M"], _ = run_engine(spec(connector(tier, "kv_consumer", verify=0), [{"name": "P2", "tokens": P2}],
+                                      prefix_caching=False), tmp, "M")
 
-    params = out["C"]["P3"]["params"]
-    out["B"], _ = run_engine(spec(connector(tier, "kv_consumer", async_load_bytes=0), [
-        {"name": "P1", "tokens": P1}, {"name": "P1 salted", "tokens": P1, "salt": "another tenant"},
-        {"name": "P2", "tokens": P2}, {"name": "P3", "tokens": P3, "params": params},
-        {"name": "P4", "tokens": P4}]), tmp, "B")
-    out["keys"]["after B"] = index_keys(tier, "vllm-test")
+        params = out["C"]["P3"]["params"]
+        out["B"], _ = run_engine(spec(connector(tier, "kv_consumer", async_load_bytes=0), [
+            {"name": "P1", "tokens": P1}, {"name": "P1 salted", "tokens": P1, "salt": "another tenant"},
+            {"name": "P2", "tokens": P2}, {"name": "P3", "tokens": P3, "params": params},
+            {"name": "P4", "tokens": P4}]), tmp, "B")
+        out["keys"]["after B"] = index_keys(tier, "vllm-test")
 
-    out["plain"], _ = run_engine(spec(None, [{"name": "P1", "tokens": P1}, {"name": "P2", "tokens": P2}]), tmp,
-                                 "plain")
+    def other_indexes():  # plain (none), K1 and K2 on vllm-keyed, MLA on vllm-mla
+        out["plain"], _ = run_engine(spec(None, [{"name": "P1", "tokens": P1}, {"name": "P2", "tokens": P2},
+                                                 {"name": "P5", "tokens": P5}]), tmp, "plain")
 
-    keyed = dict(index="vllm-keyed", key=TENANT)
-    out["K1"], _ = run_engine(spec(connector(tier, "kv_producer", **keyed), [{"name": "P2", "tokens": P2}]), tmp, "K1")
-    out["K keys"] = sorted(index_keys(tier, "vllm-keyed", TENANT))
-    forge(tier, "vllm-keyed", TENANT, out["K keys"])
-    out["K2"], _ = run_engine(spec(connector(tier, "kv_consumer", **keyed), [{"name": "P2", "tokens": P2}],
-                                   prefix_caching=False), tmp, "K2")
-    out["keys"]["after K2"] = index_keys(tier, "vllm-keyed", TENANT)
+        keyed = dict(index="vllm-keyed", key=TENANT)
+        out["K1"], _ = run_engine(spec(connector(tier, "kv_producer", **keyed), [{"name": "P5", "tokens": P5}]), tmp,
+                                  "K1")
+        out["K keys"] = sorted(index_keys(tier, "vllm-keyed", TENANT))
+        forge(tier, "vllm-keyed", TENANT, out["K keys"])
+        out["K2"], _ = run_engine(spec(connector(tier, "kv_consumer", **keyed), [{"name": "P5", "tokens": P5}],
+                                       prefix_caching=False), tmp, "K2")
+        out["keys"]["after K2"] = index_keys(tier, "vllm-keyed", TENANT)
 
-    mla = write_model(os.path.join(tmp, "deepseek"), DEEPSEEK)
-    small = connector(tier, "kv_both", index="vllm-mla", index_bytes=str(MLA_ROOM * MLA_BLOCK_BYTES))
-    out["MLA"], _ = run_engine({"model_dir": mla, "connector": small, "prefix_caching": False, "requests": [
-        {"name": "Q1", "tokens": Q1}, {"name": "Q1 again", "tokens": Q1}]}, tmp, "MLA")
-    out["keys"]["MLA"] = index_keys(tier, "vllm-mla")
+        small = connector(tier, "kv_both", index="vllm-mla", index_bytes=str(MLA_ROOM * MLA_BLOCK_BYTES))
+        out["MLA"], _ = run_engine({"model_dir": mla, "connector": small, "prefix_caching": False, "requests": [
+            {"name": "Q1", "tokens": Q1}, {"name": "Q1 again", "tokens": Q1}]}, tmp, "MLA")
+        out["keys"]["MLA"] = index_keys(tier, "vllm-mla")
+
+    # No engine of one chain touches the other's indexes: they run side by
+    # side (the suite's longest part, halved).
+    in_parallel(shared_index, other_indexes)
     return out
 
 
@@ -173,9 +186,9 @@ def test_a_block_forged_without_the_key_is_recomputed_not_used(runs):
     the key replaced (bytes of its own with a valid CRC, which an index
     without a key serves: tests/test_kvpool.py) fail their signature when
     K2 loads them: dropped, recomputed, and K2 answers as a plain run (M
-    shows that wrong KV changes the answer)."""
-    assert len(runs["K keys"]) == full_blocks(P2)
-    assert same(runs["K2"]["P2"], runs["plain"]["P2"])
+    shows, on P2, that wrong KV changes this model's answer)."""
+    assert len(runs["K keys"]) == full_blocks(P5)
+    assert same(runs["K2"]["P5"], runs["plain"]["P5"])
     assert not set(runs["K keys"]) & runs["keys"]["after K2"]
 
 

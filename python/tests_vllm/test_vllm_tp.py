@@ -7,6 +7,7 @@ processes (vLLM's multiprocessing executor), on one tier.
          half), and Q computed
   MLA    a dense DeepSeek-V2 at TP 2: every rank holds the same latent
          blocks, so rank 0 stores one copy and no rank stores another
+         (beside S and R: it has an index of its own)
 
 S's own computation of P is the reference: R must answer the same tokens
 and top-5 logprobs, having found every whole block but the last.
@@ -17,7 +18,7 @@ import random
 
 import pytest
 
-from vllm_suite import index_keys, records, run_engine, same, tier_device
+from vllm_suite import in_parallel, index_keys, records, run_engine, same, tier_device
 
 BLOCK = 128  # vLLM's CPU block size
 
@@ -44,18 +45,24 @@ def runs(built, tmp_path_factory):
     out = {}
     with tier_device(built["cli"], "256MiB", "cxltier-vllm-tp") as tier:
         llama = write_model(os.path.join(tmp, "llama"))
+        mla = write_model(os.path.join(tmp, "deepseek"), DEEPSEEK)
         spec = lambda conn, reqs, model=llama, **kw: {"model_dir": model, "connector": conn, "requests": reqs,  # noqa: E731
                                                       "tp": 2, **kw}
-        out["S"], _ = run_engine(spec(connector(tier, "vllm-tp", kv_events=1), [{"name": "P", "tokens": P}]),
-                                 tmp, "S")
-        out["keys S"] = index_keys(tier, "vllm-tp")
-        out["records"] = records(tier, "vllm-tp")
-        out["R"], _ = run_engine(spec(connector(tier, "vllm-tp"), [{"name": "P", "tokens": P},
-                                                                    {"name": "Q", "tokens": Q}]), tmp, "R")
-        mla = write_model(os.path.join(tmp, "deepseek"), DEEPSEEK)
-        out["MLA"], _ = run_engine(spec(connector(tier, "vllm-tp-mla"), [{"name": "Q", "tokens": Q}], model=mla,
-                                        prefix_caching=False), tmp, "MLA")
-        out["keys MLA"] = index_keys(tier, "vllm-tp-mla")
+
+        def restart():  # S, then R, on index vllm-tp
+            out["S"], _ = run_engine(spec(connector(tier, "vllm-tp", kv_events=1), [{"name": "P", "tokens": P}]),
+                                     tmp, "S")
+            out["keys S"] = index_keys(tier, "vllm-tp")
+            out["records"] = records(tier, "vllm-tp")
+            out["R"], _ = run_engine(spec(connector(tier, "vllm-tp"), [{"name": "P", "tokens": P},
+                                                                        {"name": "Q", "tokens": Q}]), tmp, "R")
+
+        def mla_blocks():  # beside them, on index vllm-tp-mla
+            out["MLA"], _ = run_engine(spec(connector(tier, "vllm-tp-mla"), [{"name": "Q", "tokens": Q}],
+                                            model=mla, prefix_caching=False), tmp, "MLA")
+            out["keys MLA"] = index_keys(tier, "vllm-tp-mla")
+
+        in_parallel(restart, mla_blocks)
     return out
 
 

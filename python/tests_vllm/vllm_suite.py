@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,6 +35,29 @@ def run_engine(spec, tmp, name, timeout=900):
         raise AssertionError(f"engine {name} exited {p.returncode}:\n{p.stderr[-6000:]}")
     with open(out_path) as f:
         return json.load(f), p.stderr
+
+
+def in_parallel(*chains):
+    """Runs each chain (a callable) on a thread of its own and waits for
+    all; the first failure is raised. Chains that touch different indexes
+    share the machine instead of taking turns: an engine spends most of its
+    start importing vLLM in three processes, one core each, so two chains
+    on 2 cores take little longer than the longer one alone."""
+    failures = []
+
+    def run(chain):
+        try:
+            chain()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            failures.append(e)
+
+    threads = [threading.Thread(target=run, args=(c,), name=getattr(c, "__name__", "chain")) for c in chains]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
 
 
 def start_engine(spec, tmp, name):
