@@ -1,5 +1,6 @@
 """A fork server for the SGLang workers of the tests and benches
-(pd_worker.py serve, bench/pd/worker.py serve). Importing torch and SGLang
+(pd_worker.py serve, engram_host_worker.py serve, bench/pd/worker.py
+serve). Importing torch and SGLang
 takes a process about 17 s of CPU, most of a test's or a small bench
 run's time when each starts a few workers; a server imports them once
 (nothing that starts a thread, or loads libcxltier, whose Go runtime would
@@ -10,10 +11,13 @@ reaped as a started one is. The server writes each worker's exit status
 its request named.
 """
 
+import json
 import os
 import signal
+import subprocess
 import sys
 import threading
+import time
 import traceback
 
 
@@ -62,6 +66,114 @@ class Server:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def serve_lines(name, main):
+    """The server's loop for the tests' workers: for each line on stdin
+    ({"argv", "env", "out", "err", "rc"}) it forks a child that takes env
+    as its whole environment, writes its stdout and stderr to the files out
+    and err, and runs main(argv) as the script started with those arguments
+    would; it answers {"pid"} and, when the child ends, writes its exit
+    status to rc. Call it after the imports the workers share."""
+    server = Server(name)
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        pid = server.fork(req["rc"], lambda: _child(req, main))
+        print(json.dumps({"pid": pid}), flush=True)
+    server.close()  # the tests are over
+
+
+def _child(req, main):
+    fds = [os.open(os.devnull, os.O_RDONLY)]
+    fds += [os.open(req[k], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for k in ("out", "err")]
+    redirect(req["env"], fds)
+    main(req["argv"])
+
+
+class Client:
+    """A test's side of serve_lines: `python -W ignore SCRIPT serve` started
+    with env, a forked worker per start(), asked as a subprocess.Popen is."""
+
+    def __init__(self, script, env, folder):
+        self.folder, self.n = folder, 0
+        self.proc = subprocess.Popen([sys.executable, "-W", "ignore", script, "serve"], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        assert line.startswith('{"ready"'), f"the fork server {script} did not start (exit {self.proc.wait()})"
+
+    def start(self, argv, env, tag="worker"):
+        """Forks a worker that runs as `SCRIPT *argv` would, with env as
+        its whole environment."""
+        self.n += 1
+        base = os.path.join(self.folder, f"{self.n}-{tag}")
+        req = {"argv": argv, "env": env, "out": base + ".out", "err": base + ".err", "rc": base + ".rc"}
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return Worker(json.loads(self.proc.stdout.readline())["pid"], req, tag)
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+class Worker:
+    """A forked worker, asked as a subprocess.Popen is: poll, wait,
+    communicate, send_signal, and its stdout and stderr (files it writes)
+    read as they grow."""
+
+    def __init__(self, pid, req, tag):
+        self.pid, self.req, self.tag, self.returncode = pid, req, tag, None
+        self.stdout, self.stderr = _Tail(req["out"]), _Tail(req["err"])
+
+    def poll(self):
+        if self.returncode is None and os.path.exists(self.req["rc"]):
+            with open(self.req["rc"]) as f:
+                self.returncode = int(f.read())
+        return self.returncode
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.tag, timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def communicate(self, timeout=None):
+        self.wait(timeout)
+        return tuple(open(self.req[k]).read() for k in ("out", "err"))
+
+    def send_signal(self, sig):
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+
+class _Tail:
+    """A worker's output file, read a line at a time as it is written."""
+
+    def __init__(self, path):
+        self.path, self.at = path, 0
+
+    def readline(self):
+        time.sleep(0.01)
+        try:
+            with open(self.path) as f:
+                f.seek(self.at)
+                line = f.readline()
+        except FileNotFoundError:
+            return ""
+        if not line.endswith("\n"):
+            return ""
+        self.at += len(line.encode())
+        return line
+
+    def read(self):
+        try:
+            with open(self.path) as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
 
 
 def redirect(env, fds):

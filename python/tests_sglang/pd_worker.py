@@ -26,12 +26,8 @@ serve: a fork server. Importing torch and SGLang takes a process about
 17 s of CPU, most of a test's time when every test starts two to six
 workers; the server imports them once (nothing that starts a thread or
 loads libcxltier, whose Go runtime would not survive a fork) and forks a
-worker for each line on stdin ({"role", "job", "env", "out", "err",
-"rc"}): the child takes env as its whole environment, writes its stdout
-and stderr to out and err, and runs as a worker started with ROLE and
-JSON would; the server answers {"pid"} and, when the child ends, writes
-its exit status to rc (a negative signal number when killed, as
-subprocess says it).
+worker for each line on stdin (forkserver.serve_lines: the child runs as
+a worker started with ROLE and JSON would).
 
 JSON: the job (kind, tokens, room, seed, pages; tp_rank and tp_size for a
 rank of a TP group, heads for an MHA rank's KV heads, shares for the
@@ -261,11 +257,11 @@ def start_decode(job, pool, mgr):
     return receiver, pages
 
 
-def main():
-    if sys.argv[1] == "serve":
+def main(argv):
+    if argv[0] == "serve":
         serve()
         return
-    run(sys.argv[1], json.loads(sys.argv[2]))
+    run(argv[0], json.loads(argv[1]))
 
 
 def run(role, job):
@@ -301,21 +297,8 @@ def serve():
     from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: F401
     from sglang.srt.server_args import ServerArgs  # noqa: F401
 
-    server = forkserver.Server("pd_worker serve")
-    print(json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        req = json.loads(line)
-        pid = server.fork(req["rc"], lambda: _child(req))
-        print(json.dumps({"pid": pid}), flush=True)
-    server.close()  # the tests are over
-
-
-def _child(req):
-    fds = [os.open(os.devnull, os.O_RDONLY)]
-    fds += [os.open(req[k], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for k in ("out", "err")]
-    forkserver.redirect(req["env"], fds)
-    run(req["role"], req["job"])
+    forkserver.serve_lines("pd_worker serve", main)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -23,6 +23,7 @@ import cxltier
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 import forge_page  # noqa: E402  a writer of the tier without the key
+import forkserver  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PAGE = 4
@@ -36,102 +37,19 @@ def env(built, device, extra=None):
     return e
 
 
-class Forks:
-    """The module's fork server (pd_worker.py serve): SGLang's imports once,
-    a forked worker process per start()."""
-
-    def __init__(self, built, folder):
-        self.folder, self.n = folder, 0
-        self.proc = subprocess.Popen([sys.executable, "-W", "ignore", os.path.join(HERE, "pd_worker.py"), "serve"],
-                                     env=env(built, "shm:unused"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)
-        line = self.proc.stdout.readline()
-        assert line.startswith('{"ready"'), f"the fork server did not start (exit {self.proc.wait()})"
-
-    def start(self, role, job, environ):
-        self.n += 1
-        base = os.path.join(self.folder, f"{self.n}-{role}")
-        req = {"role": role, "job": job, "env": environ, "out": base + ".out", "err": base + ".err", "rc": base + ".rc"}
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        return Worker(json.loads(self.proc.stdout.readline())["pid"], req)
-
-    def close(self):
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
-
-
-class Worker:
-    """A forked pd_worker, asked as a subprocess.Popen is: poll, wait,
-    communicate, send_signal, and its stdout and stderr (files it writes)
-    read as they grow."""
-
-    def __init__(self, pid, req):
-        self.pid, self.req, self.returncode = pid, req, None
-        self.stdout, self.stderr = _Tail(req["out"]), _Tail(req["err"])
-
-    def poll(self):
-        if self.returncode is None and os.path.exists(self.req["rc"]):
-            with open(self.req["rc"]) as f:
-                self.returncode = int(f.read())
-        return self.returncode
-
-    def wait(self, timeout=None):
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"pd_worker {self.req['role']}", timeout)
-            time.sleep(0.02)
-        return self.returncode
-
-    def communicate(self, timeout=None):
-        self.wait(timeout)
-        return tuple(open(self.req[k]).read() for k in ("out", "err"))
-
-    def send_signal(self, sig):
-        if self.poll() is None:
-            os.kill(self.pid, sig)
-
-
-class _Tail:
-    """A worker's output file, read a line at a time as it is written."""
-
-    def __init__(self, path):
-        self.path, self.at = path, 0
-
-    def readline(self):
-        time.sleep(0.01)
-        try:
-            with open(self.path) as f:
-                f.seek(self.at)
-                line = f.readline()
-        except FileNotFoundError:
-            return ""
-        if not line.endswith("\n"):
-            return ""
-        self.at += len(line.encode())
-        return line
-
-    def read(self):
-        try:
-            with open(self.path) as f:
-                return f.read()
-        except FileNotFoundError:
-            return ""
-
-
 FORKS = {}
 
 
 @pytest.fixture(autouse=True, scope="module")
 def forks(built, tmp_path_factory):
-    FORKS["server"] = Forks(built, str(tmp_path_factory.mktemp("pd-workers")))
+    FORKS["server"] = forkserver.Client(os.path.join(HERE, "pd_worker.py"), env(built, "shm:unused"),
+                                        str(tmp_path_factory.mktemp("pd-workers")))
     yield
     FORKS.pop("server").close()
 
 
 def start(built, device, role, job, extra=None):
-    return FORKS["server"].start(role, job, env(built, device, extra))
+    return FORKS["server"].start([role, json.dumps(job)], env(built, device, extra), role)
 
 
 def result(p, timeout=120):

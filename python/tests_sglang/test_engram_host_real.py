@@ -2,21 +2,24 @@
 EngramEmbedding layers (SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE=1, shared
 layout) in two-rank groups of real processes over SGLang's GroupCoordinator,
 loaded through SGLang's weight loaders and finish_load
-(engram_host_worker.py; its CPU patches are named there)."""
+(engram_host_worker.py; its CPU patches are named there). Each rank is a
+process of its own, forked from a server that imported torch and SGLang
+once (forkserver.py): a rank started anew spent about 15 s importing."""
 
 import json
 import os
 import socket
 import subprocess
-import sys
 
 import pytest
 
 import cxltier
+import forkserver
 from cxltier.sglang import engram_host
 from cxltier import objects
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "engram_host_worker.py")
 ROWS, LAYERS = 10_000, "1,14"
 
 
@@ -26,23 +29,41 @@ def free_port():
         return s.getsockname()[1]
 
 
+WORKERS = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def workers(tmp_path_factory):
+    """The module's fork server (engram_host_worker.py serve): torch and
+    SGLang imported once, each rank a process forked from it."""
+    WORKERS["server"] = forkserver.Client(WORKER, dict(os.environ), str(tmp_path_factory.mktemp("engram-workers")))
+    yield
+    WORKERS.pop("server").close()
+
+
 def serve(device, world=2, rows=ROWS, layout="shared", model="test-model", **env):
-    """One server-like group of `world` ranks; returns each rank's result."""
+    """One server-like group of `world` ranks; returns each rank's result
+    and its output (stdout, then stderr)."""
     port = free_port()
     full = dict(os.environ, CXLTIER_DEVICES=device, CXLTIER_ENGRAM_MODEL=model,
                 SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE="1", SGLANG_DSV41_ENGRAM_HOST_TABLE_LAYOUT=layout, **env)
-    procs = [subprocess.Popen([sys.executable, "-W", "ignore", os.path.join(HERE, "engram_host_worker.py"),
-                               str(r), str(world), str(port), str(rows), LAYERS],
-                              env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    procs = [WORKERS["server"].start([str(r), str(world), str(port), str(rows), LAYERS], full, f"rank{r}")
              for r in range(world)]
     results = []
     for p in procs:
-        out, _ = p.communicate(timeout=300)
+        out = "".join(p.communicate(timeout=300))
         assert p.returncode == 0, out[-3000:]
         line = [x for x in out.splitlines() if x.startswith("RESULT ")]
         assert line, out[-3000:]
         results.append((json.loads(line[0][7:]), out))
     return results
+
+
+def write_checkpoint(path, *args):
+    """engram_host_worker.py checkpoint PATH ROWS LAYERS [REVISION], forked."""
+    p = WORKERS["server"].start(["checkpoint", str(path), str(ROWS), LAYERS, *args], dict(os.environ), "checkpoint")
+    out = "".join(p.communicate(timeout=120))
+    assert p.returncode == 0, out[-3000:]
 
 
 def test_second_server_attaches_without_loading(built, device):
@@ -109,8 +130,7 @@ def test_tables_loaded_by_the_cli_are_attached(built, device, tmp_path, model, k
     the same names whatever the model is called (one naming function in the
     library, which the CLI and the Python package both call)."""
     ck = tmp_path / "model-00001-of-00001.safetensors"
-    subprocess.check_call([sys.executable, os.path.join(HERE, "engram_host_worker.py"), "checkpoint", str(ck),
-                           str(ROWS), LAYERS])
+    write_checkpoint(ck)
     out = subprocess.run([built["cli"], "engram", "load", "--model", model, "--file", str(ck), device],
                          capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.count(f"loaded engram/{key}/") == 2, out
@@ -125,12 +145,10 @@ def test_a_table_of_another_checkpoint_is_loaded_again(built, device, tmp_path):
     """The CLI loaded a revised checkpoint of the same geometry under the
     model's name; a server of the original sees another digest in the seal
     and loads its own rows, instead of serving the revision's."""
-    worker = os.path.join(HERE, "engram_host_worker.py")
     original, revised = tmp_path / "original", tmp_path / "revised"
     for folder, revision in ((original, "0"), (revised, "1")):
         folder.mkdir()
-        subprocess.check_call([sys.executable, worker, "checkpoint", str(folder / "model.safetensors"), str(ROWS),
-                               LAYERS, revision])
+        write_checkpoint(folder / "model.safetensors", revision)
     out = subprocess.run([built["cli"], "engram", "load", "--model", "test-model", "--file", str(revised), device],
                          capture_output=True, text=True)
     assert out.returncode == 0, out
