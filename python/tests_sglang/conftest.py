@@ -38,7 +38,7 @@ except ImportError as e:
 else:
 
     def pytest_collection_finish(session):
-        _fixtures.announce_suite(session, HERE, f"SGLang {sglang.__version__} itself, many starting processes of their own (the whole suite: about 9 min on 2 cores)")
+        _fixtures.announce_suite(session, HERE, f"SGLang {sglang.__version__} itself, many starting processes of their own (the whole suite: about 5 min on 2 cores)")
 
 
 @pytest.fixture(scope="session")

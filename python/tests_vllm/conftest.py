@@ -3,8 +3,9 @@
 cached virtualenv and runs this folder with CXLTIER_REQUIRE_VLLM=1, so a
 missing vLLM fails the run instead of skipping it. Each engine is a real
 vLLM process tree (main, EngineCore, Worker); starting one takes about a
-minute on 2 cores, so the suite starts few and reads several results from
-each."""
+minute on 2 cores (vLLM's CPU platform spawns each process anew, so each
+imports vLLM), so the suite starts few, reads several results from each,
+and starts those of independent chains side by side (vllm_suite.in_parallel)."""
 
 import importlib.util
 import os
@@ -36,6 +37,6 @@ except ImportError as e:
 else:
 
     def pytest_collection_finish(session):
-        _fixtures.announce_suite(session, HERE, f"vLLM {vllm.__version__}'s own engine and scheduler, an engine a process tree that takes about a minute to start (the whole suite: about 10 min on 2 cores)")
+        _fixtures.announce_suite(session, HERE, f"vLLM {vllm.__version__}'s own engine and scheduler, an engine a process tree that takes about a minute to start, two at a time (the whole suite: about 7 min on 2 cores)")
 
 sys.path.insert(0, HERE)  # vllm_suite, vllm_engine, scheduler_harness
