@@ -139,8 +139,17 @@ def scratch_tier(name, size):
             pass
 
 
+def machine(load_before):
+    """The machine of a run, with its load averages (1, 5 and 15 min) as
+    the run began and ended: a run beside other work says so in its JSON."""
+    return {"cpus": os.cpu_count(), "platform": platform.platform(),
+            "load_average": {"before": [round(x, 2) for x in load_before],
+                             "after": [round(x, 2) for x in os.getloadavg()]}}
+
+
 def main():
     args = parse_args()
+    args.load_before = os.getloadavg()
     with scratch_tier("bench-vllm", args.tier_size) as (tier, env):
         import cxltier
 
@@ -231,7 +240,8 @@ def report(args, rows, memory, offload):
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                       "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "args": vars(args),
+                       "machine": machine(args.load_before),
+                       "args": {k: v for k, v in vars(args).items() if k != "load_before"},
                        "rows": rows, "memory": memory, "offloading_connector": offload}, f, indent=1)
         print(f"wrote {args.out}")
 

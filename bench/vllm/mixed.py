@@ -36,7 +36,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -44,7 +43,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench import Engine, LLAMA, connector, prompt, scratch_tier, write_model  # noqa: E402
+from bench import Engine, LLAMA, connector, machine, prompt, scratch_tier, write_model  # noqa: E402
 
 BLOCK = 128  # vLLM's CPU block size
 
@@ -64,6 +63,7 @@ def parse_args():
 
 def main():
     args = parse_args()
+    args.load_before = os.getloadavg()
     if min(args.hits, args.misses, args.rounds) < 1 or args.hits + args.misses > 8:
         sys.exit("mixed: --hits, --misses and --rounds at least 1, hits + misses at most 8")
     with scratch_tier("bench-mixed", args.tier_size) as (tier, env):
@@ -138,7 +138,8 @@ def report(args, out):
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                       "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "args": vars(args),
+                       "machine": machine(args.load_before),
+                       "args": {k: v for k, v in vars(args).items() if k != "load_before"},
                        "rows": rows, "hits_agree": agree, "hits_found_all": ok_cached}, f, indent=1)
         print(f"wrote {args.out}")
     if not (agree and ok_cached):
