@@ -377,7 +377,9 @@ def measure_tp(args, cli, env, name, cfg, sizes, tp, forks):
         for backend in args.backends.split(","):
             rows += measure(backend, name, cfg, sizes, args.repeat, tenv, tp, forks)
     finally:
-        subprocess.run([cli, "destroy", "-force", tier], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        gone = subprocess.run([cli, "destroy", "-force", tier], capture_output=True, text=True)
+        if gone.returncode:  # a tier left behind holds its size in RAM: say so
+            print(f"bench/pd: could not remove {tier}: {gone.stderr.strip()}", file=sys.stderr)
     return rows
 
 
