@@ -50,7 +50,6 @@ import datetime
 import json
 import os
 import platform
-import signal
 import socket
 import statistics
 import subprocess
@@ -61,7 +60,9 @@ import uuid
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "bench"))
+sys.path.insert(0, os.path.join(REPO, "python", "tests_sglang"))
 
+import forkserver  # noqa: E402
 from pybuild import build  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
@@ -143,28 +144,13 @@ class Forks:
         self.proc.wait(timeout=60)
 
 
-class Forked:
+class Forked(forkserver.Forked):
     """A forked worker, used as a subprocess.Popen with pipes is: stdin,
-    stdout, stderr.read(), wait, kill (its exit status comes from the file
-    the fork server writes)."""
+    stdout, stderr.read(), wait, kill."""
 
     def __init__(self, pid, rc, stdin, stdout, err):
-        self.pid, self.rc, self.stdin, self.stdout, self.stderr = pid, rc, stdin, stdout, _Spooled(err)
-
-    def wait(self, timeout=None):
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not os.path.exists(self.rc):
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
-            time.sleep(0.02)
-        with open(self.rc) as f:
-            return int(f.read())
-
-    def kill(self):
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        super().__init__(pid, rc, f"worker {pid}")
+        self.stdin, self.stdout, self.stderr = stdin, stdout, _Spooled(err)
 
 
 class _Spooled:

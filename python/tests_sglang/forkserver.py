@@ -117,18 +117,17 @@ class Client:
         self.proc.wait(timeout=60)
 
 
-class Worker:
-    """A forked worker, asked as a subprocess.Popen is: poll, wait,
-    communicate, send_signal, and its stdout and stderr (files it writes)
-    read as they grow."""
+class Forked:
+    """A forked worker's pid and exit status, the latter from the file its
+    server writes when it ends: poll, wait, send_signal and kill, as a
+    subprocess.Popen has them."""
 
-    def __init__(self, pid, req, tag):
-        self.pid, self.req, self.tag, self.returncode = pid, req, tag, None
-        self.stdout, self.stderr = _Tail(req["out"]), _Tail(req["err"])
+    def __init__(self, pid, rc, name):
+        self.pid, self.rc, self.name, self.returncode = pid, rc, name, None
 
     def poll(self):
-        if self.returncode is None and os.path.exists(self.req["rc"]):
-            with open(self.req["rc"]) as f:
+        if self.returncode is None and os.path.exists(self.rc):
+            with open(self.rc) as f:
                 self.returncode = int(f.read())
         return self.returncode
 
@@ -136,17 +135,33 @@ class Worker:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(self.tag, timeout)
+                raise subprocess.TimeoutExpired(self.name, timeout)
             time.sleep(0.02)
         return self.returncode
+
+    def send_signal(self, sig):
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass  # ended since: the server writes its status
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+
+class Worker(Forked):
+    """A worker of serve_lines: a Forked whose stdout and stderr (files it
+    writes) are read as they grow, or whole by communicate."""
+
+    def __init__(self, pid, req, tag):
+        super().__init__(pid, req["rc"], tag)
+        self.req = req
+        self.stdout, self.stderr = _Tail(req["out"]), _Tail(req["err"])
 
     def communicate(self, timeout=None):
         self.wait(timeout)
         return tuple(open(self.req[k]).read() for k in ("out", "err"))
-
-    def send_signal(self, sig):
-        if self.poll() is None:
-            os.kill(self.pid, sig)
 
 
 class _Tail:
