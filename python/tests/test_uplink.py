@@ -65,6 +65,25 @@ def test_keys_file(tmp_path):
 SHARED_GID = 54321  # no account's: a child is made a member by its credentials alone
 
 
+def _enterable_dir():
+    """A directory whose every ancestor other users may enter, so that the
+    kernel, not the path to it, decides whether they reach a socket there:
+    $TMPDIR when it is so (pytest's tmp_path and a suite's private TMPDIR,
+    made 0700, are not), else /tmp or /dev/shm."""
+    def enterable(d):
+        d = os.path.abspath(d)
+        while True:
+            if not os.stat(d).st_mode & 0o001:
+                return False
+            if d == os.path.dirname(d):
+                return True
+            d = os.path.dirname(d)
+    for d in (tempfile.gettempdir(), "/tmp", "/dev/shm"):
+        if os.path.isdir(d) and enterable(d):
+            return d
+    pytest.skip("no temporary directory that other users may enter")
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another user")
 @pytest.mark.parametrize("named,peer_gid,trusted", [
     (True, SHARED_GID, True),     # a non-root server of the shared group
@@ -77,8 +96,7 @@ def test_the_shared_group_reaches_the_uplink(monkeypatch, named, peer_gid, trust
     peer of that group; where no group is named, as before, only root and
     its own user."""
     monkeypatch.setenv("CXLTIER_SHARED_GROUP", str(SHARED_GID) if named else "")
-    # not under pytest's tmp_path, whose parents other users may not enter
-    where = tempfile.mkdtemp(prefix="cxltier-shared-")
+    where = tempfile.mkdtemp(prefix="cxltier-shared-", dir=_enterable_dir())
     os.chmod(where, 0o755)
     path = os.path.join(where, "uplink.sock")
     sock, lock = up._bind_socket(path)
