@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"strings"
 	"testing"
 
@@ -104,4 +105,76 @@ func testBlockChecksums(t *testing.T, f *fixture, chunkBytes int64, nchunks, nbl
 	if _, err := f.e.GatherBlocks(b); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("%d checksums for %d blocks: %v, want ErrBadRequest", nblocks+1, nblocks, err)
 	}
+}
+
+// TestChecksumsContinueAcrossQueuedCalls is a layer-wise load's pattern:
+// each call moves one layer (a chunk of every block) and continues the
+// same checksum words, and each is queued before the one before it is
+// waited for. Whatever order the handles are waited in, or if only the
+// last is (more calls than an engine has stages), every block's checksum
+// is that of its layers in order.
+func TestChecksumsContinueAcrossQueuedCalls(t *testing.T) {
+	forEachEngine(t, func(t *testing.T, e Engine) {
+		const layers, nblocks = 7, 5
+		// Not a multiple of the kernel's slices; on the CPU engine, calls
+		// large enough to be split between goroutines, so that they queue.
+		chunkBytes := int64(10496)
+		if !strings.HasPrefix(e.Name(), "ptxsim") {
+			chunkBytes = 128<<10 + 48
+		}
+		f := newFixture(t, e, 11, int(chunkBytes)*layers*nblocks)
+		blockBytes := chunkBytes * layers
+		bufs := make([]Buffer, layers)
+		for l := range bufs {
+			buf, err := e.Alloc(nblocks * chunkBytes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer buf.Free()
+			bufs[l] = buf
+		}
+		layer := func(l int, crcs []uint32) Blocks {
+			b := Blocks{ChunkBytes: chunkBytes, Chunks: []Span{{Buf: bufs[l]}}, CRCs: crcs,
+				Tier: make([]Addr, nblocks), Pages: make([]int64, nblocks)}
+			for i := range nblocks {
+				b.Tier[i] = At(f.ids[0], int64(i)*blockBytes+int64(l)*chunkBytes)
+				b.Pages[i] = int64(i)
+			}
+			return b
+		}
+		for _, order := range []string{"in order", "reversed", "last only"} {
+			t.Run(order, func(t *testing.T) {
+				seeds := make([]uint32, nblocks)
+				for i := range seeds {
+					seeds[i] = f.rng.Uint32()
+				}
+				crcs := slices.Clone(seeds)
+				hs := make([]Handle, layers)
+				for l := range layers {
+					h, err := e.GatherBlocks(layer(l, crcs))
+					if err != nil {
+						t.Fatal(err)
+					}
+					hs[l] = h
+				}
+				switch order {
+				case "reversed":
+					slices.Reverse(hs)
+				case "last only":
+					hs = hs[layers-1:]
+				}
+				for _, h := range hs {
+					if err := h.Wait(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				for i := range nblocks {
+					want := crc32.Update(seeds[i], crccopy.Table, f.bytesAt(At(f.ids[0], int64(i)*blockBytes), blockBytes))
+					if crcs[i] != want {
+						t.Fatalf("block %d: checksum %#x, want %#x", i, crcs[i], want)
+					}
+				}
+			})
+		}
+	})
 }

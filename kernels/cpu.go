@@ -180,7 +180,7 @@ func (e *CPU) rows(r Rows, toTier bool) (Handle, error) {
 	n, buf := r.RowBytes, hb.b
 	check := func() error { return e.ranges.checkRows(&r) }
 	detach := func() { r.Tier, r.Slots = slices.Clone(r.Tier), slices.Clone(r.Slots) }
-	return e.submit(len(r.Tier), n, check, detach, nil, func(mem *[MaxRanges][]byte, lo, hi int) {
+	return e.submit(len(r.Tier), n, check, detach, nil, nil, func(mem *[MaxRanges][]byte, lo, hi int) {
 		// Runs of rows in one range go to rowgather a run at a time: its
 		// vector copy keeps many rows' misses in flight where a memmove per
 		// row kept about four.
@@ -218,12 +218,16 @@ func (e *CPU) blocks(b Blocks, toTier bool) (Handle, error) {
 	nc := len(chunks)
 	detach := func() { tier, pages = slices.Clone(tier), slices.Clone(pages) }
 	var sums *chunkSums
-	var finish func()
+	var begin, finish func()
 	if b.CRCs != nil {
-		sums = newChunkSums(b.CRCs, nc)
+		sums = newChunkSums(len(b.CRCs), nc)
+		// The seeds are read when the copy starts, after the calls queued
+		// before it joined theirs: a layer's call continues the layer
+		// before's checksums however early it was queued.
+		begin = func() { sums.seeds = slices.Clone(b.CRCs) }
 		finish = func() { sums.join(b.CRCs, b.ChunkBytes) }
 	}
-	return e.submit(len(tier)*nc, b.ChunkBytes, check, detach, finish, func(mem *[MaxRanges][]byte, lo, hi int) {
+	return e.submit(len(tier)*nc, b.ChunkBytes, check, detach, begin, finish, func(mem *[MaxRanges][]byte, lo, hi int) {
 		n, stride := b.ChunkBytes, b.PageStride // set by check
 		var crc uint32
 		for r := lo; r < hi; r++ {
@@ -254,14 +258,14 @@ func (e *CPU) blocks(b Blocks, toTier bool) (Handle, error) {
 // order once all are done.
 type chunkSums struct {
 	nc     int
-	seeds  []uint32 // what precedes each block, as the call found it
+	seeds  []uint32 // what precedes each block, as the copy found it
 	run    []uint32 // at a run's last row: the run's checksum
 	begins []bool   // a run starts here in the middle of its block
 }
 
-func newChunkSums(seeds []uint32, nc int) *chunkSums {
-	rows := len(seeds) * nc
-	return &chunkSums{nc: nc, seeds: slices.Clone(seeds), run: make([]uint32, rows), begins: make([]bool, rows)}
+func newChunkSums(blocks, nc int) *chunkSums {
+	rows := blocks * nc
+	return &chunkSums{nc: nc, run: make([]uint32, rows), begins: make([]bool, rows)}
 }
 
 // start is the checksum row r continues: its block's seed at the block's
@@ -314,12 +318,13 @@ const parallelBytes = 256 << 10
 
 // submit checks a call under the engine lock (so no Unregister comes
 // between the check and the copy's snapshot of the ranges) and queues a
-// copy of rows rows of rowBytes each behind the calls before it, then
-// finish (if any) once every row is copied. A call with nothing ahead of
+// copy of rows rows of rowBytes each behind the calls before it: begin
+// (if any) when the calls before are done, then the copy, then finish (if
+// any) once every row is copied. A call with nothing ahead of
 // it and too small to split runs at once on the caller's goroutine; only
 // a call that is queued runs detach first, to stop sharing the caller's
 // index slices.
-func (e *CPU) submit(rows int, rowBytes int64, check func() error, detach, finish func(), copyRows func(mem *[MaxRanges][]byte, lo, hi int)) (Handle, error) {
+func (e *CPU) submit(rows int, rowBytes int64, check func() error, detach, begin, finish func(), copyRows func(mem *[MaxRanges][]byte, lo, hi int)) (Handle, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -331,6 +336,9 @@ func (e *CPU) submit(rows int, rowBytes int64, check func() error, detach, finis
 	mem := e.mem // a copy: Register may change the table while this runs
 	parts := int(min(int64(e.workers), int64(rows)*rowBytes/parallelBytes))
 	run := func() {
+		if begin != nil {
+			begin()
+		}
 		if parts <= 1 {
 			copyRows(&mem, 0, rows)
 		} else {

@@ -39,6 +39,7 @@ type CUDA struct {
 	mem       [MaxRanges][]byte    // registered memory, to unregister
 	stages    [4]stage             // index staging, reused round robin
 	modules   map[string]cu.Module // loaded by Launch.Function, by module name
+	later     laterQueue           // ReadLater's thens, run once their Runs are done
 	next      int
 	closed    bool
 }
@@ -52,6 +53,7 @@ type stage struct {
 	dev     cu.DevicePtr
 	ev      cu.Event
 	used    bool
+	seq     uint64 // the engine's later.seq when ev was recorded
 }
 
 // NewCUDA starts a CUDA engine on opts.Device's primary context.
@@ -371,8 +373,12 @@ func (e *CUDA) stage(words int) (*stage, error) {
 	e.next = (e.next + 1) % len(e.stages)
 	if s.used {
 		if err := s.ev.Synchronize(); err != nil {
+			e.later.dropUpTo(s.seq)
 			return nil, fmt.Errorf("kernels: earlier call failed: %w", err)
 		}
+		// The stage's host memory may hold a ReadLater's bytes: hand them
+		// on before anything overwrites them.
+		e.later.runUpTo(s.seq)
 		s.used = false
 	}
 	if err := s.ensure(words * 8); err != nil {
@@ -452,6 +458,7 @@ func (e *CUDA) Close() error {
 // release frees whatever start and later calls acquired. Called with the
 // context current.
 func (e *CUDA) release() {
+	e.later.drop()
 	for id, mem := range e.mem {
 		if mem != nil {
 			hostUnregister(mem)
@@ -488,23 +495,34 @@ func (e *CUDA) release() {
 }
 
 type cudaHandle struct {
-	e  *CUDA
-	ev cu.Event
+	e   *CUDA
+	ev  cu.Event
+	seq uint64 // the engine's later.seq at the Run's end
 }
 
 // Wait implements Handle. A stage's event may have been recorded again by
 // a later call; waiting for that one also covers this call (same stream).
+// Then the ReadLater thens of this Run and those before it run, in order.
 func (h *cudaHandle) Wait() error {
-	// Only the closed flag needs the lock: event sync takes no context.
+	// Only the closed flag and the thens need the lock: event sync takes
+	// no context, and other calls may queue work meanwhile.
 	h.e.mu.Lock()
 	closed := h.e.closed
 	h.e.mu.Unlock()
 	if closed {
 		return ErrClosed
 	}
-	if err := h.ev.Synchronize(); err != nil {
+	err := h.ev.Synchronize()
+	h.e.mu.Lock()
+	defer h.e.mu.Unlock()
+	switch {
+	case h.e.closed:
+		return ErrClosed
+	case err != nil:
+		h.e.later.dropUpTo(h.seq)
 		return fmt.Errorf("kernels: %s: %w", h.e.Name(), err)
 	}
+	h.e.later.runUpTo(h.seq)
 	return nil
 }
 

@@ -35,16 +35,27 @@ func (e *CUDA) Run(f func(Launch) error) (Handle, error) {
 		return nil, fmt.Errorf("kernels: record event: %w", err)
 	}
 	s.used = true
+	if ferr == nil && l.then != nil {
+		// The read's bytes land in the stage's host memory, at the offset
+		// they have on the device: valid until the stage is reused, which
+		// runs this then first (stage).
+		then, lo, hi := l.then, l.readOff, l.readOff+l.readLen
+		e.later.add(func() { then(s.host[lo:hi]) })
+	}
+	s.seq = e.later.seq
 	if ferr != nil {
 		return nil, ferr
 	}
-	return &cudaHandle{e: e, ev: s.ev}, nil
+	return &cudaHandle{e: e, ev: s.ev, seq: e.later.seq}, nil
 }
 
 // cudaLaunch is the Launch of one Run; e is nil once Run returned.
 type cudaLaunch struct {
-	e     *CUDA
-	stage *stage
+	e       *CUDA
+	stage   *stage
+	then    func([]byte) // ReadLater's
+	readOff int          // where its bytes are in the stage
+	readLen int
 }
 
 func (l *cudaLaunch) live() (*CUDA, error) {
@@ -199,6 +210,29 @@ func (l *cudaLaunch) Sync() error {
 		return err
 	}
 	return e.stream.Synchronize()
+}
+
+// ReadLater implements Launch: the copy goes into the stage's page-locked
+// host memory behind the kernels on the stream, so nothing waits here.
+func (l *cudaLaunch) ReadLater(src uint64, n int, then func([]byte)) error {
+	e, err := l.live()
+	if err != nil {
+		return err
+	}
+	var dev uint64
+	size := 0
+	if l.stage != nil {
+		dev, size = uint64(l.stage.dev), len(l.stage.host)
+	}
+	if err := laterArgs(l.then != nil, dev, size, src, n, then); err != nil {
+		return err
+	}
+	off := int(src - dev)
+	if err := cu.MemcpyDtoHAsync(unsafe.Pointer(&l.stage.host[off]), cu.DevicePtr(src), int64(n), e.stream); err != nil {
+		return fmt.Errorf("kernels: read %d bytes later: %w", n, err)
+	}
+	l.then, l.readOff, l.readLen = then, off, n
+	return nil
 }
 
 func (l *cudaLaunch) Read(dst []byte, src uint64) error {

@@ -95,7 +95,10 @@ type Blocks struct {
 	// call moved, in the tier's order — those read from the tier by a
 	// gather, those written to it by a scatter. No engine reads the bytes
 	// a second time for it. The caller must not touch CRCs until Wait
-	// returns.
+	// returns. CRCs is read only after the calls queued before this one
+	// on the engine are done, so a call may continue the checksums of
+	// the one queued just before it on the same slice (a layer-wise load
+	// queues layer i+1 before it waits for layer i).
 	CRCs []uint32
 }
 

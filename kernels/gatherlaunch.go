@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"encoding/binary"
 	"fmt"
 	"unsafe"
 )
@@ -80,9 +81,11 @@ func runBlocks(e Launcher, ranges *rangeTable, fns blockKernels, b *Blocks, chun
 	})
 }
 
-// launchBlocksCRC runs cxl_blocks_crc for b inside a Run, waits for it,
-// and joins every block's chunk registers onto b.CRCs. The caller has
-// checked b.
+// launchBlocksCRC queues cxl_blocks_crc for b inside a Run, and the read
+// of its chunk registers, which are joined onto b.CRCs when the Run's
+// Handle is waited for: the next Run can be queued before this one ends
+// (a layer-wise load queues layer i+1 before it waits for layer i). The
+// caller has checked b.
 func launchBlocksCRC(l Launch, fn Function, b *Blocks, chunks []uint64, toTier uint64, shifts *shiftCache) error {
 	n, nc := len(b.Tier), len(chunks)
 	if n == 0 {
@@ -104,11 +107,17 @@ func launchBlocksCRC(l Launch, fn Function, b *Blocks, chunks []uint64, toTier u
 		uint64(n), uint64(nc), uint64(b.ChunkBytes), uint64(b.PageStride), uint64(lanes), toTier, out, constsDev); err != nil {
 		return err
 	}
-	raw := make([]uint32, rows)
-	if err := l.Read(AsBytes(raw), out); err != nil {
+	crcs, shift := b.CRCs, shifts.get(b.ChunkBytes)
+	err = l.ReadLater(out, 4*rows, func(raw []byte) {
+		regs := make([]uint32, rows)
+		for r := range regs {
+			regs[r] = binary.LittleEndian.Uint32(raw[4*r:])
+		}
+		joinChunks(crcs, regs, nc, shift)
+	})
+	if err != nil {
 		return fmt.Errorf("kernels: read %d chunk checksums: %w", rows, err)
 	}
-	joinChunks(b.CRCs, raw, nc, shifts.get(b.ChunkBytes))
 	return nil
 }
 

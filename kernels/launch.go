@@ -77,6 +77,16 @@ type Launch interface {
 	Sync() error
 	// Read copies device memory at src to dst and waits for it.
 	Read(dst []byte, src uint64) error
+	// ReadLater is Read without the wait: it queues a copy of n bytes of
+	// device memory at src, which must lie in this Run's Stage, back to
+	// the host, and hands them to then once the Run's kernels are done —
+	// when its Handle is waited for, or earlier, before the engine reuses
+	// the stage. So a caller can queue the next Run while the device
+	// still works on this one. Thens run one at a time, in the order of
+	// their Runs (a Wait runs those of earlier Runs first), on the
+	// waiting goroutine with the engine's lock held, and never after the
+	// Run's work failed; then must not keep the slice. Once per Run.
+	ReadLater(src uint64, n int, then func([]byte)) error
 }
 
 // Mapped is page-locked host memory that kernels reach over the bus.

@@ -30,6 +30,7 @@ type Sim struct {
 	fnBlocks blockKernels
 	shifts   shiftCache
 	launches uint64
+	later    laterQueue // ReadLater's thens, run when their Runs are waited for
 	closed   bool
 }
 
@@ -277,10 +278,12 @@ func (e *Sim) Close() error {
 	defer leave()
 	e.closed = true
 	e.space = nil
+	e.later.drop()
 	return nil
 }
 
-// Run implements Launcher. Kernels run when queued, so the Handle is done.
+// Run implements Launcher. Kernels run when queued, so the Handle is done
+// but for ReadLater's thens, which wait for it as on a device.
 func (e *Sim) Run(f func(Launch) error) (Handle, error) {
 	leave, err := e.enter()
 	if err != nil {
@@ -292,7 +295,32 @@ func (e *Sim) Run(f func(Launch) error) (Handle, error) {
 	if err := f(l); err != nil {
 		return nil, err
 	}
-	return doneHandle(), nil
+	if l.then != nil {
+		then, data := l.then, l.read
+		e.later.add(func() { then(data) })
+	}
+	if len(e.later.pending) == 0 {
+		return doneHandle(), nil
+	}
+	return &simHandle{e: e, seq: e.later.seq}, nil
+}
+
+// simHandle is a Run whose ReadLater thens (or an earlier Run's) have not
+// run yet.
+type simHandle struct {
+	e   *Sim
+	seq uint64
+}
+
+// Wait implements Handle.
+func (h *simHandle) Wait() error {
+	leave, err := h.e.enter()
+	if err != nil {
+		return err
+	}
+	defer leave()
+	h.e.later.runUpTo(h.seq)
+	return nil
 }
 
 // Mapped implements Launcher.
@@ -325,8 +353,11 @@ func (e *Sim) Mapped(n int) (*Mapped, error) {
 
 // simLaunch is the Launch of one Run; e is nil once Run returned.
 type simLaunch struct {
-	e     *Sim
-	stage uint64 // the Run's staged words, unmapped when it ends
+	e      *Sim
+	stage  uint64 // the Run's staged words, unmapped when it ends
+	nstage int    // their length in bytes
+	then   func([]byte)
+	read   []byte // what ReadLater copied for then
 }
 
 func (l *simLaunch) live() (*Sim, error) {
@@ -456,6 +487,7 @@ func (l *simLaunch) Stage(words []uint64) (uint64, error) {
 	if l.stage, err = e.space.Map(mem); err != nil {
 		return 0, err
 	}
+	l.nstage = len(mem)
 	return l.stage, nil
 }
 
@@ -500,6 +532,24 @@ func (l *simLaunch) Kernel(f Function, blocks, threads, shared int, params ...ui
 func (l *simLaunch) Sync() error {
 	_, err := l.live()
 	return err
+}
+
+// ReadLater implements Launch. The kernels queued so far have run, so the
+// bytes are copied now; then gets them when the Run is waited for.
+func (l *simLaunch) ReadLater(src uint64, n int, then func([]byte)) error {
+	e, err := l.live()
+	if err != nil {
+		return err
+	}
+	if err := laterArgs(l.then != nil, l.stage, l.nstage, src, n, then); err != nil {
+		return err
+	}
+	b, err := e.space.Bytes(src, n)
+	if err != nil {
+		return fmt.Errorf("%w: read later: %v", ErrBadRequest, err)
+	}
+	l.then, l.read = then, append([]byte(nil), b...)
+	return nil
 }
 
 func (l *simLaunch) Read(dst []byte, src uint64) error {

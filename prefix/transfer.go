@@ -269,6 +269,12 @@ func wait(h kernels.Handle, err error) error {
 // layer: a damaged entry fails the load
 // (its caller must not use what landed) and is dropped, so later lookups
 // miss it. A LayerLoad is for one goroutine at a time.
+//
+// Layer(i) queues layer i+1's gather before it waits for layer i's, so
+// the engine never idles between layers while the caller works on layer
+// i (on a GPU, the wait and the checksum read back between two layers
+// cost as much as a tenth of the layer's copy). So the pages' destination
+// belongs to the load until Close, which waits for a gather queued ahead.
 type LayerLoad struct {
 	m        *Mover
 	l        Layout
@@ -276,9 +282,10 @@ type LayerLoad struct {
 	hits     []Hit
 	pages    []int64
 	crcs     []uint32
-	macs     []hash.Hash // a keyed index's signatures, a layer at a time
-	next     int         // the layer the next call must copy
-	err      error       // the first failure; every later call reports it
+	macs     []hash.Hash    // a keyed index's signatures, a layer at a time
+	next     int            // the layer the next call must copy
+	ahead    kernels.Handle // layer next's gather, queued by the call before; nil if none
+	err      error          // the first failure; every later call reports it
 	released bool
 }
 
@@ -352,9 +359,19 @@ func (ld *LayerLoad) Layer(i int) error {
 	if i != ld.next || i >= layers || ld.released {
 		return fmt.Errorf("prefix: %q: layer %d of a %d-layer load whose next is %d: %w", ld.m.s.name, i, layers, ld.next, ErrBadConfig)
 	}
-	ld.err = ld.copyLayer(i)
-	if ld.err != nil {
-		ld.release() // a failed load goes no further: its pins go now, not at Close
+	h := ld.ahead
+	ld.ahead = nil
+	if h == nil {
+		if h, ld.err = ld.queueLayer(i); ld.err != nil {
+			ld.fail()
+			return ld.err
+		}
+	}
+	if i+1 < layers {
+		ld.queueAhead(i + 1)
+	}
+	if ld.err = ld.landLayer(i, h); ld.err != nil {
+		ld.fail()
 		return ld.err
 	}
 	ld.next++
@@ -364,8 +381,17 @@ func (ld *LayerLoad) Layer(i int) error {
 	return ld.err
 }
 
-func (ld *LayerLoad) copyLayer(i int) error {
-	s := ld.m.s
+// fail ends a failed load: it goes no further, so its pins go now, not at
+// Close, once no gather queued ahead still reads the pinned entries.
+func (ld *LayerLoad) fail() {
+	ld.waitAhead()
+	ld.release()
+}
+
+// queueLayer queues the gather of layer i of every page, continuing the
+// checksums of the layers before it (the engine reads them once the
+// gathers queued before are done).
+func (ld *LayerLoad) queueLayer(i int) (kernels.Handle, error) {
 	span := int64(ld.perLayer) * ld.l.ChunkBytes
 	lo := int64(i) * span
 	b := kernels.Blocks{ChunkBytes: ld.l.ChunkBytes, Chunks: ld.l.Chunks[i*ld.perLayer : (i+1)*ld.perLayer],
@@ -376,11 +402,54 @@ func (ld *LayerLoad) copyLayer(i int) error {
 	for j, h := range ld.hits {
 		a, err := ld.m.fresh(h.Offset+tier.Offset(lo), span)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		b.Tier[j] = a
 	}
-	if err := wait(ld.m.eng.GatherBlocks(b)); err != nil {
+	h, err := ld.m.eng.GatherBlocks(b)
+	if err != nil {
+		return nil, fmt.Errorf("prefix: %q: gather layer %d of %d pages: %w", ld.m.s.name, i, len(ld.hits), err)
+	}
+	return h, nil
+}
+
+// queueAhead queues layer i's gather for the next call to wait for. The
+// gather reads the tier after this call returns, so it holds the client
+// (a Close waits for it, not for the next call) until it is done; if the
+// client is closing, or the queueing fails, the next call queues the
+// layer itself and meets the error there.
+func (ld *LayerLoad) queueAhead(i int) {
+	held, err := ld.m.s.hold("load ahead")
+	if err != nil {
+		return
+	}
+	h, err := ld.queueLayer(i)
+	if err != nil {
+		held.Done()
+		return
+	}
+	ld.ahead = h
+	go func() {
+		_ = h.Wait() // its outcome is the next call's, which waits again
+		held.Done()
+	}()
+}
+
+// waitAhead waits for a gather queued ahead, whose outcome no longer
+// matters: the load failed or closed.
+func (ld *LayerLoad) waitAhead() {
+	if ld.ahead != nil {
+		_ = ld.ahead.Wait()
+		ld.ahead = nil
+	}
+}
+
+// landLayer waits for layer i's gather, then signs what landed for a keyed
+// index.
+func (ld *LayerLoad) landLayer(i int, gather kernels.Handle) error {
+	s := ld.m.s
+	span := int64(ld.perLayer) * ld.l.ChunkBytes
+	if err := gather.Wait(); err != nil {
 		return fmt.Errorf("prefix: %q: gather layer %d of %d pages: %w", s.name, i, len(ld.hits), err)
 	}
 	if ld.macs != nil {
@@ -432,9 +501,11 @@ func (ld *LayerLoad) release() {
 	}
 }
 
-// Close releases the pins. It reports the load's failure, or that it
-// stopped before its last layer (what landed is then incomplete).
+// Close releases the pins, once a gather queued ahead is done. It reports
+// the load's failure, or that it stopped before its last layer (what
+// landed is then incomplete).
 func (ld *LayerLoad) Close() error {
+	ld.waitAhead()
 	ld.release()
 	if ld.err != nil {
 		return ld.err

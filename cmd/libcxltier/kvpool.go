@@ -292,7 +292,9 @@ func (p *kvPool) startLoad(ks []prefix.Key, pg []int64) (uint64, error) {
 }
 
 // cxl_kvpool_load_layer copies layer `layer` of every page of the load
-// (layers in order from 0) and returns once it has landed. After the last
+// (layers in order from 0) and returns once it has landed; the next
+// layer's copy is queued before the wait, so the load's pages are written
+// until cxl_kvpool_load_close, which waits for it. After the last
 // layer the pages' checksums are compared: CXL_ECHECKSUM means a page was
 // damaged (its entry is dropped) and what landed must not be used.
 //

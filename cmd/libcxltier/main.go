@@ -99,8 +99,8 @@
 //	cxl_kvpool_close(pool)                      also closes its loads
 //	cxl_kvpool_store(pool, keys, n, pages, statuses)   pages[i] under keys[i], one scatter launch
 //	cxl_kvpool_load_start(pool, keys, n, pages, &load)   pins every entry, or CXL_ENOTFOUND
-//	cxl_kvpool_load_layer(load, layer)          layers in order; after the last, CXL_ECHECKSUM if a page was damaged
-//	cxl_kvpool_load_close(load)                 releases the pins; CXL_EINVAL if it stopped before its last layer
+//	cxl_kvpool_load_layer(load, layer)          layers in order (the next one's copy queued ahead); after the last, CXL_ECHECKSUM if a page was damaged
+//	cxl_kvpool_load_close(load)                 waits for a copy queued ahead, releases the pins; CXL_EINVAL if it stopped before its last layer
 //
 // GPU memory passed with where = 1 belongs to the engine's device and is
 // read and written in order on its stream (cuda_stream at open).

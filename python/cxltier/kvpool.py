@@ -63,7 +63,10 @@ class KVLoad:
     """A started load: layer(i) for i = 0, 1, ... copies one layer of every
     page and returns once it landed; after the last layer the pages'
     checksums are compared (ChecksumError: do not use what landed).
-    close() releases the pins."""
+    layer(i) queues layer i+1's copy before it waits for layer i's, so the
+    copies run back to back while the caller works on layer i: the pages
+    belong to the load until close(), which waits for a copy queued ahead
+    and releases the pins."""
 
     def __init__(self, pool, h):
         self._pool, self._h = pool, h
