@@ -27,22 +27,20 @@ func (q *laterQueue) add(run func()) uint64 {
 
 // runUpTo runs, in order, the thens of every Run up to seq: a wait for a
 // Run's end covers every Run queued before it on the same stream.
-func (q *laterQueue) runUpTo(seq uint64) {
-	n := 0
-	for n < len(q.pending) && q.pending[n].seq <= seq {
-		q.pending[n].run()
-		q.pending[n] = laterThen{}
-		n++
-	}
-	q.pending = q.pending[n:]
-}
+func (q *laterQueue) runUpTo(seq uint64) { q.take(seq, true) }
 
 // dropUpTo forgets the thens up to seq unrun: their Runs' work failed, so
 // what they would hand on cannot be trusted (a caller's checksums stay
 // unjoined and fail their check).
-func (q *laterQueue) dropUpTo(seq uint64) {
+func (q *laterQueue) dropUpTo(seq uint64) { q.take(seq, false) }
+
+// take removes the thens up to seq, running them first if run.
+func (q *laterQueue) take(seq uint64, run bool) {
 	n := 0
 	for n < len(q.pending) && q.pending[n].seq <= seq {
+		if run {
+			q.pending[n].run()
+		}
 		q.pending[n] = laterThen{}
 		n++
 	}
