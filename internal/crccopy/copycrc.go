@@ -23,26 +23,87 @@ import (
 // checksum, so a payload is read from memory once, not twice.
 const copyPiece = 64 << 10
 
-// fusedSegs are the bytes each of the fused kernel's three chains covers
-// per call, largest first, with x^(8·seg) and x^(16·seg) mod the
-// Castagnoli polynomial (TestShiftConstants recomputes them): multiplying
-// a CRC register by them appends that many zero bytes. The chains'
-// registers are joined with two multiplications per call, so longer
-// segments spread that cost thinner; the shorter ones serve blocks below
-// 96 KiB (a 64 KiB page: 48 KiB in 16 KiB segments, then 12 KiB in 4 KiB
-// ones) and the tails of longer ones.
-var fusedSegs = [...]struct {
-	seg           int
-	shift, shift2 uint32
-}{
-	{32 << 10, 0xe2ea32dc, 0xfe7740e6},
-	{16 << 10, 0xbf455269, 0xe2ea32dc},
-	{8 << 10, 0x28461564, 0xbf455269},
-	{4 << 10, 0x35d73a62, 0x28461564},
+// fusedSeg is the longest segment each of the fused kernel's three chains
+// covers per call. The chains' registers are joined with two
+// multiplications per call, so long segments spread that cost thin.
+const fusedSeg = 32 << 10
+
+// segStep is the kernel's round: a segment is a multiple of it.
+const segStep = 64
+
+// minFusedSeg is the shortest segment worth a call: below it the two
+// multiplications that join the chains cost more than the pass saves.
+const minFusedSeg = 1 << 10
+
+// segShift holds, for a segment of seg bytes, x^(8·seg) and x^(16·seg)
+// modulo the Castagnoli polynomial: multiplying a CRC register by them
+// appends that many zero bytes.
+type segShift struct{ shift, shift2 uint32 }
+
+// segShifts[k] is the segShift of a segment of k·segStep bytes, for every
+// segment the kernel is called with (TestShiftConstants recomputes them).
+// Segments fit the payload (a third of it, to the round below) instead of
+// falling through fixed sizes: a 32 KiB chunk (16 tokens of an MHA layer,
+// a vLLM block) is one call of 10,880-byte segments and a 128-byte rest,
+// where 8 KiB segments left a quarter of it to the portable path, which
+// took 1.8 times as long a byte.
+var segShifts = makeSegShifts()
+
+func makeSegShifts() *[fusedSeg/segStep + 1]segShift {
+	var t [fusedSeg/segStep + 1]segShift
+	step := xPow8n(segStep)
+	f := uint32(1) << 31 // x^0
+	for k := range t {
+		t[k] = segShift{f, multModP(f, f)}
+		f = multModP(f, step)
+	}
+	return &t
 }
 
-// fusedSeg is the longest segment (copyCRC's tests size their inputs by it).
-const fusedSeg = 32 << 10
+// fitTries is how many segments, a round apart, a fitted call tries
+// before it takes one of whole pages (see fusedSegFor).
+const fitTries = 16
+
+// fusedSegFor is the segment the fused kernel covers next of n bytes left,
+// its destination d bytes past its source's offset within a page
+// (aliasDistance): the longest, or about a third of what is left; 0 when
+// too little is left for a call. The kernel stores each segment's round
+// while it loads the others', so segment B's stores sit seg bytes (and
+// C's 2·seg) from A's loads: a segment that is not a multiple of a page
+// puts those within the 4K-aliasing window where d alone was not (a
+// 18 KiB MLA chunk fitted to 6 KiB segments ran at a quarter of its speed
+// at some offsets), so a fitted segment is one a round shorter, up to
+// fitTries times, or one of whole pages, that puts every pair of segments
+// outside the window or at d.
+func fusedSegFor(n int, d uintptr) int {
+	if n >= 3*fusedSeg {
+		return fusedSeg // a multiple of a page: every pair at d
+	}
+	base := n / 3 &^ (segStep - 1)
+	for seg := base; seg >= minFusedSeg && seg > base-fitTries*segStep; seg -= segStep {
+		if apartFromAliasing(seg, d) {
+			return seg
+		}
+	}
+	if seg := base &^ 4095; seg >= minFusedSeg {
+		return seg
+	}
+	return 0
+}
+
+// apartFromAliasing is whether the kernel's segments, seg bytes apart, put
+// every store of one segment at d from the source's offset or outside the
+// aliasing window from the loads of another (the distances d ± seg and
+// d ± 2·seg within a page).
+func apartFromAliasing(seg int, d uintptr) bool {
+	for _, m := range [...]int{-2, -1, 1, 2} {
+		x := (int(d) + m*seg) & 4095
+		if x != int(d) && x < aliasWindow {
+			return false
+		}
+	}
+	return true
+}
 
 // copyCRC copies src into dst (at least as long) and returns crc, the
 // CRC-32C of what came before, updated with the bytes copied.
@@ -52,16 +113,17 @@ func copyCRC(crc uint32, dst, src []byte) uint32 {
 }
 
 // copyCRCWith is copyCRC through kernel (nil: the portable path); dst is
-// exactly as long as src.
+// exactly as long as src. Each call advances by a multiple of the round,
+// so dst keeps the alignment and the page offset the kernel was chosen by.
 func copyCRCWith(kernel fused, crc uint32, dst, src []byte) uint32 {
-	if kernel != nil && len(src) >= 3*fusedSegs[len(fusedSegs)-1].seg {
+	d := aliasDistance(dst, src)
+	if kernel != nil && fusedSegFor(len(src), d) > 0 {
 		r := ^crc
-		for _, f := range fusedSegs {
-			for len(src) >= 3*f.seg {
-				ra, rb, rc := kernel(&dst[0], &src[0], f.seg, r)
-				r = multModP(ra, f.shift2) ^ multModP(rb, f.shift) ^ rc
-				dst, src = dst[3*f.seg:], src[3*f.seg:]
-			}
+		for seg := fusedSegFor(len(src), d); seg > 0; seg = fusedSegFor(len(src), d) {
+			f := segShifts[seg/segStep]
+			ra, rb, rc := kernel(&dst[0], &src[0], seg, r)
+			r = multModP(ra, f.shift2) ^ multModP(rb, f.shift) ^ rc
+			dst, src = dst[3*seg:], src[3*seg:]
 		}
 		crc = ^r
 	}

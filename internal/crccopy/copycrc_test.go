@@ -10,12 +10,13 @@ import (
 )
 
 func TestShiftConstants(t *testing.T) {
-	for _, f := range fusedSegs {
-		if got := xPow8n(uint64(f.seg)); got != f.shift {
-			t.Errorf("x^(8·%d) = %#x, the constant says %#x", f.seg, got, f.shift)
+	for k, f := range segShifts {
+		seg := uint64(k * segStep)
+		if got := xPow8n(seg); got != f.shift {
+			t.Errorf("x^(8·%d) = %#x, the table says %#x", seg, got, f.shift)
 		}
-		if got := xPow8n(uint64(2 * f.seg)); got != f.shift2 {
-			t.Errorf("x^(16·%d) = %#x, the constant says %#x", f.seg, got, f.shift2)
+		if got := xPow8n(2 * seg); got != f.shift2 {
+			t.Errorf("x^(16·%d) = %#x, the table says %#x", seg, got, f.shift2)
 		}
 	}
 	// Appending zeros through the shift agrees with the table CRC.
@@ -40,7 +41,8 @@ func TestCopyCRC(t *testing.T) {
 	for i := range src {
 		src[i] = byte(rng.Uint32())
 	}
-	for _, n := range []int{0, 1, 63, 12<<10 - 1, 12 << 10, 64 << 10, round - 1, round, round + 1, round + 64,
+	for _, n := range []int{0, 1, 63, 3*minFusedSeg - 1, 3 * minFusedSeg, 3*minFusedSeg + 191, 12<<10 - 1, 12 << 10,
+		16 << 10, 32 << 10, 32<<10 + 64, 64 << 10, round - 1, round, round + 1, round + 64, round + 3*minFusedSeg + 5,
 		2*round + 4095, 3*round + 200} {
 		for _, shift := range []int{0, 16, 48, 3} {
 			for _, start := range []uint32{0, 0xdeadbeef} {
@@ -49,7 +51,7 @@ func TestCopyCRC(t *testing.T) {
 					dst := buf[shift : shift+n]
 					got := copyCRC(start, dst, src[:n])
 					if want := crc32.Update(start, Table, src[:n]); got != want {
-						t.Errorf("crc %#x, want %#x (fused path: %v)", got, want, n >= 12<<10 && fusedKernel(dst, src[:n]) != nil)
+						t.Errorf("crc %#x, want %#x (fused path: %v)", got, want, fusedSegFor(n, aliasDistance(dst, src[:n])) > 0 && fusedKernel(dst, src[:n]) != nil)
 					}
 					if !bytes.Equal(dst, src[:n]) {
 						t.Error("the copy differs from the source")
@@ -97,7 +99,7 @@ func TestCopyCRCByPageOffset(t *testing.T) {
 // one). Sources and destinations rotate through 64 MiB so that memory, not
 // a cache, is measured.
 func BenchmarkCopyCRC(b *testing.B) {
-	for _, size := range []int{2 << 20, 64 << 10} {
+	for _, size := range []int{2 << 20, 64 << 10, 32 << 10, 16 << 10} {
 		n := max(32, (64<<20)/size)
 		src, dst := make([][]byte, n), make([][]byte, n)
 		for i := range src {
@@ -138,4 +140,51 @@ func pageAligned(size, off int) []byte {
 	buf := make([]byte, size+off+4096)
 	skip := (4096 - int(uintptr(unsafe.Pointer(&buf[0]))%4096)) % 4096
 	return buf[skip+off : skip+off+size]
+}
+
+// fusedSegFor never asks for more than is left, keeps the segments of a
+// call clear of 4K aliasing between them, and leaves the portable path
+// less than the shortest call or, after a call fitted to what was left,
+// less than the rounds a fit may give up: every length up to two full
+// calls, at every destination offset the kernels are chosen by, walked as
+// copyCRCWith walks it.
+func TestFusedSegForCoversThePayload(t *testing.T) {
+	for d := uintptr(0); d < 4096; d += 16 {
+		for n := 0; n <= 6*fusedSeg+3*segStep; n += 61 {
+			left, last := n, 0
+			for seg := fusedSegFor(left, d); seg > 0; seg = fusedSegFor(left, d) {
+				if seg%segStep != 0 || seg > fusedSeg || 3*seg > left {
+					t.Fatalf("d %d, n %d: a segment of %d with %d left", d, n, seg, left)
+				}
+				if !apartFromAliasing(seg, d) {
+					t.Fatalf("d %d, n %d: segments of %d alias each other", d, n, seg)
+				}
+				left -= 3 * seg
+				last = seg
+			}
+			if left >= 3*(minFusedSeg+fitTries*segStep) {
+				t.Fatalf("d %d, n %d: %d bytes left to the portable path", d, n, left)
+			}
+			if last > 0 && last < fusedSeg && last%4096 != 0 && left >= 3*fitTries*segStep {
+				t.Fatalf("d %d, n %d: %d bytes left after a fitted call of %d", d, n, left, last)
+			}
+		}
+	}
+}
+
+// apartFromAliasing: segments a page apart alias as their destination
+// does, so they are apart; 6 KiB segments, two pages apart in pairs, put
+// a store 64 bytes past a load where d is 2112 (the MLA chunk measured at
+// a quarter of its speed); behind the source is apart.
+func TestApartFromAliasing(t *testing.T) {
+	for _, tc := range []struct {
+		seg  int
+		d    uintptr
+		want bool
+	}{{4096, 0, true}, {8192, 16, true}, {6144, 2112, false}, {6144, 2048, false}, {6144, 1024, true},
+		{6144, 2048 + aliasWindow, true}, {10880, 0, true}, {10880 - 64, 0, true}} {
+		if got := apartFromAliasing(tc.seg, tc.d); got != tc.want {
+			t.Errorf("seg %d, d %d: %v, want %v", tc.seg, tc.d, got, tc.want)
+		}
+	}
 }
