@@ -17,8 +17,13 @@ type CPU struct {
 	ranges  rangeTable
 	workers int
 
-	mu     sync.Mutex
-	mem    [MaxRanges][]byte
+	mu sync.Mutex
+	// mem is the registered memory by range id. It is replaced, never
+	// changed in place, when a range comes or goes, so a call keeps the
+	// table it was checked against by pointer: copying the table (6 KiB)
+	// into every call was most of what a layer's gather allocated, and
+	// the heap's churn cost page faults in the copies.
+	mem    *[MaxRanges][]byte
 	tail   *cpuHandle // last call queued: the next one runs after it
 	closed bool
 }
@@ -29,7 +34,7 @@ func NewCPU(workers int) *CPU {
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
-	return &CPU{workers: workers, tail: doneHandle()}
+	return &CPU{workers: workers, mem: new([MaxRanges][]byte), tail: doneHandle()}
 }
 
 // Name implements Engine.
@@ -47,7 +52,7 @@ func (e *CPU) Register(mem []byte) (RangeID, error) {
 	if err != nil {
 		return 0, err
 	}
-	e.mem[id] = mem
+	e.setRange(id, mem)
 	return id, nil
 }
 
@@ -60,10 +65,18 @@ func (e *CPU) Unregister(id RangeID) error {
 		e.mu.Unlock()
 		return err
 	}
-	e.mem[id] = nil
+	e.setRange(id, nil)
 	tail := e.tail
 	e.mu.Unlock()
 	return tail.Wait()
+}
+
+// setRange replaces the range table with one whose range id is mem.
+// Called with the engine lock held.
+func (e *CPU) setRange(id RangeID, mem []byte) {
+	t := *e.mem
+	t[id] = mem
+	e.mem = &t
 }
 
 // CheckSpan reports whether n bytes at a lie in a registered range (for
@@ -333,18 +346,18 @@ func (e *CPU) submit(rows int, rowBytes int64, check func() error, detach, begin
 	if err := check(); err != nil {
 		return nil, err
 	}
-	mem := e.mem // a copy: Register may change the table while this runs
+	mem := e.mem // the table as checked: Register replaces it, never changes it
 	parts := int(min(int64(e.workers), int64(rows)*rowBytes/parallelBytes))
 	run := func() {
 		if begin != nil {
 			begin()
 		}
 		if parts <= 1 {
-			copyRows(&mem, 0, rows)
+			copyRows(mem, 0, rows)
 		} else {
 			var wg sync.WaitGroup
 			for p := range parts {
-				wg.Go(func() { copyRows(&mem, rows*p/parts, rows*(p+1)/parts) })
+				wg.Go(func() { copyRows(mem, rows*p/parts, rows*(p+1)/parts) })
 			}
 			wg.Wait()
 		}
@@ -386,10 +399,10 @@ func (e *CPU) Close() error {
 	e.closed = true
 	for id := range e.mem {
 		if e.mem[id] != nil {
-			e.mem[id] = nil
 			e.ranges.release(RangeID(id))
 		}
 	}
+	e.mem = new([MaxRanges][]byte)
 	return nil
 }
 
