@@ -179,6 +179,24 @@ func (m *Mover) Put(keys []Key, l Layout, pages []int64) ([]Status, error) {
 // first page whose checksum fails (its entry is dropped, and the error is
 // ErrChecksum); pages past n may have been written all the same.
 func (m *Mover) Get(keys []Key, l Layout, pages []int64) (int, error) {
+	return m.get(keys, l, pages, false)
+}
+
+// GetAll is Get of every key or none: a key that is not ready (never
+// stored, or evicted since the caller looked) fails it with ErrNotFound
+// before anything is copied, as a transfer that must land a request's
+// every page wants (a prefill-to-decode landing). Each page moves whole,
+// with the batch's one launch: a load with no model to overlap needs no
+// layer at a time, and one pass over each block reads the tier in order.
+func (m *Mover) GetAll(keys []Key, l Layout, pages []int64) error {
+	n, err := m.get(keys, l, pages, true)
+	if err == nil && n < len(keys) {
+		err = fmt.Errorf("prefix: %q: %d of %d pages landed: %w", m.s.name, n, len(keys), ErrNotFound)
+	}
+	return err
+}
+
+func (m *Mover) get(keys []Key, l Layout, pages []int64, all bool) (int, error) {
 	held, herr := m.s.hold("get")
 	if herr != nil {
 		return 0, herr
@@ -192,6 +210,9 @@ func (m *Mover) Get(keys []Key, l Layout, pages []int64) (int, error) {
 		return 0, err
 	}
 	defer func() { m.s.Release(hits) }()
+	if all && len(hits) < len(keys) {
+		return 0, fmt.Errorf("prefix: %q: get of %d pages: page %d (%v): %w", m.s.name, len(keys), len(hits), keys[len(hits)], ErrNotFound)
+	}
 	b := kernels.Blocks{ChunkBytes: l.ChunkBytes, Chunks: l.Chunks, PageStride: l.PageStride}
 	verify := m.verifying()
 	if verify {

@@ -213,6 +213,64 @@ func TestLayerLoad(t *testing.T) {
 	mustCheck(t, s)
 }
 
+// TestGetAll lands every page whole or none: a batch with a key that is
+// not there fails before anything is copied, with no pin kept; a damaged
+// page fails it with ErrChecksum and is dropped, the others stay.
+func TestGetAll(t *testing.T) {
+	const layers, pages, chunk = 3, 8, 256
+	r, c := testTier(t, 1)
+	s := testStore(t, c, 16, 2*layers*chunk)
+	eng := kernels.NewCPU(2)
+	defer eng.Close()
+	l, raw := layeredPool(t, eng, layers, pages, chunk)
+	m, err := NewMover(s, eng, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	keys := []Key{keyN(1), keyN(2)}
+	if _, err := m.Put(keys, l, []int64{0, 1}); err != nil {
+		t.Fatal(err)
+	}
+	page := func(buf int, p int64) []byte { return raw[buf][p*chunk : (p+1)*chunk] }
+	if err := m.GetAll(keys, l, []int64{5, 6}); err != nil {
+		t.Fatal(err)
+	}
+	for buf := range 2 * layers {
+		if !bytes.Equal(page(buf, 5), page(buf, 0)) || !bytes.Equal(page(buf, 6), page(buf, 1)) {
+			t.Fatalf("buffer %d: the pages did not land", buf)
+		}
+	}
+	before := bytes.Clone(page(0, 7))
+	if err := m.GetAll([]Key{keys[0], keyN(9)}, l, []int64{7, 4}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a batch with a missing page: %v", err)
+	}
+	if !bytes.Equal(page(0, 7), before) {
+		t.Fatal("a batch with a missing page copied some")
+	}
+	if held := s.Stats().PinsHeld; held != 0 {
+		t.Fatalf("%d pins held after a refused get", held)
+	}
+	hits, _ := s.Lookup(keys[1:])
+	s.Release(hits)
+	at := hits[0].Offset + tier.Offset(chunk+5)
+	var b [1]byte
+	if err := r.ReadAt(b[:], at); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0x02
+	if err := r.WriteAt(b[:], at); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.GetAll(keys, l, []int64{2, 3}); !errors.Is(err, ErrChecksum) {
+		t.Fatalf("a batch with a damaged page: %v", err)
+	}
+	if n := s.Exists(keys); n != 1 {
+		t.Fatalf("%d of the batch still there; want the first (the damaged second dropped)", n)
+	}
+	mustCheck(t, s)
+}
+
 // TestReapedMoverDoesNotScatter: a client reaped between Put's reserve and
 // its scatter (stalled past the lease timeout) writes nothing into the
 // blocks, which may be another's by then. The linker's write path (Put)

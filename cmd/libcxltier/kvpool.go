@@ -246,6 +246,31 @@ func cxl_kvpool_store(h C.uint64_t, keys *C.uint8_t, n C.int64_t, pages *C.int64
 	return report(err, errbuf, errlen)
 }
 
+// cxl_kvpool_get lands the entries of keys in pages[i], all of them or
+// none (CXL_ENOTFOUND when one is not in the index, before anything is
+// copied), each page whole, with one gather launch for the batch: a load
+// with no model to overlap layer by layer (a prefill's pages landing in a
+// decode). The pages' checksums are compared as they land: CXL_ECHECKSUM
+// means a page was damaged (its entry is dropped) and what landed must
+// not be used.
+//
+//export cxl_kvpool_get
+func cxl_kvpool_get(h C.uint64_t, keys *C.uint8_t, n C.int64_t, pages *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_kvpool_get", errbuf, errlen, &code)
+	err := func() error {
+		p, ks, pg, done, err := poolPages(h, keys, n, pages)
+		defer done.Done()
+		if err != nil {
+			return err
+		}
+		if len(ks) == 0 {
+			return fmt.Errorf("kv pool get: %w: %d keys", errBadArg, n)
+		}
+		return p.whileOpen(func() error { return p.mover.GetAll(ks, p.layout, pg) })
+	}()
+	return report(err, errbuf, errlen)
+}
+
 // cxl_kvpool_load_start pins the entries of keys, all of them or none
 // (CXL_ENOTFOUND when one is gone), to land in pages[i]; the load then
 // goes a layer at a time (cxl_kvpool_load_layer) and is closed with

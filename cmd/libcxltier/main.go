@@ -98,6 +98,7 @@
 //	                 chunk_bytes at p*page_stride in each; an entry is a page's chunks in order
 //	cxl_kvpool_close(pool)                      also closes its loads
 //	cxl_kvpool_store(pool, keys, n, pages, statuses)   pages[i] under keys[i], one scatter launch
+//	cxl_kvpool_get(pool, keys, n, pages)        every page whole into pages[i], one gather launch, or CXL_ENOTFOUND; CXL_ECHECKSUM if a page was damaged
 //	cxl_kvpool_load_start(pool, keys, n, pages, &load)   pins every entry, or CXL_ENOTFOUND
 //	cxl_kvpool_load_layer(load, layer)          layers in order (the next one's copy queued ahead); after the last, CXL_ECHECKSUM if a page was damaged
 //	cxl_kvpool_load_close(load)                 waits for a copy queued ahead, releases the pins; CXL_EINVAL if it stopped before its last layer
@@ -126,7 +127,7 @@ package main
 import "C"
 
 // abiVersion changes whenever a call's meaning or signature does.
-const abiVersion = 17
+const abiVersion = 18
 
 //export cxl_abi_version
 func cxl_abi_version() C.int { return abiVersion }

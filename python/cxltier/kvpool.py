@@ -47,6 +47,17 @@ class KVPool(_native.Child):
         _native.call("cxl_kvpool_store", self.handle, block.array, n, (ctypes.c_int64 * max(n, 1))(*pages), st)
         return [_STATUS[st[i]] for i in range(n)]
 
+    def get(self, block, pages):
+        """Lands every entry of block in pages, each page whole, with one
+        launch (a load with no model to overlap a layer at a time: a
+        prefill's pages landing in a decode). All or none: NotFoundError
+        before anything is copied when one is gone; ChecksumError when a
+        page was damaged (its entry is dropped; do not use what landed)."""
+        n = block.n
+        if len(pages) != n:
+            raise ValueError(f"cxltier: {n} keys but {len(pages)} pages")
+        _native.call("cxl_kvpool_get", self.handle, block.array, n, (ctypes.c_int64 * max(n, 1))(*pages))
+
     def load(self, block, pages):
         """Pins every entry of block to land in pages (NotFoundError when
         one is gone): a KVLoad, to copy a layer at a time."""

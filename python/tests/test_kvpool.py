@@ -62,6 +62,40 @@ def test_store_then_load_layer_by_layer(index):
     pool.close()
 
 
+def test_get_lands_whole_pages_all_or_none(index):
+    """get lands every page whole with one call, or none: a batch with a
+    key that is not there copies nothing; a damaged page fails it and is
+    dropped, and the other pages of the batch stay served."""
+    bufs = buffers()
+    pool = pool_on(index, bufs)
+    assert pool.store(keys("a", "b"), [0, 1]) == ["stored", "stored"]
+    pool.get(keys("a", "b"), [5, 6])
+    assert all(page(buf, 5) == page(buf, 0) and page(buf, 6) == page(buf, 1) for buf in bufs)
+    before = [page(buf, 7) for buf in bufs]
+    with pytest.raises(cxltier.NotFoundError):
+        pool.get(keys("a", "missing"), [7, 4])
+    assert [page(buf, 7) for buf in bufs] == before  # nothing copied
+    with pytest.raises(ValueError):
+        pool.get(keys("a"), [1, 2])
+    pool.close()
+
+
+def test_get_of_a_damaged_page_fails_and_drops_it(index, device):
+    bufs = buffers()
+    pool = pool_on(index, bufs)
+    pool.store(keys("a", "b"), [2, 3])
+    needle = page(bufs[1], 3)
+    with open("/dev/shm/" + device.split(":", 1)[1], "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        at = m.find(needle)
+        assert at >= 0
+        m[at + 5] ^= 0x10
+    with pytest.raises(cxltier.ChecksumError):
+        pool.get(keys("a", "b"), [4, 5])
+    assert index.exists_block(keys("a", "b")) == 1  # b dropped, a kept
+    pool.get(keys("a"), [6])
+    pool.close()
+
+
 def test_refusals(index):
     bufs = buffers()
     with pytest.raises(ValueError):

@@ -452,8 +452,7 @@ class CxlTierKVManager(BaseKVManager):
         """Lands, of each page of block (a prefill rank's, of chunk-byte
         chunks), the share (offset, length) of every token's row in pages of
         this pool: each batch into a staging copy first, checked against
-        its checksums after its last layer, and only then its rows' share
-        copied into the pool. NotFoundError when an entry is gone."""
+        its checksums, and only then its rows' share copied into the pool. NotFoundError when an entry is gone."""
         import torch
 
         pool, staged = self._staging_for(chunk)
@@ -462,12 +461,7 @@ class CxlTierKVManager(BaseKVManager):
         offset, length = share
         for at in range(0, len(pages), cap):
             part = pages[at : at + cap]
-            load = pool.load(_slice(block, at, len(part)), list(range(len(part))))
-            try:
-                for layer in range(pool.layers):
-                    load.layer(layer)  # the last one compares the checksums: nothing below runs on a bad page
-            finally:
-                load.close()
+            pool.get(_slice(block, at, len(part)), list(range(len(part))))  # checked: nothing below runs on a bad page
             index = torch.tensor(part, dtype=torch.long, device=mine[0].device)
             for src, dst in zip(staged, mine):
                 rows = src[: len(part) * chunk].view(len(part), self.page_size, chunk // self.page_size)
@@ -1258,20 +1252,15 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
         self._conclude(KVPoll.Failed, str(e))
 
     def _land(self, block, pages):
-        """Reads the pages of block into pages, a layer at a time; checked
-        against their checksums after the last layer (ChecksumError).
-        NotFoundError when one is not in the tier."""
+        """Reads the pages of block into pages, each whole, checked against
+        their checksums (ChecksumError). NotFoundError when one is not in
+        the tier."""
         mgr = self.kv_mgr
         _, chunk, share = self.source
         if share is not None:  # a share of a prefill rank's heads
             mgr.land_share(block, pages, chunk, share)
         else:
-            load = mgr.pool.load(block, pages)
-            try:
-                for layer in range(mgr.pool.layers):
-                    load.layer(layer)
-            finally:
-                load.close()
+            mgr.pool.get(block, pages)  # whole pages, one launch: nothing computes between layers here
         self.bytes += len(pages) * mgr.page_bytes
 
     def _read_aux(self, n):
