@@ -3,7 +3,7 @@ process, through the tier (cxltier's transfer backend) against SGLang's own
 mooncake backend over loopback TCP (SGLang's mooncake_tcp), in one run.
 
     python bench/pd/bench.py [--layouts mha,mla] [--tokens 1536,3072,6144]
-                             [--tp 1,2,2:1] [--repeat 3] [--tier-size 8GiB] [--out FILE] [--no-fork]
+                             [--tp 1,2,2:1] [--repeat 3] [--tier-size 8GiB] [--tier-dir DIR] [--out FILE] [--no-fork]
 
 Each backend runs as a prefill and a decode of TP ranks each, one OS
 process per rank (bench/pd/worker.py), forked by a server that imported
@@ -16,9 +16,9 @@ mooncake side also runs SGLang's bootstrap server (HTTP), its process
 groups (gloo, one group per side across its ranks) and Mooncake's transfer
 engine with MC_FORCE_TCP=1. At TP 2 an MHA rank holds half the KV heads
 and an MLA rank the whole latent, as in serving. "P:D" runs a prefill of
-TP P and a decode of TP D: for MHA, D a multiple of P (each decode rank
-holds a share of its prefill rank's heads; the tier's backend does not
-join the heads of several prefill ranks into one decode rank's).
+TP P and a decode of TP D, one dividing the other: an MHA decode rank
+holds a share of its prefill rank's heads, or the heads of several prefill
+ranks together.
 
   first       a prompt neither side has seen: the prefill's pages go to the
               decode (through the tier: written to it, then read from it)
@@ -92,6 +92,19 @@ def parse_tp(text):
     if min(tp) < 1 or max(tp) % min(tp):
         raise SystemExit(f"--tp {text!r}: sizes of at least 1, one dividing the other")
     return tp
+
+
+def mount_of(path):
+    """The filesystem holding path, as /proc/mounts says it (type and
+    options: a tmpfs's huge= decides the tier's page size)."""
+    path, best = os.path.realpath(path), None
+    with open("/proc/mounts") as f:
+        for line in f:
+            dev, at, kind, opts = line.split()[:4]
+            at = at.replace("\\040", " ")
+            if (path == at or path.startswith(at.rstrip("/") + "/")) and (best is None or len(at) > len(best["at"])):
+                best = {"at": at, "type": kind, "options": opts}
+    return best
 
 
 def free_port():
@@ -258,12 +271,7 @@ def measure(backend, name, cfg, sizes, repeat, env, tp, forks):
                     if any(x.get("state") != "success" for x in prs + drs):
                         said = [{k: v for k, v in x.items() if k in ("state", "reason", "room")} for x in prs + drs]
                         raise RuntimeError(f"{backend} {name} {tokens} TP {name_tp}: prefill ranks then decode ranks: {said}")
-                    # An MHA decode rank holds its share of the heads of prefill
-                    # rank j // k (k = decode TP / prefill TP; all of them at one
-                    # TP size); an MLA rank the latent every prefill rank holds.
-                    k = max(1, tp[1] // tp[0])
-                    sources = ([prs[j // k]["shares"][j % k] for j in range(len(drs))] if cfg["kind"] == "mha"
-                               else [prs[0]["sum"]] * len(drs))
+                    sources = expected_sums(cfg["kind"], tp, prs, len(drs))
                     if any(want != d["sum"] or d["first_token"] != 4242 for want, d in zip(sources, drs)):
                         raise RuntimeError(f"{backend} {name} {tokens} TP {name_tp}: the decode's pages are not the prefill's")
                     # The transfer starts at the first rank's send, or earlier where
@@ -283,6 +291,26 @@ def measure(backend, name, cfg, sizes, repeat, env, tp, forks):
     return rows
 
 
+def expected_sums(kind, tp, prs, decode_ranks):
+    """What each decode rank's pages must sum to: an MLA rank's, the latent
+    every prefill rank holds; an MHA rank's, its share of the heads of
+    prefill rank j // k (a decode of k times the prefill's TP size; all of
+    them at one size), or of a decode k times smaller the heads of prefill
+    ranks j*k .. j*k+k-1 together (a byte sum adds up over heads: the
+    bench's 8 heads are never replicated)."""
+    if kind != "mha":
+        return [prs[0]["sum"]] * decode_ranks
+    if tp[1] >= tp[0]:
+        k = tp[1] // tp[0]
+        return [prs[j // k]["shares"][j % k] for j in range(decode_ranks)]
+    k = tp[0] // tp[1]
+    out = []
+    for j in range(decode_ranks):
+        parts = [prs[j * k + q]["sum"] for q in range(k)]
+        out.append([[sum(x) for x in zip(*pages)] for pages in zip(*parts)])
+    return out
+
+
 def decode_cpu_since(dr, began):
     """The decode's CPU seconds from began (the transfer's start) to its
     Success: its clock samples (taken before each poll) give the CPU it had
@@ -299,8 +327,10 @@ def main():
     ap.add_argument("--layers", type=int, default=0, help="override the layouts' layer counts (small runs)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tp", default="1", help="tensor-parallel sizes: N both sides, P:D a prefill of P and a decode of D "
-                    "(for MHA, D a multiple of P), e.g. 1,2,1:2,2:1")
+                    "(one dividing the other), e.g. 1,2,1:2,2:1")
     ap.add_argument("--tier-size", default="8GiB")
+    ap.add_argument("--tier-dir", default="", help="make each tier a file in this directory instead of /dev/shm (e.g. a "
+                    "tmpfs mounted huge=always: a tier on huge pages; /dev/shm's are 4 KiB unless mounted so)")
     ap.add_argument("--backends", default="mooncake,cxltier", help="mooncake alone is the baseline of every ratio")
     ap.add_argument("--out", default="")
     ap.add_argument("--no-fork", action="store_true", help="start each worker anew instead of forking it from a server "
@@ -326,7 +356,8 @@ def main():
         with open(args.out, "w") as f:
             json.dump({"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-                       "args": vars(args), "rows": rows, "ratios": ratios(rows)}, f, indent=1)
+                       "tier_fs": mount_of(args.tier_dir or "/dev/shm"), "args": vars(args), "rows": rows,
+                       "ratios": ratios(rows)}, f, indent=1)
         print(f"wrote {args.out}")
 
 
@@ -340,10 +371,6 @@ def run_all(args, cli, env, sizes, tps, forks):
         pages = -(-max(sizes) // cfg["page_size"])
         cfg["pool_tokens"] = 2 * (pages + 1) * cfg["page_size"]
         for tp in tps:
-            if tp[0] > tp[1] and name == "mha":
-                print(f"  mha TP {tp_name(tp)}: skipped (an MHA decode rank takes its heads from one prefill rank)",
-                      flush=True)
-                continue
             rows += measure_tp(args, cli, env, name, cfg, sizes, tp, forks)
     return rows
 
@@ -352,7 +379,8 @@ def measure_tp(args, cli, env, name, cfg, sizes, tp, forks):
     """Both backends at one TP pair, over a tier of its own whose index has
     blocks of a prefill rank's page (an MHA rank's holds 1/TP of the heads;
     an index made for the whole page would leave most of each block empty)."""
-    tier = f"shm:cxltier-pd-bench-{uuid.uuid4().hex[:10]}"
+    file = f"cxltier-pd-bench-{uuid.uuid4().hex[:10]}"
+    tier = f"file:{os.path.join(args.tier_dir, file)}" if args.tier_dir else f"shm:{file}"
     subprocess.check_call([cli, "format", "-device", tier, "-size", args.tier_size, "-chunk", "1MiB"],
                           stdout=subprocess.DEVNULL)
     page_bytes = cfg["page_size"] * cfg["bytes_per_token"] // (tp[0] if cfg["kind"] == "mha" else 1)

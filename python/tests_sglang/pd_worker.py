@@ -31,7 +31,8 @@ a worker started with ROLE and JSON would).
 
 JSON: the job (kind, tokens, room, seed, pages; tp_rank and tp_size for a
 rank of a TP group, heads for an MHA rank's KV heads, shares for the
-digests of a prefill page's heads in that many shares, delay for a slow
+digests of a page's heads in that many shares (a prefill's, of a larger
+decode; a decode's, of a larger prefill), delay for a slow
 rank, barrier for a directory where the prefill ranks of a group wait for
 each other after their bootstrap as SGLang's all-reduce of their states
 makes them, poll_after for a decode that polls late, model for the model
@@ -205,6 +206,8 @@ def decode(job, pool, meta, mgr):
     out = {"role": "decode", "state": {KVPoll.Success: "success", KVPoll.Failed: "failed", None: "timeout"}.get(st, str(st)),
            "reason": receiver.reason, "digests": [page_digest(pool, p) for p in pages],
            "first_token": int(meta.output_ids[aux_index][0]), "streamed": getattr(receiver, "streamed", None)}
+    shares = job.get("shares", 1)  # a decode rank of a smaller TP size holds several prefill ranks' heads
+    out["shares"] = [[page_digest(pool, p, k, shares) for p in pages] for k in range(shares)]
     return out
 
 

@@ -477,23 +477,31 @@ def test_tensor_parallel_ranks_with_one_slow(built, device, kind, tp):
         assert len({tuple(p["digests"]) for p in prefills}) == tp
 
 
-def ranks(built, device, tmp_path, kind, tokens, room, prefill_tp, decode_tp, pkw=None, dkw=None, **kw):
+def ranks(built, device, tmp_path, kind, tokens, room, prefill_tp, decode_tp, pkw=None, dkw=None, prefill_seeds=False,
+          dextra=None, between=None, **kw):
     """A prefill of prefill_tp ranks and a decode of decode_tp ranks, a
     process a rank, all started at once, the prefill's ranks going on past
     their bootstrap together (as SGLang's all-reduce of their states makes
-    them), pkw and dkw in the jobs of the prefill's and the decode's ranks:
-    (prefills' results, decodes')."""
+    them), pkw and dkw in the jobs of the prefill's and the decode's ranks
+    (prefill_seeds: each prefill rank's KV of its own seed, as an MHA
+    rank's heads are its own; dextra: the decode ranks' environment;
+    between: run once every process started, before their results are
+    read): (prefills' results, decodes')."""
     slow = {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "120"}
     barrier = tmp_path / f"barrier-{room}"
     barrier.mkdir()
     procs = []
     for rank in range(prefill_tp):
         extra = {"tp_rank": rank, "tp_size": prefill_tp, "limit": 90, "bootstrap_limit": 90, "barrier": str(barrier)}
-        procs.append(start(built, device, "prefill", job(kind, tokens, room, **extra, **kw, **(pkw or {})), slow))
+        if prefill_seeds:
+            extra["seed"] = 7 + rank
+        procs.append(start(built, device, "prefill", job(kind, tokens, room, **{**kw, **(pkw or {}), **extra}), slow))
     for rank in range(decode_tp):
         extra = {"tp_rank": rank, "tp_size": decode_tp, "limit": 90, "bootstrap_limit": 90}
         procs.append(start(built, device, "decode", job(kind, tokens, room, first_slot_page=20, **extra, **kw, **(dkw or {})),
-                           slow))
+                           dict(slow, **(dextra or {}))))
+    if between is not None:
+        between()
     got = [result(p, 300) for p in procs]
     return got[:prefill_tp], got[prefill_tp:]
 
@@ -541,20 +549,50 @@ def test_mha_to_a_decode_of_a_larger_tp_size(built, device, tmp_path, prefill_he
     assert rooms_in_flight(device) == 0
 
 
-def test_an_mha_decode_of_another_tp_size_is_refused_saying_so(built, device, tmp_path):
-    """An MHA page holds one rank's heads, and a decode rank of a smaller
-    TP size than the prefill's holds those of several prefill ranks: a TP 1
-    decode of a TP 2 prefill fails at once, the prefill rank that serves it
-    and the decode naming both sizes, instead of waiting out a timeout or
-    landing half the heads. (Prefill rank 1 fails too: by the same reason when it finds the
-    decode's room, else at its bootstrap timeout; in SGLang the all-reduce
-    of the ranks' states fails it with rank 0.)"""
+@pytest.mark.parametrize("prefill_tp,prefill_heads,decode_heads", [(2, 1, 2), (2, 1, 1), (4, 1, 2)])
+def test_mha_to_a_decode_of_a_smaller_tp_size(built, device, tmp_path, prefill_tp, prefill_heads, decode_heads):
+    """A decode rank of a smaller TP size holds the heads of several
+    prefill ranks (SGLang shards heads by rank, as its mooncake backend
+    joins them): each of those prefill ranks serves it its heads as a part
+    of its rows, through a room of its own, and the decode rank lands each
+    part in its place, K and V of every layer, the partial last page too.
+    TP 2 to 1 with a head each, TP 2 to 1 with one head replicated on both
+    prefill ranks, TP 4 to 2 (this backend refused every smaller MHA decode).
+    Each prefill rank's pages are its own (seeds of their own)."""
     index_for(built, device, "mha")
-    tokens = list(range(9600, 9600 + 2 * PAGE))
-    prefills, decodes = ranks(built, device, tmp_path, "mha", tokens, 96, 2, 1)
-    for r in prefills[:1] + decodes:
-        assert r["state"] == "failed" and "TP 1" in r["reason"] and "TP 2" in r["reason"], r
-    assert prefills[1]["state"] == "failed", prefills[1]
+    tokens = list(range(9600, 9600 + 3 * PAGE + 2))
+    decode_tp = 1 if prefill_tp == 2 else 2
+    k = prefill_tp // decode_tp
+    shares = decode_heads // prefill_heads  # prefill ranks' rows in a decode rank's (k / shares of them alike)
+    prefills, decodes = ranks(built, device, tmp_path, "mha", tokens, 96 + prefill_tp, prefill_tp, decode_tp,
+                              pkw={"heads": prefill_heads}, dkw={"heads": decode_heads, "shares": shares},
+                              prefill_seeds=shares > 1)
+    for r in prefills + decodes:
+        assert r["state"] == "success", [(x["role"], x["state"], x.get("reason")) for x in prefills + decodes]
+    for j, d in enumerate(decodes):
+        for q in range(k):
+            i = j * k + q
+            assert d["shares"][q // (k // shares)] == prefills[i]["digests"], (j, i)
+        assert d["first_token"] == 4242
+    if shares > 1:
+        assert decodes[0]["shares"][0] != decodes[0]["shares"][1]
+    assert all(p["written"] == 3 for p in prefills), prefills  # each rank its own three whole pages
+    assert rooms_in_flight(device) == 0
+
+
+def test_an_mha_decode_of_a_smaller_tp_size_checks_every_part(built, device, tmp_path):
+    """A damaged page of one of the prefill ranks a decode rank of a
+    smaller TP size lands from fails the request: its rows never reach the
+    pool, whichever part it is."""
+    index_for(built, device, "mha")
+    tokens = list(range(9900, 9900 + 3 * PAGE))
+    gate = tmp_path / "go"
+    prefills, decodes = ranks(built, device, tmp_path, "mha", tokens, 99, 2, 1, pkw={"heads": 1},
+                              dkw={"heads": 2, "shares": 2}, prefill_seeds=True,
+                              dextra={"CXLTIER_PD_TEST_GATE_BEFORE_LOAD": str(gate)},
+                              between=lambda: (_damage_one_page(built, device, want=6), gate.touch()))
+    assert decodes[0]["state"] == "failed" and "checksum" in decodes[0]["reason"].lower(), decodes[0]
+    assert rooms_in_flight(device) == 0
 
 
 def test_a_reused_room_serves_its_own_last_page(built, device):

@@ -30,16 +30,19 @@ Nothing crosses a network: the two find each other through a room of the
 tier's rooms table ("<index>@pd", prefix/rooms in Go), named by the
 bootstrap room and the decode's TP rank. At the same TP size rank r of the
 prefill serves rank r of the decode. The sizes may differ where one divides
-the other: a prefill rank serves decode_tp/prefill_tp decode ranks (the
-same pages, stored once, and records in each one's room; an MHA decode
-rank lands its share of their heads), or, for MLA, whose latent every rank
-holds alike, one prefill rank in prefill_tp/decode_tp serves a decode rank
-and the others stand by. A prefill rank learns the
+the other (cxltier.sglang.pdranks has the map): a prefill rank serves
+decode_tp/prefill_tp decode ranks (the same pages, stored once, and records
+in each one's room; an MHA decode rank lands its share of their heads); of
+a smaller decode, for MLA, whose latent every rank holds alike, one prefill
+rank in prefill_tp/decode_tp serves a decode rank and the others stand by,
+and for MHA each of them serves its heads as a part of the decode rank's,
+through a room of its own (the decode learns their number from the first
+one's accept and claims the others then). A prefill rank learns the
 decode's TP size from the hello it finds: the rooms of its own size and of
 the last size it served it looks at every poll, those of other sizes
 (TP_RATIOS times larger or smaller) every PROBE_EVERY (a hello names its
 size, and only the room of the size it names counts); the decode never
-needs the prefill's. The decode claims the
+needs the prefill's before its first accept. The decode claims the
 room, each side writes records of its own in it and ends it when it
 concludes, and the second side to end it frees it; nothing evicts a live
 room
@@ -70,15 +73,13 @@ host one that no longer runs, fails the request at once. A page whose
 checksum fails on the decode side fails the request (never damaged KV). The decode
 side needs no bootstrap server; SGLang's prefill starts the no-op one here.
 
-Served: MHA and MLA KV pools of one pipeline stage; MLA at any two sizes
-one of which divides the other; MHA at one TP size or with a decode of a
-multiple k of the prefill's TP size: an MHA page holds a rank's KV heads,
-prefill rank i serves decode ranks i*k .. i*k+k-1, and each lands its
-share of the heads (head_share) through a staging copy checked before any
-row of it reaches the pool. An MHA decode of a smaller TP size (a decode
-rank holding several prefill ranks' heads) is refused at its first
-request, naming both sizes. Hybrid state (SWA, Mamba, DSA's indexer) is
-refused at start, naming it.
+Served: MHA and MLA KV pools of one pipeline stage, at any two TP sizes
+one of which divides the other, as SGLang's mooncake backend serves them.
+An MHA page holds a rank's KV heads: where the sizes differ, a decode rank
+lands its heads of each prefill rank's page (a share of them, or all of
+them as a part of its own; pdranks.head_placement) through a staging copy
+checked before any row of it reaches the pool. Hybrid state (SWA, Mamba,
+DSA's indexer) is refused at start, naming it.
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ import time
 from .. import _native
 
 from . import pagekeys
+from .pdranks import (MAX_TP, DisaggError, decode_ranks_served, decode_tp_candidates, first_decode_rank, head_placement,
+                      parts_of, room_part, room_rank)
 from ..kvpool import KVPool
 from ..rooms import DECODE, PREFILL
 from ..prefix import page_keys, part_keys, string_key
@@ -124,73 +127,6 @@ PEER_EVERY = 0.25
 # How often a prefill rank, bootstrapping, looks for a decode of another TP
 # size than its own (its own it looks for at every poll).
 PROBE_EVERY = 0.02
-# The largest decode TP size a prefill rank looks for, and how much larger or
-# smaller than its own (a look is a lookup in the rooms table, made for every
-# request in bootstrap: a few sizes, not every divisor).
-MAX_TP = 64
-TP_RATIOS = (2, 3, 4, 6, 8, 16, 32, 64)
-
-
-def first_decode_rank(prefill_rank, prefill_tp, decode_tp):
-    """The decode rank whose room a prefill rank finds first: its own
-    rank's at the same TP size; of a decode of larger TP, the first of the
-    decode_tp/prefill_tp ranks it serves; of a smaller one, the rank it
-    and prefill_tp/decode_tp - 1 other prefill ranks hold the KV of."""
-    if decode_tp >= prefill_tp:
-        return prefill_rank * (decode_tp // prefill_tp)
-    return prefill_rank // (prefill_tp // decode_tp)
-
-
-def decode_tp_candidates(prefill_tp, seen, all_sizes):
-    """The decode TP sizes a prefill rank looks for a hello under: its own
-    and seen, the last one it served (the common cases, every poll), with
-    all_sizes those TP_RATIOS times larger or smaller, up to MAX_TP."""
-    p = prefill_tp
-    first = [p] if seen in (None, p) else [p, seen]
-    if not all_sizes:
-        return first
-    wider = [p * r for r in TP_RATIOS if p * r <= MAX_TP] + [p // r for r in TP_RATIOS if p % r == 0]
-    return first + [d for d in wider if d not in first]
-
-
-def decode_ranks_served(prefill_rank, prefill_tp, decode_tp):
-    """The decode ranks a prefill rank writes records for (one size
-    dividing the other): none for a rank that stands by."""
-    first = first_decode_rank(prefill_rank, prefill_tp, decode_tp)
-    if decode_tp >= prefill_tp:
-        return range(first, first + decode_tp // prefill_tp)
-    return range(first, first + 1) if prefill_rank % (prefill_tp // decode_tp) == 0 else range(0)
-
-
-class DisaggError(RuntimeError):
-    """A request's transfer through the tier failed; the message says why."""
-
-
-def head_share(prefill_chunk, decode_chunk, page_size, prefill_tp, decode_tp, decode_rank):
-    """Where an MHA decode rank's heads lie in the page of the prefill rank
-    that serves it: (offset, length) in bytes of each token's row of the
-    prefill's page, or None when the decode rank holds that page whole (the
-    same TP size, or KV heads replicated across the decode's ranks, as
-    SGLang shards them when there are fewer KV heads than ranks). A
-    prefill rank of a TP p serves decode ranks j of a TP d = k*p with j // k
-    its rank; its page holds r = prefill_chunk / decode_chunk times the
-    decode's heads (r divides k: k / r decode ranks then hold each head),
-    and rank j holds the ((j % k) * r // k)-th share of them."""
-    if prefill_chunk == decode_chunk and prefill_tp <= decode_tp:
-        return None
-    geometry = (f"a prefill rank of TP {prefill_tp} with {prefill_chunk}-byte page chunks, a decode rank of TP "
-                f"{decode_tp} with {decode_chunk}-byte ones")
-    if decode_tp < prefill_tp or decode_tp % prefill_tp:
-        raise DisaggError(f"cxltier disaggregation: {geometry}: an MHA decode rank must take its heads from one "
-                          "prefill rank (a decode TP size a multiple of the prefill's)")
-    k = decode_tp // prefill_tp
-    if decode_chunk <= 0 or prefill_chunk % decode_chunk or k % (prefill_chunk // decode_chunk) or decode_chunk % page_size:
-        raise DisaggError(f"cxltier disaggregation: {geometry}: the decode's heads are not a share of the prefill "
-                          "rank's (same model and KV dtype needed)")
-    row = decode_chunk // page_size
-    return (decode_rank % k) * (prefill_chunk // decode_chunk) // k * row, row
-
-
 def _timeout(name, default):
     try:
         from sglang.srt.environ import envs
@@ -446,26 +382,29 @@ class CxlTierKVManager(BaseKVManager):
         if self.index is not None:  # none: a decode that never learned of a prefill's pages
             self.index.delete([self.tail_keys(room, rank, nonce, mask).hex(0)])
 
-    # A decode rank's share of another rank's pages (MHA, a larger decode TP).
+    # Pages of another rank's heads (MHA between TP sizes).
 
-    def land_share(self, block, pages, chunk, share):
-        """Lands, of each page of block (a prefill rank's, of chunk-byte
-        chunks), the share (offset, length) of every token's row in pages of
-        this pool: each batch into a staging copy first, checked against
-        its checksums, and only then its rows' share copied into the pool. NotFoundError when an entry is gone."""
+    def land_share(self, block, pages, chunk, placement):
+        """Lands pages of block (a prefill rank's, of chunk-byte chunks)
+        into pages of this pool by placement, (source offset, destination
+        offset, length) of every token's row (pdranks.head_placement: a
+        share of the prefill rank's heads, or the prefill rank's heads as a
+        part of this rank's): each batch into a staging copy first,
+        checked against its checksums, and only then its rows copied into
+        the pool. NotFoundError when an entry is gone."""
         import torch
 
         pool, staged = self._staging_for(chunk)
         cap = staged[0].numel() // chunk
         mine = self._pool_buffers()
-        offset, length = share
+        src_off, dst_off, length = placement
         for at in range(0, len(pages), cap):
             part = pages[at : at + cap]
             pool.get(_slice(block, at, len(part)), list(range(len(part))))  # checked: nothing below runs on a bad page
             index = torch.tensor(part, dtype=torch.long, device=mine[0].device)
             for src, dst in zip(staged, mine):
                 rows = src[: len(part) * chunk].view(len(part), self.page_size, chunk // self.page_size)
-                dst[index] = rows[:, :, offset : offset + length].to(dst.device)
+                dst[index, :, dst_off : dst_off + length] = rows[:, :, src_off : src_off + length].to(dst.device)
 
     def _staging_for(self, chunk):
         """A staging pool for pages of chunk-byte chunks: host buffers of
@@ -499,8 +438,8 @@ class CxlTierKVManager(BaseKVManager):
             return self._views
         pool = self.kv_pool
         if pool is None or not hasattr(pool, "k_buffer"):
-            raise DisaggError("cxltier disaggregation: a decode of another TP size than the prefill's lands a share "
-                              "of each page's heads, which needs SGLang's MHA KV pool (none was handed over)")
+            raise DisaggError("cxltier disaggregation: a decode of another TP size than the prefill's lands "
+                              "its heads of each page, which needs SGLang's MHA KV pool (none was handed over)")
         out = [t for layer in range(self.layers) for t in (pool.k_buffer[layer], pool.v_buffer[layer])]
         if [t.data_ptr() for t in out] != self.buffer_ptrs:
             raise DisaggError("cxltier disaggregation: SGLang's KV pool is not the one whose buffers the KV args name")
@@ -572,13 +511,10 @@ class _Side:
         return self.handle
 
     def _rooms(self):
-        """(room handle, decode rank, nonce) of each room this side ends."""
-        return [] if self.handle is None else [(self.handle, self.kv_mgr.tp_rank, self.nonce)]
-
-    def _tail_mask(self):
-        """The mask the request's last page is keyed under: the prefill
-        rank's (None: this side's own)."""
-        return None
+        """(room handle, decode rank, nonce, the mask of its last page's key:
+        the prefill rank's, None for this side's own) of each room this
+        side ends."""
+        return []
 
     def _conclude(self, state, reason=None):
         with self._lock:
@@ -605,10 +541,10 @@ class _Side:
             self._ended = self._ended or bool(rooms)
         for k in kept:
             k.release()
-        for handle, rank, nonce in rooms:
+        for handle, rank, nonce, mask in rooms:
             if nonce is not None:
                 try:
-                    self.kv_mgr.drop_tail(self.room, rank, nonce, self._tail_mask())
+                    self.kv_mgr.drop_tail(self.room, rank, nonce, mask)
                 except _native.BusyError:
                     pass  # the prefill still keeps it: it drops it when it ends
                 except Exception:
@@ -702,10 +638,11 @@ class _Side:
 
 class _Peer:
     """A decode rank a prefill rank serves in one request: its room (the
-    decode's claim) and its hello."""
+    decode's claim), the part of its KV this rank serves (pdranks) and its
+    hello."""
 
-    def __init__(self, room, rank, handle, hello):
-        self.room, self.rank, self.handle, self.hello = room, rank, handle, hello
+    def __init__(self, room, rank, part, handle, hello):
+        self.room, self.rank, self.part, self.handle, self.hello = room, rank, part, handle, hello
         self.nonce = hello.get("nonce")
         self.acked = False
 
@@ -720,9 +657,10 @@ class CxlTierKVSender(_Side, BaseKVSender):
 
     A rank serves the decode rank of its own number at the same TP size;
     of a decode of larger TP, decode_tp/prefill_tp ranks (an MHA one lands
-    its share of the heads); of a smaller one (MLA), one rank in
+    its share of the heads); of a smaller one, for MLA one rank in
     prefill_tp/decode_tp serves the decode rank and the others stand by
-    (every MLA rank holds the same latent). A smaller MHA decode is refused."""
+    (every MLA rank holds the same latent), and for MHA each of them serves
+    its heads as a part of the decode rank's (pdranks)."""
 
     def __init__(self, mgr, bootstrap_addr, bootstrap_room, req_has_disagg_prefill_dp_rank=False):
         _Side.__init__(self, mgr, bootstrap_addr, bootstrap_room)
@@ -741,7 +679,7 @@ class CxlTierKVSender(_Side, BaseKVSender):
         self._next_probe = 0.0
 
     def _rooms(self):
-        return [(p.handle, p.rank, p.nonce) for p in self.peers]
+        return [(p.handle, p.rank, p.nonce, None) for p in self.peers]
 
     def pop_decode_prefix_len(self):
         return int((self.hello or {}).get("decode_prefix_len", 0))
@@ -899,32 +837,23 @@ class CxlTierKVSender(_Side, BaseKVSender):
                 return self._waited("bootstrap", "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", KVPoll.Bootstrapping)
             d, rank, handle, hello = found
             self.decode_tp = mgr.decode_tp_seen = d
-            first = _Peer(self.room, rank, handle, hello)
             p = mgr.tp_size
-            served = decode_ranks_served(mgr.tp_rank, p, d)
-            if d < p and not mgr.is_mla:
-                if served:
-                    self.peers.append(first)  # the rank that answers that decode rank: it says why
-                self._fail(DisaggError(f"cxltier disaggregation: room {self.room}: the decode runs at TP {d}, this "
-                                       f"prefill at TP {p}: an MHA page holds one rank's heads, and a decode rank of a "
-                                       "smaller TP size holds the heads of several prefill ranks, which this backend "
-                                       "does not join (MHA goes to a decode of the same TP size or a multiple of it, "
-                                       "MLA between any two sizes one of which divides the other); use such sizes, "
-                                       "or the mooncake backend"))
-                return self.conclude_state
-            if not served:
+            part = room_part(mgr.tp_rank, p, d, mgr.is_mla)
+            first = _Peer(self.room, rank, part, handle, hello)
+            if not decode_ranks_served(mgr.tp_rank, p, d, mgr.is_mla):
                 self.standby, self.hello = True, hello  # another rank of this prefill serves that decode rank
                 return KVPoll.WaitingForInput
             self._answer(first)
             if self.conclude_state is not None:
                 return self.conclude_state
         d = self.decode_tp
-        for rank in decode_ranks_served(mgr.tp_rank, mgr.tp_size, d)[len(self.peers) :]:
-            handle = mgr.rooms.find(self.room, rank)
+        part = room_part(mgr.tp_rank, mgr.tp_size, d, mgr.is_mla)
+        for rank in decode_ranks_served(mgr.tp_rank, mgr.tp_size, d, mgr.is_mla)[len(self.peers) :]:
+            handle = mgr.rooms.find(self.room, room_rank(rank, part))
             hello = None if handle is None else self._hello(handle)
             if hello is None or hello.get("tp_size") != d:
                 return self._waited("bootstrap", "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", KVPoll.Bootstrapping)
-            self._answer(_Peer(self.room, rank, handle, hello))
+            self._answer(_Peer(self.room, rank, part, handle, hello))
             if self.conclude_state is not None:
                 return self.conclude_state
         self.hello = self.peers[0].hello
@@ -942,7 +871,7 @@ class CxlTierKVSender(_Side, BaseKVSender):
             self._next_probe = now + PROBE_EVERY
         for d in decode_tp_candidates(mgr.tp_size, mgr.decode_tp_seen, wide):
             rank = first_decode_rank(mgr.tp_rank, mgr.tp_size, d)
-            handle = mgr.rooms.find(self.room, rank)
+            handle = mgr.rooms.find(self.room, room_rank(rank, room_part(mgr.tp_rank, mgr.tp_size, d, mgr.is_mla)))
             hello = None if handle is None else self._hello(handle)
             if hello is not None and hello.get("tp_size") == d:
                 return d, rank, handle, hello
@@ -961,7 +890,7 @@ class CxlTierKVSender(_Side, BaseKVSender):
         mgr = self.kv_mgr
         self.peers.append(peer)
         hello = peer.hello
-        if not self._fits(hello, peer.rank):
+        if not self._fits(hello, peer):
             self._fail(DisaggError(f"cxltier disaggregation: room {self.room}: the decode's KV layout "
                                    f"{hello.get('layout')} ({hello.get('key_suffix')}) is not this prefill's "
                                    f"{mgr.layout} ({mgr.key_suffix}) nor a share of its heads: same model and KV "
@@ -974,22 +903,23 @@ class CxlTierKVSender(_Side, BaseKVSender):
         mgr.put_record(peer, "accept", {"nonce": peer.nonce, "lease": mgr.lease, "tp_size": mgr.tp_size,
                                         "key_suffix": mgr.key_suffix, "chunk": mgr.chunk})
 
-    def _fits(self, hello, rank):
-        """Whether the decode rank rank that said hello holds this rank's
-        pages (the same layout and key suffix) or, of an MHA decode of a
-        larger TP size, a share of their heads (head_share)."""
+    def _fits(self, hello, peer):
+        """Whether the decode rank that said hello holds this rank's pages
+        (the same layout and key suffix) or, of an MHA decode of another TP
+        size, a share of their heads or their heads as a part of its own
+        (pdranks.head_placement)."""
         mgr = self.kv_mgr
         if hello.get("layout") == mgr.layout and hello.get("key_suffix") == mgr.key_suffix:
             return True
         d, chunk = hello.get("tp_size"), hello.get("chunk")
-        if mgr.is_mla or not isinstance(d, int) or not isinstance(chunk, int) or d <= mgr.tp_size:
+        if mgr.is_mla or not isinstance(d, int) or not isinstance(chunk, int) or d == mgr.tp_size or not 1 <= d <= MAX_TP:
             return False
         if hello.get("layout") != mgr.layout_of(chunk):
             return False
-        if hello.get("key_suffix") != pagekeys.key_suffix(mgr.model, rank, d, mgr.pp_rank, mgr.pp_size):
+        if hello.get("key_suffix") != pagekeys.key_suffix(mgr.model, peer.rank, d, mgr.pp_rank, mgr.pp_size):
             return False
         try:
-            head_share(mgr.chunk, chunk, mgr.page_size, mgr.tp_size, d, rank)
+            head_placement(mgr.chunk, chunk, mgr.page_size, mgr.tp_size, d, peer.rank, peer.part)
         except DisaggError:
             return False
         return True
@@ -1018,10 +948,35 @@ class CxlTierKVSender(_Side, BaseKVSender):
         self._end_room()  # SGLang is done with the request: so is this side
 
 
+class _Source:
+    """A prefill rank a decode rank lands from in one request: the room it
+    claimed for it (part 0 at the same or a larger prefill TP size; parts 1
+    .. k-1 of a smaller MHA decode's k), that rank's accept, and what it
+    says of its pages: their key mask, chunk and placement (pdranks), the
+    request's whole pages keyed as that rank stores them, how many landed."""
+
+    def __init__(self, room, part, handle):
+        self.room, self.part, self.handle = room, part, handle
+        self.accept = None
+        self.mask = self.chunk = self.placement = None  # learned from the accept
+        self.whole = None  # (KeyBlock, pages) of the whole pages past the prefix, made once
+        self.landed = 0  # leading whole pages of it landed (the mover thread's count)
+
+    def room_of(self, find=False):
+        return self.handle
+
+    @property
+    def learned(self):
+        return self.mask is not None
+
+
 class CxlTierKVReceiver(_Side, BaseKVReceiver):
     """The decode side of one request: says hello with the prefix it holds,
     waits for the prefill's done record, reads the pages into the pages it
-    allocated and the aux data into its metadata buffer, and acks."""
+    allocated and the aux data into its metadata buffer, and acks. A rank of
+    an MHA decode of a smaller TP size than the prefill's lands from each of
+    the k prefill ranks whose heads it holds, a room each (_Source): it
+    learns k from the first one's accept and claims the others then."""
 
     def __init__(self, mgr, bootstrap_addr, bootstrap_room=None):
         _Side.__init__(self, mgr, bootstrap_addr, bootstrap_room)
@@ -1032,17 +987,21 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
         self.bootstrap_infos = []
         self.loading = False
         self.nonce = secrets.token_hex(8)  # this request's, in every record the prefill writes for it
-        self.source = None  # (key mask, chunk, head share) of the prefill rank's pages, from its accept
+        self.sources = []  # the prefill ranks it lands from (_Source), the first claimed with the hello
+        self.parts = 1  # how many: k once the first accept says so
         self._since = time.monotonic()
 
-    def _tail_mask(self):
-        return self.source[0] if self.source else None
+    def _rooms(self):
+        return [(s.handle, self.kv_mgr.tp_rank, self.nonce, s.mask) for s in self.sources]
 
-    def _learn_source(self, accept):
-        """What the prefill rank's accept says of its pages: their key mask
-        and chunk, and, of an MHA prefill of a smaller TP size, the share of
-        their heads this rank holds. The accept is another process's word:
-        only sizes this rank's own geometry admits are taken."""
+    def _learn_source(self, src, accept):
+        """What a prefill rank's accept says of its pages: their key mask
+        and chunk, and, of an MHA prefill of another TP size, where their
+        heads go in this rank's (pdranks.head_placement); the first accept
+        of a smaller MHA decode says how many prefill ranks it lands from,
+        and the rooms of the others are claimed then. The accept is another
+        process's word: only sizes this rank's own geometry admits are
+        taken."""
         mgr = self.kv_mgr
         mgr.ready_index()
         p = accept.get("tp_size", mgr.tp_size)
@@ -1051,18 +1010,53 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
         if not (isinstance(p, int) and 1 <= p <= MAX_TP and isinstance(chunk, int) and 0 < chunk and isinstance(suffix, str)):
             raise DisaggError(f"cxltier disaggregation: room {self.room}: the prefill's accept names no usable TP size, "
                               f"page chunk and key suffix ({p!r}, {chunk!r}, {suffix!r})")
+        d = mgr.tp_size
+        if src.part == 0 and not mgr.is_mla and p > d:
+            self._claim_parts(p)
         if chunk == mgr.chunk and suffix == mgr.key_suffix:
-            self.source = (mgr.mask, chunk, None)
+            src.mask, src.chunk, src.accept = mgr.mask, chunk, accept
             return
         if mgr.is_mla:
             raise DisaggError(f"cxltier disaggregation: room {self.room}: the prefill's pages ({suffix}, "
                               f"{chunk}-byte chunks) are not this decode's ({mgr.key_suffix}, {mgr.chunk})")
-        d = mgr.tp_size
-        if d % p or suffix != pagekeys.key_suffix(mgr.model, mgr.tp_rank // (d // p), p, mgr.pp_rank, mgr.pp_size):
+        if max(p, d) % min(p, d) or p != (self.parts * d if p > d else p):
+            raise DisaggError(f"cxltier disaggregation: room {self.room}: a prefill of TP {p} and this decode of TP {d}: "
+                              "one size must divide the other, and every prefill rank this decode rank lands from must say so")
+        rank = mgr.tp_rank * self.parts + src.part if p > d else mgr.tp_rank // (d // p)
+        if suffix != pagekeys.key_suffix(mgr.model, rank, p, mgr.pp_rank, mgr.pp_size):
             raise DisaggError(f"cxltier disaggregation: room {self.room}: the prefill's pages ({suffix}, TP {p}) are not "
                               f"those of the rank of this model that serves decode rank {mgr.tp_rank} of TP {d}")
-        share = head_share(chunk, mgr.chunk, mgr.page_size, p, d, mgr.tp_rank)
-        self.source = (mgr.source_mask(suffix, chunk), chunk, share)
+        src.placement = head_placement(chunk, mgr.chunk, mgr.page_size, p, d, mgr.tp_rank, src.part)
+        src.mask, src.chunk, src.accept = mgr.source_mask(suffix, chunk), chunk, accept
+
+    def _claim_parts(self, prefill_tp):
+        """Claims the rooms of parts 1 .. k-1 (k prefill ranks hold this
+        rank's heads) and says hello in each, as in the first."""
+        if len(self.sources) > 1:
+            return
+        mgr = self.kv_mgr
+        self.parts = parts_of(prefill_tp, mgr.tp_size, mgr.is_mla)
+        for part in range(1, self.parts):
+            src = _Source(self.room, part, self._claim(room_rank(mgr.tp_rank, part)))
+            self.sources.append(src)
+            self._hello(src)
+
+    def _claim(self, rank):
+        """This request's room of rank, claimed anew when an earlier request
+        on this room left it: nothing it left is this one's."""
+        try:
+            return self.kv_mgr.rooms.claim(self.room, rank)
+        except _native.NoSpaceError as e:
+            raise DisaggError(f"cxltier disaggregation: room {self.room}: {e} (CXLTIER_PD_ROOMS sizes the table "
+                              "when it is made)") from None
+        except _native.ExistsError as e:  # a second decode for a request in flight
+            raise DisaggError(f"cxltier disaggregation: room {self.room}: {e}") from None
+
+    def _hello(self, src):
+        mgr = self.kv_mgr
+        mgr.put_record(src, "hello", {"decode_prefix_len": self.decode_prefix_len, "layout": mgr.layout,
+                                      "key_suffix": mgr.key_suffix, "tp_size": mgr.tp_size, "chunk": mgr.chunk,
+                                      "nonce": self.nonce, "lease": mgr.lease})
 
     @property
     def supports_host_destination(self):
@@ -1077,22 +1071,11 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
         self.pages = [int(p) for p in kv_indices]
         self.aux_index = aux_index
         self.decode_prefix_len = int(decode_prefix_len or 0)
-        self.landed = 0  # leading whole pages of the request landed (the mover thread's count)
-        self.streamed = 0  # of those, landed before the prefill's done record was read
-        self._whole = None  # (KeyBlock, pages) of the request's whole pages past the prefix, made once
+        self.streamed = 0  # whole pages landed before the prefill's done record was read
         try:
-            # Claimed anew when an earlier request on this room left it:
-            # nothing it left is this one's.
-            try:
-                self.handle = mgr.rooms.claim(self.room, mgr.tp_rank)
-            except _native.NoSpaceError as e:
-                raise DisaggError(f"cxltier disaggregation: room {self.room}: {e} (CXLTIER_PD_ROOMS sizes the table "
-                                  "when it is made)") from None
-            except _native.ExistsError as e:  # a second decode for a request in flight
-                raise DisaggError(f"cxltier disaggregation: room {self.room}: {e}") from None
-            mgr.put_record(self, "hello", {"decode_prefix_len": self.decode_prefix_len, "layout": mgr.layout,
-                                                "key_suffix": mgr.key_suffix, "tp_size": mgr.tp_size,
-                                                "chunk": mgr.chunk, "nonce": self.nonce, "lease": mgr.lease})
+            self.sources.append(_Source(self.room, 0, self._claim(room_rank(mgr.tp_rank))))
+            self.handle = self.sources[0].handle
+            self._hello(self.sources[0])
         except Exception as e:
             self._conclude(KVPoll.Failed, str(e))
             return
@@ -1111,66 +1094,63 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
             return waiting
         mgr = self.kv_mgr
         try:
-            if self._other_aborted("prefill"):
-                return self.conclude_state
-            done = mgr.get_record(self, "done")
+            dones = []
+            for src in list(self.sources):
+                if self._other_aborted("prefill", src):
+                    return self.conclude_state
+                done = mgr.get_record(src, "done")
+                done = done if done is not None and done.get("nonce") == self.nonce else None  # else an earlier request's
+                if done is not None and done.get("status") != "ok":
+                    self._conclude(KVPoll.Failed, done.get("reason") or "cxltier disaggregation: the prefill side failed")
+                    return self.conclude_state
+                dones.append(done)
+                self._look_for_accept(src, done is not None)
+                if self.conclude_state is not None:
+                    return self.conclude_state
         except (_native.CxlTierError, DisaggError) as e:
             self._conclude(KVPoll.Failed, str(e))
             return self.conclude_state
-        if done is not None and done.get("nonce") != self.nonce:
-            done = None  # an earlier request's, written late: not this one's
-        if done is None:
-            try:
-                look = self.source is None or time.monotonic() >= self._next_peer_look
-                accept = mgr.get_record(self, "accept") if look else None
-            except (_native.CxlTierError, DisaggError):
-                accept = None
-            if accept is not None and accept.get("nonce") == self.nonce:
-                if self.source is None and not self._source_from(accept):
-                    return self.conclude_state
-                if self._peer_gone([accept], "prefill"):
-                    return self.conclude_state
-            if time.monotonic() - self._since > _timeout("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300):
-                self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the prefill side wrote "
-                                              "nothing within SGLANG_DISAGGREGATION_WAITING_TIMEOUT (did it die?)")
-                return self.conclude_state
-            if self.source is not None and (self._whole is None or self.landed < len(self._whole[1])):
-                self.loading = True  # lands what the prefill has published so far, while it stores the rest
-                mgr.submit(self._stream)
-            return waiting
-        if done.get("status") != "ok":
-            self._conclude(KVPoll.Failed, done.get("reason") or "cxltier disaggregation: the prefill side failed")
+        if len(dones) == len(self.sources) == self.parts and None not in dones:  # parts claimed this poll are read next
+            self.loading = True
+            mgr.submit(lambda: self._load(dones))
+            return KVPoll.Transferring
+        if self._peer_gone([s.accept for s in self.sources], "prefill"):
             return self.conclude_state
-        if self.source is None:
-            try:
-                accept = mgr.get_record(self, "accept")
-            except (_native.CxlTierError, DisaggError) as e:
-                self._conclude(KVPoll.Failed, str(e))
-                return self.conclude_state
-            if accept is None or accept.get("nonce") != self.nonce:
-                self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the prefill's done came "
-                                              "without its accept")
-                return self.conclude_state
-            if not self._source_from(accept):
-                return self.conclude_state
-        self.loading = True
-        mgr.submit(lambda: self._load(done))
-        return KVPoll.Transferring
+        if time.monotonic() - self._since > _timeout("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300):
+            self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the prefill side wrote "
+                                          "nothing within SGLANG_DISAGGREGATION_WAITING_TIMEOUT (did it die?)")
+            return self.conclude_state
+        if any(s.learned and (s.whole is None or s.landed < len(s.whole[1])) for s in self.sources):
+            self.loading = True  # lands what the prefill has published so far, while it stores the rest
+            mgr.submit(self._stream)
+        return waiting
 
-    def _source_from(self, accept):
-        """_learn_source, a refusal failing the request (written as this
-        side's abort, so that the prefill stops too): whether it learned."""
+    def _look_for_accept(self, src, done):
+        """Reads src's accept while it is not learned (every poll) and
+        learns from it; with its done there, an accept must be there too.
+        A refusal fails the request (written as this side's abort, so
+        that the prefill stops too)."""
+        if src.learned:
+            return
         try:
-            self._learn_source(accept)
-            return True
+            accept = self.kv_mgr.get_record(src, "accept")
+        except (_native.CxlTierError, DisaggError):
+            if done:
+                raise
+            accept = None
+        if accept is None or accept.get("nonce") != self.nonce:
+            if done:
+                raise DisaggError(f"cxltier disaggregation: room {self.room}: the prefill's done came without its accept")
+            return
+        try:
+            self._learn_source(src, accept)
         except DisaggError as e:
             self._fail_load(e)
-            return False
 
-    def _whole_pages(self):
+    def _whole_pages(self, src):
         """(KeyBlock, pages): the request's whole pages past the prefix the
-        decode holds, keyed as the prefill stores them."""
-        if self._whole is None:
+        decode holds, keyed as src's prefill rank stores them."""
+        if src.whole is None:
             mgr = self.kv_mgr
             if self.tokens is None:
                 raise DisaggError("cxltier disaggregation: the request's tokens were not given to its receiver "
@@ -1180,64 +1160,68 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
             full = [p for i, p in zip(range(first, first + len(self.pages)), self.pages) if i < whole]
             block = None
             if full:
-                keys = mgr.page_keys(self.tokens[: (first + len(full)) * mgr.page_size], self.source[0])
+                keys = mgr.page_keys(self.tokens[: (first + len(full)) * mgr.page_size], src.mask)
                 block = _slice(keys, first, len(full))
-            self._whole = (block, full)
-        return self._whole
+            src.whole = (block, full)
+        return src.whole
 
     def _stream(self):
-        """Lands the whole pages the prefill has published so far, past
-        those landed; returns when the next one is not there yet (the
-        mover thread serves every request: it never waits here)."""
+        """Lands the whole pages the prefill ranks have published so far,
+        past those landed; returns when the next one of each is not there
+        yet (the mover thread serves every request: it never waits here)."""
         mgr = self.kv_mgr
         try:
             if self.conclude_state is not None:
                 return
             _test_gate()
-            block, full = self._whole_pages()
-            while self.conclude_state is None and self.landed < len(full):
-                rest = _slice(block, self.landed, len(full) - self.landed)
-                n = mgr.index.exists_block(rest)
-                if n == 0:
-                    return
-                if self.started is None:
-                    self.started = time.monotonic()
-                try:
-                    self._land(_slice(rest, 0, n), full[self.landed : self.landed + n])
-                except _native.NotFoundError:
-                    return  # evicted between the look and the pin: the prefill's done decides
-                self.landed += n
-                self.streamed += n
+            for src in [s for s in self.sources if s.learned]:
+                block, full = self._whole_pages(src)
+                while self.conclude_state is None and src.landed < len(full):
+                    rest = _slice(block, src.landed, len(full) - src.landed)
+                    n = mgr.index.exists_block(rest)
+                    if n == 0:
+                        break
+                    if self.started is None:
+                        self.started = time.monotonic()
+                    try:
+                        self._land(src, _slice(rest, 0, n), full[src.landed : src.landed + n])
+                    except _native.NotFoundError:
+                        break  # evicted between the look and the landing: the prefill's done decides
+                    src.landed += n
+                    self.streamed += n
         except Exception as e:
             self._fail_load(e)
         finally:
             self.loading = False
 
-    def _load(self, done):
-        """The rest, once the prefill's done record is read: the whole pages
-        not landed yet, the partial last page, the aux data; then the ack."""
+    def _load(self, dones):
+        """The rest, once every prefill rank's done record is read: the
+        whole pages not landed yet, the partial last page, the aux data;
+        then the ack in every room."""
         mgr = self.kv_mgr
         try:
             _test_gate()
-            first = int(done["first_page"])
-            if first != self.decode_prefix_len // mgr.page_size:
-                raise DisaggError(f"cxltier disaggregation: room {self.room}: the prefill sent from page {first}, "
-                                  f"this decode holds {self.decode_prefix_len} tokens")
-            block, full = self._whole_pages()
-            if self.landed < len(full):
-                if self.started is None:
-                    self.started = time.monotonic()
-                try:
-                    self._land(_slice(block, self.landed, len(full) - self.landed), full[self.landed :])
-                except _native.NotFoundError as e:
-                    raise DisaggError(f"cxltier disaggregation: room {self.room}: a page is not in the tier ({e}); "
-                                      "evicted before the decode read it?") from None
-                self.landed = len(full)
-            tail = self.pages[len(full) :]
-            if tail:
-                self._land(mgr.tail_keys(self.room, mgr.tp_rank, self.nonce, self.source[0]), [tail[0]])  # dropped as the room ends
-            self._read_aux(int(done.get("aux", 0)))
-            mgr.put_record(self, "ack", {"pages": len(self.pages)})
+            for src, done in zip(self.sources, dones):
+                first = int(done["first_page"])
+                if first != self.decode_prefix_len // mgr.page_size:
+                    raise DisaggError(f"cxltier disaggregation: room {self.room}: the prefill sent from page {first}, "
+                                      f"this decode holds {self.decode_prefix_len} tokens")
+                block, full = self._whole_pages(src)
+                if src.landed < len(full):
+                    if self.started is None:
+                        self.started = time.monotonic()
+                    try:
+                        self._land(src, _slice(block, src.landed, len(full) - src.landed), full[src.landed :])
+                    except _native.NotFoundError as e:
+                        raise DisaggError(f"cxltier disaggregation: room {self.room}: a page is not in the tier ({e}); "
+                                          "evicted before the decode read it?") from None
+                    src.landed = len(full)
+                tail = self.pages[len(full) :]
+                if tail:  # dropped as the room ends
+                    self._land(src, mgr.tail_keys(self.room, mgr.tp_rank, self.nonce, src.mask), [tail[0]])
+            self._read_aux(int(dones[0].get("aux", 0)))
+            for src in self.sources:
+                mgr.put_record(src, "ack", {"pages": len(self.pages)})
             self._conclude(KVPoll.Success)
         except Exception as e:
             self._fail_load(e)
@@ -1245,23 +1229,32 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
             self.loading = False
 
     def _fail_load(self, e):
-        try:  # the abort first: concluding frees the room
-            self.kv_mgr.put_record(self, "abort", {"by": "decode", "reason": str(e), "nonce": self.nonce})
-        except Exception:
-            pass
+        self._abort_all({"by": "decode", "reason": str(e), "nonce": self.nonce})  # the abort first: concluding frees the room
         self._conclude(KVPoll.Failed, str(e))
 
-    def _land(self, block, pages):
-        """Reads the pages of block into pages, each whole, checked against
-        their checksums (ChecksumError). NotFoundError when one is not in
-        the tier."""
+    def _abort_all(self, record):
+        """Writes this side's abort in every room it claimed; whether it
+        was written in all."""
+        ok = bool(self.sources)
+        for src in self.sources:
+            try:
+                self.kv_mgr.put_record(src, "abort", record)
+            except Exception:
+                ok = False
+        return ok
+
+    def _land(self, src, block, pages):
+        """Reads the pages of block, src's prefill rank's, into pages, each
+        whole, checked against their checksums (ChecksumError), through a
+        staging copy where its heads are not this rank's as they are.
+        NotFoundError when one is not in the tier."""
         mgr = self.kv_mgr
-        _, chunk, share = self.source
-        if share is not None:  # a share of a prefill rank's heads
-            mgr.land_share(block, pages, chunk, share)
-        else:
+        if src.placement is None:
             mgr.pool.get(block, pages)  # whole pages, one launch: nothing computes between layers here
-        self.bytes += len(pages) * mgr.page_bytes
+            self.bytes += len(pages) * mgr.page_bytes
+            return
+        mgr.land_share(block, pages, src.chunk, src.placement)
+        self.bytes += len(pages) * src.placement[2] * mgr.page_size * len(mgr.buffer_ptrs)  # the rows it landed
 
     def _read_aux(self, n):
         mgr = self.kv_mgr
@@ -1273,15 +1266,11 @@ class CxlTierKVReceiver(_Side, BaseKVReceiver):
                               f"{len(args.aux_data_ptrs)} here")
         for i in range(n):
             at = args.aux_data_ptrs[i] + self.aux_index * args.aux_item_lens[i]
-            if mgr.get_record(self, f"aux/{i}", into=(at, int(args.aux_item_lens[i]))) is None:
+            if mgr.get_record(self.sources[0], f"aux/{i}", into=(at, int(args.aux_item_lens[i]))) is None:
                 raise DisaggError(f"cxltier disaggregation: room {self.room}: aux buffer {i} of {n} not in its room")
 
     def abort(self):
-        try:
-            self.kv_mgr.put_record(self, "abort", {"by": "decode", "nonce": self.nonce})
-            self.abort_notified = True
-        except Exception:
-            pass
+        self.abort_notified = self._abort_all({"by": "decode", "nonce": self.nonce})
         self._conclude(KVPoll.Failed, self.reason or f"cxltier disaggregation: room {self.room}: aborted")
 
     def ensure_abort_notified(self, *, force_arm=False):
