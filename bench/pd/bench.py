@@ -34,7 +34,11 @@ counted). "cpu ms" is the CPU time of both processes over the same span,
 every thread counted (the decode's from its CPU clock sampled before each
 poll, so its polling before the transfer starts is not counted).
 The decode's pages are compared with the prefill's, page by page, in
-every run. Layouts (sizes as flags):
+every run. Both backends' workers run at once and each round sends its
+request to one, then the other: "speedup" is mooncake's median over the
+tier's, "lowest round" the least of the rounds' own ratios (two runs
+moments apart, so a shared machine's drift moves both alike).
+Layouts (sizes as flags):
 
   mha   Llama-3-8B: 32 layers, 8 KV heads of 128, bf16, 16-token pages
   mla   DeepSeek-V3: 61 layers, 512 + 64 latent, bf16, 64-token pages
@@ -50,6 +54,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import socket
 import statistics
 import subprocess
@@ -194,10 +199,11 @@ class Pair:
         env = dict(env, PD_BENCH_BOOTSTRAP_PORT=str(port))
         self.tp = {"prefill": tp[0], "decode": tp[1]}
         self.procs = {}
+        self.barrier = tempfile.mkdtemp(prefix="cxltier-pd-bench-bootstrap-")  # the prefill ranks' (worker.py)
         for role in ("prefill", "decode"):
             for rank in range(self.tp[role]):
                 shares = tp[1] // tp[0] if cfg["kind"] == "mha" and tp[1] > tp[0] else 1
-                wcfg = dict(cfg, backend=backend, tp_rank=rank, tp_size=self.tp[role], shares=shares)
+                wcfg = dict(cfg, backend=backend, tp_rank=rank, tp_size=self.tp[role], shares=shares, barrier=self.barrier)
                 self.procs[role, rank] = start_worker(forks, role, wcfg, env)
         for key in self.procs:
             self.read(key, 600)
@@ -240,6 +246,7 @@ class Pair:
                 p.wait(timeout=30)
             except Exception:
                 p.kill()
+        shutil.rmtree(self.barrier, ignore_errors=True)
 
 
 def tp_name(tp):
@@ -247,48 +254,69 @@ def tp_name(tp):
     return str(tp[0]) if tp[0] == tp[1] else f"{tp[0]}:{tp[1]}"
 
 
-def measure(backend, name, cfg, sizes, repeat, env, tp, forks):
-    print(f"  starting {backend}'s {sum(tp)} workers ({name}, TP {tp_name(tp)}"
-          + ("" if forks else ": SGLang's imports take a while") + ")...", flush=True)
-    pair = Pair(backend, cfg, env, tp, forks)
+def measure(backends, name, cfg, sizes, repeat, env, tp, forks):
+    """Every backend's pair at once, a request to each in turn, round by
+    round: each round's ratio compares runs a few hundred milliseconds
+    apart, so a machine whose speed drifts over minutes (a shared host)
+    moves both alike."""
+    pairs = {}
+    try:
+        for backend in backends:
+            print(f"  starting {backend}'s {sum(tp)} workers ({name}, TP {tp_name(tp)}"
+                  + ("" if forks else ": SGLang's imports take a while") + ")...", flush=True)
+            pairs[backend] = Pair(backend, cfg, env, tp, forks)
+        return measure_pairs(pairs, name, cfg, sizes, repeat, tp)
+    finally:
+        for pair in pairs.values():
+            pair.close()
+
+
+def measure_pairs(pairs, name, cfg, sizes, repeat, tp):
     name_tp = tp_name(tp)
     rows = []
     room = 1
-    try:
-        for tokens in sizes:
-            for case in ("first", "repeat"):
-                took, cpu = [], []
-                written = []
-                for r in range(repeat):
-                    # A prompt of its own for each size, round and TP (an MLA page is
-                    # one for every TP: the same prompt at TP 2 would not be a first).
-                    base = 10_000_000 * (r + 1) + 1_000_000 * (tp[0] + 8 * tp[1])
-                    prompt = list(range(base + tokens, base + 2 * tokens))
+    for tokens in sizes:
+        for case in ("first", "repeat"):
+            took = {b: [] for b in pairs}
+            cpu = {b: [] for b in pairs}
+            written = {b: [] for b in pairs}
+            for r in range(repeat):
+                # A prompt of its own for each size, round and TP (an MLA page is
+                # one for every TP: the same prompt at TP 2 would not be a first).
+                base = 10_000_000 * (r + 1) + 1_000_000 * (tp[0] + 8 * tp[1])
+                prompt = list(range(base + tokens, base + 2 * tokens))
+                for backend, pair in pairs.items():
                     room += 1
                     slot = 1 + (room % 2) * (cfg["pool_tokens"] // (2 * cfg["page_size"]))
                     # The KV of a prompt is a function of its tokens (as a model's is): the seed is the prompt's.
                     prs, drs = pair.run({"tokens": prompt, "room": room, "first_slot_page": slot, "seed": prompt[0]})
-                    if any(x.get("state") != "success" for x in prs + drs):
-                        said = [{k: v for k, v in x.items() if k in ("state", "reason", "room")} for x in prs + drs]
-                        raise RuntimeError(f"{backend} {name} {tokens} TP {name_tp}: prefill ranks then decode ranks: {said}")
-                    sources = expected_sums(cfg["kind"], tp, prs, len(drs))
-                    if any(want != d["sum"] or d["first_token"] != 4242 for want, d in zip(sources, drs)):
-                        raise RuntimeError(f"{backend} {name} {tokens} TP {name_tp}: the decode's pages are not the prefill's")
+                    check(backend, name, tokens, name_tp, cfg["kind"], tp, prs, drs)
                     # The transfer starts at the first rank's send, or earlier where
                     # a decode rank began landing pages already stored (a repeated
                     # prefix), and ends when the last decode rank has its pages.
                     began = min([p["t_send"] for p in prs] + [d["t_started"] for d in drs if d.get("t_started")])
-                    took.append((max(d["t_done"] for d in drs) - began) * 1e3)
-                    cpu.append((sum(p["cpu_s"] for p in prs) + sum(decode_cpu_since(d, began) for d in drs)) * 1e3)
-                    written.append(sum(p.get("written") or 0 for p in prs) if backend == "cxltier" else None)
+                    took[backend].append((max(d["t_done"] for d in drs) - began) * 1e3)
+                    cpu[backend].append((sum(p["cpu_s"] for p in prs) + sum(decode_cpu_since(d, began) for d in drs)) * 1e3)
+                    written[backend].append(sum(p.get("written") or 0 for p in prs) if backend == "cxltier" else None)
+            for backend in pairs:
                 rows.append({"backend": backend, "layout": name, "tp": name_tp, "tokens": tokens, "case": case,
-                             "kv_bytes": tokens * cfg["bytes_per_token"], "ms": statistics.median(took),
-                             "ms_all": took, "cpu_ms": statistics.median(cpu), "pages_written": written[-1]})
-                print(f"  {backend:9} {name} TP {name_tp:>3} {tokens:6} {case:7} {rows[-1]['ms']:9.1f} ms {rows[-1]['cpu_ms']:9.1f} cpu ms"
-                      + (f"  pages written {written[-1]}" if backend == "cxltier" else ""), flush=True)
-    finally:
-        pair.close()
+                             "kv_bytes": tokens * cfg["bytes_per_token"], "ms": statistics.median(took[backend]),
+                             "ms_all": took[backend], "cpu_ms": statistics.median(cpu[backend]), "cpu_ms_all": cpu[backend],
+                             "pages_written": written[backend][-1]})
+                print(f"  {backend:9} {name} TP {name_tp:>3} {tokens:6} {case:7} {rows[-1]['ms']:9.1f} ms "
+                      f"{rows[-1]['cpu_ms']:9.1f} cpu ms" + (f"  pages written {written[backend][-1]}" if backend == "cxltier" else ""),
+                      flush=True)
     return rows
+
+
+def check(backend, name, tokens, name_tp, kind, tp, prs, drs):
+    """Every rank succeeded and every decode rank holds the bytes it must."""
+    if any(x.get("state") != "success" for x in prs + drs):
+        said = [{k: v for k, v in x.items() if k in ("state", "reason", "room")} for x in prs + drs]
+        raise RuntimeError(f"{backend} {name} {tokens} TP {name_tp}: prefill ranks then decode ranks: {said}")
+    sources = expected_sums(kind, tp, prs, len(drs))
+    if any(want != d["sum"] or d["first_token"] != 4242 for want, d in zip(sources, drs)):
+        raise RuntimeError(f"{backend} {name} {tokens} TP {name_tp}: the decode's pages are not the prefill's")
 
 
 def expected_sums(kind, tp, prs, decode_ranks):
@@ -386,10 +414,8 @@ def measure_tp(args, cli, env, name, cfg, sizes, tp, forks):
     page_bytes = cfg["page_size"] * cfg["bytes_per_token"] // (tp[0] if cfg["kind"] == "mha" else 1)
     blocks = parse_size(args.tier_size) * 3 // 4 // (page_bytes + 64)
     tenv = dict(env, CXLTIER_DEVICES=tier, CXLTIER_PD_INDEX=f"pd-bench-{name}", CXLTIER_PD_BLOCKS=str(blocks))
-    rows = []
     try:
-        for backend in args.backends.split(","):
-            rows += measure(backend, name, cfg, sizes, args.repeat, tenv, tp, forks)
+        rows = measure(args.backends.split(","), name, cfg, sizes, args.repeat, tenv, tp, forks)
     finally:
         gone = subprocess.run([cli, "destroy", "-force", tier], capture_output=True, text=True)
         if gone.returncode:  # a tier left behind holds its size in RAM: say so
@@ -404,18 +430,20 @@ def ratios(rows):
         if b != "cxltier" or ("mooncake", layout, tp, tokens, case) not in by:
             continue
         m = by[("mooncake", layout, tp, tokens, case)]
+        rounds = [a / b for a, b in zip(m["ms_all"], r["ms_all"])]  # each round's, the two runs side by side
         out.append({"layout": layout, "tp": tp, "tokens": tokens, "case": case, "mooncake_ms": m["ms"], "tier_ms": r["ms"],
-                    "kv_bytes": r["kv_bytes"], "speedup": m["ms"] / r["ms"], "cpu_ratio": r["cpu_ms"] / m["cpu_ms"],
-                    "pages_written": r["pages_written"]})
+                    "kv_bytes": r["kv_bytes"], "speedup": m["ms"] / r["ms"], "speedup_rounds": rounds,
+                    "speedup_low": min(rounds), "cpu_ratio": r["cpu_ms"] / m["cpu_ms"], "pages_written": r["pages_written"]})
     return out
 
 
 def table(rows):
     print(f"\n{'layout':6} {'TP':>3} {'tokens':>6} {'case':7} {'KV MiB':>7} {'mooncake ms':>11} {'tier ms':>8} {'speedup':>7} "
-          f"{'cpu (tier/mc)':>13} {'tier pages written':>18}")
+          f"{'lowest round':>12} {'cpu (tier/mc)':>13} {'tier pages written':>18}")
     for q in ratios(rows):
         print(f"{q['layout']:6} {q['tp']:>3} {q['tokens']:6} {q['case']:7} {q['kv_bytes'] / 2**20:7.0f} {q['mooncake_ms']:11.1f} "
-              f"{q['tier_ms']:8.1f} {q['speedup']:6.2f}x {q['cpu_ratio']:12.2f}x {q['pages_written']!s:>18}")
+              f"{q['tier_ms']:8.1f} {q['speedup']:6.2f}x {q['speedup_low']:11.2f}x {q['cpu_ratio']:12.2f}x "
+              f"{q['pages_written']!s:>18}")
 
 
 if __name__ == "__main__":

@@ -173,8 +173,10 @@ def prefill(cfg, pool, meta, mgr, r):
     req = request(r["tokens"], r["room"])
     assert q.create_sender(req, num_kv_heads=cfg["heads"])
     sender = req.disagg_kv_sender
-    if wait(sender, KVPoll.WaitingForInput) != KVPoll.WaitingForInput:
-        return {"state": "failed", "reason": _reason(sender)}
+    st = wait(sender, KVPoll.WaitingForInput)
+    if st != KVPoll.WaitingForInput:
+        return {"state": "failed" if st == KVPoll.Failed else "bootstrap timeout", "reason": _reason(sender)}
+    bootstrap_together(cfg, r["room"])
     prefix = sender.pop_decode_prefix_len() if hasattr(sender, "pop_decode_prefix_len") else 0
     if prefix:
         return {"state": "failed", "reason": f"the decode holds {prefix} tokens; this bench sends whole prompts"}
@@ -192,6 +194,23 @@ def prefill(cfg, pool, meta, mgr, r):
     if hasattr(sender, "clear"):
         sender.clear()
     return out
+
+
+def bootstrap_together(cfg, room, limit=120):
+    """SGLang's bootstrap queue all-reduces its senders' states over the
+    prefill's TP ranks: a request goes on past its bootstrap once every
+    rank's sender has. So no rank sends before the slowest rank found the
+    decode (one that stands by, of an MLA decode of a smaller TP size,
+    would otherwise look for a room its peers and the decode had already
+    freed). The ranks meet in a directory: a file each."""
+    if cfg.get("tp_size", 1) == 1:
+        return
+    here = os.path.join(cfg["barrier"], str(room))
+    os.makedirs(here, exist_ok=True)
+    open(os.path.join(here, str(cfg["tp_rank"])), "w").close()
+    deadline = time.monotonic() + limit
+    while len(os.listdir(here)) < cfg["tp_size"] and time.monotonic() < deadline:
+        time.sleep(0.0005)
 
 
 def decode(cfg, pool, meta, mgr, r):
