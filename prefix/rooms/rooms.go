@@ -28,6 +28,7 @@
 package rooms
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -35,6 +36,7 @@ import (
 	"hash/fnv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cxltier/cxltier/internal/errkind"
 	"github.com/cxltier/cxltier/internal/words"
@@ -132,9 +134,19 @@ type Room struct {
 // DirName is the tier object of the table called name.
 func DirName(name string) string { return "rooms/" + name }
 
+// headerWait bounds how long Open waits for a table another process has
+// named but not yet given its header: its creator writes the one line
+// right after naming it, so a header missing that long is one its creator
+// died before writing.
+const headerWait = 2 * time.Second
+
 // Open opens the table called cfg.Name, creating it with cfg's shape when
 // it is missing and cfg.Slots > 0.
 func Open(c *tier.Client, cfg Config) (*Table, error) {
+	return open(c, cfg, headerWait)
+}
+
+func open(c *tier.Client, cfg Config, wait time.Duration) (*Table, error) {
 	r := c.Region()
 	o, err := r.OpenObject(DirName(cfg.Name))
 	if errors.Is(err, tier.ErrNotFound) && cfg.Slots > 0 {
@@ -144,12 +156,35 @@ func Open(c *tier.Client, cfg Config) (*Table, error) {
 		return nil, fmt.Errorf("rooms: open %q: %w", cfg.Name, err)
 	}
 	t := &Table{c: c, r: r, name: cfg.Name, base: o.Offset, mac: roomsMAC(cfg.Name, cfg.Key)}
-	if err := t.readHeader(o.Size); err != nil {
+	if err := t.awaitHeader(o.Size, wait); err != nil {
 		return nil, err
 	}
 	t.lock = lockFor(r, cfg.Name)
 	return t, nil
 }
+
+// awaitHeader reads the header, waiting up to wait while it is all zeros:
+// a table is named (zero-filled) before its creator writes the header, so
+// the ranks of one server opening it at once found it named and read that
+// as damage.
+func (t *Table) awaitHeader(size int64, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		err := t.readHeader(size)
+		if !errors.Is(err, errUnwritten) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: table %q: header never written within %v (its creator died before writing it? "+
+				"remove the table with the workers stopped)", ErrCorrupt, t.name, wait)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// errUnwritten: the header line is all zeros, as the creator's object was
+// before it wrote it.
+var errUnwritten = errors.New("rooms: header not written yet")
 
 func create(c *tier.Client, cfg Config) (tier.Object, error) {
 	if cfg.SlotBytes < minSlotBytes || cfg.SlotBytes > maxSlotBytes || cfg.SlotBytes&(cfg.SlotBytes-1) != 0 {
@@ -166,16 +201,22 @@ func create(c *tier.Client, cfg Config) (tier.Object, error) {
 	if err != nil {
 		return o, err
 	}
+	return o, writeHeader(c.Region(), o, cfg)
+}
+
+// writeHeader writes and publishes the header line of a table just
+// created (named already, and zero-filled until this is done).
+func writeHeader(r *tier.Region, o tier.Object, cfg Config) error {
 	h := make([]byte, line)
 	binary.LittleEndian.PutUint64(h[0:], magic)
 	binary.LittleEndian.PutUint32(h[8:], version)
 	binary.LittleEndian.PutUint32(h[12:], uint32(cfg.Slots))
 	binary.LittleEndian.PutUint32(h[16:], uint32(cfg.SlotBytes))
 	binary.LittleEndian.PutUint32(h[60:], crc32.Checksum(h[:60], castagnoli))
-	if err := c.Region().WriteAt(h, o.Offset); err != nil {
-		return o, err
+	if err := r.WriteAt(h, o.Offset); err != nil {
+		return err
 	}
-	return o, c.Region().Publish(o.Offset, line)
+	return r.Publish(o.Offset, line)
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -187,6 +228,9 @@ func (t *Table) readHeader(size int64) error {
 	}
 	if err := t.r.ReadAt(h, t.base); err != nil {
 		return err
+	}
+	if bytes.Count(h, []byte{0}) == len(h) {
+		return errUnwritten
 	}
 	if binary.LittleEndian.Uint64(h) != magic || binary.LittleEndian.Uint32(h[8:]) != version ||
 		binary.LittleEndian.Uint32(h[60:]) != crc32.Checksum(h[:60], castagnoli) {
