@@ -159,6 +159,13 @@ def prefill(job, pool, meta, mgr):
     out["digests"] = [page_digest(pool, p) for p in pages]
     shares = job.get("shares", 1)
     out["shares"] = [[page_digest(pool, p, k, shares) for p in pages] for k in range(shares)]
+    if job.get("keys_gate"):  # another writer takes the request's pages first: the test, told their keys
+        keys = mgr.page_keys(job["tokens"][: (len(job["tokens"]) // PAGE) * PAGE])
+        print(json.dumps({"role": "prefill", "state": "keys", "keys": [keys.hex(i) for i in range(len(keys))],
+                          "page_bytes": mgr.page_bytes}), flush=True)
+        deadline = time.monotonic() + job.get("bootstrap_limit", 30)
+        while not os.path.exists(job["keys_gate"]) and time.monotonic() < deadline:
+            time.sleep(0.01)
     if job.get("die_before_send"):
         print(json.dumps({"role": "prefill", "state": "about to die"}), flush=True)
         time.sleep(60)

@@ -8,6 +8,8 @@ one server per module that imported SGLang once (pd_worker.py serve):
 started afresh, each worker's imports (about 17 s of CPU) were most of this
 module's 12 minutes on 2 cores; forked, it takes about one."""
 
+import contextlib
+import ctypes
 import hashlib
 import json
 import os
@@ -230,6 +232,63 @@ def test_the_decode_lands_pages_while_the_prefill_stores_the_rest(built, device,
     assert pr["state"] == "success" and dr["state"] == "success", (pr, dr)
     assert dr["digests"] == pr["digests"]
     assert dr["streamed"] is not None and 3 <= dr["streamed"] <= 5, dr
+
+
+def test_pages_another_writer_holds_are_waited_for(built, device, tmp_path):
+    """Another writer (an uplink's fill, the other prefill rank of an MLA
+    page) has reserved two of the request's pages and not published them
+    when the prefill stores: the prefill tells the decode its pages are in
+    only once they are. That writer gives them up a second later and the
+    prefill stores them itself; the decode lands every page. (The prefill
+    said done on seeing the other writer's reservations, and the decode
+    failed, page 1 not in the tier: a TP 2 MLA decode rank in bench/pd.)"""
+    index_for(built, device, "mla")
+    tokens = list(range(7500, 7500 + 4 * PAGE + 1))
+    gate = tmp_path / "go"
+    p = start(built, device, "prefill", job("mla", tokens, 75, keys_gate=str(gate)))
+    d = start(built, device, "decode", job("mla", tokens, 75, first_slot_page=30))
+    said = said_by(p, "keys")
+    t = cxltier.Tier(device)
+    try:
+        with another_writer(t.prefix("pd"), said["keys"][1:3], said["page_bytes"]):
+            gate.touch()
+            time.sleep(1.5)  # the prefill stores pages 0 and 3 and finds 1 and 2 reserved
+            assert p.poll() is None and d.poll() is None, "a side ended while another writer held its pages"
+        pr, dr = result(p), result(d)
+    finally:
+        t.close()
+    assert pr["state"] == "success" and dr["state"] == "success", (pr, dr)
+    assert dr["digests"] == pr["digests"]
+    assert pr["written"] == 4 and pr["present"] >= 1, pr  # it met the other writer, then stored every page itself
+
+
+def said_by(p, state):
+    """The first line of worker p whose state is state (its output is read
+    as it grows: no line yet reads as "")."""
+    deadline = time.monotonic() + 120
+    while True:
+        line = p.stdout.readline()
+        if line.startswith("{") and json.loads(line).get("state") == state:
+            return json.loads(line)
+        assert line or p.poll() is None, f"the worker ended before saying {state!r}: {result(p)}"
+        assert time.monotonic() < deadline, f"the worker did not say {state!r} within 120 s"
+
+
+@contextlib.contextmanager
+def another_writer(ix, keys, size):
+    """A fill of keys in index ix, begun as an uplink's is (prefix.Fill):
+    their blocks reserved, nothing published; given up on leaving."""
+    from cxltier import _native
+
+    n = len(keys)
+    raw = (ctypes.c_uint8 * (32 * n)).from_buffer_copy(b"".join(bytes.fromhex(k) for k in keys))
+    st, h = (ctypes.c_int8 * n)(), ctypes.c_uint64()
+    _native.call("cxl_prefix_fill_begin", ix.handle, raw, n, (ctypes.c_int64 * n)(*[size] * n), st, ctypes.byref(h))
+    try:
+        assert list(st) == [0] * n, f"fill statuses {list(st)}: the keys were not all reserved"
+        yield
+    finally:
+        _native.call("cxl_prefix_fill_close", h.value)
 
 
 def test_more_rooms_in_flight_than_the_old_mailbox_held(built, device):

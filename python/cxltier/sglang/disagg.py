@@ -744,30 +744,50 @@ class CxlTierKVSender(_Side, BaseKVSender):
         except Exception as e:
             self._fail(e)
 
-    def _store_part(self, block, pages, again=False):
+    def _store_part(self, block, pages):
         """Stores and keeps the pages of block. A page stored or found
         there but with no entry to pin (evicted meanwhile: the tier full,
         and another rank's or engine's store taking the oldest entries; at
         TP 4 a decode then found a page of its request gone), or one another
-        writer is still writing (the same MLA page from another rank), is
-        stored once more: one this store writes is kept, or the request
-        fails; one found there again is that writer's to publish."""
+        writer is still writing (the same MLA page from another rank, an
+        uplink's fill), is stored once more: one this store writes is kept,
+        or the request fails. One another writer is still writing is waited
+        for until that writer publishes it (kept then) or gives it up (stored
+        here then), within SGLang's waiting timeout: the decode is told the
+        pages are in only once they are. (This side said so as soon as it
+        saw the other writer's, and a TP 2 MLA decode rank found page 0 of
+        its request missing while the other prefill rank still wrote it.)"""
+        mgr = self.kv_mgr
+        statuses = self._store_pages(block, pages)
+        self.present += statuses.count("present")
+        gone, since = self._keep(block), time.monotonic()
+        while gone:
+            block, pages = _pick(block, gone), [pages[i] for i in gone]
+            statuses = self._store_pages(block, pages)
+            gone = self._keep(block)
+            lost = [i for i in gone if statuses[i] == "stored"]
+            if lost:
+                raise DisaggError(f"cxltier disaggregation: room {self.room}: {len(lost)} pages evicted as soon as they "
+                                  f"were stored (index {mgr.index_name!r}): the tier is too small for the pages in flight")
+            if not gone or self.conclude_state is not None:
+                return
+            if time.monotonic() - since > _timeout("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300):
+                raise DisaggError(f"cxltier disaggregation: room {self.room}: {len(gone)} pages another writer was "
+                                  f"writing were neither published nor given up within SGLang's waiting timeout "
+                                  f"(index {mgr.index_name!r})")
+            time.sleep(POLL_EVERY)
+
+    def _store_pages(self, block, pages):
+        """Stores pages under block's keys; their statuses. A full tier
+        fails the request."""
         mgr = self.kv_mgr
         statuses = mgr.pool.store(block, pages)
         if "no_space" in statuses:
             raise DisaggError(f"cxltier disaggregation: room {self.room}: the tier is full "
                               f"(index {mgr.index_name!r}): {statuses.count('no_space')} of {len(pages)} pages not stored")
-        gone = self._keep(block)
         self.written += statuses.count("stored")
-        self.present += 0 if again else statuses.count("present")
         self.bytes += statuses.count("stored") * mgr.page_bytes
-        if again:
-            lost = [i for i in gone if statuses[i] == "stored"]
-            if lost:
-                raise DisaggError(f"cxltier disaggregation: room {self.room}: {len(lost)} pages evicted as soon as they "
-                                  f"were stored (index {mgr.index_name!r}): the tier is too small for the pages in flight")
-        elif gone:
-            self._store_part(_pick(block, gone), [pages[i] for i in gone], again=True)
+        return statuses
 
     def _finish(self):
         mgr = self.kv_mgr
