@@ -1,0 +1,402 @@
+// Command link measures what bulk tier traffic does to the transfers
+// that have a deadline on the same link: an Engram prefetcher calls at its
+// per-layer cadence, each call due within its deadline, while other
+// processes store and load KV pages through the tier at full speed, as
+// two engines' KV traffic does. Every party is an OS process of its own,
+// mapping one tier file, on the CPU engine, where the link they share is
+// the host's memory bandwidth and its cores.
+//
+// Each round runs three phases of -seconds each: the prefetcher alone
+// (its idle miss rate and latency), the KV processes alone (their
+// throughput alone), and all of them at once. The table gives each
+// phase's figures and the goals the issue on deadlines sets for a node
+// that arbitrates its link (deadline misses at most the idle rate plus
+// 0.5 points, p99 latency at most 1.2 times idle, bulk throughput at least
+// 0.9 times alone), which these figures, taken with no arbiter, are the
+// baseline for.
+//
+//	go run ./bench/link
+//	go run ./bench/link -kv 2 -batch 32 -seconds 5 -rounds 3
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cxltier/cxltier/bench/internal/report"
+	"github.com/cxltier/cxltier/engram"
+	"github.com/cxltier/cxltier/internal/tierflags"
+	"github.com/cxltier/cxltier/kernels"
+	"github.com/cxltier/cxltier/prefix"
+	"github.com/cxltier/cxltier/tier"
+)
+
+func main() {
+	var err error
+	if len(os.Args) > 1 && os.Args[1] == roleArg {
+		err = runRole(os.Args[2:], os.Stdout)
+	} else {
+		err = run(os.Args[1:], os.Stdout, os.Stderr)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "link:", err)
+		os.Exit(1)
+	}
+}
+
+// partyGrace is how long past its phase's end a party may take to report
+// (a KV party ends its last round of a store and a load first).
+const partyGrace = 30 * time.Second
+
+// roleArg, as the first argument, makes this program one party of a
+// phase (a process the parent started), not the parent.
+const roleArg = "-party"
+
+// opts are the parent's flags; the parties get the ones they need.
+type opts struct {
+	tierDir  string
+	tierSize int64
+	seconds  float64
+	rounds   int
+	kv       int
+	base     int64
+	batch    int
+	deadline time.Duration
+	gap      time.Duration
+	layers   int
+	pages    int
+	chunk    int64
+	geometry string
+	out      string
+	keepTier bool
+	tierPath string
+}
+
+func parseOpts(args []string, stderr io.Writer) (opts, error) {
+	fs := flag.NewFlagSet("link", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o opts
+	size := fs.String("tier-size", "512MiB", "size of the tier file")
+	fs.StringVar(&o.tierDir, "tier-dir", tier.ShmDir, "directory of the tier file (a tmpfs: /dev/shm, or a huge-page mount)")
+	fs.Float64Var(&o.seconds, "seconds", 3, "length of each phase")
+	fs.IntVar(&o.rounds, "rounds", 2, "rounds of the three phases, one after another")
+	fs.IntVar(&o.kv, "kv", 2, "KV processes (each stores and loads its own pages)")
+	fs.Int64Var(&o.base, "base", 20000, "Engram table base size per order (rows spread over base × orders)")
+	fs.IntVar(&o.batch, "batch", 1, "decode tokens per Engram call")
+	fs.DurationVar(&o.deadline, "deadline", 56*time.Microsecond, "time allowed from an Engram call to its rows being ready")
+	fs.DurationVar(&o.gap, "gap", 56*time.Microsecond, "the layer's compute between one call's rows and the next call (spun on the core, as a thread driving a GPU waits)")
+	fs.IntVar(&o.layers, "layers", 16, "KV: layers of a page (K and V each)")
+	fs.IntVar(&o.pages, "pages", 32, "KV: pages each KV process stores and loads a round")
+	fs.Int64Var(&o.chunk, "chunk", 32<<10, "KV: bytes of one layer's K (or V) of a page")
+	fs.StringVar(&o.geometry, "geometry", "v4.1-flash", "Engram geometry: "+fmt.Sprint(engram.PresetNames()))
+	fs.StringVar(&o.out, "out", "", "JSON output (default bench/results/local/link-cpu.json)")
+	fs.BoolVar(&o.keepTier, "keep-tier", false, "leave the tier file behind")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	n, err := tierflags.ParseSize(*size)
+	if err != nil {
+		return o, fmt.Errorf("-tier-size: %w", err)
+	}
+	o.tierSize = n
+	switch {
+	case o.seconds <= 0 || o.rounds < 1 || o.kv < 1 || o.batch < 1 || o.layers < 1 || o.pages < 1:
+		return o, errors.New("-seconds, -rounds, -kv, -batch, -layers and -pages must be positive")
+	case o.base < 1 || o.deadline <= 0 || o.gap < 0:
+		return o, errors.New("-base and -deadline must be positive, -gap at least 0")
+	case o.chunk < 64 || o.chunk%64 != 0:
+		return o, fmt.Errorf("-chunk %d: a positive multiple of 64 bytes", o.chunk)
+	}
+	if _, err := o.engramGeometry(); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+// engramGeometry is -geometry with every order's base size -base and its
+// first Engram layer alone (the one a call is timed on).
+func (o opts) engramGeometry() (engram.Geometry, error) {
+	g, err := engram.Preset(o.geometry)
+	if err != nil {
+		return g, fmt.Errorf("-geometry: %w", err)
+	}
+	for i := range g.BaseSizes {
+		g.BaseSizes[i] = o.base
+	}
+	g.LayerIDs = g.LayerIDs[:1]
+	return g, nil
+}
+
+func (o opts) kvBlockBytes() int64 { return 2 * int64(o.layers) * o.chunk }
+
+// Phase is what one phase measured: the prefetcher's calls and the KV
+// processes' bytes (each absent when the phase ran without them).
+type Phase struct {
+	Name   string  `json:"name"`
+	Engram *Party  `json:"engram,omitempty"`
+	KV     []Party `json:"kv,omitempty"`
+	// KVBytesPerSec is all KV processes' bytes (stored plus loaded) a second.
+	KVBytesPerSec float64 `json:"kv_bytes_per_sec,omitempty"`
+}
+
+// Round is one round's three phases and the ratios the goals are set on.
+type Round struct {
+	Idle, Bulk, Mixed Phase
+	// MissPointsOverIdle: the mixed phase's miss rate minus the idle one's,
+	// in percentage points (goal ≤ 0.5).
+	MissPointsOverIdle float64 `json:"miss_points_over_idle"`
+	// P99OverIdle: the mixed phase's p99 call over the idle one's (goal ≤ 1.2).
+	P99OverIdle float64 `json:"p99_over_idle"`
+	// BulkKept: the KV throughput mixed over alone (goal ≥ 0.9).
+	BulkKept float64 `json:"bulk_kept"`
+}
+
+// Report is the JSON result.
+type Report struct {
+	report.Run
+	Arbitration string  `json:"arbitration"`
+	Tier        string  `json:"tier"`
+	TierFS      string  `json:"tier_fs,omitempty"`
+	Seconds     float64 `json:"seconds_per_phase"`
+	Geometry    string  `json:"geometry"`
+	Batch       int     `json:"batch"`
+	DeadlineUs  float64 `json:"deadline_us"`
+	GapUs       float64 `json:"gap_us"`
+	KVProcs     int     `json:"kv_processes"`
+	KVPageBytes int64   `json:"kv_page_bytes"`
+	KVPages     int     `json:"kv_pages"`
+	Rounds      []Round `json:"rounds"`
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	o, err := parseOpts(args, stderr)
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp(o.tierDir, "cxltier-link-")
+	if err != nil {
+		return fmt.Errorf("tier directory: %w", err)
+	}
+	if !o.keepTier {
+		defer os.RemoveAll(dir)
+	}
+	o.tierPath = filepath.Join(dir, "tier")
+	fmt.Fprintf(stderr, "formatting a %s tier at %s; the Engram table and %d KV indexes...\n", tierflags.HumanSize(o.tierSize), o.tierPath, o.kv)
+	if err := prepare(o, stderr); err != nil {
+		return err
+	}
+	eng := kernels.NewCPU(0)
+	defer eng.Close()
+	rep := Report{Run: report.NewRun(eng), Arbitration: "none", Tier: o.tierPath, TierFS: mountOf(o.tierDir), Seconds: o.seconds,
+		Geometry: o.geometry, Batch: o.batch, DeadlineUs: us(o.deadline), GapUs: us(o.gap),
+		KVProcs: o.kv, KVPageBytes: o.kvBlockBytes(), KVPages: o.pages}
+	for i := range o.rounds {
+		rd, err := runRound(o, i, stderr)
+		if err != nil {
+			return err
+		}
+		rep.Rounds = append(rep.Rounds, rd)
+	}
+	printTable(stdout, rep)
+	return report.WriteJSON(o.out, "link", "cpu", rep, stderr)
+}
+
+// prepare formats the tier and makes what the parties open: the Engram
+// table and one KV index per KV process.
+func prepare(o opts, log io.Writer) error {
+	b, err := tier.ParseBacking("file:" + o.tierPath)
+	if err != nil {
+		return err
+	}
+	geo := tier.DefaultGeometry()
+	geo.DeviceSize = o.tierSize / geo.ChunkSize * geo.ChunkSize
+	r, err := tier.Format(tier.Options{Devices: []tier.Backing{b}, Geometry: geo})
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	c, err := r.Attach(tier.ClientOptions{Name: "link"})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	g, _ := o.engramGeometry()
+	h, err := engram.NewHasher(g)
+	if err != nil {
+		return err
+	}
+	if _, err := engram.CreateTable(c, g, h, g.LayerIDs[0], func(i int64, row []byte) error {
+		engram.SyntheticRow(g.LayerIDs[0], i, row)
+		return nil
+	}, log); err != nil {
+		return fmt.Errorf("engram table: %w (a larger -tier-size, or a smaller -base)", err)
+	}
+	for i := range o.kv {
+		s, err := prefix.Create(c, prefix.Config{Name: kvName(i), Blocks: int64(o.pages), BlockBytes: o.kvBlockBytes(), PinsPerClient: 4 * int64(o.pages)})
+		if err != nil {
+			return fmt.Errorf("KV index %d: %w (a larger -tier-size, or fewer -pages)", i, err)
+		}
+		if err := s.Close(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func kvName(i int) string { return "link-kv" + strconv.Itoa(i) }
+
+// runRound runs the idle, bulk and mixed phases.
+func runRound(o opts, round int, log io.Writer) (Round, error) {
+	var rd Round
+	var err error
+	for _, ph := range []struct {
+		p          *Phase
+		name       string
+		engram, kv bool
+	}{{&rd.Idle, "idle", true, false}, {&rd.Bulk, "bulk", false, true}, {&rd.Mixed, "mixed", true, true}} {
+		fmt.Fprintf(log, "round %d: %s phase (%.1f s)...\n", round+1, ph.name, o.seconds)
+		if *ph.p, err = runPhase(o, ph.name, ph.engram, ph.kv); err != nil {
+			return rd, fmt.Errorf("round %d, %s phase: %w", round+1, ph.name, err)
+		}
+	}
+	rd.MissPointsOverIdle = 100 * (rd.Mixed.Engram.MissRate - rd.Idle.Engram.MissRate)
+	rd.P99OverIdle = rd.Mixed.Engram.P99us / rd.Idle.Engram.P99us
+	rd.BulkKept = rd.Mixed.KVBytesPerSec / rd.Bulk.KVBytesPerSec
+	return rd, nil
+}
+
+// runPhase starts the phase's parties together and collects what each
+// reports.
+func runPhase(o opts, name string, withEngram, withKV bool) (Phase, error) {
+	// The parties start at one instant, after each has set itself up.
+	start := time.Now().Add(time.Second + time.Duration(o.kv)*200*time.Millisecond)
+	end := start.Add(time.Duration(o.seconds * float64(time.Second)))
+	var cmds []*exec.Cmd
+	var outs []*bytes.Buffer
+	add := func(role string, extra ...string) error {
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		args := append([]string{roleArg, "-role", role, "-tier", o.tierPath,
+			"-start", strconv.FormatInt(start.UnixNano(), 10), "-end", strconv.FormatInt(end.UnixNano(), 10)}, extra...)
+		cmd := exec.Command(self, args...)
+		out := new(bytes.Buffer)
+		cmd.Stdout, cmd.Stderr = out, os.Stderr
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("start the %s party: %w", role, err)
+		}
+		cmds, outs = append(cmds, cmd), append(outs, out)
+		return nil
+	}
+	var err error
+	if withEngram {
+		err = add("engram", "-geometry", o.geometry, "-base", strconv.FormatInt(o.base, 10), "-batch", strconv.Itoa(o.batch),
+			"-deadline", o.deadline.String(), "-gap", o.gap.String())
+	}
+	for i := 0; withKV && i < o.kv && err == nil; i++ {
+		err = add("kv", "-index", kvName(i), "-layers", strconv.Itoa(o.layers), "-pages", strconv.Itoa(o.pages),
+			"-chunk", strconv.FormatInt(o.chunk, 10))
+	}
+	ph := Phase{Name: name}
+	// A party past its phase by this much is stuck: it is killed, and the
+	// phase fails naming it, rather than the run waiting for ever.
+	stuck := time.AfterFunc(time.Until(end)+partyGrace, func() {
+		for _, cmd := range cmds {
+			cmd.Process.Kill()
+		}
+	})
+	defer stuck.Stop()
+	for i, cmd := range cmds {
+		if werr := cmd.Wait(); werr != nil && err == nil {
+			err = fmt.Errorf("party %d (%v): %w", i, cmd.Args[3], werr)
+		}
+	}
+	if err != nil {
+		return ph, err
+	}
+	for _, out := range outs {
+		var p Party
+		if err := json.Unmarshal(out.Bytes(), &p); err != nil {
+			return ph, fmt.Errorf("a party's report %q: %w", out.String(), err)
+		}
+		if p.Role == "engram" {
+			ph.Engram = &p
+		} else {
+			ph.KV = append(ph.KV, p)
+			ph.KVBytesPerSec += p.BytesPerSec
+		}
+	}
+	return ph, nil
+}
+
+func printTable(w io.Writer, rep Report) {
+	fmt.Fprintf(w, "Engram %s, batch %d, deadline %.0f µs, a call every %.0f µs after the last one's rows; %d KV processes of %d × %s pages; arbitration: %s\n",
+		rep.Geometry, rep.Batch, rep.DeadlineUs, rep.GapUs, rep.KVProcs, rep.KVPages, tierflags.HumanSize(rep.KVPageBytes), rep.Arbitration)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "round\tphase\tcalls\tmisses %\tp50 µs\tp99 µs\tKV GB/s\t")
+	for i, rd := range rep.Rounds {
+		for _, ph := range []Phase{rd.Idle, rd.Bulk, rd.Mixed} {
+			calls, miss, p50, p99, kv := "-", "-", "-", "-", "-"
+			if e := ph.Engram; e != nil {
+				calls, miss = strconv.Itoa(e.Calls), fmt.Sprintf("%.2f", 100*e.MissRate)
+				p50, p99 = fmt.Sprintf("%.1f", e.P50us), fmt.Sprintf("%.1f", e.P99us)
+			}
+			if ph.KV != nil {
+				kv = fmt.Sprintf("%.2f", ph.KVBytesPerSec/1e9)
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", i+1, ph.Name, calls, miss, p50, p99, kv)
+		}
+	}
+	tw.Flush()
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "round\tmisses over idle (goal ≤ 0.5 pt)\tp99 over idle (goal ≤ 1.2×)\tKV kept (goal ≥ 0.9×)\t")
+	for i, rd := range rep.Rounds {
+		fmt.Fprintf(tw, "%d\t%+.2f pt %s\t%.2f× %s\t%.2f× %s\t\n", i+1,
+			rd.MissPointsOverIdle, met(rd.MissPointsOverIdle <= 0.5), rd.P99OverIdle, met(rd.P99OverIdle <= 1.2), rd.BulkKept, met(rd.BulkKept >= 0.9))
+	}
+	tw.Flush()
+}
+
+func met(ok bool) string {
+	if ok {
+		return "(met)"
+	}
+	return "(missed)"
+}
+
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
+// mountOf is the filesystem the tier file lies on and its options, from
+// /proc/self/mounts ("tmpfs rw,huge=always"), so a result says whether its
+// tier had huge pages; "" where it cannot tell.
+func mountOf(dir string) string {
+	raw, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return ""
+	}
+	dir, _ = filepath.Abs(dir)
+	best, found := "", ""
+	for _, line := range strings.Split(string(raw), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 {
+			continue
+		}
+		at := f[1]
+		if (dir == at || strings.HasPrefix(dir, strings.TrimSuffix(at, "/")+"/")) && len(at) >= len(best) {
+			best, found = at, f[2]+" "+f[3]
+		}
+	}
+	return found
+}

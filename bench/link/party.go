@@ -1,0 +1,268 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/cxltier/cxltier/engram"
+	"github.com/cxltier/cxltier/kernels"
+	"github.com/cxltier/cxltier/prefix"
+	"github.com/cxltier/cxltier/tier"
+)
+
+// Party is what one party process reports when its phase ends.
+type Party struct {
+	Role string `json:"role"`
+	// The prefetcher's calls, those whose rows were ready past the
+	// deadline, and the call latencies' percentiles.
+	Calls    int     `json:"calls,omitempty"`
+	Misses   int     `json:"misses,omitempty"`
+	MissRate float64 `json:"miss_rate"`
+	P50us    float64 `json:"p50_us,omitempty"`
+	P99us    float64 `json:"p99_us,omitempty"`
+	// A KV process's bytes stored and loaded (every page verified as it
+	// lands), and its rounds of a store and a load of all its pages.
+	Bytes       int64   `json:"bytes,omitempty"`
+	KVRounds    int     `json:"kv_rounds,omitempty"`
+	BytesPerSec float64 `json:"bytes_per_sec,omitempty"`
+}
+
+// partyOpts are a party's flags.
+type partyOpts struct {
+	role, tierPath, index, geometry string
+	start, end                      int64
+	base                            int64
+	batch, layers, pages            int
+	chunk                           int64
+	deadline, gap                   time.Duration
+}
+
+func runRole(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("link party", flag.ContinueOnError)
+	var p partyOpts
+	fs.StringVar(&p.role, "role", "", "engram or kv")
+	fs.StringVar(&p.tierPath, "tier", "", "tier file")
+	fs.Int64Var(&p.start, "start", 0, "phase start, Unix ns")
+	fs.Int64Var(&p.end, "end", 0, "phase end, Unix ns")
+	fs.StringVar(&p.index, "index", "", "kv: the KV index")
+	fs.IntVar(&p.layers, "layers", 16, "kv: layers")
+	fs.IntVar(&p.pages, "pages", 32, "kv: pages")
+	fs.Int64Var(&p.chunk, "chunk", 32<<10, "kv: chunk bytes")
+	fs.StringVar(&p.geometry, "geometry", "", "engram: geometry")
+	fs.Int64Var(&p.base, "base", 0, "engram: base size")
+	fs.IntVar(&p.batch, "batch", 1, "engram: batch")
+	fs.DurationVar(&p.deadline, "deadline", 0, "engram: deadline")
+	fs.DurationVar(&p.gap, "gap", 0, "engram: gap")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	b, err := tier.ParseBacking("file:" + p.tierPath)
+	if err != nil {
+		return err
+	}
+	r, err := tier.Open(tier.Options{Devices: []tier.Backing{b}})
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	c, err := r.Attach(tier.ClientOptions{Name: p.role})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	eng := kernels.NewCPU(1) // one worker: a party is one engine's one stream of copies
+	defer eng.Close()
+	var res Party
+	switch p.role {
+	case "engram":
+		res, err = engramParty(r, c, eng, p)
+	case "kv":
+		res, err = kvParty(c, eng, p)
+	default:
+		err = fmt.Errorf("role %q: want engram or kv", p.role)
+	}
+	if err != nil {
+		return fmt.Errorf("%s party: %w", p.role, err)
+	}
+	res.Role = p.role
+	return json.NewEncoder(stdout).Encode(res)
+}
+
+// untilStart sleeps until the phase starts; a party that was set up too
+// late to start with the others says so rather than measure a shorter
+// phase.
+func untilStart(p partyOpts) error {
+	d := time.Until(time.Unix(0, p.start))
+	if d < 0 {
+		return fmt.Errorf("set up %v after the phase started", -d)
+	}
+	time.Sleep(d)
+	return nil
+}
+
+// engramParty calls the prefetcher for one layer in a loop, one batch of
+// uniform ids a call: it waits for the call's rows, then for the layer's
+// compute (-gap), and calls again, as a decode step does layer by layer.
+func engramParty(r *tier.Region, c *tier.Client, eng kernels.Engine, p partyOpts) (Party, error) {
+	g, err := engram.Preset(p.geometry)
+	if err != nil {
+		return Party{}, err
+	}
+	for i := range g.BaseSizes {
+		g.BaseSizes[i] = p.base
+	}
+	g.LayerIDs = g.LayerIDs[:1]
+	h, err := engram.NewHasher(g)
+	if err != nil {
+		return Party{}, err
+	}
+	t, err := engram.OpenTable(r, g, h, g.LayerIDs[0], false)
+	if err != nil {
+		return Party{}, err
+	}
+	pf, err := engram.NewPrefetcher(eng, c, h, []*engram.Table{t}, engram.PrefetchOptions{Slots: 64 * p.batch, Deadline: p.deadline})
+	if err != nil {
+		return Party{}, err
+	}
+	defer pf.Close()
+	rng := rand.New(rand.NewPCG(uint64(p.start), 7))
+	hist, seqs := make([][]int64, p.batch), make([][]int64, p.batch)
+	for b := range hist {
+		hist[b] = []int64{rng.Int64N(g.Vocab), rng.Int64N(g.Vocab), rng.Int64N(g.Vocab)}
+		seqs[b] = []int64{rng.Int64N(g.Vocab)}
+	}
+	call := func() (time.Duration, error) {
+		for b := range seqs {
+			hist[b] = append(hist[b][1:], seqs[b][0])
+			seqs[b][0] = rng.Int64N(g.Vocab)
+		}
+		pd, err := pf.Prefetch(t.Layer, hist, seqs)
+		if err != nil {
+			return 0, err
+		}
+		return pd.Wait()
+	}
+	for range 200 { // page in the table's rows and the buffers before the phase
+		if _, err := call(); err != nil {
+			return Party{}, err
+		}
+	}
+	if err := untilStart(p); err != nil {
+		return Party{}, err
+	}
+	var lat []time.Duration
+	for time.Now().UnixNano() < p.end {
+		d, err := call()
+		if err != nil {
+			return Party{}, err
+		}
+		lat = append(lat, d)
+		spin(p.gap)
+	}
+	if len(lat) == 0 {
+		return Party{}, errors.New("no call in the phase")
+	}
+	slices.Sort(lat)
+	res := Party{Calls: len(lat), P50us: us(lat[len(lat)/2]), P99us: us(lat[len(lat)*99/100])}
+	for _, d := range lat {
+		if d > p.deadline {
+			res.Misses++
+		}
+	}
+	res.MissRate = float64(res.Misses) / float64(len(lat))
+	return res, nil
+}
+
+// kvParty stores all its pages and loads them back (every page checked
+// against its checksum as it lands), then deletes them, in a loop, as
+// fast as the link lets it: one engine's KV stores and loads of other
+// requests.
+func kvParty(c *tier.Client, eng kernels.Engine, p partyOpts) (Party, error) {
+	s, err := prefix.Open(c, p.index)
+	if err != nil {
+		return Party{}, err
+	}
+	defer s.Close()
+	l := prefix.Layout{ChunkBytes: p.chunk}
+	for range 2 * p.layers {
+		buf, err := eng.Alloc(int64(2*p.pages) * p.chunk)
+		if err != nil {
+			return Party{}, err
+		}
+		defer buf.Free()
+		fill := make([]byte, buf.Len())
+		for i := range fill {
+			fill[i] = byte(i*31 + i>>9)
+		}
+		if err := eng.Upload(buf, 0, fill); err != nil {
+			return Party{}, err
+		}
+		l.Chunks = append(l.Chunks, kernels.Span{Buf: buf})
+	}
+	m, err := prefix.NewMover(s, eng, nil)
+	if err != nil {
+		return Party{}, err
+	}
+	defer m.Close()
+	m.Verify = true
+	keys := make([]prefix.Key, p.pages)
+	src, dst := make([]int64, p.pages), make([]int64, p.pages)
+	for i := range p.pages {
+		src[i], dst[i] = int64(i), int64(p.pages+i)
+	}
+	round := func(n int) error {
+		for i := range keys {
+			keys[i] = prefix.StringKey(fmt.Sprintf("%s/%d/%d", p.index, n, i))
+		}
+		st, err := m.Put(keys, l, src)
+		if err != nil {
+			return err
+		}
+		for i, x := range st {
+			if x != prefix.Reserved {
+				return fmt.Errorf("page %d of round %d: %v, not stored", i, n, x)
+			}
+		}
+		if err := m.GetAll(keys, l, dst); err != nil {
+			return err
+		}
+		if n, err := s.Delete(keys); err != nil || n != len(keys) {
+			return fmt.Errorf("delete: %d of %d, %v", n, len(keys), err)
+		}
+		return nil
+	}
+	if err := round(-1); err != nil { // page in the pool and the tier's blocks
+		return Party{}, err
+	}
+	if err := untilStart(p); err != nil {
+		return Party{}, err
+	}
+	res := Party{}
+	t0 := time.Now()
+	for time.Now().UnixNano() < p.end {
+		if err := round(res.KVRounds); err != nil {
+			return Party{}, err
+		}
+		res.KVRounds++
+	}
+	page := 2 * int64(p.layers) * p.chunk
+	res.Bytes = 2 * int64(res.KVRounds) * int64(p.pages) * page
+	res.BytesPerSec = float64(res.Bytes) / time.Since(t0).Seconds()
+	return res, nil
+}
+
+// spin waits d on the core, as the thread that drives a GPU waits for its
+// kernels: a sleep would give the core up, and waking from it costs
+// more than a layer (a 56 µs sleep took about a millisecond on a 2-core
+// machine, with one call in seven then past its deadline from the wake-up
+// alone).
+func spin(d time.Duration) {
+	for t := time.Now(); time.Since(t) < d; {
+	}
+}
