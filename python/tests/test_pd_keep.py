@@ -9,6 +9,7 @@ KV pool and the sender are the real ones (no SGLang needed: the sender's
 store path reads none of it)."""
 
 import ctypes
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -87,17 +88,25 @@ def test_a_page_lost_twice_fails_the_request_saying_why(manager):
     sender._end_room()  # as the failure concludes the side: the pins it took go
 
 
-def test_a_page_another_writer_holds_again_is_left_to_it(manager):
-    """Found there when stored again, and still not to be pinned (another
-    writer stored it meanwhile and it went again, or that writer is still
-    writing it: the same MLA page from another rank of the prefill), the
-    page is that writer's to publish: no failure. (Failing here failed an
-    MLA prefill of TP 2 in CI, whose ranks store the same pages at once.)"""
+def test_a_page_another_writer_never_lets_be_kept_fails_in_time(manager, monkeypatch):
+    """Found there when stored again, and still not to be pinned, the page
+    is another writer's in flight (the same MLA page from another rank of
+    the prefill, an uplink's fill): the sender waits for that writer to
+    publish it (then keeps it) or give it up (then stores it), and says
+    nothing to the decode meanwhile. One that never comes to be kept (here
+    another writer stores it and it is evicted, again and again) fails the
+    request within SGLang's waiting timeout, saying why. (It was left to
+    that writer, and the decode told its pages were in: a TP 2 MLA decode
+    rank then failed, a page missing, while the other prefill rank still
+    wrote it.)"""
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "1")
     tokens = list(range(300, 300 + PAGES * PAGE))
     block = manager.page_keys(tokens)
     sender = CxlTierKVSender(manager, "tier", 9)
     losing(manager, every_time=True, then_theirs=True)
-    sender._store_part(block, list(range(PAGES)))
-    assert sender.written == PAGES  # its own pages, once each
-    assert all(pinned(manager, block.hex(i)) for i in range(1, PAGES))
+    began = time.monotonic()
+    with pytest.raises(DisaggError, match="another writer was writing were neither published nor given up"):
+        sender._store_part(block, list(range(PAGES)))
+    assert time.monotonic() - began < 30, "the wait for the other writer is not bounded by the timeout"
+    assert all(pinned(manager, block.hex(i)) for i in range(1, PAGES))  # its own pages, kept until the side ends
     sender._end_room()
