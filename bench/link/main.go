@@ -124,15 +124,25 @@ func parseOpts(args []string, stderr io.Writer) (opts, error) {
 	return o, nil
 }
 
-// engramGeometry is -geometry with every order's base size -base and its
-// first Engram layer alone (the one a call is timed on).
+// engramGeometry is -geometry scaled by -base.
 func (o opts) engramGeometry() (engram.Geometry, error) {
-	g, err := engram.Preset(o.geometry)
+	g, err := scaledGeometry(o.geometry, o.base)
 	if err != nil {
 		return g, fmt.Errorf("-geometry: %w", err)
 	}
+	return g, nil
+}
+
+// scaledGeometry is preset name with every order's base size base and its
+// first Engram layer alone (the one a call is timed on): the parent builds
+// the table by it and the prefetcher party opens it by it.
+func scaledGeometry(name string, base int64) (engram.Geometry, error) {
+	g, err := engram.Preset(name)
+	if err != nil {
+		return g, err
+	}
 	for i := range g.BaseSizes {
-		g.BaseSizes[i] = o.base
+		g.BaseSizes[i] = base
 	}
 	g.LayerIDs = g.LayerIDs[:1]
 	return g, nil

@@ -110,14 +110,10 @@ func untilStart(p partyOpts) error {
 // uniform ids a call: it waits for the call's rows, then for the layer's
 // compute (-gap), and calls again, as a decode step does layer by layer.
 func engramParty(r *tier.Region, c *tier.Client, eng kernels.Engine, p partyOpts) (Party, error) {
-	g, err := engram.Preset(p.geometry)
+	g, err := scaledGeometry(p.geometry, p.base)
 	if err != nil {
 		return Party{}, err
 	}
-	for i := range g.BaseSizes {
-		g.BaseSizes[i] = p.base
-	}
-	g.LayerIDs = g.LayerIDs[:1]
 	h, err := engram.NewHasher(g)
 	if err != nil {
 		return Party{}, err

@@ -337,16 +337,7 @@ func TestEveryRoomInFlightIsKept(t *testing.T) {
 // A decode process that exits holding rooms: a full table frees them for
 // the next claim (the process is gone; its lease is not reaped yet).
 func TestRoomsOfADeadDecodeAreReclaimed(t *testing.T) {
-	dir := t.TempDir()
-	dev := "file:" + dir + "/dev0"
-	b, _ := tier.ParseBacking(dev)
-	g := tier.DefaultGeometry()
-	g.DeviceSize, g.ChunkSize, g.Stripe, g.ClientsPerNode = 16<<20, 64<<10, 64<<10, 16
-	r, err := tier.Format(tier.Options{Devices: []tier.Backing{b}, Geometry: g})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	dev, r := fileTier(t)
 	c, _ := r.Attach(tier.ClientOptions{Name: "test"})
 	defer c.Close()
 	tb, err := Open(c, Config{Name: "pd", Slots: 8, SlotBytes: 1024})
@@ -701,15 +692,7 @@ func TestOpenWaitsForTheHeaderOfATableBeingMade(t *testing.T) {
 // open.
 func TestProcessesMakingTheTableAtOnceAllOpenIt(t *testing.T) {
 	for round := range 3 {
-		dev := "file:" + t.TempDir() + "/dev0"
-		b, _ := tier.ParseBacking(dev)
-		g := tier.DefaultGeometry()
-		g.DeviceSize, g.ChunkSize, g.Stripe, g.ClientsPerNode = 16<<20, 64<<10, 64<<10, 16
-		r, err := tier.Format(tier.Options{Devices: []tier.Backing{b}, Geometry: g})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer r.Close()
+		dev, r := fileTier(t)
 		const n = 4
 		cmds := make([]*exec.Cmd, n)
 		outs := make([]bytes.Buffer, n)
@@ -732,4 +715,20 @@ func TestProcessesMakingTheTableAtOnceAllOpenIt(t *testing.T) {
 			t.Fatalf("round %d: objects %v, %v; want the one table", round, objs, err)
 		}
 	}
+}
+
+// fileTier formats a 16 MiB tier on a file that other processes of the
+// test can map: its device spec, and the region (closed at cleanup).
+func fileTier(t *testing.T) (string, *tier.Region) {
+	t.Helper()
+	dev := "file:" + t.TempDir() + "/dev0"
+	b, _ := tier.ParseBacking(dev)
+	g := tier.DefaultGeometry()
+	g.DeviceSize, g.ChunkSize, g.Stripe, g.ClientsPerNode = 16<<20, 64<<10, 64<<10, 16
+	r, err := tier.Format(tier.Options{Devices: []tier.Backing{b}, Geometry: g})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return dev, r
 }
