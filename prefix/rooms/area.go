@@ -6,6 +6,7 @@ import (
 	"hash/crc32"
 	"runtime"
 	"sync/atomic"
+	"time"
 
 	"github.com/cxltier/cxltier/internal/errkind"
 	"github.com/cxltier/cxltier/internal/words"
@@ -192,7 +193,8 @@ func (t *Table) readArea(rm Room, side Side) (area, error) {
 		return area{}, err
 	}
 	snap := make([]byte, line, line+max)
-	for try := 0; try < readRetries; try++ {
+	var deadline time.Time
+	for try := 0; ; try++ {
 		if err := t.refresh(off, line); err != nil {
 			return area{}, err
 		}
@@ -209,10 +211,48 @@ func (t *Table) readArea(rm Room, side Side) (area, error) {
 			if atomic.LoadUint64(words.U64At(b, areaSeq)) == s1 {
 				return t.parseArea(rm, side, snap, max)
 			}
+		} else if done, err := t.midWrite(rm, side, b); done {
+			return area{}, err
 		}
-		runtime.Gosched()
+		if try == spinTries {
+			deadline = time.Now().Add(readWait)
+		} else if try > spinTries && time.Now().After(deadline) {
+			break
+		}
+		pause(try)
 	}
-	return area{}, fmt.Errorf("%w: table %q, slot %d: the %s side's records kept changing", ErrBusy, t.name, rm.Slot, side)
+	return area{}, fmt.Errorf("%w: table %q, slot %d: the %s side's writer stayed mid-write for %v", ErrBusy, t.name, rm.Slot, side, readWait)
+}
+
+// midWrite judges an area whose sequence word is odd, header b: done with
+// no error when the writer writes another generation's records (this
+// room's has none yet: the write is not done), done with ErrWriterGone
+// when this generation's writer died inside its window (its records are
+// lost, and its area is never even again until the next generation's
+// first write mends it), not done while that writer may still run. The
+// writer stores its token and the generation before the sequence word
+// turns even, so a generation read as this room's comes with its
+// writer's token.
+func (t *Table) midWrite(rm Room, side Side, b []byte) (bool, error) {
+	if binary.LittleEndian.Uint32(b[areaGen:]) != rm.Gen {
+		return true, nil
+	}
+	token := binary.LittleEndian.Uint64(b[areaToken:])
+	if token != t.c.Token() && !t.r.TokenRuns(token) {
+		return true, fmt.Errorf("%w: table %q, slot %d, the %s side's records", ErrWriterGone, t.name, rm.Slot, side)
+	}
+	return false, nil
+}
+
+// pause waits a little longer on each try of a reader: yield to the
+// writer first, then sleep, so that a writer whose process the kernel
+// preempted mid-write (a busy machine) gets the core back.
+func pause(try int) {
+	if try < spinTries {
+		runtime.Gosched()
+		return
+	}
+	time.Sleep(time.Duration(1<<min(try-spinTries, 10)) * time.Microsecond)
 }
 
 func (t *Table) parseArea(rm Room, side Side, snap []byte, max int) (area, error) {

@@ -194,17 +194,24 @@ func (t *Table) reclaimLocked() (int, error) {
 }
 
 // abandoned reports whether no live process will free the room. A room
-// whose areas cannot be read is left alone: Reclaim frees rooms, never
-// damage it cannot name.
+// whose areas cannot be read is left alone (Reclaim frees rooms, never
+// damage it cannot name) unless the damage is a side's writer dying
+// mid-write: that side will not end the room.
 func (t *Table) abandoned(rm Room, id identity) bool {
 	if !t.r.TokenRuns(id.token) {
 		return true
 	}
 	d, err := t.readArea(rm, Decode)
+	if errors.Is(err, ErrWriterGone) {
+		return true
+	}
 	if err != nil || !d.has(endRecord) {
 		return false
 	}
 	p, err := t.readArea(rm, Prefill)
+	if errors.Is(err, ErrWriterGone) {
+		return true
+	}
 	return err == nil && (p.token == 0 || p.has(endRecord) || !t.r.TokenRuns(p.token))
 }
 

@@ -52,6 +52,9 @@ var (
 	ErrGone = errkind.New(errkind.NotFound, "rooms: room gone")
 	// ErrCorrupt: a slot or the header failed its checks.
 	ErrCorrupt = errkind.New(errkind.Damaged, "rooms: table damaged")
+	// ErrWriterGone: a side's process died while it wrote its records;
+	// they are lost (an ErrCorrupt too).
+	ErrWriterGone = fmt.Errorf("%w: a writer died mid-write", ErrCorrupt)
 	// ErrTooLarge: a record does not fit its side's area.
 	ErrTooLarge = errkind.New(errkind.Invalid, "rooms: record too large")
 	// ErrBadConfig: a table of that shape cannot be made.
@@ -86,9 +89,13 @@ const (
 	maxSlotBytes = 1 << 20
 	maxSlots     = 1 << 20
 	claimed      = 1
-	// readRetries bounds how often a reader retries an area that changed
-	// under it before it says ErrBusy.
-	readRetries = 1000
+	// A reader retries an area that changed under it spinTries times,
+	// then for readWait more before it says ErrBusy. A writer's window is
+	// one copy of at most a slot, but a busy machine can preempt the
+	// writer's process inside it for a few time slices: a bound on tries
+	// alone (the old one, 1000 yields) failed a room's End under CI's load.
+	spinTries = 64
+	readWait  = time.Second
 )
 
 // Config shapes a table created by Open.

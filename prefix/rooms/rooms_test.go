@@ -10,10 +10,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cxltier/cxltier/internal/tiertest"
+	"github.com/cxltier/cxltier/internal/words"
 	"github.com/cxltier/cxltier/tier"
 )
 
@@ -422,6 +424,71 @@ func TestDamageIsNamed(t *testing.T) {
 				t.Fatalf("damaged %s: %v", c.name, err)
 			}
 		})
+	}
+}
+
+// A reader waits for a writer the kernel preempted mid-write (its
+// sequence word odd for several time slices: CI's load did this to a
+// room's End, which gave up after 1000 yields); a writer that died
+// mid-write loses its records, which readers and a full table's reclaim
+// are told at once; an earlier generation's dead writer leaves a room
+// that starts clean.
+func TestReadersWaitOutAStalledWriterAndNameADeadOne(t *testing.T) {
+	h, r := setup(t, 2, false)
+	rm, _ := h.decode.Claim(12, 0)
+	h.decode.Put(rm, Decode, "hello", []byte("whole"))
+	if err := h.prefill.Put(rm, Prefill, "accept", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	b, err := r.Slice(h.prefill.areaOff(rm.Slot, Prefill), line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := words.U64At(b, areaSeq)
+	s := atomic.LoadUint64(seq)
+	atomic.StoreUint64(seq, s|1) // the prefill inside its window...
+	resumed := time.AfterFunc(50*time.Millisecond, func() { atomic.StoreUint64(seq, (s|1)+1) })
+	defer resumed.Stop()
+	if got, ok := get(t, h.decode, rm, Prefill, "accept"); !ok || got != "{}" {
+		t.Fatalf("after a stalled writer: %q, %v", got, ok)
+	}
+
+	gone, err := r.Attach(tier.ClientOptions{Name: "gone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	binary.LittleEndian.PutUint64(b[areaToken:], gone.Token())
+	gone.Close()
+	atomic.StoreUint64(seq, atomic.LoadUint64(seq)|1) // ...and one that died in it
+	_, _, err = h.decode.Get(rm, Prefill, "accept", make([]byte, 64))
+	if !errors.Is(err, ErrWriterGone) || !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), `"pd", slot`) {
+		t.Fatalf("a writer dead mid-write: %v, want ErrWriterGone naming the table", err)
+	}
+	if _, err := h.decode.End(rm, Decode); !errors.Is(err, ErrWriterGone) {
+		t.Fatalf("the decode ending the room: %v", err)
+	}
+	other, err := h.decode.Claim(13, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := h.decode.Claim(14, 0) // the table is full: the dead writer's room is reclaimed
+	if err != nil || again.Slot != rm.Slot {
+		t.Fatalf("a claim on a full table with a dead writer's room: %v, %v (that room's slot %d)", again, err, rm.Slot)
+	}
+	if _, ok, err := h.prefill.Find(14, 0); !ok || err != nil {
+		t.Fatalf("the prefill finding the new room: %v, %v", ok, err)
+	}
+	if err := h.decode.check(other); err != nil {
+		t.Fatalf("the live room was reclaimed: %v", err)
+	}
+	if got, ok := get(t, h.decode, again, Prefill, "accept"); ok {
+		t.Fatalf("a new claim of the slot reads the dead writer's records: %q", got)
+	}
+	if err := h.prefill.Put(again, Prefill, "accept", []byte("new")); err != nil {
+		t.Fatalf("the next generation's first write: %v", err)
+	}
+	if got, _ := get(t, h.decode, again, Prefill, "accept"); got != "new" {
+		t.Fatalf("after the next generation's write: %q", got)
 	}
 }
 
