@@ -44,6 +44,17 @@ type PrefetchOptions struct {
 	// pools and prefetchers use it); nil registers them here, and Close
 	// unregisters them.
 	Ranges []kernels.RangeID
+	// Link, when set, is told each call's deadline (Deadline after the
+	// call) and when its rows are in: tier/link's arbiter, which makes the
+	// bulk copies of every process on the node wait while a call is due.
+	Link Claimer
+}
+
+// Claimer is told of transfers with a deadline: Claim when one starts,
+// Done when it ends (missed: ready past the deadline), in that order.
+type Claimer interface {
+	Claim(deadline time.Time)
+	Done(missed bool)
 }
 
 // Prefetcher gathers Engram rows from tier tables into a per-layer cache
@@ -184,12 +195,14 @@ type Pending struct {
 	// Slots holds, per position and head (the Hash layout), the cache slot
 	// of that row in the layer's CacheBuffer. With engine planning and the
 	// cache it is filled by Wait; read it after Wait.
-	Slots  []int32
-	h      kernels.Handle
-	start  time.Time
-	p      *Prefetcher
-	waited bool
-	ready  time.Duration
+	Slots []int32
+	h     kernels.Handle
+	start time.Time
+	// claimed: the call's deadline is claimed on the link until Wait.
+	claimed bool
+	p       *Prefetcher
+	waited  bool
+	ready   time.Duration
 	// lc and fetched: the layer and the slots this call fetches into, to
 	// drop from the cache if the fetch fails.
 	lc      *layerCache
@@ -210,7 +223,12 @@ func (pd *Pending) Wait() (time.Duration, error) {
 	if pd.waited {
 		return pd.ready, pd.err
 	}
-	if err := pd.h.Wait(); err != nil {
+	err := pd.h.Wait()
+	if pd.claimed {
+		pd.claimed = false
+		pd.p.opts.Link.Done(err == nil && time.Since(pd.start) > pd.p.opts.Deadline)
+	}
+	if err != nil {
 		pd.lc.mu.Lock()
 		pd.lc.pl.forget(pd.fetched) // the slots may not hold their rows
 		pd.lc.mu.Unlock()
@@ -252,7 +270,18 @@ func (p *Prefetcher) Prefetch(layer int, histories, seqs [][]int64) (*Pending, e
 	if histories != nil && len(histories) != len(seqs) {
 		return nil, fmt.Errorf("%w: %d histories for %d sequences", ErrInput, len(histories), len(seqs))
 	}
-	return lc.pl.prefetch(p, lc, histories, seqs, start)
+	link := p.opts.Link
+	if link == nil || p.opts.Deadline <= 0 {
+		return lc.pl.prefetch(p, lc, histories, seqs, start)
+	}
+	link.Claim(start.Add(p.opts.Deadline))
+	pd, err := lc.pl.prefetch(p, lc, histories, seqs, start)
+	if err != nil {
+		link.Done(false)
+		return nil, err
+	}
+	pd.claimed = true
+	return pd, nil
 }
 
 // hostLayer hashes a call's rows and keeps the cache's tags on the host

@@ -39,7 +39,10 @@ func TestBlocksChecksums(t *testing.T) {
 	makers := append(engineMakers[:len(engineMakers):len(engineMakers)], struct {
 		name string
 		make func(t testing.TB) Engine
-	}{"cpu-7-workers", func(testing.TB) Engine { return NewCPU(7) }})
+	}{"cpu-7-workers", func(testing.TB) Engine { return NewCPU(7) }}, struct {
+		name string
+		make func(t testing.TB) Engine
+	}{"cpu-paced", func(testing.TB) Engine { e := NewCPU(3); e.SetPacer(&countingPacer{}, 40<<10); return e }})
 	for _, m := range makers {
 		t.Run(m.name, func(t *testing.T) {
 			e := m.make(t)

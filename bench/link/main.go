@@ -81,6 +81,9 @@ type opts struct {
 	out      string
 	keepTier bool
 	tierPath string
+	// arbiter: "off", "on", or "both" (a mixed phase each way, every round).
+	arbiter string
+	piece   int64
 }
 
 func parseOpts(args []string, stderr io.Writer) (opts, error) {
@@ -102,6 +105,8 @@ func parseOpts(args []string, stderr io.Writer) (opts, error) {
 	fs.StringVar(&o.geometry, "geometry", "v4.1-flash", "Engram geometry: "+fmt.Sprint(engram.PresetNames()))
 	fs.StringVar(&o.out, "out", "", "JSON output (default bench/results/local/link-cpu.json)")
 	fs.BoolVar(&o.keepTier, "keep-tier", false, "leave the tier file behind")
+	fs.StringVar(&o.arbiter, "arbiter", "both", "the link arbiter (tier/link) in the mixed phase: off, on, or both (a mixed phase each way every round)")
+	fs.Int64Var(&o.piece, "piece", kernels.DefaultPiece, "with the arbiter: bytes a KV process moves between looks at the link's claims")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -117,6 +122,10 @@ func parseOpts(args []string, stderr io.Writer) (opts, error) {
 		return o, errors.New("-base and -deadline must be positive, -gap at least 0")
 	case o.chunk < 64 || o.chunk%64 != 0:
 		return o, fmt.Errorf("-chunk %d: a positive multiple of 64 bytes", o.chunk)
+	case o.arbiter != "off" && o.arbiter != "on" && o.arbiter != "both":
+		return o, fmt.Errorf("-arbiter %q: off, on or both", o.arbiter)
+	case o.piece < 1:
+		return o, fmt.Errorf("-piece %d: want positive", o.piece)
 	}
 	if _, err := o.engramGeometry(); err != nil {
 		return o, err
@@ -160,22 +169,49 @@ type Phase struct {
 	KVBytesPerSec float64 `json:"kv_bytes_per_sec,omitempty"`
 }
 
-// Round is one round's three phases and the ratios the goals are set on.
+// Round is one round's phases and the ratios the goals are set on.
 type Round struct {
-	Idle, Bulk, Mixed Phase
+	Idle Phase `json:"idle"`
+	Bulk Phase `json:"bulk"`
+	// BesideCompute is the KV processes beside a process that spins a core
+	// as the prefetcher does (its compute) and moves nothing: on a machine
+	// with few cores, what the KV traffic keeps of the cores alone.
+	BesideCompute Phase `json:"bulk_beside_compute"`
+	// Mixed, without the arbiter and with it (either absent when -arbiter
+	// left it out).
+	Mixed      *Phase   `json:"mixed,omitempty"`
+	Arbitrated *Phase   `json:"arbitrated,omitempty"`
+	Without    *Outcome `json:"without_arbiter,omitempty"`
+	With       *Outcome `json:"with_arbiter,omitempty"`
+}
+
+// Outcome is a mixed phase against the phases alone.
+type Outcome struct {
 	// MissPointsOverIdle: the mixed phase's miss rate minus the idle one's,
 	// in percentage points (goal ≤ 0.5).
 	MissPointsOverIdle float64 `json:"miss_points_over_idle"`
 	// P99OverIdle: the mixed phase's p99 call over the idle one's (goal ≤ 1.2).
 	P99OverIdle float64 `json:"p99_over_idle"`
-	// BulkKept: the KV throughput mixed over alone (goal ≥ 0.9).
-	BulkKept float64 `json:"bulk_kept"`
+	// BulkKept: the KV throughput mixed over alone (goal ≥ 0.9), and over
+	// beside a spinning core (what is left once the cores are shared).
+	BulkKept              float64 `json:"bulk_kept"`
+	BulkKeptBesideCompute float64 `json:"bulk_kept_beside_compute"`
+}
+
+func outcome(rd *Round, mixed *Phase) *Outcome {
+	return &Outcome{
+		MissPointsOverIdle:    100 * (mixed.Engram.MissRate - rd.Idle.Engram.MissRate),
+		P99OverIdle:           mixed.Engram.P99us / rd.Idle.Engram.P99us,
+		BulkKept:              mixed.KVBytesPerSec / rd.Bulk.KVBytesPerSec,
+		BulkKeptBesideCompute: mixed.KVBytesPerSec / rd.BesideCompute.KVBytesPerSec,
+	}
 }
 
 // Report is the JSON result.
 type Report struct {
 	report.Run
-	Arbitration string  `json:"arbitration"`
+	Arbitration string  `json:"arbitration"` // off, on or both
+	PieceBytes  int64   `json:"piece_bytes"`
 	Tier        string  `json:"tier"`
 	TierFS      string  `json:"tier_fs,omitempty"`
 	Seconds     float64 `json:"seconds_per_phase"`
@@ -208,7 +244,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	eng := kernels.NewCPU(0)
 	defer eng.Close()
-	rep := Report{Run: report.NewRun(eng), Arbitration: "none", Tier: o.tierPath, TierFS: mountOf(o.tierDir), Seconds: o.seconds,
+	rep := Report{Run: report.NewRun(eng), Arbitration: o.arbiter, PieceBytes: o.piece, Tier: o.tierPath, TierFS: mountOf(o.tierDir), Seconds: o.seconds,
 		Geometry: o.geometry, Batch: o.batch, DeadlineUs: us(o.deadline), GapUs: us(o.gap),
 		KVProcs: o.kv, KVPageBytes: o.kvBlockBytes(), KVPages: o.pages}
 	for i := range o.rounds {
@@ -266,29 +302,51 @@ func prepare(o opts, log io.Writer) error {
 
 func kvName(i int) string { return "link-kv" + strconv.Itoa(i) }
 
-// runRound runs the idle, bulk and mixed phases.
+// phaseSpec is one phase: who takes part, and whether under the arbiter.
+type phaseSpec struct {
+	name                   string
+	engram, kv, spin, arbd bool
+}
+
+// runRound runs the phases alone, then mixed without the arbiter and with
+// it, as -arbiter asks.
 func runRound(o opts, round int, log io.Writer) (Round, error) {
 	var rd Round
-	var err error
-	for _, ph := range []struct {
-		p          *Phase
-		name       string
-		engram, kv bool
-	}{{&rd.Idle, "idle", true, false}, {&rd.Bulk, "bulk", false, true}, {&rd.Mixed, "mixed", true, true}} {
-		fmt.Fprintf(log, "round %d: %s phase (%.1f s)...\n", round+1, ph.name, o.seconds)
-		if *ph.p, err = runPhase(o, ph.name, ph.engram, ph.kv); err != nil {
-			return rd, fmt.Errorf("round %d, %s phase: %w", round+1, ph.name, err)
-		}
+	type step struct {
+		spec phaseSpec
+		keep func(Phase)
 	}
-	rd.MissPointsOverIdle = 100 * (rd.Mixed.Engram.MissRate - rd.Idle.Engram.MissRate)
-	rd.P99OverIdle = rd.Mixed.Engram.P99us / rd.Idle.Engram.P99us
-	rd.BulkKept = rd.Mixed.KVBytesPerSec / rd.Bulk.KVBytesPerSec
+	steps := []step{
+		{phaseSpec{name: "idle", engram: true}, func(p Phase) { rd.Idle = p }},
+		{phaseSpec{name: "bulk", kv: true}, func(p Phase) { rd.Bulk = p }},
+		{phaseSpec{name: "bulk+spin", kv: true, spin: true}, func(p Phase) { rd.BesideCompute = p }},
+	}
+	if o.arbiter != "on" {
+		steps = append(steps, step{phaseSpec{name: "mixed", engram: true, kv: true}, func(p Phase) { rd.Mixed = &p }})
+	}
+	if o.arbiter != "off" {
+		steps = append(steps, step{phaseSpec{name: "arbitrated", engram: true, kv: true, arbd: true}, func(p Phase) { rd.Arbitrated = &p }})
+	}
+	for _, st := range steps {
+		fmt.Fprintf(log, "round %d: %s phase (%.1f s)...\n", round+1, st.spec.name, o.seconds)
+		got, err := runPhase(o, st.spec)
+		if err != nil {
+			return rd, fmt.Errorf("round %d, %s phase: %w", round+1, st.spec.name, err)
+		}
+		st.keep(got)
+	}
+	if rd.Mixed != nil {
+		rd.Without = outcome(&rd, rd.Mixed)
+	}
+	if rd.Arbitrated != nil {
+		rd.With = outcome(&rd, rd.Arbitrated)
+	}
 	return rd, nil
 }
 
 // runPhase starts the phase's parties together and collects what each
 // reports.
-func runPhase(o opts, name string, withEngram, withKV bool) (Phase, error) {
+func runPhase(o opts, spec phaseSpec) (Phase, error) {
 	// The parties start at one instant, after each has set itself up.
 	start := time.Now().Add(time.Second + time.Duration(o.kv)*200*time.Millisecond)
 	end := start.Add(time.Duration(o.seconds * float64(time.Second)))
@@ -310,16 +368,20 @@ func runPhase(o opts, name string, withEngram, withKV bool) (Phase, error) {
 		cmds, outs = append(cmds, cmd), append(outs, out)
 		return nil
 	}
+	arb := []string{"-arbiter=" + strconv.FormatBool(spec.arbd), "-piece", strconv.FormatInt(o.piece, 10)}
 	var err error
-	if withEngram {
-		err = add("engram", "-geometry", o.geometry, "-base", strconv.FormatInt(o.base, 10), "-batch", strconv.Itoa(o.batch),
-			"-deadline", o.deadline.String(), "-gap", o.gap.String())
+	if spec.engram {
+		err = add("engram", append(arb, "-geometry", o.geometry, "-base", strconv.FormatInt(o.base, 10), "-batch", strconv.Itoa(o.batch),
+			"-deadline", o.deadline.String(), "-gap", o.gap.String())...)
 	}
-	for i := 0; withKV && i < o.kv && err == nil; i++ {
-		err = add("kv", "-index", kvName(i), "-layers", strconv.Itoa(o.layers), "-pages", strconv.Itoa(o.pages),
-			"-chunk", strconv.FormatInt(o.chunk, 10))
+	if spec.spin && err == nil {
+		err = add("spin")
 	}
-	ph := Phase{Name: name}
+	for i := 0; spec.kv && i < o.kv && err == nil; i++ {
+		err = add("kv", append(arb, "-index", kvName(i), "-layers", strconv.Itoa(o.layers), "-pages", strconv.Itoa(o.pages),
+			"-chunk", strconv.FormatInt(o.chunk, 10))...)
+	}
+	ph := Phase{Name: spec.name}
 	// A party past its phase by this much is stuck: it is killed, and the
 	// phase fails naming it, rather than the run waiting for ever.
 	stuck := time.AfterFunc(time.Until(end)+partyGrace, func() {
@@ -341,9 +403,10 @@ func runPhase(o opts, name string, withEngram, withKV bool) (Phase, error) {
 		if err := json.Unmarshal(out.Bytes(), &p); err != nil {
 			return ph, fmt.Errorf("a party's report %q: %w", out.String(), err)
 		}
-		if p.Role == "engram" {
+		switch p.Role {
+		case "engram":
 			ph.Engram = &p
-		} else {
+		case "kv":
 			ph.KV = append(ph.KV, p)
 			ph.KVBytesPerSec += p.BytesPerSec
 		}
@@ -352,12 +415,15 @@ func runPhase(o opts, name string, withEngram, withKV bool) (Phase, error) {
 }
 
 func printTable(w io.Writer, rep Report) {
-	fmt.Fprintf(w, "Engram %s, batch %d, deadline %.0f µs, a call every %.0f µs after the last one's rows; %d KV processes of %d × %s pages; arbitration: %s\n",
-		rep.Geometry, rep.Batch, rep.DeadlineUs, rep.GapUs, rep.KVProcs, rep.KVPages, tierflags.HumanSize(rep.KVPageBytes), rep.Arbitration)
+	fmt.Fprintf(w, "Engram %s, batch %d, deadline %.0f µs, a call every %.0f µs after the last one's rows; %d KV processes of %d × %s pages; arbiter: %s (pieces of %s)\n",
+		rep.Geometry, rep.Batch, rep.DeadlineUs, rep.GapUs, rep.KVProcs, rep.KVPages, tierflags.HumanSize(rep.KVPageBytes), rep.Arbitration, tierflags.HumanSize(rep.PieceBytes))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "round\tphase\tcalls\tmisses %\tp50 µs\tp99 µs\tKV GB/s\t")
 	for i, rd := range rep.Rounds {
-		for _, ph := range []Phase{rd.Idle, rd.Bulk, rd.Mixed} {
+		for _, ph := range []*Phase{&rd.Idle, &rd.Bulk, &rd.BesideCompute, rd.Mixed, rd.Arbitrated} {
+			if ph == nil {
+				continue
+			}
 			calls, miss, p50, p99, kv := "-", "-", "-", "-", "-"
 			if e := ph.Engram; e != nil {
 				calls, miss = strconv.Itoa(e.Calls), fmt.Sprintf("%.2f", 100*e.MissRate)
@@ -371,10 +437,19 @@ func printTable(w io.Writer, rep Report) {
 	}
 	tw.Flush()
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "round\tmisses over idle (goal ≤ 0.5 pt)\tp99 over idle (goal ≤ 1.2×)\tKV kept (goal ≥ 0.9×)\t")
+	fmt.Fprintln(tw, "round\tarbiter\tmisses over idle (goal ≤ 0.5 pt)\tp99 over idle (goal ≤ 1.2×)\tKV kept (goal ≥ 0.9×)\tKV kept beside a spinning core\t")
 	for i, rd := range rep.Rounds {
-		fmt.Fprintf(tw, "%d\t%+.2f pt %s\t%.2f× %s\t%.2f× %s\t\n", i+1,
-			rd.MissPointsOverIdle, met(rd.MissPointsOverIdle <= 0.5), rd.P99OverIdle, met(rd.P99OverIdle <= 1.2), rd.BulkKept, met(rd.BulkKept >= 0.9))
+		for _, oc := range []struct {
+			name string
+			o    *Outcome
+		}{{"off", rd.Without}, {"on", rd.With}} {
+			if oc.o == nil {
+				continue
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%+.2f pt %s\t%.2f× %s\t%.2f× %s\t%.2f×\t\n", i+1, oc.name,
+				oc.o.MissPointsOverIdle, met(oc.o.MissPointsOverIdle <= 0.5), oc.o.P99OverIdle, met(oc.o.P99OverIdle <= 1.2),
+				oc.o.BulkKept, met(oc.o.BulkKept >= 0.9), oc.o.BulkKeptBesideCompute)
+		}
 	}
 	tw.Flush()
 }

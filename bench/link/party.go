@@ -14,6 +14,7 @@ import (
 	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
+	"github.com/cxltier/cxltier/tier/link"
 )
 
 // Party is what one party process reports when its phase ends.
@@ -41,6 +42,8 @@ type partyOpts struct {
 	batch, layers, pages            int
 	chunk                           int64
 	deadline, gap                   time.Duration
+	arbiter                         bool
+	piece                           int64
 }
 
 func runRole(args []string, stdout io.Writer) error {
@@ -59,6 +62,8 @@ func runRole(args []string, stdout io.Writer) error {
 	fs.IntVar(&p.batch, "batch", 1, "engram: batch")
 	fs.DurationVar(&p.deadline, "deadline", 0, "engram: deadline")
 	fs.DurationVar(&p.gap, "gap", 0, "engram: gap")
+	fs.BoolVar(&p.arbiter, "arbiter", false, "join the node's link arbiter")
+	fs.Int64Var(&p.piece, "piece", kernels.DefaultPiece, "kv: bytes between looks at the link's claims")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -78,14 +83,25 @@ func runRole(args []string, stdout io.Writer) error {
 	defer c.Close()
 	eng := kernels.NewCPU(1) // one worker: a party is one engine's one stream of copies
 	defer eng.Close()
+	var lk *link.Link
+	if p.arbiter {
+		if lk, err = link.Open(c, link.Config{Name: "bench"}); err != nil {
+			return err
+		}
+		defer lk.Close()
+		eng.SetPacer(lk, p.piece)
+	}
 	var res Party
 	switch p.role {
 	case "engram":
-		res, err = engramParty(r, c, eng, p)
+		res, err = engramParty(r, c, eng, lk, p)
 	case "kv":
 		res, err = kvParty(c, eng, p)
+	case "spin":
+		err = untilStart(p)
+		spin(time.Until(time.Unix(0, p.end)))
 	default:
-		err = fmt.Errorf("role %q: want engram or kv", p.role)
+		err = fmt.Errorf("role %q: want engram, kv or spin", p.role)
 	}
 	if err != nil {
 		return fmt.Errorf("%s party: %w", p.role, err)
@@ -109,7 +125,7 @@ func untilStart(p partyOpts) error {
 // engramParty calls the prefetcher for one layer in a loop, one batch of
 // uniform ids a call: it waits for the call's rows, then for the layer's
 // compute (-gap), and calls again, as a decode step does layer by layer.
-func engramParty(r *tier.Region, c *tier.Client, eng kernels.Engine, p partyOpts) (Party, error) {
+func engramParty(r *tier.Region, c *tier.Client, eng kernels.Engine, lk *link.Link, p partyOpts) (Party, error) {
 	g, err := scaledGeometry(p.geometry, p.base)
 	if err != nil {
 		return Party{}, err
@@ -122,7 +138,11 @@ func engramParty(r *tier.Region, c *tier.Client, eng kernels.Engine, p partyOpts
 	if err != nil {
 		return Party{}, err
 	}
-	pf, err := engram.NewPrefetcher(eng, c, h, []*engram.Table{t}, engram.PrefetchOptions{Slots: 64 * p.batch, Deadline: p.deadline})
+	po := engram.PrefetchOptions{Slots: 64 * p.batch, Deadline: p.deadline}
+	if lk != nil {
+		po.Link = lk
+	}
+	pf, err := engram.NewPrefetcher(eng, c, h, []*engram.Table{t}, po)
 	if err != nil {
 		return Party{}, err
 	}

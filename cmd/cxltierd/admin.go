@@ -18,6 +18,7 @@ import (
 	"github.com/cxltier/cxltier/cmd/internal/adminapi"
 	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
+	"github.com/cxltier/cxltier/tier/link"
 	"github.com/cxltier/cxltier/topk"
 )
 
@@ -225,6 +226,7 @@ func (a *admin) snapshot() adminapi.Status {
 		LockGrants:   st.Grants,
 		Prefix:       a.px.stats(),
 		Topk:         a.topkStats(),
+		Links:        a.linkStats(),
 		ClientSocket: a.m.SocketPath(),
 		Proven:       a.m.Proofs(),
 		Uplink:       a.uplinkReach(),
@@ -258,6 +260,25 @@ func (a *admin) topkStats() topk.Stats {
 		a.logger.Printf("topk stats: %v", err)
 	}
 	return st
+}
+
+// linkStats reads the node's link tables; a damaged one is logged and left
+// out rather than failing the whole status.
+func (a *admin) linkStats() []link.Stats {
+	names, err := link.Tables(a.r)
+	if err != nil {
+		a.logger.Printf("link stats: %v", err)
+	}
+	out := []link.Stats{}
+	for _, name := range names {
+		st, err := link.ReadStats(a.r, name)
+		if err != nil {
+			a.logger.Printf("link stats: %v", err)
+			continue
+		}
+		out = append(out, st)
+	}
+	return out
 }
 
 func (a *admin) status(ctx *fasthttp.RequestCtx) { writeJSON(ctx, fasthttp.StatusOK, a.snapshot()) }
@@ -341,6 +362,33 @@ func writeMetrics(w io.Writer, s adminapi.Status) {
 	metric("cxltier_directory_entries", "gauge", "Named objects in the root directory.", len(s.Directory))
 	writePrefixMetrics(w, s.Prefix)
 	writeTopkMetrics(metric, s.Topk)
+	writeLinkMetrics(w, s.Links)
+}
+
+// writeLinkMetrics writes one family per counter with a sample per link
+// table and, where the counter has one, its class ("deadline": transfers
+// that claimed the link; "bulk": pieces paced by the claims).
+func writeLinkMetrics(w io.Writer, links []link.Stats) {
+	if len(links) == 0 {
+		return
+	}
+	family := func(name, typ, help, class string, value func(link.Stats) any) {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
+		for _, st := range links {
+			lbl := "link=" + labelValue(st.Name)
+			if class != "" {
+				lbl += ",class=" + labelValue(class)
+			}
+			fmt.Fprintf(w, "%s{%s} %v\n", name, lbl, value(st))
+		}
+	}
+	family("cxltier_link_processes", "gauge", "Live processes on the link's arbiter.", "", func(s link.Stats) any { return s.Processes })
+	family("cxltier_link_deadline_transfers_total", "counter", "Transfers with a deadline that claimed the link.", "deadline", func(s link.Stats) any { return s.Claims })
+	family("cxltier_link_deadline_misses_total", "counter", "Of those, the ones ready past their deadline.", "deadline", func(s link.Stats) any { return s.Misses })
+	family("cxltier_link_claimed_seconds_total", "counter", "Time the link was claimed by transfers with a deadline.", "deadline", func(s link.Stats) any { return s.Claimed.Seconds() })
+	family("cxltier_link_bulk_bytes_total", "counter", "Bytes bulk transfers moved in paced pieces.", "bulk", func(s link.Stats) any { return s.BulkBytes })
+	family("cxltier_link_bulk_waits_total", "counter", "Bulk pieces that waited for a claim.", "bulk", func(s link.Stats) any { return s.BulkWaits })
+	family("cxltier_link_bulk_waited_seconds_total", "counter", "Time bulk pieces waited for claims.", "bulk", func(s link.Stats) any { return s.BulkWaited.Seconds() })
 }
 
 // labelValue quotes a label value as the Prometheus text format wants:

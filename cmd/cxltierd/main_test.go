@@ -23,6 +23,7 @@ import (
 	"github.com/cxltier/cxltier/internal/syncbuf"
 	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/tier"
+	"github.com/cxltier/cxltier/tier/link"
 	"github.com/cxltier/cxltier/topk"
 )
 
@@ -477,6 +478,44 @@ func TestTopkMetrics(t *testing.T) {
 	st, _, err := adminapi.FetchStatus(addr, time.Second)
 	if err != nil || st.Topk.Steps != 0 || st.Topk.Sequences != 0 {
 		t.Errorf("after the pool closed: %+v %v", st.Topk, err)
+	}
+}
+
+// TestLinkMetrics: a link arbiter in another client of the tier (this test
+// process) shows per class in the daemon's metrics while it lives.
+func TestLinkMetrics(t *testing.T) {
+	addr, device, _ := startInProcess(t)
+	b, _ := tier.ParseBacking(device)
+	r, err := tier.Open(tier.Options{Devices: []tier.Backing{b}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	c, err := r.Attach(tier.ClientOptions{Name: "engine"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	lk, err := link.Open(c, link.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lk.Claim(time.Now().Add(time.Millisecond))
+	lk.Done(true)
+	lk.Turn(4096)
+	_, body := get(t, "http://"+addr+"/metrics")
+	for _, want := range []string{`cxltier_link_processes{link="node0"} 1`,
+		`cxltier_link_deadline_transfers_total{link="node0",class="deadline"} 1`,
+		`cxltier_link_deadline_misses_total{link="node0",class="deadline"} 1`,
+		`cxltier_link_bulk_bytes_total{link="node0",class="bulk"} 4096`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	lk.Close()
+	st, _, err := adminapi.FetchStatus(addr, time.Second)
+	if err != nil || len(st.Links) != 1 || st.Links[0].Processes != 0 || st.Links[0].Claims != 0 {
+		t.Errorf("after the arbiter closed: %+v %v", st.Links, err)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
+	"github.com/cxltier/cxltier/tier/link"
 	"github.com/cxltier/cxltier/topk"
 )
 
@@ -30,6 +31,9 @@ type Status struct {
 	LockGrants  uint64         `json:"lock_grants_total"`
 	Prefix      []prefix.Stats `json:"prefix_indexes"`
 	Topk        topk.Stats     `json:"topk"` // sums over the live clients' sparse-KV pools
+	// Links are the node's link arbiters (tier/link): per class, what the
+	// live processes on each moved, waited and missed.
+	Links []link.Stats `json:"links"`
 	// ClientSocket is where clients prove who they are ("" if nowhere);
 	// Proven, the clients that did (the only ones the daemon would end).
 	ClientSocket string       `json:"client_socket"`

@@ -1,0 +1,27 @@
+package main
+
+import (
+	"io"
+	"strings"
+	"testing"
+)
+
+func TestBadFlags(t *testing.T) {
+	for _, tc := range []struct{ args, want string }{
+		{"-arbiter sometimes", "-arbiter"},
+		{"-piece 0", "-piece"},
+		{"-chunk 100", "-chunk"},
+		{"-seconds 0", "-seconds"},
+		{"-tier-size lots", "-tier-size"},
+		{"-geometry nope", "-geometry"},
+	} {
+		_, err := parseOpts(strings.Fields(tc.args), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error naming %s", tc.args, err, tc.want)
+		}
+	}
+	o, err := parseOpts(nil, io.Discard)
+	if err != nil || o.arbiter != "both" || o.piece <= 0 {
+		t.Fatalf("defaults: %+v, %v", o, err)
+	}
+}
