@@ -60,7 +60,7 @@ func open(t *testing.T, c *tier.Client, cfg Config) *Link {
 	return l
 }
 
-func attach(t *testing.T, r *tier.Region, name string) *tier.Client {
+func attach(t testing.TB, r *tier.Region, name string) *tier.Client {
 	t.Helper()
 	c, err := r.Attach(tier.ClientOptions{Name: name})
 	if err != nil {
