@@ -84,6 +84,7 @@ type opts struct {
 	// arbiter: "off", "on", or "both" (a mixed phase each way, every round).
 	arbiter string
 	piece   int64
+	share   float64
 }
 
 func parseOpts(args []string, stderr io.Writer) (opts, error) {
@@ -107,6 +108,7 @@ func parseOpts(args []string, stderr io.Writer) (opts, error) {
 	fs.BoolVar(&o.keepTier, "keep-tier", false, "leave the tier file behind")
 	fs.StringVar(&o.arbiter, "arbiter", "both", "the link arbiter (tier/link) in the mixed phase: off, on, or both (a mixed phase each way every round)")
 	fs.Int64Var(&o.piece, "piece", kernels.DefaultPiece, "with the arbiter: bytes a KV process moves between looks at the link's claims")
+	fs.Float64Var(&o.share, "share", 0.25, "with the arbiter: the most of each 100 ms window a KV process waits on one process's claims")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -126,6 +128,8 @@ func parseOpts(args []string, stderr io.Writer) (opts, error) {
 		return o, fmt.Errorf("-arbiter %q: off, on or both", o.arbiter)
 	case o.piece < 1:
 		return o, fmt.Errorf("-piece %d: want positive", o.piece)
+	case o.share <= 0 || o.share > 1:
+		return o, fmt.Errorf("-share %v: want (0, 1]", o.share)
 	}
 	if _, err := o.engramGeometry(); err != nil {
 		return o, err
@@ -212,6 +216,7 @@ type Report struct {
 	report.Run
 	Arbitration string  `json:"arbitration"` // off, on or both
 	PieceBytes  int64   `json:"piece_bytes"`
+	Share       float64 `json:"share"`
 	Tier        string  `json:"tier"`
 	TierFS      string  `json:"tier_fs,omitempty"`
 	Seconds     float64 `json:"seconds_per_phase"`
@@ -244,7 +249,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	eng := kernels.NewCPU(0)
 	defer eng.Close()
-	rep := Report{Run: report.NewRun(eng), Arbitration: o.arbiter, PieceBytes: o.piece, Tier: o.tierPath, TierFS: mountOf(o.tierDir), Seconds: o.seconds,
+	rep := Report{Run: report.NewRun(eng), Arbitration: o.arbiter, PieceBytes: o.piece, Share: o.share, Tier: o.tierPath, TierFS: mountOf(o.tierDir), Seconds: o.seconds,
 		Geometry: o.geometry, Batch: o.batch, DeadlineUs: us(o.deadline), GapUs: us(o.gap),
 		KVProcs: o.kv, KVPageBytes: o.kvBlockBytes(), KVPages: o.pages}
 	for i := range o.rounds {
@@ -368,7 +373,8 @@ func runPhase(o opts, spec phaseSpec) (Phase, error) {
 		cmds, outs = append(cmds, cmd), append(outs, out)
 		return nil
 	}
-	arb := []string{"-arbiter=" + strconv.FormatBool(spec.arbd), "-piece", strconv.FormatInt(o.piece, 10)}
+	arb := []string{"-arbiter=" + strconv.FormatBool(spec.arbd), "-piece", strconv.FormatInt(o.piece, 10),
+		"-share", strconv.FormatFloat(o.share, 'g', -1, 64)}
 	var err error
 	if spec.engram {
 		err = add("engram", append(arb, "-geometry", o.geometry, "-base", strconv.FormatInt(o.base, 10), "-batch", strconv.Itoa(o.batch),

@@ -10,6 +10,7 @@ func TestBadFlags(t *testing.T) {
 	for _, tc := range []struct{ args, want string }{
 		{"-arbiter sometimes", "-arbiter"},
 		{"-piece 0", "-piece"},
+		{"-share 0", "-share"},
 		{"-chunk 100", "-chunk"},
 		{"-seconds 0", "-seconds"},
 		{"-tier-size lots", "-tier-size"},

@@ -44,6 +44,7 @@ type partyOpts struct {
 	deadline, gap                   time.Duration
 	arbiter                         bool
 	piece                           int64
+	share                           float64
 }
 
 func runRole(args []string, stdout io.Writer) error {
@@ -64,6 +65,7 @@ func runRole(args []string, stdout io.Writer) error {
 	fs.DurationVar(&p.gap, "gap", 0, "engram: gap")
 	fs.BoolVar(&p.arbiter, "arbiter", false, "join the node's link arbiter")
 	fs.Int64Var(&p.piece, "piece", kernels.DefaultPiece, "kv: bytes between looks at the link's claims")
+	fs.Float64Var(&p.share, "share", 0, "kv: the most of each window one process's claims may hold it (0: the arbiter's default)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -85,7 +87,7 @@ func runRole(args []string, stdout io.Writer) error {
 	defer eng.Close()
 	var lk *link.Link
 	if p.arbiter {
-		if lk, err = link.Open(c, link.Config{Name: "bench"}); err != nil {
+		if lk, err = link.Open(c, link.Config{Name: "bench", Share: p.share}); err != nil {
 			return err
 		}
 		defer lk.Close()

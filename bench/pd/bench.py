@@ -3,7 +3,7 @@ process, through the tier (cxltier's transfer backend) against SGLang's own
 mooncake backend over loopback TCP (SGLang's mooncake_tcp), in one run.
 
     python bench/pd/bench.py [--layouts mha,mla] [--tokens 1536,3072,6144]
-                             [--tp 1,2,2:1] [--repeat 3] [--tier-size 8GiB] [--tier-dir DIR] [--out FILE] [--no-fork]
+                             [--tp 1,2,2:1] [--repeat 3] [--tier-size 8GiB] [--tier-dir DIR] [--out FILE] [--no-fork] [--no-pause]
 
 Each backend runs as a prefill and a decode of TP ranks each, one OS
 process per rank (bench/pd/worker.py), forked by a server that imported
@@ -37,7 +37,13 @@ The decode's pages are compared with the prefill's, page by page, in
 every run. Both backends' workers run at once and each round sends its
 request to one, then the other: "speedup" is mooncake's median over the
 tier's, "lowest round" the least of the rounds' own ratios (two runs
-moments apart, so a shared machine's drift moves both alike).
+moments apart, so a shared machine's drift moves both alike). While one
+backend's request runs, the other's workers are stopped (SIGSTOP, then
+SIGCONT): a host serves with one backend, and idle workers still poll
+(140-170 CPU ms of a 2-core machine during each request; --no-pause keeps
+them running). The tier's rows also say when the last page was stored
+("stored_ms", before the acks): the decode lands pages as they are
+published, so the request ends a few milliseconds after it.
 Layouts (sizes as flags):
 
   mha   Llama-3-8B: 32 layers, 8 KV heads of 128, bf16, 16-token pages
@@ -55,6 +61,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -238,6 +245,14 @@ class Pair:
         return ([self.read(("prefill", rank)) for rank in range(self.tp["prefill"])],
                 [self.read(("decode", rank)) for rank in range(self.tp["decode"])])
 
+    def pause(self, stop=True):
+        """Stops (or resumes) every worker of the pair while another
+        backend's request runs: on a real host only one backend's servers
+        run, and idle workers still poll (a pair left running took 140-170
+        CPU ms of a 2-core machine during each of the other's requests)."""
+        for p in self.procs.values():
+            p.send_signal(signal.SIGSTOP if stop else signal.SIGCONT)
+
     def close(self):
         for p in self.procs.values():
             try:
@@ -254,7 +269,7 @@ def tp_name(tp):
     return str(tp[0]) if tp[0] == tp[1] else f"{tp[0]}:{tp[1]}"
 
 
-def measure(backends, name, cfg, sizes, repeat, env, tp, forks):
+def measure(backends, name, cfg, sizes, repeat, env, tp, forks, pause=True):
     """Every backend's pair at once, a request to each in turn, round by
     round: each round's ratio compares runs a few hundred milliseconds
     apart, so a machine whose speed drifts over minutes (a shared host)
@@ -265,13 +280,13 @@ def measure(backends, name, cfg, sizes, repeat, env, tp, forks):
             print(f"  starting {backend}'s {sum(tp)} workers ({name}, TP {tp_name(tp)}"
                   + ("" if forks else ": SGLang's imports take a while") + ")...", flush=True)
             pairs[backend] = Pair(backend, cfg, env, tp, forks)
-        return measure_pairs(pairs, name, cfg, sizes, repeat, tp)
+        return measure_pairs(pairs, name, cfg, sizes, repeat, tp, pause)
     finally:
         for pair in pairs.values():
             pair.close()
 
 
-def measure_pairs(pairs, name, cfg, sizes, repeat, tp):
+def measure_pairs(pairs, name, cfg, sizes, repeat, tp, pause=True):
     name_tp = tp_name(tp)
     rows = []
     room = 1
@@ -280,6 +295,7 @@ def measure_pairs(pairs, name, cfg, sizes, repeat, tp):
             took = {b: [] for b in pairs}
             cpu = {b: [] for b in pairs}
             written = {b: [] for b in pairs}
+            stored = {b: [] for b in pairs}
             for r in range(repeat):
                 # A prompt of its own for each size, round and TP (an MLA page is
                 # one for every TP: the same prompt at TP 2 would not be a first).
@@ -289,7 +305,14 @@ def measure_pairs(pairs, name, cfg, sizes, repeat, tp):
                     room += 1
                     slot = 1 + (room % 2) * (cfg["pool_tokens"] // (2 * cfg["page_size"]))
                     # The KV of a prompt is a function of its tokens (as a model's is): the seed is the prompt's.
-                    prs, drs = pair.run({"tokens": prompt, "room": room, "first_slot_page": slot, "seed": prompt[0]})
+                    others = [q for b, q in pairs.items() if b != backend and pause]
+                    for q in others:
+                        q.pause()
+                    try:
+                        prs, drs = pair.run({"tokens": prompt, "room": room, "first_slot_page": slot, "seed": prompt[0]})
+                    finally:
+                        for q in others:
+                            q.pause(False)
                     check(backend, name, tokens, name_tp, cfg["kind"], tp, prs, drs)
                     # The transfer starts at the first rank's send, or earlier where
                     # a decode rank began landing pages already stored (a repeated
@@ -298,13 +321,17 @@ def measure_pairs(pairs, name, cfg, sizes, repeat, tp):
                     took[backend].append((max(d["t_done"] for d in drs) - began) * 1e3)
                     cpu[backend].append((sum(p["cpu_s"] for p in prs) + sum(decode_cpu_since(d, began) for d in drs)) * 1e3)
                     written[backend].append(sum(p.get("written") or 0 for p in prs) if backend == "cxltier" else None)
+                    if all("t_stored" in p for p in prs):  # the last page stored, before the acks
+                        stored[backend].append((max(p["t_stored"] for p in prs) - began) * 1e3)
             for backend in pairs:
                 rows.append({"backend": backend, "layout": name, "tp": name_tp, "tokens": tokens, "case": case,
                              "kv_bytes": tokens * cfg["bytes_per_token"], "ms": statistics.median(took[backend]),
                              "ms_all": took[backend], "cpu_ms": statistics.median(cpu[backend]), "cpu_ms_all": cpu[backend],
-                             "pages_written": written[backend][-1]})
+                             "pages_written": written[backend][-1],
+                             "stored_ms": statistics.median(stored[backend]) if stored[backend] else None})
                 print(f"  {backend:9} {name} TP {name_tp:>3} {tokens:6} {case:7} {rows[-1]['ms']:9.1f} ms "
-                      f"{rows[-1]['cpu_ms']:9.1f} cpu ms" + (f"  pages written {written[backend][-1]}" if backend == "cxltier" else ""),
+                      f"{rows[-1]['cpu_ms']:9.1f} cpu ms" + (f"  pages written {written[backend][-1]}" if backend == "cxltier" else "")
+                      + (f", the last stored at {rows[-1]['stored_ms']:.1f} ms" if rows[-1]["stored_ms"] is not None else ""),
                       flush=True)
     return rows
 
@@ -361,6 +388,8 @@ def main():
                     "tmpfs mounted huge=always: a tier on huge pages; /dev/shm's are 4 KiB unless mounted so)")
     ap.add_argument("--backends", default="mooncake,cxltier", help="mooncake alone is the baseline of every ratio")
     ap.add_argument("--out", default="")
+    ap.add_argument("--no-pause", action="store_true", help="leave the other backends' workers running (idle, polling) "
+                    "while one backend's request runs; by default they are stopped (SIGSTOP) for it")
     ap.add_argument("--no-fork", action="store_true", help="start each worker anew instead of forking it from a server "
                     "that imported SGLang once (slower to start; the same once running)")
     args = ap.parse_args()
@@ -415,7 +444,7 @@ def measure_tp(args, cli, env, name, cfg, sizes, tp, forks):
     blocks = parse_size(args.tier_size) * 3 // 4 // (page_bytes + 64)
     tenv = dict(env, CXLTIER_DEVICES=tier, CXLTIER_PD_INDEX=f"pd-bench-{name}", CXLTIER_PD_BLOCKS=str(blocks))
     try:
-        rows = measure(args.backends.split(","), name, cfg, sizes, args.repeat, tenv, tp, forks)
+        rows = measure(args.backends.split(","), name, cfg, sizes, args.repeat, tenv, tp, forks, not args.no_pause)
     finally:
         gone = subprocess.run([cli, "destroy", "-force", tier], capture_output=True, text=True)
         if gone.returncode:  # a tier left behind holds its size in RAM: say so

@@ -181,6 +181,12 @@ def prefill(cfg, pool, meta, mgr, r):
     if prefix:
         return {"state": "failed", "reason": f"the decode holds {prefix} tokens; this bench sends whole prompts"}
     sender.init(n_pages, aux_index)
+    if hasattr(sender, "_finish"):  # when the last page is stored (before the acks), for the timeline
+        finish = sender._finish
+        def timed_finish():
+            out["t_stored"] = time.monotonic()
+            return finish()
+        sender._finish = timed_finish
     c0, t0 = cpu_s(), time.monotonic()
     chunk = cfg.get("chunk_pages", n_pages)
     for i in range(0, n_pages, chunk):
@@ -241,7 +247,8 @@ def decode(cfg, pool, meta, mgr, r):
     receiver.send_metadata(np.array(pages, dtype=np.int32), aux_index, None)
     st = wait(receiver, KVPoll.Success, clock=clock)
     t1, c1 = time.monotonic(), cpu_s()
-    return {"t_done": t1, "cpu_end": c1, "clock": clock, "t_started": getattr(receiver, "started", None), "sum": page_sum(pool, pages, page),
+    return {"t_done": t1, "cpu_end": c1, "clock": clock, "t_started": getattr(receiver, "started", None),
+            "streamed": getattr(receiver, "streamed", None), "sum": page_sum(pool, pages, page),
             "first_token": int(meta.output_ids[aux_index][0]),
             "state": {KVPoll.Success: "success", KVPoll.Failed: "failed", None: "timeout"}.get(st, str(st)),
             **({} if st == KVPoll.Success else {"reason": _reason(receiver)})}

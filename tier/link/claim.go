@@ -14,6 +14,7 @@ import (
 func load(b []byte, off int64) uint64     { return atomic.LoadUint64(words.U64At(b, off)) }
 func store(b []byte, off int64, v uint64) { atomic.StoreUint64(words.U64At(b, off), v) }
 func add(b []byte, off int64, v uint64)   { atomic.AddUint64(words.U64At(b, off), v) }
+func word32(b []byte, off int64) *uint32  { return words.U32At(b, off) }
 
 // Claim announces a transfer of this process due by deadline: until Done,
 // the bulk movers of every process on the link wait between their pieces.
@@ -55,7 +56,12 @@ func (l *Link) showLocked() {
 		d = uint64(slices.MinFunc(l.due, time.Time.Compare).UnixNano())
 	}
 	store(l.mine, offDeadline, d)
+	wake := word32(l.mine, offWake)
+	atomic.AddUint32(wake, 1)
 	_ = l.r.Publish(l.slotOff(l.slot), line) // a no-op on one host; a failed flush shows as a later claim
+	if d == 0 && atomic.LoadUint32(word32(l.mine, offSleepers)) != 0 {
+		wakeAll(wake)
+	}
 }
 
 // livenessEvery is how often a bulk mover asks again whether a slot's
@@ -70,11 +76,15 @@ func (l *Link) Turn(n int64) {
 	var waited time.Duration
 	for try := 0; ; try++ {
 		now := time.Now()
-		i := l.dueClaim(now)
+		i, left := l.dueClaim(now)
 		if i < 0 {
 			break
 		}
-		yield(try)
+		if try < spinTries {
+			yield(try)
+		} else {
+			l.sleep(i, min(left, livenessEvery))
+		}
 		dt := time.Since(now)
 		waited += dt
 		l.mu.Lock()
@@ -93,6 +103,32 @@ func (l *Link) Turn(n int64) {
 	}
 }
 
+// spinTries is how often a bulk mover yields before it sleeps on a claim:
+// a claim of a few microseconds (an Engram layer's rows) ends within
+// them, and a longer one gets the core while the mover sleeps.
+const spinTries = 16
+
+// sleep waits on slot i's wake word until its owner changes its claim, or
+// for at most d (the claim's deadline, or a sleep quantum where the tier
+// spans hosts, whose processes' futexes are not shared).
+func (l *Link) sleep(i int, d time.Duration) {
+	b := l.lines[i]
+	if l.shared {
+		time.Sleep(min(d, 50*time.Microsecond))
+		return
+	}
+	wake, sleepers := word32(b, offWake), word32(b, offSleepers)
+	v := atomic.LoadUint32(wake)
+	atomic.AddUint32(sleepers, 1)
+	defer atomic.AddUint32(sleepers, ^uint32(0))
+	// The claim may have ended since dueClaim looked; its owner bumped the
+	// wake word first, so a sleep on v returns at once then.
+	if load(b, offDeadline) == 0 {
+		return
+	}
+	sleepOn(wake, v, d)
+}
+
 // yield gives the core away while a claim is due: the deadline transfer
 // may be another process's on this very core.
 func yield(try int) {
@@ -103,14 +139,15 @@ func yield(try int) {
 	_, _, _ = unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 }
 
-// dueClaim is the slot of a claim the bulk mover must wait for at now, or
-// -1: a deadline ahead of now and within the horizon, of a slot whose
-// owner runs and has not spent its share of the window.
-func (l *Link) dueClaim(now time.Time) int {
+// dueClaim is the slot of a claim the bulk mover must wait for at now and
+// how long it may wait for it at most (to the deadline, or the end of the
+// owner's share), or -1: a deadline ahead of now and within the horizon,
+// of a slot whose owner runs and has not spent its share of the window.
+func (l *Link) dueClaim(now time.Time) (int, time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
-		return -1
+		return -1, 0
 	}
 	if now.Sub(l.window) >= l.cfg.Window {
 		l.window = now
@@ -123,17 +160,17 @@ func (l *Link) dueClaim(now time.Time) int {
 	for i := range l.peers {
 		b, err := l.line(i)
 		if err != nil {
-			return -1 // a table this process cannot read holds no one up
+			return -1, 0 // a table this process cannot read holds no one up
 		}
 		d := load(b, offDeadline)
 		if d <= ns || d > horizon || l.peers[i].waited >= share {
 			continue
 		}
 		if l.runs(i, load(b, offOwner), now) {
-			return i
+			return i, min(time.Duration(d-ns), share-l.peers[i].waited)
 		}
 	}
-	return -1
+	return -1, 0
 }
 
 // runs reports whether slot i's owner token names a running client,

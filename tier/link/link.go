@@ -4,7 +4,10 @@
 // prefetch, a top-k fetch) claims the link until its rows are in; bulk
 // traffic (KV stores and loads, a cluster fill) moves in pieces and, before
 // each piece, waits while a claim is due: so a deadline transfer waits for
-// at most one piece of bulk, and bulk takes what deadlines leave.
+// at most one piece of bulk, and bulk takes what deadlines leave. A bulk
+// mover that waits longer than a few yields sleeps on the claimant's word
+// (a futex in the shared mapping), so that on a host with few cores the
+// core goes to the deadline transfer, and is woken when the claim ends.
 //
 // The arbiter's state is a table in the tier ("link/<name>", one per node)
 // that each process reads without a lock: a slot per process, written by
@@ -13,9 +16,14 @@
 // takes over the slot of a process whose lease no longer runs).
 //
 //	line 0: magic u64 · version u32 · slots u32 · crc u32 at 60 (of 0..60)
-//	line i+1, slot i: owner lease token u64 · deadline u64 (Unix ns of the
-//	  earliest due claim; 0: none) · claims u64 · misses u64 · claimed ns
-//	  u64 · bulk bytes u64 · bulk waits u64 · bulk waited ns u64
+//	slot i, two lines from byte 64+128i:
+//	  owner lease token u64 · deadline u64 (Unix ns of the earliest due
+//	  claim; 0: none) · wake u32 (the owner adds one at every change of
+//	  its deadline: the word bulk movers sleep on) · sleepers u32 (a hint
+//	  the sleepers keep, so that the owner wakes them only when one is
+//	  there; a wrong one costs a wake-up or a sleep until the deadline)
+//	  then claims u64 · misses u64 · claimed ns u64 · bulk bytes u64 ·
+//	  bulk waits u64 · bulk waited ns u64
 //
 // Any process that can write the tier can write any slot, so a reader
 // trusts no claim further than it costs the others to: a claim whose
@@ -57,14 +65,18 @@ const (
 	line     = 64
 	maxSlots = 4096
 
+	slotBytes = 2 * line
+
 	offOwner    = 0
 	offDeadline = 8
-	offClaims   = 16
-	offMisses   = 24
-	offClaimed  = 32
-	offBytes    = 40
-	offWaits    = 48
-	offWaited   = 56
+	offWake     = 16
+	offSleepers = 20
+	offClaims   = line
+	offMisses   = line + 8
+	offClaimed  = line + 16
+	offBytes    = line + 24
+	offWaits    = line + 32
+	offWaited   = line + 40
 )
 
 // Config shapes the arbiter of one process.
@@ -124,7 +136,7 @@ type Link struct {
 	slot  int
 	lock  int
 	mine  []byte   // this process's slot, as mapped
-	lines [][]byte // every slot, as mapped (a line never crosses a chunk)
+	lines [][]byte // every slot, as mapped (a slot never crosses a chunk)
 	// shared: the tier spans hosts' caches, so reads refresh first.
 	shared bool
 
@@ -169,7 +181,7 @@ func Open(c *tier.Client, cfg Config) (*Link, error) {
 	l.peers = make([]peer, l.slots)
 	l.shared = r.Info().Coherence == tier.Shared
 	for i := 0; i < l.slots; i++ {
-		b, err := r.Slice(l.slotOff(i), line)
+		b, err := r.Slice(l.slotOff(i), slotBytes)
 		if err != nil {
 			return nil, fmt.Errorf("link: table %q, slot %d: %w", cfg.Name, i, err)
 		}
@@ -183,7 +195,7 @@ func Open(c *tier.Client, cfg Config) (*Link, error) {
 }
 
 func create(c *tier.Client, cfg Config) (tier.Object, error) {
-	o, err := c.CreateObject(DirName(cfg.Name), int64(cfg.Slots+1)*line, tier.ObjectOptions{})
+	o, err := c.CreateObject(DirName(cfg.Name), tableBytes(cfg.Slots), tier.ObjectOptions{})
 	if errors.Is(err, tier.ErrExists) { // made by another process meanwhile
 		return c.Region().OpenObject(DirName(cfg.Name))
 	}
@@ -248,7 +260,7 @@ func decodeHeader(h []byte, size int64) (int, error) {
 		return 0, errors.New("header fails its magic, version or checksum")
 	}
 	slots := int64(le.Uint32(h[12:]))
-	if slots < 1 || slots > maxSlots || (slots+1)*line > size {
+	if slots < 1 || slots > maxSlots || tableBytes(int(slots)) > size {
 		return 0, fmt.Errorf("header says %d slots in an object of %d bytes", slots, size)
 	}
 	return int(slots), nil
@@ -266,7 +278,13 @@ func lockFor(r *tier.Region, name string) int {
 	return tier.FirstUserLock + int(h.Sum32()%uint32(locks-tier.FirstUserLock))
 }
 
-func (l *Link) slotOff(i int) tier.Offset { return l.base + tier.Offset((i+1)*line) }
+// tableBytes is the size of a table of slots slots: a header line, then
+// the slots (two lines each, so a slot never crosses a chunk).
+func tableBytes(slots int) int64 { return line + int64(slots)*slotBytes }
+
+func (l *Link) slotOff(i int) tier.Offset { return slotAt(l.base, i) }
+
+func slotAt(base tier.Offset, i int) tier.Offset { return base + line + tier.Offset(i*slotBytes) }
 
 // join takes a free slot, or one whose owner's lease no longer runs (its
 // process died without Close), and starts it clean.
@@ -286,7 +304,7 @@ func (l *Link) join() error {
 		}
 		clear(b)
 		store(b, offOwner, l.c.Token())
-		if err := l.r.Publish(l.slotOff(i), line); err != nil {
+		if err := l.r.Publish(l.slotOff(i), slotBytes); err != nil {
 			return err
 		}
 		l.slot, l.mine = i, b
@@ -299,7 +317,7 @@ func (l *Link) join() error {
 // tier shared by several hosts.
 func (l *Link) line(i int) ([]byte, error) {
 	if l.shared {
-		if err := l.r.Refresh(l.slotOff(i), line); err != nil {
+		if err := l.r.Refresh(l.slotOff(i), slotBytes); err != nil {
 			return nil, err
 		}
 	}
@@ -325,5 +343,5 @@ func (l *Link) Close() error {
 	if load(l.mine, offOwner) == l.c.Token() {
 		clear(l.mine)
 	}
-	return l.r.Publish(l.slotOff(l.slot), line)
+	return l.r.Publish(l.slotOff(l.slot), slotBytes)
 }

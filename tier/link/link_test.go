@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -91,6 +92,9 @@ func TestBulkWaitsForADueClaim(t *testing.T) {
 	done, returned := turnReturns(bulk, 100*time.Millisecond)
 	if returned {
 		t.Fatal("a bulk piece went ahead of a due claim")
+	}
+	if n := atomic.LoadUint32(word32(urgent.mine, offSleepers)); n != 1 {
+		t.Fatalf("%d bulk movers asleep on the claim, want 1: it spins instead of giving the core up", n)
 	}
 	urgent.Done(false)
 	select {

@@ -45,10 +45,10 @@ func ReadStats(r *tier.Region, name string) (Stats, error) {
 	if err != nil {
 		return st, fmt.Errorf("%w: table %q: %v", ErrCorrupt, name, err)
 	}
-	b := make([]byte, line)
+	b := make([]byte, slotBytes)
 	for i := 0; i < slots; i++ {
-		off := o.Offset + tier.Offset((i+1)*line)
-		if err := r.Refresh(off, line); err != nil {
+		off := slotAt(o.Offset, i)
+		if err := r.Refresh(off, slotBytes); err != nil {
 			return st, err
 		}
 		if err := r.ReadAt(b, off); err != nil {
