@@ -437,21 +437,29 @@ func TestNoFlags(t *testing.T) {
 	}
 }
 
-// TestTopkMetrics: a sparse-KV pool in another client of the tier (this
-// test process) shows in the daemon's metrics and status while it lives.
-func TestTopkMetrics(t *testing.T) {
+// daemonAndClient starts a daemon in this process and attaches another
+// client, called name, to its tier, as an engine on the node would.
+func daemonAndClient(t *testing.T, name string) (string, *tier.Client) {
+	t.Helper()
 	addr, device, _ := startInProcess(t)
 	b, _ := tier.ParseBacking(device)
 	r, err := tier.Open(tier.Options{Devices: []tier.Backing{b}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
-	c, err := r.Attach(tier.ClientOptions{Name: "sglang"})
+	t.Cleanup(func() { r.Close() })
+	c, err := r.Attach(tier.ClientOptions{Name: name})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
+	return addr, c
+}
+
+// TestTopkMetrics: a sparse-KV pool in another client of the tier (this
+// test process) shows in the daemon's metrics and status while it lives.
+func TestTopkMetrics(t *testing.T) {
+	addr, c := daemonAndClient(t, "sglang")
 	eng := kernels.NewCPU(1)
 	defer eng.Close()
 	p, err := topk.New(c, eng, nil, topk.Config{Layers: 1, EntryBytes: 64, Slots: 4, TopK: 2, MaxRequests: 1})
@@ -484,18 +492,7 @@ func TestTopkMetrics(t *testing.T) {
 // TestLinkMetrics: a link arbiter in another client of the tier (this test
 // process) shows per class in the daemon's metrics while it lives.
 func TestLinkMetrics(t *testing.T) {
-	addr, device, _ := startInProcess(t)
-	b, _ := tier.ParseBacking(device)
-	r, err := tier.Open(tier.Options{Devices: []tier.Backing{b}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	c, err := r.Attach(tier.ClientOptions{Name: "engine"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	addr, c := daemonAndClient(t, "engine")
 	lk, err := link.Open(c, link.Config{})
 	if err != nil {
 		t.Fatal(err)
