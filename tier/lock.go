@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"sync/atomic"
 	"time"
 )
@@ -29,6 +30,19 @@ const (
 	SystemLock    = 0
 	FirstUserLock = 1
 )
+
+// UserLockFor picks the user lock of a shared structure by a key its users
+// agree on ("rooms\x00NAME"): every process that maps the tier picks the
+// same one. With no user locks it is SystemLock.
+func (r *Region) UserLockFor(key string) int {
+	locks := r.l.LockSlots
+	if locks <= FirstUserLock {
+		return SystemLock
+	}
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return FirstUserLock + int(h.Sum32()%uint32(locks-FirstUserLock))
+}
 
 func (r *Region) checkLockID(id int) error {
 	if id < 0 || id >= r.l.LockSlots {

@@ -166,7 +166,7 @@ func open(c *tier.Client, cfg Config, wait time.Duration) (*Table, error) {
 	if err := t.awaitHeader(o.Size, wait); err != nil {
 		return nil, err
 	}
-	t.lock = lockFor(r, cfg.Name)
+	t.lock = r.UserLockFor("rooms\x00" + cfg.Name)
 	return t, nil
 }
 
@@ -250,18 +250,6 @@ func (t *Table) readHeader(size int64) error {
 		return fmt.Errorf("%w: table %q: header says %d slots of %d bytes in an object of %d", ErrCorrupt, t.name, t.slots, t.slotBytes, size)
 	}
 	return nil
-}
-
-// lockFor is the tier lock guarding a table's claims: one of the user
-// locks, picked by the name.
-func lockFor(r *tier.Region, name string) int {
-	locks := r.Info().Geometry.LockSlots
-	h := fnv.New32a()
-	h.Write([]byte("rooms\x00" + name))
-	if locks <= tier.FirstUserLock {
-		return tier.SystemLock
-	}
-	return tier.FirstUserLock + int(h.Sum32()%uint32(locks-tier.FirstUserLock))
 }
 
 // Slots is the table's capacity.

@@ -41,7 +41,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"hash/fnv"
 	"sync"
 	"time"
 
@@ -174,7 +173,7 @@ func Open(c *tier.Client, cfg Config) (*Link, error) {
 	if err != nil {
 		return nil, fmt.Errorf("link: open %q: %w", cfg.Name, err)
 	}
-	l := &Link{c: c, r: r, cfg: cfg, base: o.Offset, lock: lockFor(r, cfg.Name)}
+	l := &Link{c: c, r: r, cfg: cfg, base: o.Offset, lock: r.UserLockFor("link\x00" + cfg.Name)}
 	if err := l.awaitHeader(o.Size); err != nil {
 		return nil, err
 	}
@@ -264,18 +263,6 @@ func decodeHeader(h []byte, size int64) (int, error) {
 		return 0, fmt.Errorf("header says %d slots in an object of %d bytes", slots, size)
 	}
 	return int(slots), nil
-}
-
-// lockFor is the tier lock guarding a table's owner words: one of the user
-// locks, picked by the name.
-func lockFor(r *tier.Region, name string) int {
-	locks := r.Info().Geometry.LockSlots
-	if locks <= tier.FirstUserLock {
-		return tier.SystemLock
-	}
-	h := fnv.New32a()
-	h.Write([]byte("link\x00" + name))
-	return tier.FirstUserLock + int(h.Sum32()%uint32(locks-tier.FirstUserLock))
 }
 
 // tableBytes is the size of a table of slots slots: a header line, then

@@ -72,12 +72,12 @@ func ReadStats(r *tier.Region, name string) (Stats, error) {
 // Tables names the link tables in the tier's directory.
 func Tables(r *tier.Region) ([]string, error) {
 	var names []string
-	objs, err := r.Objects()
+	entries, err := r.DirList() // names only: ReadStats checks each table
 	if err != nil {
 		return nil, err
 	}
-	for _, o := range objs {
-		if n, ok := strings.CutPrefix(o.Name, "link/"); ok && n != "" {
+	for _, e := range entries {
+		if n, ok := strings.CutPrefix(e.Name, "link/"); ok && n != "" && e.Kind == tier.ObjectKind {
 			names = append(names, n)
 		}
 	}
