@@ -24,6 +24,10 @@ type engines struct {
 	// devices finds the device of a stream or of the calling thread
 	// (kernels.StreamDevice and kernels.CurrentDevice; tests replace it).
 	devices deviceFinder
+	// pacer, once the tier joined its node's link, paces the CPU engines'
+	// bulk copies in pieces of piece bytes (see arbiter.go).
+	pacer kernels.Pacer
+	piece int64
 }
 
 // deviceFinder tells which GPU a caller means when it does not say.
@@ -42,6 +46,12 @@ func (driverDevices) CurrentDevice() (int, bool)          { return kernels.Curre
 type engineKey struct {
 	name   string
 	stream uintptr
+	// rows: the CPU engine of the row calls (Engram prefetches, top-k
+	// fetches), apart from the bulk copies': a CPU engine runs its calls in
+	// order, so a row call with a deadline would wait out every bulk call
+	// queued before it (and, with the tier on its node's link, for a bulk
+	// piece that itself waits for that very deadline).
+	rows bool
 }
 
 // sharedEngine is an engine with the tier registered, and how many handles
@@ -123,13 +133,28 @@ func (es *engines) callerDevice(stream uintptr) (int, error) {
 	return 0, nil
 }
 
-// acquire returns the tier's engine of kind on stream, making it and
-// registering the tier's devices (n of them, device i's mapping mem(i)) on
-// first use. Each acquire is paired with a release.
+// acquire returns the tier's engine of kind on stream for bulk copies (KV
+// pages, blocks), making it and registering the tier's devices (n of them,
+// device i's mapping mem(i)) on first use. Each acquire is paired with a
+// release.
 func (es *engines) acquire(kind string, stream uintptr, n int, mem func(int) []byte) (*sharedEngine, error) {
+	return es.acquireFor(kind, stream, false, n, mem)
+}
+
+// acquireRows is acquire for row calls (Engram, top-k): on the CPU an
+// engine of their own, beside the bulk one; a GPU's engine is shared (its
+// driver page-locks the tier once per process).
+func (es *engines) acquireRows(kind string, stream uintptr, n int, mem func(int) []byte) (*sharedEngine, error) {
+	return es.acquireFor(kind, stream, true, n, mem)
+}
+
+func (es *engines) acquireFor(kind string, stream uintptr, rows bool, n int, mem func(int) []byte) (*sharedEngine, error) {
 	spec, err := es.resolve(kind, stream)
 	if err != nil {
 		return nil, err
+	}
+	if spec.key.name == "cpu" {
+		spec.key.rows = rows
 	}
 	es.mu.Lock()
 	defer es.mu.Unlock()
@@ -146,7 +171,7 @@ func (es *engines) acquire(kind string, stream uintptr, n int, mem func(int) []b
 	}
 	key := engineKey{name: eng.Name(), stream: stream}
 	if key.name == "cpu" {
-		key.stream = 0
+		key.stream, key.rows = 0, rows
 	}
 	if se, ok := es.open[key]; ok { // "auto" became an engine the tier has
 		eng.Close()
@@ -159,6 +184,9 @@ func (es *engines) acquire(kind string, stream uintptr, n int, mem func(int) []b
 		return nil, fmt.Errorf("engine %s: %w", key.name, err)
 	}
 	se := &sharedEngine{key: key, eng: eng, ids: ids, refs: 1}
+	if !key.rows {
+		paceEngine(eng, es.pacer, es.piece)
+	}
 	if es.open == nil {
 		es.open = map[engineKey]*sharedEngine{}
 	}

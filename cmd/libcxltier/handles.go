@@ -36,6 +36,7 @@ type attached struct {
 
 	mu       sync.Mutex
 	link     *cluster.Link          // to the node's uplink; nil when switched off
+	arbiter  *arbiter               // the node's link arbiter, once joined (cxl_tier_link)
 	children map[uint64]func() bool // child handle -> unregisters its closer from c
 }
 

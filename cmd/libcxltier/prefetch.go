@@ -123,12 +123,16 @@ func openEngram(h uint64, spec, engine string, stream uintptr, slots, flags int,
 	if len(tables) == 0 {
 		return nil, fmt.Errorf("engram open: %w: no table of %q is loaded in the tier (cxltier engram load)", tier.ErrNotFound, g.Name)
 	}
-	se, err := a.engines.acquire(engine, stream, a.r.NumDevices(), a.r.Device)
+	se, err := a.engines.acquireRows(engine, stream, a.r.NumDevices(), a.r.Device)
 	if err != nil {
 		return nil, err
 	}
-	p, err := engram.NewPrefetcher(se.eng, a.c, hs, tables, engram.PrefetchOptions{Slots: slots,
-		Cache: flags&engramCache != 0, Planner: plannerOf(C.int(flags)), Deadline: deadline, Ranges: se.ids})
+	opts := engram.PrefetchOptions{Slots: slots, Cache: flags&engramCache != 0, Planner: plannerOf(C.int(flags)),
+		Deadline: deadline, Ranges: se.ids}
+	if l := a.claimer(); l != nil && deadline > 0 {
+		opts.Link = l // each call claims the node's link until its rows are in
+	}
+	p, err := engram.NewPrefetcher(se.eng, a.c, hs, tables, opts)
 	if err != nil {
 		return nil, errors.Join(err, a.engines.release(se))
 	}

@@ -70,7 +70,7 @@ func openTopk(h uint64, engine string, stream uintptr, cfg topk.Config) (*topkPo
 		return nil, err
 	}
 	defer done.Done()
-	se, err := a.engines.acquire(engine, stream, a.r.NumDevices(), a.r.Device)
+	se, err := a.engines.acquireRows(engine, stream, a.r.NumDevices(), a.r.Device)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 """Attaching to a tier."""
 
 import ctypes
+import json
 import os
 import weakref
 
@@ -30,6 +31,17 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_in_child)
 
 
+def _link_from_env():
+    """The link table CXLTIER_LINK names: None (unset, "", 0, off: do not
+    join), "" (1, on: the node's own) or a table's name."""
+    v = os.environ.get("CXLTIER_LINK", "").strip()
+    if v.lower() in ("", "0", "off", "no", "false"):
+        return None
+    if v.lower() in ("1", "on", "yes", "true"):
+        return ""
+    return v
+
+
 class Tier:
     """A tier this process is attached to, as one client (one lease).
 
@@ -48,6 +60,14 @@ class Tier:
         self.devices = devices
         self._views = Views()  # of the mapping: buffers and tensors of regions and objects
         _attached.add(self)
+        self.link = None
+        link = _link_from_env()
+        if link is not None:
+            try:
+                self.join_link(link)
+            except BaseException:
+                self.close()
+                raise
 
     @property
     def handle(self):
@@ -83,6 +103,34 @@ class Tier:
         out = ctypes.c_int8()
         _native.call("cxl_tier_lease_gone", self.handle, int(slot), int(gen) & 0xFFFFFFFF, ctypes.byref(out))
         return out.value == 1
+
+    def join_link(self, name="", piece=0):
+        """Joins this process to its node's link arbiter (the table `name`;
+        "": the node's own, node<N>) and returns the table's name. From then
+        on the bulk copies of its CPU engines (KV pages stored and loaded, a
+        prefill's pages) move in pieces of `piece` bytes (0: 256 KiB) that
+        give way while another transfer's deadline is due (an Engram
+        prefetch, in this process or another), and its Engram prefetchers
+        opened from now on claim the link for their deadlines. Join before
+        opening pools and prefetchers; joining again under the same name
+        does nothing. CXLTIER_LINK=1 (or a table's name) makes every Tier
+        join at attach."""
+        buf = ctypes.create_string_buffer(256)
+        _native.call("cxl_tier_link", self.handle, name.encode() if name else None, int(piece), buf, len(buf))
+        self.link = buf.value.decode()
+        return self.link
+
+    def link_stats(self, name=None):
+        """The sums of link table `name` (default: the one this tier joined)
+        over the processes on it that run: claims, misses and time claimed
+        of deadline transfers; bulk bytes, waits and time waited. What each
+        process says of itself: for reading, not for acting on."""
+        name = name or self.link
+        if not name:
+            raise ValueError("cxltier: link_stats: this tier joined no link; name one")
+        buf = ctypes.create_string_buffer(1024)
+        _native.call("cxl_link_stats", self.handle, name.encode(), buf, len(buf))
+        return json.loads(buf.value)
 
     def prefix(self, name="default", blocks=0, block_bytes=0, key=None):
         """Opens prefix index `name`; with blocks > 0 it is created (blocks of

@@ -231,3 +231,64 @@ def test_detaching_with_an_open_load_returns(built, device):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, CXLTIER_LIB=built["lib"]))
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_a_pool_on_a_tier_that_joined_the_link(built, device):
+    """With CXLTIER_LINK set every Tier joins its node's link arbiter at
+    attach: a pool's stores and loads move as bulk pieces counted in the
+    link's table, which another process joining shows too; joining another
+    link, or reading a table that is not there, is refused."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    bufs = buffers()
+    os.environ["CXLTIER_LINK"] = "1"
+    try:
+        t = cxltier.Tier(device)
+    finally:
+        del os.environ["CXLTIER_LINK"]
+    try:
+        assert t.link.startswith("node"), t.link
+        assert t.join_link() == t.link  # joining again: nothing changes
+        with pytest.raises(cxltier.InvalidError):
+            t.join_link("another")
+        ix = t.prefix("kv", 32, 2 * LAYERS * CHUNK)
+        pool = pool_on(ix, bufs)
+        assert pool.store(keys("a", "b"), [0, 1]) == ["stored", "stored"]
+        pool.get(keys("a", "b"), [5, 6])
+        assert all(page(buf, 5) == page(buf, 0) and page(buf, 6) == page(buf, 1) for buf in bufs)
+        st = t.link_stats()
+        assert st["name"] == t.link and st["processes"] == 1, st
+        assert st["bulk_bytes"] == 4 * pool.page_bytes, st  # two pages stored, two landed
+        assert st["claims"] == 0 and st["bulk_waits"] == 0, st
+
+        # Another process on the same link: the table counts both while both run.
+        code = textwrap.dedent(f"""
+            import json, sys
+            sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
+            import cxltier
+            t = cxltier.Tier({device!r})
+            print(json.dumps(t.link_stats()), flush=True)
+            sys.stdin.readline()
+        """)
+        child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                 env=dict(os.environ, CXLTIER_LIB=built["lib"], CXLTIER_LINK=t.link))
+        try:
+            seen = json.loads(child.stdout.readline())
+            assert seen["processes"] == 2 and seen["bulk_bytes"] == 4 * pool.page_bytes, seen
+        finally:
+            child.communicate("\n", timeout=60)
+        assert child.returncode == 0
+        assert t.link_stats()["processes"] == 1  # the child's seat went with it
+        with pytest.raises(cxltier.NotFoundError):
+            t.link_stats("missing")
+        pool.close()
+    finally:
+        t.close()
+    plain = cxltier.Tier(device)
+    with pytest.raises(ValueError):
+        plain.link_stats()  # joined none, named none
+    plain.close()

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/cxltier/cxltier/engram"
+	"github.com/cxltier/cxltier/prefix"
+	"github.com/cxltier/cxltier/tier"
+	"github.com/cxltier/cxltier/tier/link"
+)
+
+// formatTest formats a 16 MiB file tier and returns its devices string,
+// for tests that attach it more than once (as several processes do).
+func formatTest(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "d0")
+	b, err := tier.ParseBacking("file:" + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	geo := tier.DefaultGeometry()
+	geo.DeviceSize, geo.ChunkSize, geo.Stripe = 16<<20, 256<<10, 256<<10
+	r, err := tier.Format(tier.Options{Devices: []tier.Backing{b}, Geometry: geo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	return "file:" + path
+}
+
+// TestKVPoolJoinsTheLink: once its tier joined the node's link, a KV
+// pool's store waits while another client's claim is due and goes on when
+// the claim ends; the table counts its bytes, its wait and the claims of
+// an Engram prefetcher opened on the same tier, whose row calls run on an
+// engine of their own (never queued behind a paced copy).
+func TestKVPoolJoinsTheLink(t *testing.T) {
+	devices := formatTest(t)
+	h, err := attach(devices, "engine")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer detach(h)
+	other, err := attach(devices, "claimant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer detach(other)
+
+	// The mover obeys claims an hour ahead and waits on them as long as
+	// they last, so that a slow machine cannot end the wait early.
+	cfg := link.Config{Name: "t", Horizon: time.Hour, Window: time.Hour, Share: 1}
+	if got, err := joinArbiter(h, cfg, 4096); err != nil || got != "t" {
+		t.Fatalf("join: %q, %v", got, err)
+	}
+	if got, err := joinArbiter(h, cfg, 4096); err != nil || got != "t" {
+		t.Fatalf("joining again: %q, %v", got, err)
+	}
+	if _, err := joinArbiter(h, link.Config{Name: "u"}, 4096); !errors.Is(err, errBadArg) {
+		t.Fatalf("joining another link: %v, want errBadArg", err)
+	}
+	oa, _ := tierOf(other)
+	claimant, err := link.Open(oa.c, link.Config{Name: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ix, err := prefixOpen(h, "m", "", 16, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 2*64<<10)
+	for i := range buf {
+		buf[i] = byte(i * 7)
+	}
+	sp := kvPoolSpec{ptrs: []unsafe.Pointer{unsafe.Pointer(&buf[0])}, lens: []int64{int64(len(buf))}, perLayer: 1,
+		chunkBytes: 64 << 10, pageStride: 64 << 10, where: onHost}
+	p, err := openKVPool(ix, "cpu", 0, sp, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	claimant.Claim(time.Now().Add(time.Hour))
+	stored := make(chan error, 1)
+	go func() {
+		_, err := p.mover.Put([]prefix.Key{prefix.StringKey("a")}, p.layout, []int64{0})
+		stored <- err
+	}()
+	select {
+	case err := <-stored:
+		t.Fatalf("the store ran past a due claim: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	claimant.Done(false)
+	select {
+	case err := <-stored:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the store did not go on when the claim ended")
+	}
+	if n, err := p.mover.Get([]prefix.Key{prefix.StringKey("a")}, p.layout, []int64{1}); err != nil || n != 1 {
+		t.Fatalf("get: %d, %v", n, err)
+	}
+	if string(buf[:64<<10]) != string(buf[64<<10:]) {
+		t.Fatal("the page landed changed")
+	}
+	runtime.KeepAlive(buf)
+
+	a, _ := tierOf(h)
+	pf := engramOn(t, h, a, 50*time.Millisecond)
+	if pf.eng == p.se.eng {
+		t.Fatal("the prefetcher's rows share the paced engine")
+	}
+	pd, err := pf.Prefetch(1, nil, [][]int64{{3, 4, 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+
+	st, err := link.ReadStats(a.r, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two pages moved (a store, a load), one piece waited; the claimant's
+	// claim and the prefetch's.
+	if st.Processes != 2 || st.BulkBytes != 2*64<<10 || st.BulkWaits != 1 || st.BulkWaited < 100*time.Millisecond || st.Claims != 2 {
+		t.Fatalf("link stats %+v", st)
+	}
+	if _, err := link.ReadStats(a.r, "missing"); !errors.Is(err, tier.ErrNotFound) {
+		t.Fatalf("stats of a missing table: %v", err)
+	}
+	if _, err := joinArbiter(other, link.Config{Name: "t"}, -1); !errors.Is(err, errBadArg) {
+		t.Fatalf("a negative piece: %v", err)
+	}
+}
+
+// engramOn loads a tiny Engram table into tier h and opens a CPU
+// prefetcher with deadline over it.
+func engramOn(t *testing.T, h uint64, a *attached, deadline time.Duration) *prefetcher {
+	t.Helper()
+	g := engram.Geometry{Name: "tiny", LayerIDs: []int{1}, MaxNgram: 3, Heads: 2, BaseSizes: []int64{500, 600},
+		Seed: 7, Vocab: 300, PadID: 2, RowBytes: 64, DType: "float32"}
+	hs, err := engram.NewHasher(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := engram.CreateTable(a.c, g, hs, 1, func(row int64, b []byte) error { engram.SyntheticRow(1, row, b); return nil }, nil); err != nil {
+		t.Fatal(err)
+	}
+	spec, _ := json.Marshal(g)
+	pf, err := openEngram(h, string(spec), "cpu", 0, 256, 0, deadline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pf
+}
