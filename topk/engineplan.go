@@ -185,7 +185,10 @@ func (p *Pool) ResolveIn(layer int, reqs []int, seqLens []int64, sel, out kernel
 	if _, err := p.checkRequests(layer, reqs, seqLens); err != nil {
 		return Step{}, err
 	}
-	return p.pl.resolveIn(start, layer, reqs, seqLens, sel, out)
+	done := p.claim(start)
+	st, err := p.pl.resolveIn(start, layer, reqs, seqLens, sel, out)
+	done(err)
+	return st, err
 }
 
 // resolve uploads host selections, plans them and downloads the slots.

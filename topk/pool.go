@@ -3,6 +3,7 @@ package topk
 import (
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/tier"
@@ -17,6 +18,19 @@ type Config struct {
 	MaxRequests int     // request indices are [0, MaxRequests)
 	Planner     Planner // where steps are planned (default PlanAuto)
 	MaxContext  int64   // longest sequence (tokens) when the engine plans (default 1<<20)
+	// Link, when set with a Deadline, is told each Resolve's deadline
+	// (Deadline after the call) and when its entries are in: tier/link's
+	// arbiter, which makes the bulk copies of every process on the node
+	// wait while a step is due.
+	Link     Claimer
+	Deadline time.Duration
+}
+
+// Claimer is told of transfers with a deadline: Claim when one starts,
+// Done when it ends (missed: ready past the deadline), in that order.
+type Claimer interface {
+	Claim(deadline time.Time)
+	Done(missed bool)
 }
 
 // Sequence describes a sequence at registration; Layers and EntryBytes
@@ -54,6 +68,8 @@ func (c *Config) fill() error {
 		return fmt.Errorf("%w: %d requests", ErrBadConfig, c.MaxRequests)
 	case c.MaxContext < 1 || c.MaxContext > 1<<31-1:
 		return fmt.Errorf("%w: max context %d tokens", ErrBadConfig, c.MaxContext)
+	case c.Deadline < 0:
+		return fmt.Errorf("%w: deadline %v", ErrBadConfig, c.Deadline)
 	}
 	return nil
 }

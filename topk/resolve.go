@@ -43,7 +43,22 @@ func (p *Pool) Resolve(layer int, reqs []int, seqLens []int64, topk, out []int32
 	if err != nil {
 		return Step{}, err
 	}
-	return p.pl.resolve(start, layer, reqs, seqLens, seqs, topk, out)
+	done := p.claim(start)
+	st, err := p.pl.resolve(start, layer, reqs, seqLens, seqs, topk, out)
+	done(err)
+	return st, err
+}
+
+// claim tells the pool's link of a step that started at start, when it has
+// one and a deadline; the function it returns ends the claim once the
+// step's entries are in (or it failed).
+func (p *Pool) claim(start time.Time) func(error) {
+	lk, d := p.cfg.Link, p.cfg.Deadline
+	if lk == nil || d <= 0 {
+		return func(error) {}
+	}
+	lk.Claim(start.Add(d))
+	return func(err error) { lk.Done(err == nil && time.Since(start) > d) }
 }
 
 // hostPlanner keeps each request's tables in Go (table.go) and plans a

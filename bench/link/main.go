@@ -85,6 +85,14 @@ type opts struct {
 	arbiter string
 	piece   int64
 	share   float64
+	// party: the transfer with a deadline, "engram" (a prefetch a layer)
+	// or "topk" (a sparse-attention step's fetches, a layer at a time).
+	party        string
+	topK         int
+	context      int64
+	topkHit      float64
+	topkLayers   int
+	topkDeadline time.Duration
 }
 
 func parseOpts(args []string, stderr io.Writer) (opts, error) {
@@ -109,6 +117,12 @@ func parseOpts(args []string, stderr io.Writer) (opts, error) {
 	fs.StringVar(&o.arbiter, "arbiter", "both", "the link arbiter (tier/link) in the mixed phase: off, on, or both (a mixed phase each way every round)")
 	fs.Int64Var(&o.piece, "piece", kernels.DefaultPiece, "with the arbiter: bytes a KV process moves between looks at the link's claims")
 	fs.Float64Var(&o.share, "share", 0.25, "with the arbiter: the most of each 100 ms window a KV process waits on one process's claims")
+	fs.StringVar(&o.party, "with", "engram", "the transfer with a deadline: engram (a prefetch each layer) or topk (a sparse-attention decode's top-k fetches, a layer at a time)")
+	fs.IntVar(&o.topK, "topk", 2048, "topk: selections per request and layer")
+	fs.Int64Var(&o.context, "context", 32768, "topk: tokens of each request's context (-batch requests)")
+	fs.Float64Var(&o.topkHit, "topk-hit", 0.9, "topk: the share of a layer's selection kept from the step before")
+	fs.IntVar(&o.topkLayers, "topk-layers", 8, "topk: sparse-attention layers of a step")
+	fs.DurationVar(&o.topkDeadline, "topk-deadline", 300*time.Microsecond, "topk: time allowed for one layer's fetches")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -130,6 +144,13 @@ func parseOpts(args []string, stderr io.Writer) (opts, error) {
 		return o, fmt.Errorf("-piece %d: want positive", o.piece)
 	case o.share <= 0 || o.share > 1:
 		return o, fmt.Errorf("-share %v: want (0, 1]", o.share)
+	case o.party != "engram" && o.party != "topk":
+		return o, fmt.Errorf("-with %q: engram or topk", o.party)
+	case o.topK < 1 || o.context < int64(o.topK) || o.context > 1<<31-1 || o.topkLayers < 1 || o.topkDeadline <= 0:
+		return o, fmt.Errorf("-topk %d, -context %d, -topk-layers %d, -topk-deadline %v: want positive, a context of at least -topk tokens",
+			o.topK, o.context, o.topkLayers, o.topkDeadline)
+	case o.topkHit < 0 || o.topkHit > 1:
+		return o, fmt.Errorf("-topk-hit %v: want 0..1", o.topkHit)
 	}
 	if _, err := o.engramGeometry(); err != nil {
 		return o, err
@@ -168,6 +189,7 @@ func (o opts) kvBlockBytes() int64 { return 2 * int64(o.layers) * o.chunk }
 type Phase struct {
 	Name   string  `json:"name"`
 	Engram *Party  `json:"engram,omitempty"`
+	TopK   *Party  `json:"topk,omitempty"`
 	KV     []Party `json:"kv,omitempty"`
 	// KVBytesPerSec is all KV processes' bytes (stored plus loaded) a second.
 	KVBytesPerSec float64 `json:"kv_bytes_per_sec,omitempty"`
@@ -202,32 +224,52 @@ type Outcome struct {
 	BulkKeptBesideCompute float64 `json:"bulk_kept_beside_compute"`
 }
 
+// deadline is the phase's party with a deadline (nil: none ran).
+func (ph *Phase) deadline() *Party {
+	if ph.TopK != nil {
+		return ph.TopK
+	}
+	return ph.Engram
+}
+
 func outcome(rd *Round, mixed *Phase) *Outcome {
 	return &Outcome{
-		MissPointsOverIdle:    100 * (mixed.Engram.MissRate - rd.Idle.Engram.MissRate),
-		P99OverIdle:           mixed.Engram.P99us / rd.Idle.Engram.P99us,
+		MissPointsOverIdle:    100 * (mixed.deadline().MissRate - rd.Idle.deadline().MissRate),
+		P99OverIdle:           mixed.deadline().P99us / rd.Idle.deadline().P99us,
 		BulkKept:              mixed.KVBytesPerSec / rd.Bulk.KVBytesPerSec,
 		BulkKeptBesideCompute: mixed.KVBytesPerSec / rd.BesideCompute.KVBytesPerSec,
 	}
 }
 
+// TopKSpec is the top-k party's shape.
+type TopKSpec struct {
+	TopK       int     `json:"topk"`
+	Context    int64   `json:"context"`
+	Hit        float64 `json:"hit"`
+	Layers     int     `json:"layers"`
+	DeadlineUs float64 `json:"deadline_us"`
+	EntryBytes int     `json:"entry_bytes"`
+}
+
 // Report is the JSON result.
 type Report struct {
 	report.Run
-	Arbitration string  `json:"arbitration"` // off, on or both
-	PieceBytes  int64   `json:"piece_bytes"`
-	Share       float64 `json:"share"`
-	Tier        string  `json:"tier"`
-	TierFS      string  `json:"tier_fs,omitempty"`
-	Seconds     float64 `json:"seconds_per_phase"`
-	Geometry    string  `json:"geometry"`
-	Batch       int     `json:"batch"`
-	DeadlineUs  float64 `json:"deadline_us"`
-	GapUs       float64 `json:"gap_us"`
-	KVProcs     int     `json:"kv_processes"`
-	KVPageBytes int64   `json:"kv_page_bytes"`
-	KVPages     int     `json:"kv_pages"`
-	Rounds      []Round `json:"rounds"`
+	Arbitration string    `json:"arbitration"` // off, on or both
+	Party       string    `json:"party"`       // engram or topk
+	TopK        *TopKSpec `json:"topk,omitempty"`
+	PieceBytes  int64     `json:"piece_bytes"`
+	Share       float64   `json:"share"`
+	Tier        string    `json:"tier"`
+	TierFS      string    `json:"tier_fs,omitempty"`
+	Seconds     float64   `json:"seconds_per_phase"`
+	Geometry    string    `json:"geometry"`
+	Batch       int       `json:"batch"`
+	DeadlineUs  float64   `json:"deadline_us"`
+	GapUs       float64   `json:"gap_us"`
+	KVProcs     int       `json:"kv_processes"`
+	KVPageBytes int64     `json:"kv_page_bytes"`
+	KVPages     int       `json:"kv_pages"`
+	Rounds      []Round   `json:"rounds"`
 }
 
 func run(args []string, stdout, stderr io.Writer) error {
@@ -243,7 +285,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		defer os.RemoveAll(dir)
 	}
 	o.tierPath = filepath.Join(dir, "tier")
-	fmt.Fprintf(stderr, "formatting a %s tier at %s; the Engram table and %d KV indexes...\n", tierflags.HumanSize(o.tierSize), o.tierPath, o.kv)
+	fmt.Fprintf(stderr, "formatting a %s tier at %s; the %s party's data and %d KV indexes...\n", tierflags.HumanSize(o.tierSize), o.tierPath, o.party, o.kv)
 	if err := prepare(o, stderr); err != nil {
 		return err
 	}
@@ -251,7 +293,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	defer eng.Close()
 	rep := Report{Run: report.NewRun(eng), Arbitration: o.arbiter, PieceBytes: o.piece, Share: o.share, Tier: o.tierPath, TierFS: mountOf(o.tierDir), Seconds: o.seconds,
 		Geometry: o.geometry, Batch: o.batch, DeadlineUs: us(o.deadline), GapUs: us(o.gap),
-		KVProcs: o.kv, KVPageBytes: o.kvBlockBytes(), KVPages: o.pages}
+		KVProcs: o.kv, KVPageBytes: o.kvBlockBytes(), KVPages: o.pages, Party: o.party}
+	if o.party == "topk" {
+		rep.TopK = &TopKSpec{TopK: o.topK, Context: o.context, Hit: o.topkHit, Layers: o.topkLayers, DeadlineUs: us(o.topkDeadline), EntryBytes: topkEntryBytes}
+	}
 	for i := range o.rounds {
 		rd, err := runRound(o, i, stderr)
 		if err != nil {
@@ -282,6 +327,25 @@ func prepare(o opts, log io.Writer) error {
 		return err
 	}
 	defer c.Close()
+	if o.party == "engram" { // the top-k party appends its own sequences
+		if err := makeEngramTable(c, o, log); err != nil {
+			return err
+		}
+	}
+	for i := range o.kv {
+		s, err := prefix.Create(c, prefix.Config{Name: kvName(i), Blocks: int64(o.pages), BlockBytes: o.kvBlockBytes(), PinsPerClient: 4 * int64(o.pages)})
+		if err != nil {
+			return fmt.Errorf("KV index %d: %w (a larger -tier-size, or fewer -pages)", i, err)
+		}
+		if err := s.Close(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// makeEngramTable builds the table the Engram party prefetches from.
+func makeEngramTable(c *tier.Client, o opts, log io.Writer) error {
 	g, _ := o.engramGeometry()
 	h, err := engram.NewHasher(g)
 	if err != nil {
@@ -292,15 +356,6 @@ func prepare(o opts, log io.Writer) error {
 		return nil
 	}, log); err != nil {
 		return fmt.Errorf("engram table: %w (a larger -tier-size, or a smaller -base)", err)
-	}
-	for i := range o.kv {
-		s, err := prefix.Create(c, prefix.Config{Name: kvName(i), Blocks: int64(o.pages), BlockBytes: o.kvBlockBytes(), PinsPerClient: 4 * int64(o.pages)})
-		if err != nil {
-			return fmt.Errorf("KV index %d: %w (a larger -tier-size, or fewer -pages)", i, err)
-		}
-		if err := s.Close(); err != nil {
-			return err
-		}
 	}
 	return nil
 }
@@ -376,7 +431,12 @@ func runPhase(o opts, spec phaseSpec) (Phase, error) {
 	arb := []string{"-arbiter=" + strconv.FormatBool(spec.arbd), "-piece", strconv.FormatInt(o.piece, 10),
 		"-share", strconv.FormatFloat(o.share, 'g', -1, 64)}
 	var err error
-	if spec.engram {
+	switch {
+	case spec.engram && o.party == "topk":
+		err = add("topk", append(arb, "-batch", strconv.Itoa(o.batch), "-layers", strconv.Itoa(o.topkLayers), "-topk", strconv.Itoa(o.topK),
+			"-context", strconv.FormatInt(o.context, 10), "-topk-hit", strconv.FormatFloat(o.topkHit, 'g', -1, 64),
+			"-deadline", o.topkDeadline.String(), "-gap", o.gap.String())...)
+	case spec.engram:
 		err = add("engram", append(arb, "-geometry", o.geometry, "-base", strconv.FormatInt(o.base, 10), "-batch", strconv.Itoa(o.batch),
 			"-deadline", o.deadline.String(), "-gap", o.gap.String())...)
 	}
@@ -412,6 +472,8 @@ func runPhase(o opts, spec phaseSpec) (Phase, error) {
 		switch p.Role {
 		case "engram":
 			ph.Engram = &p
+		case "topk":
+			ph.TopK = &p
 		case "kv":
 			ph.KV = append(ph.KV, p)
 			ph.KVBytesPerSec += p.BytesPerSec
@@ -421,8 +483,14 @@ func runPhase(o opts, spec phaseSpec) (Phase, error) {
 }
 
 func printTable(w io.Writer, rep Report) {
-	fmt.Fprintf(w, "Engram %s, batch %d, deadline %.0f µs, a call every %.0f µs after the last one's rows; %d KV processes of %d × %s pages; arbiter: %s (pieces of %s)\n",
-		rep.Geometry, rep.Batch, rep.DeadlineUs, rep.GapUs, rep.KVProcs, rep.KVPages, tierflags.HumanSize(rep.KVPageBytes), rep.Arbitration, tierflags.HumanSize(rep.PieceBytes))
+	if t := rep.TopK; t != nil {
+		fmt.Fprintf(w, "top-k steps of %d layers, batch %d, %d of %d tokens a layer (%.0f%% kept from the step before), deadline %.0f µs a layer, %.0f µs of attention after each; p50 and p99 are a step's",
+			t.Layers, rep.Batch, t.TopK, t.Context, 100*t.Hit, t.DeadlineUs, rep.GapUs)
+	} else {
+		fmt.Fprintf(w, "Engram %s, batch %d, deadline %.0f µs, a call every %.0f µs after the last one's rows", rep.Geometry, rep.Batch, rep.DeadlineUs, rep.GapUs)
+	}
+	fmt.Fprintf(w, "; %d KV processes of %d × %s pages; arbiter: %s (pieces of %s)\n",
+		rep.KVProcs, rep.KVPages, tierflags.HumanSize(rep.KVPageBytes), rep.Arbitration, tierflags.HumanSize(rep.PieceBytes))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "round\tphase\tcalls\tmisses %\tp50 µs\tp99 µs\tKV GB/s\t")
 	for i, rd := range rep.Rounds {
@@ -431,7 +499,7 @@ func printTable(w io.Writer, rep Report) {
 				continue
 			}
 			calls, miss, p50, p99, kv := "-", "-", "-", "-", "-"
-			if e := ph.Engram; e != nil {
+			if e := ph.deadline(); e != nil {
 				calls, miss = strconv.Itoa(e.Calls), fmt.Sprintf("%.2f", 100*e.MissRate)
 				p50, p99 = fmt.Sprintf("%.1f", e.P50us), fmt.Sprintf("%.1f", e.P99us)
 			}

@@ -15,6 +15,10 @@ func TestBadFlags(t *testing.T) {
 		{"-seconds 0", "-seconds"},
 		{"-tier-size lots", "-tier-size"},
 		{"-geometry nope", "-geometry"},
+		{"-with both", "-with"},
+		{"-with topk -topk 4096 -context 1024", "-context"},
+		{"-with topk -topk-hit 1.5", "-topk-hit"},
+		{"-with topk -topk-deadline 0s", "-topk-deadline"},
 	} {
 		_, err := parseOpts(strings.Fields(tc.args), io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -23,6 +23,7 @@ type Party struct {
 	// The prefetcher's calls, those whose rows were ready past the
 	// deadline, and the call latencies' percentiles.
 	Calls    int     `json:"calls,omitempty"`
+	Steps    int     `json:"steps,omitempty"` // the top-k party's: its calls are layers, its percentiles steps'
 	Misses   int     `json:"misses,omitempty"`
 	MissRate float64 `json:"miss_rate"`
 	P50us    float64 `json:"p50_us,omitempty"`
@@ -43,6 +44,9 @@ type partyOpts struct {
 	chunk                           int64
 	deadline, gap                   time.Duration
 	arbiter                         bool
+	topK                            int
+	context                         int64
+	topkHit                         float64
 	piece                           int64
 	share                           float64
 }
@@ -50,7 +54,7 @@ type partyOpts struct {
 func runRole(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("link party", flag.ContinueOnError)
 	var p partyOpts
-	fs.StringVar(&p.role, "role", "", "engram or kv")
+	fs.StringVar(&p.role, "role", "", "engram, topk, kv or spin")
 	fs.StringVar(&p.tierPath, "tier", "", "tier file")
 	fs.Int64Var(&p.start, "start", 0, "phase start, Unix ns")
 	fs.Int64Var(&p.end, "end", 0, "phase end, Unix ns")
@@ -63,6 +67,9 @@ func runRole(args []string, stdout io.Writer) error {
 	fs.IntVar(&p.batch, "batch", 1, "engram: batch")
 	fs.DurationVar(&p.deadline, "deadline", 0, "engram: deadline")
 	fs.DurationVar(&p.gap, "gap", 0, "engram: gap")
+	fs.IntVar(&p.topK, "topk", 2048, "topk: selections per request and layer")
+	fs.Int64Var(&p.context, "context", 32768, "topk: tokens of each request")
+	fs.Float64Var(&p.topkHit, "topk-hit", 0.9, "topk: the share of a layer's selection kept from the step before")
 	fs.BoolVar(&p.arbiter, "arbiter", false, "join the node's link arbiter")
 	fs.Int64Var(&p.piece, "piece", kernels.DefaultPiece, "kv: bytes between looks at the link's claims")
 	fs.Float64Var(&p.share, "share", 0, "kv: the most of each window one process's claims may hold it (0: the arbiter's default)")
@@ -97,13 +104,15 @@ func runRole(args []string, stdout io.Writer) error {
 	switch p.role {
 	case "engram":
 		res, err = engramParty(r, c, eng, lk, p)
+	case "topk":
+		res, err = topkParty(c, eng, lk, p)
 	case "kv":
 		res, err = kvParty(c, eng, p)
 	case "spin":
 		err = untilStart(p)
 		spin(time.Until(time.Unix(0, p.end)))
 	default:
-		err = fmt.Errorf("role %q: want engram, kv or spin", p.role)
+		err = fmt.Errorf("role %q: want engram, topk, kv or spin", p.role)
 	}
 	if err != nil {
 		return fmt.Errorf("%s party: %w", p.role, err)
