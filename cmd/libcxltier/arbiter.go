@@ -144,3 +144,30 @@ func cxl_link_stats(h C.uint64_t, name *C.char, buf *C.char, bufCap C.int, errbu
 	}()
 	return report(err, errbuf, errlen)
 }
+
+// cxl_link_turn is a bulk mover's turn of n bytes on the link tier h
+// joined (cxl_tier_link): it returns at once unless a deadline transfer of
+// some process on the link is due, and otherwise once none it obeys is
+// left. For bulk copies the library does not make itself (a cluster fill
+// that another transfer engine writes into the tier): call it before each
+// piece. A tier that joined no link returns at once.
+//
+//export cxl_link_turn
+func cxl_link_turn(h C.uint64_t, n C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_link_turn", errbuf, errlen, &code)
+	err := func() error {
+		if n < 0 {
+			return fmt.Errorf("link turn: %w: %d bytes", errBadArg, n)
+		}
+		a, done, err := use[*attached](uint64(h))
+		if err != nil {
+			return err
+		}
+		defer done.Done()
+		if l := a.claimer(); l != nil {
+			l.Turn(int64(n))
+		}
+		return nil
+	}()
+	return report(err, errbuf, errlen)
+}

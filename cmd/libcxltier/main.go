@@ -43,6 +43,7 @@
 //	cxl_tier_lease_gone(tier, slot, gen, &gone)          whether the client of that lease is gone (to stop waiting on it)
 //	cxl_tier_link(tier, name, piece, buf, cap)           join the node's link arbiter (name NULL: node<N>; its name in buf): bulk copies give way to deadlines
 //	cxl_link_stats(tier, name, buf, cap)                 a link table's sums as JSON (claims, misses, bulk bytes and waits)
+//	cxl_link_turn(tier, bytes)                           a bulk piece's turn on the joined link (waits while a deadline is due)
 //	cxl_rooms_open(tier, name, key, slots, slot_bytes, &rooms)  the rendezvous table of prefill-to-decode rooms (slots > 0: created when missing; key signs its records)
 //	cxl_rooms_claim(rooms, room, rank, &slot, &gen)      a decode's room (anew when it is there: the earlier claim reads CXL_ENOTFOUND); CXL_ENOSPC when full
 //	cxl_rooms_find(rooms, room, rank, &slot, &gen, &found)   the room a decode claimed

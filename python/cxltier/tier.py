@@ -120,6 +120,15 @@ class Tier:
         self.link = buf.value.decode()
         return self.link
 
+    def link_turn(self, nbytes):
+        """A bulk piece's turn on the link this tier joined: returns at once
+        unless a deadline transfer on the link is due, else once none is.
+        For copies the library does not make itself (the uplink's cluster
+        fills, which Mooncake writes into the tier): call it before each
+        piece. Without a link it returns at once."""
+        if self.link is not None:
+            _native.call("cxl_link_turn", self.handle, int(nbytes))
+
     def link_stats(self, name=None):
         """The sums of link table `name` (default: the one this tier joined)
         over the processes on it that run: claims, misses and time claimed

@@ -264,6 +264,10 @@ def test_a_pool_on_a_tier_that_joined_the_link(built, device):
         assert st["name"] == t.link and st["processes"] == 1, st
         assert st["bulk_bytes"] == 4 * pool.page_bytes, st  # two pages stored, two landed
         assert st["claims"] == 0 and st["bulk_waits"] == 0, st
+        t.link_turn(1000)  # a piece another transfer engine writes (the uplink's fills)
+        assert t.link_stats()["bulk_bytes"] == 4 * pool.page_bytes + 1000
+        with pytest.raises(cxltier.InvalidError):
+            t.link_turn(-1)
 
         # Another process on the same link: the table counts both while both run.
         code = textwrap.dedent(f"""
@@ -278,7 +282,7 @@ def test_a_pool_on_a_tier_that_joined_the_link(built, device):
                                  env=dict(os.environ, CXLTIER_LIB=built["lib"], CXLTIER_LINK=t.link))
         try:
             seen = json.loads(child.stdout.readline())
-            assert seen["processes"] == 2 and seen["bulk_bytes"] == 4 * pool.page_bytes, seen
+            assert seen["processes"] == 2 and seen["bulk_bytes"] == 4 * pool.page_bytes + 1000, seen
         finally:
             child.communicate("\n", timeout=60)
         assert child.returncode == 0
@@ -291,4 +295,5 @@ def test_a_pool_on_a_tier_that_joined_the_link(built, device):
     plain = cxltier.Tier(device)
     with pytest.raises(ValueError):
         plain.link_stats()  # joined none, named none
+    plain.link_turn(1 << 20)  # no link: nothing to wait for
     plain.close()

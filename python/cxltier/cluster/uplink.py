@@ -1078,6 +1078,9 @@ class Uplink:
         registered memory. Returns (filled, trailer addresses, whether the
         cluster failed)."""
         addrs = fill.blocks()  # the lease is checked here: a reaped client's blocks may be another's
+        # A fill is bulk traffic on the node's link: with the tier on the
+        # link (CXLTIER_LINK), it gives way while a deadline is due.
+        self.tier.link_turn(sum(sizes[i] for i in take))
         self._transfers += 1
         _test_raise("CXLTIER_UPLINK_TEST_RAISE_IN_TRANSFER", self._transfers)
         n = len(addrs)
