@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"errors"
-	"path/filepath"
 	"runtime"
 	"testing"
 	"time"
@@ -14,25 +13,6 @@ import (
 	"github.com/cxltier/cxltier/tier"
 	"github.com/cxltier/cxltier/tier/link"
 )
-
-// formatTest formats a 16 MiB file tier and returns its devices string,
-// for tests that attach it more than once (as several processes do).
-func formatTest(t *testing.T) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "d0")
-	b, err := tier.ParseBacking("file:" + path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	geo := tier.DefaultGeometry()
-	geo.DeviceSize, geo.ChunkSize, geo.Stripe = 16<<20, 256<<10, 256<<10
-	r, err := tier.Format(tier.Options{Devices: []tier.Backing{b}, Geometry: geo})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Close()
-	return "file:" + path
-}
 
 // TestKVPoolJoinsTheLink: once its tier joined the node's link, a KV
 // pool's store waits while another client's claim is due and goes on when
@@ -114,7 +94,7 @@ func TestKVPoolJoinsTheLink(t *testing.T) {
 	runtime.KeepAlive(buf)
 
 	a, _ := tierOf(h)
-	pf := engramOn(t, h, a, 50*time.Millisecond)
+	pf := engramOn(t, h, a, "cpu", 0, 50*time.Millisecond)
 	if pf.eng == p.se.eng {
 		t.Fatal("the prefetcher's rows share the paced engine")
 	}
@@ -143,9 +123,9 @@ func TestKVPoolJoinsTheLink(t *testing.T) {
 	}
 }
 
-// engramOn loads a tiny Engram table into tier h and opens a CPU
-// prefetcher with deadline over it.
-func engramOn(t *testing.T, h uint64, a *attached, deadline time.Duration) *prefetcher {
+// engramOn loads a tiny Engram table into tier h and opens a prefetcher
+// on engine kind with flags and deadline over it.
+func engramOn(t *testing.T, h uint64, a *attached, kind string, flags int, deadline time.Duration) *prefetcher {
 	t.Helper()
 	g := engram.Geometry{Name: "tiny", LayerIDs: []int{1}, MaxNgram: 3, Heads: 2, BaseSizes: []int64{500, 600},
 		Seed: 7, Vocab: 300, PadID: 2, RowBytes: 64, DType: "float32"}
@@ -157,7 +137,7 @@ func engramOn(t *testing.T, h uint64, a *attached, deadline time.Duration) *pref
 		t.Fatal(err)
 	}
 	spec, _ := json.Marshal(g)
-	pf, err := openEngram(h, string(spec), "cpu", 0, 256, 0, deadline)
+	pf, err := openEngram(h, string(spec), kind, 0, 256, flags, deadline)
 	if err != nil {
 		t.Fatal(err)
 	}

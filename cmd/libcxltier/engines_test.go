@@ -1,12 +1,10 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"path/filepath"
 	"testing"
 
-	"github.com/cxltier/cxltier/engram"
 	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
@@ -50,25 +48,11 @@ func oneEnginePerTier(t *testing.T, kind string) {
 	defer detach(h)
 	a, _ := tierOf(h)
 
-	g := engram.Geometry{Name: "tiny", LayerIDs: []int{1}, MaxNgram: 3, Heads: 2, BaseSizes: []int64{500, 600},
-		Seed: 7, Vocab: 300, PadID: 2, RowBytes: 64, DType: "float32"}
-	hs, err := engram.NewHasher(g)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := engram.CreateTable(a.c, g, hs, 1, func(row int64, b []byte) error { engram.SyntheticRow(1, row, b); return nil }, nil); err != nil {
-		t.Fatal(err)
-	}
-	spec, _ := json.Marshal(g)
-
 	pool, err := openTopk(h, kind, 0, topk.Config{Layers: 2, EntryBytes: 64, Slots: 64, TopK: 16, MaxRequests: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pf, err := openEngram(h, string(spec), kind, 0, 256, engramCache, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pf := engramOn(t, h, a, kind, engramCache, 0)
 	store, err := prefix.Create(a.c, prefix.Config{Name: "p", Blocks: 8, BlockBytes: 4096, PinsPerClient: 8})
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,17 @@ func attachTest(t testing.TB) uint64 {
 // closeWait for calls in flight.
 func attachWaitingTest(t testing.TB, closeWait time.Duration) uint64 {
 	t.Helper()
+	h, err := attachWaiting(formatTest(t), "test", closeWait)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// formatTest formats a 16 MiB file tier and returns its devices string,
+// for tests that attach it more than once (as several processes do).
+func formatTest(t testing.TB) string {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "d0")
 	b, err := tier.ParseBacking("file:" + path)
 	if err != nil {
@@ -32,11 +43,7 @@ func attachWaitingTest(t testing.TB, closeWait time.Duration) uint64 {
 		t.Fatal(err)
 	}
 	r.Close()
-	h, err := attachWaiting("file:"+path, "test", closeWait)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return h
+	return "file:" + path
 }
 
 // readTier reads the whole mapping, as a call on the tier would.
