@@ -42,6 +42,7 @@ type CUDA struct {
 	later     laterQueue           // ReadLater's thens, run once their Runs are done
 	next      int
 	closed    bool
+	pace      pacing // its own lock: a pacer's Turn may wait
 }
 
 // stage carries one call's index arrays: written to pinned host memory,
@@ -353,8 +354,13 @@ func (e *CUDA) blocks(b Blocks, toTier uint64) (Handle, error) {
 		chunks[c] = uint64(db.ptr) + uint64(ch.Offset)
 	}
 	fns := blockKernels{plain: Function{handle: fnHandle(e.fnBlocks)}, crc: Function{handle: fnHandle(e.fnCRC)}}
-	return runBlocks(e, &e.ranges, fns, &b, chunks, toTier, &e.shifts)
+	return runBlocksPaced(e, &e.pace, &e.ranges, fns, &b, chunks, toTier, &e.shifts)
 }
+
+// SetPacer implements Paced: block calls move in kernels over whole pages
+// of about piece bytes (0: DevicePiece), each after the pacer's Turn, at
+// most two of a call queued at once (pace.go).
+func (e *CUDA) SetPacer(p Pacer, piece int64) { e.pace.set(p, piece) }
 
 // launch runs fn with 8-byte parameters (gorgonia.org/cu passes each
 // parameter by address; every kernel here takes 64-bit values).

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// The CUDA engine joins every engine test. Without a device, or with a
+// The CUDA engine joins every engine test, unpaced and paced. Without a device, or with a
 // driver that fails, the tests skip (scripts/cuda-nodriver-check runs this
 // binary so in CI); without libcuda.so.1 at all the binary cannot load.
 func init() {
@@ -15,6 +15,16 @@ func init() {
 		name string
 		make func(t testing.TB) Engine
 	}{"cuda", func(t testing.TB) Engine { return newTestCUDA(t) }})
+	// And paced, a page a piece: every block call as many kernels, two of
+	// them queued at a time, the stage ring reused under them.
+	engineMakers = append(engineMakers, struct {
+		name string
+		make func(t testing.TB) Engine
+	}{"cuda-paced", func(t testing.TB) Engine {
+		e := newTestCUDA(t)
+		e.SetPacer(&countingPacer{}, 1)
+		return e
+	}})
 }
 
 // newTestCUDA starts a CUDA engine, or skips the test without a device.

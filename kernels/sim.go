@@ -32,6 +32,7 @@ type Sim struct {
 	launches uint64
 	later    laterQueue // ReadLater's thens, run when their Runs are waited for
 	closed   bool
+	pace     pacing // its own lock: a pacer's Turn may wait
 }
 
 type simFunction struct {
@@ -256,8 +257,12 @@ func (e *Sim) blocks(bl Blocks, toTier uint64) (Handle, error) {
 		}
 		chunks[c] = b.dev + uint64(ch.Offset)
 	}
-	return runBlocks(e, &e.ranges, e.fnBlocks, &bl, chunks, toTier, &e.shifts)
+	return runBlocksPaced(e, &e.pace, &e.ranges, e.fnBlocks, &bl, chunks, toTier, &e.shifts)
 }
+
+// SetPacer implements Paced: block calls move in pieces of whole pages of
+// about piece bytes (0: DevicePiece), as on the CUDA engine.
+func (e *Sim) SetPacer(p Pacer, piece int64) { e.pace.set(p, piece) }
 
 // Sync implements Engine: launches run to completion when queued.
 func (e *Sim) Sync() error {

@@ -6,7 +6,7 @@ import "testing"
 
 // The interpreter engine joins every engine test: the committed gather
 // kernels run on the deterministic schedule and on three shuffled ones, with
-// the shared-memory race check on. Not under -race, where the interpreter
+// the shared-memory race check on, and paced. Not under -race, where the interpreter
 // is too slow: .ci/run runs these packages once more without it.
 func init() {
 	for _, s := range []struct {
@@ -24,6 +24,19 @@ func init() {
 			return e
 		}})
 	}
+	// And paced, a page a piece: every block call of every engine test
+	// runs as many kernels, two queued at a time, as on a paced GPU.
+	engineMakers = append(engineMakers, struct {
+		name string
+		make func(t testing.TB) Engine
+	}{"ptxsim-paced", func(t testing.TB) Engine {
+		e, err := NewSim(SimOptions{RaceCheck: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.SetPacer(&countingPacer{}, 1)
+		return e
+	}})
 }
 
 // TestSimMappedEndsAtItsLength: mapped memory of n bytes (page-aligned on

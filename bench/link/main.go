@@ -4,7 +4,8 @@
 // processes store and load KV pages through the tier at full speed, as
 // two engines' KV traffic does. Every party is an OS process of its own,
 // mapping one tier file, on the CPU engine, where the link they share is
-// the host's memory bandwidth and its cores.
+// the host's memory bandwidth and its cores, or on a GPU (-engine cuda),
+// where it is that GPU's PCIe link and the host memory behind it.
 //
 // Each round runs three phases of -seconds each: the prefetcher alone
 // (its idle miss rate and latency), the KV processes alone (their
@@ -17,6 +18,7 @@
 //
 //	go run ./bench/link
 //	go run ./bench/link -kv 2 -batch 32 -seconds 5 -rounds 3
+//	bench-link -engine cuda            (a cuda build: scripts/gpu-suite link)
 package main
 
 import (
@@ -81,6 +83,7 @@ type opts struct {
 	out      string
 	keepTier bool
 	tierPath string
+	engine   string // the parties' engine: cpu or cuda
 	// arbiter: "off", "on", or "both" (a mixed phase each way, every round).
 	arbiter string
 	piece   int64
@@ -115,7 +118,8 @@ func parseOpts(args []string, stderr io.Writer) (opts, error) {
 	fs.StringVar(&o.out, "out", "", "JSON output (default bench/results/local/link-cpu.json)")
 	fs.BoolVar(&o.keepTier, "keep-tier", false, "leave the tier file behind")
 	fs.StringVar(&o.arbiter, "arbiter", "both", "the link arbiter (tier/link) in the mixed phase: off, on, or both (a mixed phase each way every round)")
-	fs.Int64Var(&o.piece, "piece", kernels.DefaultPiece, "with the arbiter: bytes a KV process moves between looks at the link's claims")
+	fs.StringVar(&o.engine, "engine", "cpu", "the parties' engine: cpu, or cuda (device 0; a build with -tags cuda)")
+	fs.Int64Var(&o.piece, "piece", 0, "with the arbiter: bytes a KV process moves between looks at the link's claims (0: the engine's default, 256 KiB on the CPU, 1 MiB on a GPU)")
 	fs.Float64Var(&o.share, "share", 0.25, "with the arbiter: the most of each 100 ms window a KV process waits on one process's claims")
 	fs.StringVar(&o.party, "with", "engram", "the transfer with a deadline: engram (a prefetch each layer) or topk (a sparse-attention decode's top-k fetches, a layer at a time)")
 	fs.IntVar(&o.topK, "topk", 2048, "topk: selections per request and layer")
@@ -140,8 +144,10 @@ func parseOpts(args []string, stderr io.Writer) (opts, error) {
 		return o, fmt.Errorf("-chunk %d: a positive multiple of 64 bytes", o.chunk)
 	case o.arbiter != "off" && o.arbiter != "on" && o.arbiter != "both":
 		return o, fmt.Errorf("-arbiter %q: off, on or both", o.arbiter)
-	case o.piece < 1:
-		return o, fmt.Errorf("-piece %d: want positive", o.piece)
+	case o.piece < 0:
+		return o, fmt.Errorf("-piece %d: want positive, or 0 for the engine's default", o.piece)
+	case o.engine != "cpu" && o.engine != "cuda":
+		return o, fmt.Errorf("-engine %q: cpu or cuda", o.engine)
 	case o.share <= 0 || o.share > 1:
 		return o, fmt.Errorf("-share %v: want (0, 1]", o.share)
 	case o.party != "engram" && o.party != "topk":
@@ -154,6 +160,12 @@ func parseOpts(args []string, stderr io.Writer) (opts, error) {
 	}
 	if _, err := o.engramGeometry(); err != nil {
 		return o, err
+	}
+	if o.piece == 0 {
+		o.piece = kernels.DefaultPiece
+		if o.engine == "cuda" {
+			o.piece = kernels.DevicePiece
+		}
 	}
 	return o, nil
 }
@@ -254,6 +266,7 @@ type TopKSpec struct {
 // Report is the JSON result.
 type Report struct {
 	report.Run
+	Engine      string    `json:"engine"`      // the parties': cpu, or cuda:0
 	Arbitration string    `json:"arbitration"` // off, on or both
 	Party       string    `json:"party"`       // engram or topk
 	TopK        *TopKSpec `json:"topk,omitempty"`
@@ -289,9 +302,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err := prepare(o, stderr); err != nil {
 		return err
 	}
-	eng := kernels.NewCPU(0)
+	eng, err := kernels.New(o.engine) // names the device in the report
+	if err != nil {
+		return err
+	}
 	defer eng.Close()
-	rep := Report{Run: report.NewRun(eng), Arbitration: o.arbiter, PieceBytes: o.piece, Share: o.share, Tier: o.tierPath, TierFS: mountOf(o.tierDir), Seconds: o.seconds,
+	rep := Report{Run: report.NewRun(eng), Engine: eng.Name(), Arbitration: o.arbiter, PieceBytes: o.piece, Share: o.share, Tier: o.tierPath, TierFS: mountOf(o.tierDir), Seconds: o.seconds,
 		Geometry: o.geometry, Batch: o.batch, DeadlineUs: us(o.deadline), GapUs: us(o.gap),
 		KVProcs: o.kv, KVPageBytes: o.kvBlockBytes(), KVPages: o.pages, Party: o.party}
 	if o.party == "topk" {
@@ -305,7 +321,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		rep.Rounds = append(rep.Rounds, rd)
 	}
 	printTable(stdout, rep)
-	return report.WriteJSON(o.out, "link", "cpu", rep, stderr)
+	return report.WriteJSON(o.out, "link", eng.Name(), rep, stderr)
 }
 
 // prepare formats the tier and makes what the parties open: the Engram
@@ -407,8 +423,13 @@ func runRound(o opts, round int, log io.Writer) (Round, error) {
 // runPhase starts the phase's parties together and collects what each
 // reports.
 func runPhase(o opts, spec phaseSpec) (Phase, error) {
-	// The parties start at one instant, after each has set itself up.
-	start := time.Now().Add(time.Second + time.Duration(o.kv)*200*time.Millisecond)
+	// The parties start at one instant, after each has set itself up (on
+	// a GPU, a context and the tier pinned in each).
+	setup := time.Second + time.Duration(o.kv)*200*time.Millisecond
+	if o.engine == "cuda" {
+		setup = 3*time.Second + time.Duration(o.kv)*time.Second
+	}
+	start := time.Now().Add(setup)
 	end := start.Add(time.Duration(o.seconds * float64(time.Second)))
 	var cmds []*exec.Cmd
 	var outs []*bytes.Buffer
@@ -417,7 +438,7 @@ func runPhase(o opts, spec phaseSpec) (Phase, error) {
 		if err != nil {
 			return err
 		}
-		args := append([]string{roleArg, "-role", role, "-tier", o.tierPath,
+		args := append([]string{roleArg, "-role", role, "-tier", o.tierPath, "-engine", o.engine,
 			"-start", strconv.FormatInt(start.UnixNano(), 10), "-end", strconv.FormatInt(end.UnixNano(), 10)}, extra...)
 		cmd := exec.Command(self, args...)
 		out := new(bytes.Buffer)

@@ -4,12 +4,15 @@ import (
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/cxltier/cxltier/kernels"
 )
 
 func TestBadFlags(t *testing.T) {
 	for _, tc := range []struct{ args, want string }{
 		{"-arbiter sometimes", "-arbiter"},
-		{"-piece 0", "-piece"},
+		{"-piece -1", "-piece"},
+		{"-engine tpu", "-engine"},
 		{"-share 0", "-share"},
 		{"-chunk 100", "-chunk"},
 		{"-seconds 0", "-seconds"},
@@ -26,7 +29,10 @@ func TestBadFlags(t *testing.T) {
 		}
 	}
 	o, err := parseOpts(nil, io.Discard)
-	if err != nil || o.arbiter != "both" || o.piece <= 0 {
+	if err != nil || o.arbiter != "both" || o.engine != "cpu" || o.piece != kernels.DefaultPiece {
 		t.Fatalf("defaults: %+v, %v", o, err)
+	}
+	if o, err := parseOpts([]string{"-engine", "cuda"}, io.Discard); err != nil || o.piece != kernels.DevicePiece {
+		t.Fatalf("a GPU's piece: %+v, %v", o, err)
 	}
 }

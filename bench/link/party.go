@@ -38,6 +38,7 @@ type Party struct {
 // partyOpts are a party's flags.
 type partyOpts struct {
 	role, tierPath, index, geometry string
+	engine                          string
 	start, end                      int64
 	base                            int64
 	batch, layers, pages            int
@@ -56,6 +57,7 @@ func runRole(args []string, stdout io.Writer) error {
 	var p partyOpts
 	fs.StringVar(&p.role, "role", "", "engram, topk, kv or spin")
 	fs.StringVar(&p.tierPath, "tier", "", "tier file")
+	fs.StringVar(&p.engine, "engine", "cpu", "cpu or cuda")
 	fs.Int64Var(&p.start, "start", 0, "phase start, Unix ns")
 	fs.Int64Var(&p.end, "end", 0, "phase end, Unix ns")
 	fs.StringVar(&p.index, "index", "", "kv: the KV index")
@@ -90,7 +92,17 @@ func runRole(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer c.Close()
-	eng := kernels.NewCPU(1) // one worker: a party is one engine's one stream of copies
+	if p.role == "spin" { // moves nothing: no engine, no seat on the link
+		if err := untilStart(p); err != nil {
+			return fmt.Errorf("spin party: %w", err)
+		}
+		spin(time.Until(time.Unix(0, p.end)))
+		return json.NewEncoder(stdout).Encode(Party{Role: p.role})
+	}
+	eng, err := partyEngine(p.engine)
+	if err != nil {
+		return err
+	}
 	defer eng.Close()
 	var lk *link.Link
 	if p.arbiter {
@@ -98,7 +110,11 @@ func runRole(args []string, stdout io.Writer) error {
 			return err
 		}
 		defer lk.Close()
-		eng.SetPacer(lk, p.piece)
+		pe, ok := eng.(kernels.Paced)
+		if !ok {
+			return fmt.Errorf("engine %s cannot be paced", eng.Name())
+		}
+		pe.SetPacer(lk, p.piece)
 	}
 	var res Party
 	switch p.role {
@@ -108,9 +124,6 @@ func runRole(args []string, stdout io.Writer) error {
 		res, err = topkParty(c, eng, lk, p)
 	case "kv":
 		res, err = kvParty(c, eng, p)
-	case "spin":
-		err = untilStart(p)
-		spin(time.Until(time.Unix(0, p.end)))
 	default:
 		err = fmt.Errorf("role %q: want engram, topk, kv or spin", p.role)
 	}
@@ -119,6 +132,18 @@ func runRole(args []string, stdout io.Writer) error {
 	}
 	res.Role = p.role
 	return json.NewEncoder(stdout).Encode(res)
+}
+
+// partyEngine is a party's engine: on the CPU one worker (a party is one
+// engine's one stream of copies), on a GPU device 0 on a stream of its own.
+func partyEngine(kind string) (kernels.Engine, error) {
+	switch kind {
+	case "cpu":
+		return kernels.NewCPU(1), nil
+	case "cuda":
+		return kernels.NewCUDA(kernels.CUDAOptions{})
+	}
+	return nil, fmt.Errorf("engine %q: want cpu or cuda", kind)
 }
 
 // untilStart sleeps until the phase starts; a party that was set up too

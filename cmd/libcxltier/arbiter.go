@@ -12,7 +12,7 @@ import (
 )
 
 // A tier's process joins its node's link arbiter (tier/link) with
-// cxl_tier_link: from then on the bulk copies of its CPU engines (a KV
+// cxl_tier_link: from then on the bulk copies of its engines (a KV
 // pool's stores and loads, a prefill's pages, a fill) move in pieces that
 // wait while another transfer's deadline is due, and its Engram
 // prefetchers with a deadline claim the link until their rows are in. A
@@ -27,7 +27,7 @@ type arbiter struct {
 }
 
 // joinArbiter joins tier h to the link table cfg names (the node's by
-// default), pacing its CPU engines in pieces of piece bytes (0: the
+// default), pacing its engines in pieces of piece bytes (0: each
 // engine's default). Joining again under the same name is a no-op; under
 // another, an error. The seat is given back when the tier detaches.
 func joinArbiter(h uint64, cfg link.Config, piece int64) (string, error) {
@@ -73,7 +73,7 @@ func (a *attached) claimer() *link.Link {
 	return a.arbiter.l
 }
 
-// pace makes p the pacer of the tier's CPU engines, those open and those
+// pace makes p the pacer of the tier's engines, those open and those
 // made from now on.
 func (es *engines) pace(p kernels.Pacer, piece int64) {
 	es.mu.Lock()
@@ -86,18 +86,20 @@ func (es *engines) pace(p kernels.Pacer, piece int64) {
 	}
 }
 
-// paceEngine paces eng if it is a CPU engine: a CUDA engine's copies are
-// not paced yet (its copy engines run their queues first in, first out).
+// paceEngine paces eng's block calls: a CPU engine's in pieces its
+// workers take turns for, a device engine's as kernels over a piece of
+// pages each, at most two of a call queued, so a row gather queued behind
+// them on the same stream waits for two pieces, not for the whole call.
 func paceEngine(eng kernels.Engine, p kernels.Pacer, piece int64) {
-	if cpu, ok := eng.(*kernels.CPU); ok && p != nil {
-		cpu.SetPacer(p, piece)
+	if pe, ok := eng.(kernels.Paced); ok && p != nil {
+		pe.SetPacer(p, piece)
 	}
 }
 
 // cxl_tier_link joins tier h to the link arbiter called name (NULL or "":
-// the node's, "node<N>") and writes the table's name into buf: its CPU
-// engines' bulk copies then move in pieces of piece bytes (0: 256 KiB)
-// that give way to deadlines, and its Engram prefetchers opened from now
+// the node's, "node<N>") and writes the table's name into buf: its
+// engines' bulk copies then move in pieces of piece bytes (0: 256 KiB on
+// the CPU engine, 1 MiB on a GPU's) that give way to deadlines, and its Engram prefetchers opened from now
 // on claim the link for their deadlines.
 //
 //export cxl_tier_link

@@ -3,12 +3,14 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"runtime"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/cxltier/cxltier/engram"
+	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
 	"github.com/cxltier/cxltier/tier/link"
@@ -111,8 +113,10 @@ func TestKVPoolJoinsTheLink(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Two pages moved (a store, a load), one piece waited; the claimant's
-	// claim and the prefetch's.
-	if st.Processes != 2 || st.BulkBytes != 2*64<<10 || st.BulkWaits != 1 || st.BulkWaited < 100*time.Millisecond || st.Claims != 2 {
+	// claim and the prefetch's. The wait began when the store's goroutine
+	// reached its piece, after the 100 ms the claim lasted had started
+	// (99.2 ms once, on a loaded machine): half of it is the bound.
+	if st.Processes != 2 || st.BulkBytes != 2*64<<10 || st.BulkWaits != 1 || st.BulkWaited < 50*time.Millisecond || st.Claims != 2 {
 		t.Fatalf("link stats %+v", st)
 	}
 	if _, err := link.ReadStats(a.r, "missing"); !errors.Is(err, tier.ErrNotFound) {
@@ -142,4 +146,98 @@ func engramOn(t *testing.T, h uint64, a *attached, kind string, flags int, deadl
 		t.Fatal(err)
 	}
 	return pf
+}
+
+// TestEveryEngineJoinsTheLink: joining the link paces the block calls of
+// every engine of the tier, the CPU engine and the device engines (the
+// interpreter standing in for a GPU here, CUDA where there is one), those
+// opened before the join and those opened after: a block call waits while
+// another client's claim is due and goes on when it ends.
+func TestEveryEngineJoinsTheLink(t *testing.T) {
+	for _, kind := range engineKinds(t) {
+		for _, before := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/opened-before-the-join=%v", kind, before), func(t *testing.T) {
+				testEngineJoinsTheLink(t, kind, before)
+			})
+		}
+	}
+}
+
+func testEngineJoinsTheLink(t *testing.T, kind string, openFirst bool) {
+	devices := formatTest(t)
+	h, err := attach(devices, "engine")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer detach(h)
+	other, err := attach(devices, "claimant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer detach(other)
+	a, _ := tierOf(h)
+	var se *sharedEngine
+	open := func() {
+		if se, err = a.engines.acquire(kind, 0, a.r.NumDevices(), a.r.Device); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if openFirst {
+		open()
+	}
+	cfg := link.Config{Name: "t", Horizon: time.Hour, Window: time.Hour, Share: 1}
+	if _, err := joinArbiter(h, cfg, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if !openFirst {
+		open()
+	}
+	defer a.engines.release(se)
+	oa, _ := tierOf(other)
+	claimant, err := link.Open(oa.c, link.Config{Name: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer claimant.Close()
+
+	const chunk, pages = 4096, 4
+	buf, err := se.eng.Alloc(pages * chunk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Free()
+	b := kernels.Blocks{ChunkBytes: chunk, Chunks: []kernels.Span{{Buf: buf}}, CRCs: make([]uint32, pages)}
+	for i := range pages {
+		b.Tier, b.Pages = append(b.Tier, kernels.At(se.ids[0], int64(i)*chunk)), append(b.Pages, int64(i))
+	}
+	claimant.Claim(time.Now().Add(time.Hour))
+	moved := make(chan error, 1)
+	go func() {
+		h, err := se.eng.GatherBlocks(b)
+		if err == nil {
+			err = h.Wait()
+		}
+		moved <- err
+	}()
+	select {
+	case err := <-moved:
+		t.Fatalf("a block call ran past a due claim: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	claimant.Done(false)
+	select {
+	case err := <-moved:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the block call did not go on when the claim ended")
+	}
+	st, err := link.ReadStats(a.r, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.BulkBytes != pages*chunk || st.BulkWaits < 1 {
+		t.Fatalf("link stats %+v: want %d bulk bytes and a wait", st, pages*chunk)
+	}
 }

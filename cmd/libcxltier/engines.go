@@ -24,7 +24,7 @@ type engines struct {
 	// devices finds the device of a stream or of the calling thread
 	// (kernels.StreamDevice and kernels.CurrentDevice; tests replace it).
 	devices deviceFinder
-	// pacer, once the tier joined its node's link, paces the CPU engines'
+	// pacer, once the tier joined its node's link, paces the engines'
 	// bulk copies in pieces of piece bytes (see arbiter.go).
 	pacer kernels.Pacer
 	piece int64

@@ -130,7 +130,7 @@ package main
 import "C"
 
 // abiVersion changes whenever a call's meaning or signature does.
-const abiVersion = 19
+const abiVersion = 20
 
 //export cxl_abi_version
 func cxl_abi_version() C.int { return abiVersion }

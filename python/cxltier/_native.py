@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 
-ABI_VERSION = 19
+ABI_VERSION = 20
 _ERRLEN = 1024
 
 

@@ -107,9 +107,9 @@ class Tier:
     def join_link(self, name="", piece=0):
         """Joins this process to its node's link arbiter (the table `name`;
         "": the node's own, node<N>) and returns the table's name. From then
-        on the bulk copies of its CPU engines (KV pages stored and loaded, a
-        prefill's pages) move in pieces of `piece` bytes (0: 256 KiB) that
-        give way while another transfer's deadline is due (an Engram
+        on the bulk copies of its engines (KV pages stored and loaded, a
+        prefill's pages) move in pieces of `piece` bytes (0: 256 KiB on the
+        CPU engine, 1 MiB on a GPU's) that give way while another transfer's deadline is due (an Engram
         prefetch, in this process or another), and its Engram prefetchers
         opened from now on claim the link for their deadlines. Join before
         opening pools and prefetchers; joining again under the same name
