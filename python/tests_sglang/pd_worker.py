@@ -35,7 +35,8 @@ digests of a page's heads in that many shares (a prefill's, of a larger
 decode; a decode's, of a larger prefill), delay for a slow
 rank, barrier for a directory where the prefill ranks of a group wait for
 each other after their bootstrap as SGLang's all-reduce of their states
-makes them, poll_after for a decode that polls late, model for the model
+makes them, poll_after for a decode that polls late, poll_gate for a
+prefill that polls only once that file exists, model for the model
 path: see the tests).
 
 prints one JSON line: the outcome and a digest of every page it holds.
@@ -175,6 +176,10 @@ def prefill(job, pool, meta, mgr):
             time.sleep(job.get("send_gap", 0))  # a chunked prefill computing its next chunk
         sender.send(np.array(pages[i : i + chunk], dtype=np.int32), None,
                     num_kv_tokens=min(chunk * PAGE, len(job["tokens"]) - prefix - i * PAGE))
+    if job.get("poll_gate"):  # a prefill scheduler busy elsewhere: it polls only once the test says so
+        deadline = time.monotonic() + job.get("limit", 30)
+        while not os.path.exists(job["poll_gate"]) and time.monotonic() < deadline:
+            time.sleep(0.01)
     st = wait(sender, (KVPoll.Success,), job.get("limit", 30))
     out["state"] = {KVPoll.Success: "success", KVPoll.Failed: "failed", None: "timeout"}.get(st, str(st))
     out["reason"] = sender.reason

@@ -162,6 +162,25 @@ def test_a_decode_that_dies_before_its_ack_fails_the_prefill_at_once(built, devi
         t.close()
 
 
+def test_a_decode_that_acked_and_exited_is_not_taken_for_dead(built, device, tmp_path):
+    """The decode lands its pages, acks and its process ends (its lease
+    with it) before the prefill polls again: the prefill finds the ack and
+    succeeds. (It looked at the decode's lease before its ack, and a TP 4
+    prefill rank failed a request its decode had served.)"""
+    index_for(built, device, "mha")
+    tokens = list(range(3600, 3600 + 3 * PAGE + 1))
+    gate = tmp_path / "poll"
+    p = start(built, device, "prefill", job("mha", tokens, 36, poll_gate=str(gate), limit=60))
+    d = start(built, device, "decode", job("mha", tokens, 36, first_slot_page=30))
+    dr = result(d)
+    assert dr["state"] == "success", dr
+    assert d.returncode == 0  # gone, and its lease with it
+    gate.touch()
+    pr = result(p)
+    assert pr["state"] == "success", pr
+    assert dr["digests"] == pr["digests"]
+
+
 def test_a_second_decode_for_a_room_in_flight_fails_at_once(built, device, tmp_path):
     """Two decodes given one bootstrap room while the first is in flight:
     the second used to take the room anew (failing the first) and wait out

@@ -610,23 +610,31 @@ class _Side:
         side then concludes Failed at once instead of at SGLang's waiting
         timeout. A lease is the other side's word in the tier: it only ends
         this side's wait."""
+        gone = self._gone_lease(records)
+        return gone is not None and self._conclude_gone(gone, other) is not None
+
+    def _gone_lease(self, records):
+        """The first of records whose lease has ended, or None (also when
+        looked at less than PEER_EVERY ago)."""
         now = time.monotonic()
         if now < self._next_peer_look:
-            return False
+            return None
         self._next_peer_look = now + PEER_EVERY
         for record in records:
             lease = (record or {}).get("lease")
             if not isinstance(lease, list) or len(lease) != 2:
                 continue
             try:
-                gone = self.kv_mgr.tier.lease_gone(int(lease[0]), int(lease[1]))
+                if self.kv_mgr.tier.lease_gone(int(lease[0]), int(lease[1])):
+                    return record
             except (_native.CxlTierError, TypeError, ValueError):
                 continue  # a lease this tier cannot read names no one to wait on less
-            if gone:
-                self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the {other} side's process "
-                                              f"is gone (its lease, slot {lease[0]}, ended)")
-                return True
-        return False
+        return None
+
+    def _conclude_gone(self, record, other):
+        self._conclude(KVPoll.Failed, f"cxltier disaggregation: room {self.room}: the {other} side's process "
+                                      f"is gone (its lease, slot {record['lease'][0]}, ended)")
+        return self.conclude_state
 
     def failure_exception(self):
         raise DisaggError(self.reason or "cxltier disaggregation: the transfer failed")
@@ -831,16 +839,23 @@ class CxlTierKVSender(_Side, BaseKVSender):
             for peer in self.peers:
                 if self._other_aborted("decode", peer):
                     return self.conclude_state
-            if self._peer_gone([p.hello for p in self.peers], "decode"):
-                return self.conclude_state
             if not self.done_written:
+                if self._peer_gone([p.hello for p in self.peers], "decode"):
+                    return self.conclude_state
                 return KVPoll.Transferring if self.started else KVPoll.WaitingForInput
+            # A decode rank acks and may then end its process, and its lease
+            # with it (a TP 4 prefill once saw a rank gone that had acked a
+            # moment before): leases are looked at before acks are read, and
+            # only a rank gone without its ack fails the request.
+            gone = self._gone_lease([p.hello for p in self.peers if not p.acked])
             for peer in self.peers:
                 if not peer.acked:
                     peer.acked = self.kv_mgr.get_record(peer, "ack") is not None
             if all(p.acked for p in self.peers):
                 self._conclude(KVPoll.Success)
                 return KVPoll.Success
+            if gone is not None and gone in [p.hello for p in self.peers if not p.acked]:
+                return self._conclude_gone(gone, "decode")
             return self._waited("the decode side's ack", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", KVPoll.Transferring)
         except (_native.CxlTierError, DisaggError) as e:
             self._fail(e)
