@@ -7,12 +7,14 @@ a spec one generate() at a time, in order, and writes what each returned.
 SPEC: {"model_dir", "connector": {kv_transfer_config} or null,
        "kv_cache_bytes", "max_model_len", "prefix_caching" (false: off),
        "stats" (true: vLLM's per-request stats, for "ttft"), "max_num_seqs" (4),
-       "tp" (tensor-parallel size, 1),
+       "tp" (tensor-parallel size, 1), "attention_backend" (vLLM's choice
+       unless given),
        "requests": [{"name", "tokens", "salt", "max_tokens", "params",
                      "wait_for": a file to wait for first (a gate)}
                     or {"batch": [requests as above], "wait_for"}: one
                     generate() of them all]}
-OUT:  {"start_s", name: {"tokens", "cached", "top" (each step's 5 likeliest
+OUT:  {"start_s", "block_size" (the engine's, which vLLM picks by CPU and
+       backend), name: {"tokens", "cached", "top" (each step's 5 likeliest
        tokens and their logprobs), "params", "seconds" (of its generate()),
        "ttft" (with stats: from its arrival to its first token)}}
 """
@@ -86,18 +88,25 @@ def main():
         kwargs["kv_transfer_config"] = spec["connector"]
     if spec.get("stats"):
         kwargs["disable_log_stats"] = False
-    if spec.get("tp", 1) > 1:  # worker processes on this host, as vLLM's CPU engine runs tensor parallel
-        kwargs["tensor_parallel_size"] = spec["tp"]
+    tp = spec.get("tp", 1)
+    if tp > 1:  # worker processes on this host, as vLLM's CPU engine runs tensor parallel
+        kwargs["tensor_parallel_size"] = tp
         kwargs["distributed_executor_backend"] = "mp"
-        # vLLM's CPU workers bind their threads a NUMA node each unless told
-        # which cores: on a machine of one node, give each rank its share.
-        cpus = sorted(os.sched_getaffinity(0))
-        share = [cpus[i::spec["tp"]] or cpus[:1] for i in range(spec["tp"])]
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(",".join(map(str, c)) for c in share))
+    # Every engine's ranks get the same cores, a share each: left to itself,
+    # vLLM's CPU platform binds a rank's threads to what it leaves after
+    # reserving cores, and it reserves one more when a KV connector is
+    # configured (for NIXL's threads). On 2 cores an engine without the
+    # connector then computed with 1 thread and one with it with 2, and the
+    # sums of bf16 GEMMs split another way differed by 0.03 in a logprob.
+    cpus = sorted(os.sched_getaffinity(0))
+    share = [cpus[i::tp] or cpus[:1] for i in range(tp)]
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(",".join(map(str, c)) for c in share))
     if spec.get("prefix_caching") is False:  # every hit then comes from the connector
         kwargs["enable_prefix_caching"] = False
+    if spec.get("attention_backend"):
+        kwargs["attention_backend"] = spec["attention_backend"]
     llm = LLM(**kwargs)
-    out = {"start_s": time.monotonic() - started}
+    out = {"start_s": time.monotonic() - started, "block_size": llm.llm_engine.vllm_config.cache_config.block_size}
     for r in spec["requests"]:
         if r.get("wait_for"):
             wait_for(r["wait_for"])

@@ -23,7 +23,9 @@ _spec.loader.exec_module(_fixtures)
 tier_device = _fixtures.tier_device
 
 def run_engine(spec, tmp, name, timeout=900):
-    """Runs one engine to the end; its results by request name."""
+    """Runs one engine to the end: its results by request name, and its
+    log (stdout, where vLLM's loggers and the connector's write, then
+    stderr)."""
     spec_path, out_path = os.path.join(tmp, f"{name}.spec.json"), os.path.join(tmp, f"{name}.out.json")
     with open(spec_path, "w") as f:
         json.dump(spec, f)
@@ -32,9 +34,9 @@ def run_engine(spec, tmp, name, timeout=900):
     p = subprocess.run([sys.executable, ENGINE, spec_path, out_path], env=env, capture_output=True, text=True,
                        timeout=timeout)
     if p.returncode != 0:
-        raise AssertionError(f"engine {name} exited {p.returncode}:\n{p.stderr[-6000:]}")
+        raise AssertionError(f"engine {name} exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
     with open(out_path) as f:
-        return json.load(f), p.stderr
+        return json.load(f), p.stdout + p.stderr
 
 
 def in_parallel(*chains):
