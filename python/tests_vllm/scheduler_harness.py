@@ -26,7 +26,7 @@ class Engine:
     connector's kv_connector_extra_config."""
 
     def __init__(self, device, tmp, role="kv_both", block_size=16, batched_tokens=1024, prefix_caching=True,
-                 kv_cache_bytes=16 << 20, **extra):
+                 kv_cache_bytes=16 << 20, policy="recompute", **extra):
         from vllm.config import KVTransferConfig, set_current_vllm_config
         from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
         from vllm.engine.arg_utils import EngineArgs
@@ -39,7 +39,7 @@ class Engine:
 
         model = write_model(os.path.join(tmp, "model"), weights=False)
         kv = KVTransferConfig(kv_connector="CxlTierConnector", kv_connector_module_path="cxltier.vllm", kv_role=role,
-                              kv_load_failure_policy="recompute",
+                              kv_load_failure_policy=policy,
                               kv_connector_extra_config={"device": device, "index_bytes": 4 << 20, **extra})
         args = EngineArgs(model=model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
                           max_model_len=1024, max_num_seqs=4, max_num_batched_tokens=batched_tokens,

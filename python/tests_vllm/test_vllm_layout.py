@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from cxltier import Tier
+from cxltier import Tier, _native
 from cxltier.vllm import connector as cv
 from cxltier.kvpool import KVPool
 
@@ -21,6 +21,10 @@ GEOM = cv.Geometry(block_size=16, layers=("l0", "l1"), layer_bytes=2 * 16 * 128 
     ({"index_bytes": "-1"}, "non-negative integer"),
     ({"verify": "2"}, "verify='2': want 0 or 1"),
     ({"remote_wait_s": "7200"}, "remote_wait_s"),
+    ({"remote_wait_s": "soon"}, "remote_wait_s='soon'"),
+    ({"load_deadline_ms": "-1"}, "load_deadline_ms='-1': want 0..3600000 milliseconds"),
+    ({"load_deadline_ms": "nan"}, "load_deadline_ms='nan'"),
+    ({"load_deadline_ms": "20ms"}, "load_deadline_ms='20ms'"),
 ])
 def test_bad_settings_are_refused_naming_them(extra, what):
     with pytest.raises(ValueError, match=what):
@@ -30,7 +34,8 @@ def test_bad_settings_are_refused_naming_them(extra, what):
 def test_settings_defaults_and_environment():
     cfg = cv.settings({}, environ={"CXLTIER_DEVICES": "shm:node", "CXLTIER_PREFIX_KEY": "k"})
     assert cfg["device"] == "shm:node" and cfg["key"] == "k" and cfg["index_bytes"] == 1 << 30
-    assert cfg["verify"] and not cfg["kv_events"] and cfg["remote_wait_s"] == 30
+    assert cfg["verify"] and not cfg["kv_events"] and cfg["remote_wait_s"] == 30 and cfg["load_deadline_ms"] == 0
+    assert cv.settings({"load_deadline_ms": "12.5"}, environ={})["load_deadline_ms"] == 12.5
     assert cv.settings({"device": "shm:other", "index_bytes": "64MiB"}, environ={})["index_bytes"] == 64 << 20
 
 
@@ -158,3 +163,59 @@ def test_an_untested_vllm_or_sleep_mode_is_refused_at_start(version, sleep, envi
 
 def test_vllm_is_told_the_connector_cannot_sleep():
     assert cv.CxlTierConnector.supports_sleep_mode(None) is False
+
+
+class SlowLink:
+    """The clock of a link on which every launch takes `per_call` seconds:
+    each get the load makes moves real bytes through the tier, then moves
+    this clock on (a stand-in for time, so the test does not hang on the
+    machine's speed)."""
+
+    def __init__(self, pool, per_call):
+        self.pool, self.per_call, self.now, self.calls = pool, per_call, 0.0, 0
+
+    def clock(self):
+        return self.now
+
+    def get(self, raw, ids):
+        self.calls += 1
+        self.pool.get(cv.key_block(raw), ids)
+        self.now += self.per_call
+
+
+@pytest.mark.parametrize("deadline,started,stored,want_landed,want_calls,error", [
+    (0, 0.0, 6, 6, 1, None),  # no deadline: one launch, every block
+    (0.025, 0.0, 6, 2, 2, None),  # 10 ms a block: the third would end at 30 ms
+    (0.1, 0.0, 6, 6, 6, None),  # room for all
+    (0.5, -1.0, 6, 0, 0, None),  # the deadline passed while the load queued
+    (0.1, 0.0, 3, 3, 4, _native.NotFoundError),  # block 3 is gone: its run fails, the rest with it
+])
+def test_a_load_lands_what_its_deadline_allows_and_leaves_the_rest_to_vllm(device, deadline, started, stored,
+                                                                           want_landed, want_calls, error):
+    """land_in_time with a real pool, runs of one block, each 10 ms on
+    the clock: what lands is a prefix of the blocks, byte for byte, and
+    nothing past it is written; a run that would end past the deadline
+    at the pace of the runs before it is not started."""
+    nb = 6
+    src = [cpu_layer(nb) for _ in range(2)]
+    for t in src:
+        t.view(torch.int16).copy_(torch.randint(-30000, 30000, t.shape, dtype=torch.int16))
+    dst = [torch.zeros_like(t) for t in src]
+    layer_bytes = src[0].numel() * 2 // nb
+    raw = cv.block_keys(list(range(nb * 16)), 16, cv.key_seed("m", GEOM, 0))
+    with Tier(device) as t:
+        ix = t.prefix("vllm-deadline", 32, 2 * layer_bytes + 64)
+        pools = [KVPool(ix, *cv.pool_buffers(caches, nb, layer_bytes)[:4]) for caches in (src, dst)]
+        assert pools[0].store(cv.key_block(raw[:stored * 32]), list(range(stored))) == ["stored"] * stored
+        link = SlowLink(pools[1], 0.010)
+        landed, err = cv.land_in_time(link.get, raw, list(range(nb)), 2 * layer_bytes, deadline, started,
+                                      clock=link.clock, run_bytes=2 * layer_bytes)
+        for p in pools:
+            p.close()
+        ix.close()
+    assert landed == want_landed and link.calls == want_calls
+    assert (err is None) if error is None else isinstance(err, error)
+    for s, d in zip(src, dst):
+        s, d = s.view(torch.int16), d.view(torch.int16)
+        assert torch.equal(s[:landed], d[:landed])
+        assert not d[landed:].any()  # nothing past the landed prefix is written

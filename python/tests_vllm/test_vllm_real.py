@@ -17,6 +17,8 @@ On index vllm-test:
          cache salt (computed: the same engine without the tier's blocks),
          P2 (fails its check: recomputed), P3 with C's params (found), P4
          (never stored: computed, and B stores nothing)
+  D      kv_consumer with a load deadline no load can make (1 ns): P1's
+         blocks are in the tier, none lands, vLLM computes them
 
 and beside them, on other indexes:
 
@@ -25,11 +27,14 @@ and beside them, on other indexes:
   (a process without the key replaces P2's blocks, valid CRCs and all)
   K2     kv_consumer on vllm-keyed with the key: P5's blocks fail their
          signatures, so they are recomputed, not used
-  MLA    a dense DeepSeek-V2 on vLLM's CPU MLA backend, kv_both, in an
-         index with room for 12 blocks: a 25-block prompt overfills it. That
-         backend cannot prefill after a prefix it did not compute, so the
-         connector loads nothing there (tests_vllm/test_vllm_layout.py moves
-         MLA blocks through the connector's own calls)
+  MLA    a dense DeepSeek-V2 on vLLM's reference CPU MLA backend (asked
+         for: on a CPU with AMX tiles vLLM would pick its AMX MLA backend,
+         whose blocks are 128 tokens), kv_both, in an index with room for 12
+         blocks: a 25-block prompt overfills it. That backend cannot
+         prefill after a prefix it did not compute, so the connector loads
+         nothing there (tests_vllm/test_vllm_layout.py moves MLA blocks
+         through the connector's own calls; tests_vllm/test_vllm_tp.py
+         stores them on the backend vLLM picks)
 """
 
 import os
@@ -104,6 +109,10 @@ def runs(tier, tmp_path_factory):
             {"name": "P4", "tokens": P4}]), tmp, "B")
         out["keys"]["after B"] = index_keys(tier, "vllm-test")
 
+        out["D"], out["D log"] = run_engine(spec(connector(tier, "kv_consumer", load_deadline_ms=1e-6),
+                                                 [{"name": "P1", "tokens": P1}]), tmp, "D")
+        out["keys"]["after D"] = index_keys(tier, "vllm-test")
+
     def other_indexes():  # plain (none), K1 and K2 on vllm-keyed, MLA on vllm-mla
         out["plain"], _ = run_engine(spec(None, [{"name": "P1", "tokens": P1}, {"name": "P2", "tokens": P2},
                                                  {"name": "P5", "tokens": P5}]), tmp, "plain")
@@ -118,7 +127,8 @@ def runs(tier, tmp_path_factory):
         out["keys"]["after K2"] = index_keys(tier, "vllm-keyed", TENANT)
 
         small = connector(tier, "kv_both", index="vllm-mla", index_bytes=str(MLA_ROOM * MLA_BLOCK_BYTES))
-        out["MLA"], _ = run_engine({"model_dir": mla, "connector": small, "prefix_caching": False, "requests": [
+        out["MLA"], _ = run_engine({"model_dir": mla, "connector": small, "prefix_caching": False,
+                                    "attention_backend": "CPU_MLA", "requests": [
             {"name": "Q1", "tokens": Q1}, {"name": "Q1 again", "tokens": Q1}]}, tmp, "MLA")
         out["keys"]["MLA"] = index_keys(tier, "vllm-mla")
 
@@ -128,7 +138,7 @@ def runs(tier, tmp_path_factory):
     return out
 
 
-# vLLM's CPU MLA backend runs 16-token blocks: one in the index is 2 layers x
+# vLLM's reference CPU MLA backend runs 16-token blocks: one in the index is 2 layers x
 # 16 tokens x (512 + 64) bf16, and its trailer's room.
 MLA_BLOCK = 16
 MLA_BLOCK_BYTES = 2 * MLA_BLOCK * 576 * 2 + 64
@@ -192,6 +202,17 @@ def test_a_block_forged_without_the_key_is_recomputed_not_used(runs):
     assert not set(runs["K keys"]) & runs["keys"]["after K2"]
 
 
+def test_a_load_past_its_deadline_is_computed_by_vllm_instead(runs):
+    """D's deadline passes before any of P1's blocks can land: the
+    connector lands none, says so, and reports them to vLLM, which
+    computes them and answers as a plain run (had it not been told, it
+    would have run on KV never written, which M shows changes the
+    answer)."""
+    assert "would have landed past load_deadline_ms" in runs["D log"]
+    assert same(runs["D"]["P1"], runs["plain"]["P1"])
+    assert runs["keys"]["after D"] == runs["keys"]["after B"]  # a load left out drops nothing from the tier
+
+
 def test_stored_blocks_carry_their_tokens_for_kv_events(runs):
     by_key = {page: (parent, tokens) for page, parent, tokens in runs["records"]}
     assert set(by_key) == runs["keys"]["after A"]
@@ -205,6 +226,7 @@ def test_stored_blocks_carry_their_tokens_for_kv_events(runs):
 
 def test_an_overfull_index_and_an_engine_that_cannot_load_stay_correct(runs):
     mla = runs["MLA"]
+    assert mla["block_size"] == MLA_BLOCK
     assert mla["Q1"]["cached"] == 0 and mla["Q1 again"]["cached"] == 0
     assert same(mla["Q1 again"], mla["Q1"])
     # 25 blocks stored into room for 12: the index holds what fits.

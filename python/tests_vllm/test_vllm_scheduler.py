@@ -334,3 +334,12 @@ def test_a_failed_asynchronous_load_is_recomputed_from_the_failed_block(engine):
     out, meta = e.step()
     assert out.num_scheduled_tokens["a"] == len(tokens) - 2 * BS
     assert a.num_computed_tokens == len(tokens)
+
+
+def test_a_load_deadline_needs_vllm_to_recompute(engine):
+    """The blocks a load deadline leaves out reach vLLM as load errors:
+    under kv_load_failure_policy "fail" they would fail the request, so
+    the connector refuses to start, naming the setting."""
+    with pytest.raises(ValueError, match='load_deadline_ms needs kv_load_failure_policy "recompute"'):
+        engine(load_deadline_ms="20", policy="fail")
+    engine(load_deadline_ms="20")  # with "recompute" it starts

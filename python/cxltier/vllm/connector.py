@@ -27,6 +27,14 @@ kv_connector_extra_config keys (each with an environment default):
   async_load_bytes
                 a load of at least this many bytes runs beside the forward
                 passes of other requests (4MiB; 0: every load)
+  load_deadline_ms
+                the most a request's load may take, from the step that
+                starts it, before vLLM computing the rest beats waiting
+                for it (0, the default: no limit). Blocks land in runs;
+                a run that would land past the deadline at the rate the
+                ones before it landed is not started, and vLLM computes
+                its blocks and every one after (reported as load errors:
+                needs kv_load_failure_policy "recompute")
 
 What moves: every whole block of a prompt, all layers of it under one key
 (cxltier.kvpool: the gather engine, no staging copy), stored at the end of
@@ -143,7 +151,7 @@ def settings(extra, environ=os.environ):
     environment; ValueError naming a bad one."""
     extra = dict(extra or {})
     known = {"device", "index", "key", "index_bytes", "verify", "kv_events", "model_id", "remote_wait_s", "engine",
-             "async_load_bytes"}
+             "async_load_bytes", "load_deadline_ms"}
     unknown = sorted(set(extra) - known)
     if unknown:
         raise ValueError(f"cxltier vLLM connector: unknown kv_connector_extra_config keys {unknown} "
@@ -155,9 +163,8 @@ def settings(extra, environ=os.environ):
             raise ValueError(f"cxltier vLLM connector: {name}={extra.get(name)!r}: want 0 or 1")
         return v in ("1", "true")
 
-    wait = float(extra.get("remote_wait_s", 30))
-    if not 0 <= wait <= 3600:
-        raise ValueError(f"cxltier vLLM connector: remote_wait_s={wait}: want 0..3600 seconds")
+    wait = _number(extra, "remote_wait_s", 30, 3600, "seconds")
+    deadline = _number(extra, "load_deadline_ms", 0, 3_600_000, "milliseconds")
     return {
         "device": extra.get("device") or environ.get("CXLTIER_DEVICES") or "shm:cxltier",
         "index": extra.get("index") or None,
@@ -169,7 +176,56 @@ def settings(extra, environ=os.environ):
         "remote_wait_s": wait,
         "engine": extra.get("engine") or None,
         "async_load_bytes": parse_size(extra.get("async_load_bytes", "4MiB")),
+        "load_deadline_ms": deadline,
     }
+
+
+def _number(extra, name, default, most, unit):
+    """Setting name, a number from 0 to most; ValueError naming it."""
+    raw = extra.get(name, default)
+    try:
+        v = float(raw)
+    except (TypeError, ValueError):
+        v = None
+    if v is None or not 0 <= v <= most:  # NaN is refused here too
+        raise ValueError(f"cxltier vLLM connector: {name}={raw!r}: want 0..{most} {unit}")
+    return v
+
+
+# With a load deadline, a request's blocks land in runs of about this many
+# bytes: each is a launch of its own, and the deadline is judged between
+# them.
+DEADLINE_RUN_BYTES = 8 << 20
+
+
+def land_in_time(get, raw_keys, blocks, page_bytes, deadline_s=0.0, started=0.0, clock=time.monotonic,
+                 run_bytes=DEADLINE_RUN_BYTES):
+    """Lands blocks, whose chain keys are raw_keys (KEY_BYTES each), with
+    get(raw keys, block ids), which lands a run of them and raises on a
+    failure. Without a deadline, in one call. With one (deadline_s after
+    started, on clock), in runs of about run_bytes: a run that would end
+    past the deadline, at the pace the runs before it landed, is not
+    started, nor any after it (the first has no pace to judge by and runs
+    if the deadline has not passed). Returns (the leading blocks landed,
+    the exception that ended the load or None); the blocks past those are
+    for vLLM to compute."""
+    n = len(blocks)
+    per = max(1, run_bytes // max(1, page_bytes)) if deadline_s > 0 else max(1, n)
+    landed, spent = 0, 0.0
+    while landed < n:
+        take = min(per, n - landed)
+        now = clock()
+        if deadline_s > 0:
+            pace = spent / landed if landed else 0.0
+            if now + pace * take > started + deadline_s:
+                break
+        try:
+            get(raw_keys[landed * KEY_BYTES:(landed + take) * KEY_BYTES], blocks[landed:landed + take])
+        except Exception as e:  # CxlTierError above all: this run and the rest are computed instead
+            return landed, e
+        spent += clock() - now
+        landed += take
+    return landed, None
 
 
 @dataclass(frozen=True)
@@ -362,6 +418,10 @@ class CxlTierConnector(KVConnectorBase_V1):
         kv_role = self._kv_transfer_config.kv_role
         self._stores = kv_role in ("kv_both", "kv_producer")
         self._consumer = kv_role == "kv_consumer"
+        if cfg["load_deadline_ms"] and self._kv_transfer_config.kv_load_failure_policy != "recompute":
+            raise ValueError("cxltier vLLM connector: load_deadline_ms needs kv_load_failure_policy \"recompute\": "
+                             "the blocks a deadline leaves out are reported as load errors, which vLLM's "
+                             f"{self._kv_transfer_config.kv_load_failure_policy!r} fails the request on")
         self._loads = _prefills_after_a_prefix(vllm_config, self._geom)
         self._tp = int(vllm_config.parallel_config.tensor_parallel_size)
         self._rank = None  # the worker's, once distributed state is up
@@ -383,7 +443,9 @@ class CxlTierConnector(KVConnectorBase_V1):
         self._failed = set()
         self._loader = None  # the thread that runs asynchronous loads, made by the first
         self._landing = {}  # request id -> (Move, Future of its failed blocks)
-        self._counts = {"stored": 0, "present": 0, "no_space": 0, "loaded": 0, "load_errors": 0, "store_errors": 0}
+        self._counts = {"stored": 0, "present": 0, "no_space": 0, "loaded": 0, "load_errors": 0, "store_errors": 0,
+                        "late": 0}
+        self._late_logged = None  # when blocks left to a deadline were last logged
         logger.info("cxltier: vLLM connector (%s, %s) on %s, index %r, blocks of %d tokens, %d bytes",
                     side, kv_role, cfg["device"], self._index_name, self._geom.block_size, self._geom.page_bytes)
 
@@ -558,39 +620,63 @@ class CxlTierConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context, **kwargs):
         if not self.has_connector_metadata():
             return
+        started = time.monotonic()  # a load's deadline counts from its step, queueing included
         for mv in self._get_connector_metadata().loads:
             if mv.background:
-                self._start_background(mv)
+                self._start_background(mv, started)
             else:
-                self._account(mv, self._land(mv))
+                self._account(mv, self._land(mv, started))
 
-    def _start_background(self, mv):
+    def _start_background(self, mv, started):
         if self._loader is None:
             self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cxltier-load")
-        self._landing[mv.req_id] = (mv, self._loader.submit(self._land, mv))
+        self._landing[mv.req_id] = (mv, self._loader.submit(self._land, mv, started))
 
-    def _land(self, mv):
-        """Lands mv's blocks, every check on; the blocks that failed (all
-        of them, or none). It never raises: an asynchronous load's request
-        must be reported finished whatever happened."""
+    def _land(self, mv, started):
+        """Lands mv's blocks, every check on, within load_deadline_ms of
+        started; the blocks not landed (from a failed run or a run the
+        deadline left out, to the last). It never raises: an asynchronous
+        load's request must be reported finished whatever happened."""
         try:
             if self._pool is None:
                 raise _native.ClosedError(-6, "cxltier: no KV caches registered")
-            load = self._pool.load(self._entry_keys(mv.keys), mv.blocks)
-            try:
-                for layer in range(self._pool.layers):
-                    load.layer(layer)
-            finally:
-                load.close()
-            return set()
-        except Exception as e:  # CxlTierError above all; anything else fails the blocks too, never the engine
-            logger.warning("cxltier: load of %d blocks for request %s failed (they are computed instead): %s",
-                           len(mv.blocks), mv.req_id, e)
-            return set(mv.blocks)
+            landed, err = land_in_time(self._land_run, mv.keys, mv.blocks, self._geom.page_bytes,
+                                       self._cfg["load_deadline_ms"] / 1000, started)
+        except Exception as e:  # anything else fails the blocks too, never the engine
+            landed, err = 0, e
+        left = mv.blocks[landed:]
+        if err is not None:
+            logger.warning("cxltier: load of %d blocks for request %s failed at block %d (those from there are "
+                           "computed instead): %s", len(mv.blocks), mv.req_id, landed, err)
+        elif left:
+            self._counts["late"] += len(left)
+            self._log_late(mv, landed)
+        return set(left)
+
+    def _land_run(self, raw, blocks):
+        """Lands one run of blocks a layer at a time, every check on: a
+        damaged page fails the run, and every damaged entry of it is
+        dropped (a pool's get, one launch, drops the first only)."""
+        load = self._pool.load(self._entry_keys(raw), blocks)
+        try:
+            for layer in range(self._pool.layers):
+                load.layer(layer)
+        finally:
+            load.close()
+
+    def _log_late(self, mv, landed):
+        now = time.monotonic()
+        if self._late_logged is not None and now - self._late_logged < 60:
+            return
+        self._late_logged = now
+        logger.warning("cxltier: request %s: %d of its %d blocks would have landed past load_deadline_ms=%g: "
+                       "vLLM computes them (%d blocks so far; logged at most once a minute)", mv.req_id,
+                       len(mv.blocks) - landed, len(mv.blocks), self._cfg["load_deadline_ms"], self._counts["late"])
 
     def _account(self, mv, failed):
         self._failed.update(failed)
-        self._counts["load_errors" if failed else "loaded"] += len(mv.blocks)
+        self._counts["load_errors"] += len(failed)
+        self._counts["loaded"] += len(mv.blocks) - len(failed)
 
     def get_finished(self, finished_req_ids):
         """(None, the requests whose asynchronous loads ended): their
@@ -650,7 +736,8 @@ class CxlTierConnector(KVConnectorBase_V1):
 
     def stats(self):
         """Blocks this side stored, found present, refused for room, loaded,
-        and failed to load or store."""
+        failed to load or store, and left to vLLM by load_deadline_ms (also
+        counted in load_errors: vLLM is told of them as such)."""
         return dict(self._counts)
 
     def shutdown(self):
