@@ -125,6 +125,19 @@ def free_port():
         return s.getsockname()[1]
 
 
+def cpu_model():
+    """The first CPU's model name and the vector features a copy can use,
+    from /proc/cpuinfo (None where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            first = f.read().split("\n\n")[0]
+    except OSError:
+        return None
+    fields = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in first.splitlines() if ":" in line)}
+    features = set(fields.get("flags", "").split()) & {"avx2", "avx512f", "avx512_bf16", "amx_tile", "erms", "fsrm"}
+    return {"model": fields.get("model name"), "features": sorted(features)}
+
+
 def mooncake_path():
     """The directory holding Mooncake's package, for the workers' PYTHONPATH."""
     py = os.environ.get("CXLTIER_MOONCAKE_PYTHON")
@@ -412,7 +425,8 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                       "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+                       "machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), "platform": platform.platform(),
+                                   "python": platform.python_version()},
                        "tier_fs": mount_of(args.tier_dir or "/dev/shm"), "args": vars(args), "rows": rows,
                        "ratios": ratios(rows)}, f, indent=1)
         print(f"wrote {args.out}")
