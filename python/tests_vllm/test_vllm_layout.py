@@ -90,6 +90,16 @@ def test_forms_it_refuses_are_named(layers, what):
         cv.pool_buffers(layers, 10, cpu_layer(1).numel() * 2)
 
 
+def random_caches(make, nb, layers):
+    """layers caches of nb blocks (make(nb) each) of random bits, zeroed
+    caches of the same form to land them in, and the bytes of a block of
+    a layer."""
+    src = [make(nb) for _ in range(layers)]
+    for t in src:
+        t.view(torch.int16).copy_(torch.randint(-30000, 30000, t.shape, dtype=torch.int16))
+    return src, [torch.zeros_like(t) for t in src], src[0].numel() * 2 // nb
+
+
 @pytest.mark.parametrize("make", [
     lambda nb: cpu_layer(nb),
     lambda nb: torch.empty(nb, 16, 576, dtype=torch.bfloat16),
@@ -99,11 +109,7 @@ def test_blocks_go_through_the_tier_and_back_byte_for_byte(device, make):
     """What wait_for_save and start_load_kv do, on two engines' caches:
     blocks 1, 4 and 7 of one land in blocks 0, 2 and 9 of the other."""
     nb = 10
-    src = [make(nb) for _ in range(3)]
-    for t in src:
-        t.view(torch.int16).copy_(torch.randint(-30000, 30000, t.shape, dtype=torch.int16))
-    dst = [torch.zeros_like(t) for t in src]
-    layer_bytes = src[0].numel() * 2 // nb
+    src, dst, layer_bytes = random_caches(make, nb, 3)
     keys = cv.key_block(cv.block_keys(list(range(48)), 16, cv.key_seed("m", GEOM, 0)))
     with Tier(device) as t:
         ix = t.prefix("vllm-layout", 32, 3 * layer_bytes + 64)
@@ -197,11 +203,7 @@ def test_a_load_lands_what_its_deadline_allows_and_leaves_the_rest_to_vllm(devic
     nothing past it is written; a run that would end past the deadline
     at the pace of the runs before it is not started."""
     nb = 6
-    src = [cpu_layer(nb) for _ in range(2)]
-    for t in src:
-        t.view(torch.int16).copy_(torch.randint(-30000, 30000, t.shape, dtype=torch.int16))
-    dst = [torch.zeros_like(t) for t in src]
-    layer_bytes = src[0].numel() * 2 // nb
+    src, dst, layer_bytes = random_caches(cpu_layer, nb, 2)
     raw = cv.block_keys(list(range(nb * 16)), 16, cv.key_seed("m", GEOM, 0))
     with Tier(device) as t:
         ix = t.prefix("vllm-deadline", 32, 2 * layer_bytes + 64)
