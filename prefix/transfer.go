@@ -176,8 +176,10 @@ func (m *Mover) Put(keys []Key, l Layout, pages []int64) ([]Status, error) {
 // Get gathers the longest ready prefix of keys into pages[0:n] of the pool
 // with one launch and returns n. Hits are pinned until the copy is done.
 // With Verify, the gather checksums what it reads and n ends before the
-// first page whose checksum fails (its entry is dropped, and the error is
-// ErrChecksum); pages past n may have been written all the same.
+// first page whose checksum fails (the error is ErrChecksum); every page
+// it read with a bad checksum has its entry dropped, as a layer-wise load
+// drops them, so that the next reader does not meet them again. Pages past
+// n may have been written all the same.
 func (m *Mover) Get(keys []Key, l Layout, pages []int64) (int, error) {
 	return m.get(keys, l, pages, false)
 }
@@ -240,20 +242,25 @@ func (m *Mover) get(keys []Key, l Layout, pages []int64, all bool) (int, error) 
 		}
 	}
 	n := len(b.Tier)
+	var damaged []Key // every page the gather read with a bad checksum, not only the first
 	for i := range b.CRCs {
 		if h := hits[i]; b.CRCs[i] != h.CRC {
-			n, err = i, fmt.Errorf("prefix: %q: %v: %w: stored %#x, read %#x", m.s.name, h.Key, ErrChecksum, h.CRC, b.CRCs[i])
-			break
+			if damaged == nil {
+				n, err = i, fmt.Errorf("prefix: %q: %v: %w: stored %#x, read %#x", m.s.name, h.Key, ErrChecksum, h.CRC, b.CRCs[i])
+			}
+			damaged = append(damaged, h.Key)
 		}
 	}
 	if bad, serr := m.checkLoaded(hits[:n], l, pages); serr != nil {
 		n, err = bad, serr
+		damaged = append(damaged, hits[bad].Key)
 	}
 	if n < len(hits) && err != nil {
-		h := hits[n]
 		m.s.Release(hits[n:])
 		hits = hits[:n]
-		m.s.dropCorrupt(h.Key)
+		for _, k := range damaged {
+			m.s.dropCorrupt(k)
+		}
 	}
 	m.s.count(ctrBytesOut, uint64(n)*uint64(l.BlockBytes()))
 	return n, err

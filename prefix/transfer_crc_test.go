@@ -64,8 +64,8 @@ func enginePool(t testing.TB, eng kernels.Engine, layers, pages int, chunk int64
 // payloads' (the index's own check reads them again on the CPU), a Get
 // and a layer-wise load serve what was stored, and a byte changed in the
 // tier between a store and a load is caught by the load's own pass on
-// every engine — the page is not served, its entry is dropped and the
-// pages before it are.
+// every engine — the page is not served, its entry is dropped (and every
+// other damaged page the launch read) and the pages before it are.
 func TestMoverChecksumsOnEveryEngine(t *testing.T) {
 	for name, mk := range moverEngines(t) {
 		for _, chunk := range []int64{4096, 656} { // vectors in every lane, and a tail
@@ -119,13 +119,17 @@ func testMoverChecksums(t *testing.T, eng kernels.Engine, chunk int64) {
 			t.Fatal(err)
 		}
 	}
-	flip(keys[2], chunk+17) // in layer 0's V
+	flip(keys[2], chunk+17)           // in layer 0's V
+	flip(keys[3], 2*layers*chunk-100) // and another page of the same launch
 	n, err := m.Get(keys, l, []int64{4, 5, 6, 7})
 	if n != 2 || !errors.Is(err, ErrChecksum) {
 		t.Fatalf("Get past a damaged page = %d, %v; want 2, ErrChecksum", n, err)
 	}
 	if got := s.Exists(keys); got != 2 {
 		t.Fatalf("after the damaged page was read, %d keys exist; want 2", got)
+	}
+	if got := s.Exists(keys[3:]); got != 0 {
+		t.Fatal("the second damaged page the launch read is still in the index")
 	}
 
 	flip(keys[1], 2*layers*chunk-1) // the last byte of the last layer

@@ -251,8 +251,8 @@ func cxl_kvpool_store(h C.uint64_t, keys *C.uint8_t, n C.int64_t, pages *C.int64
 // copied), each page whole, with one gather launch for the batch: a load
 // with no model to overlap layer by layer (a prefill's pages landing in a
 // decode). The pages' checksums are compared as they land: CXL_ECHECKSUM
-// means a page was damaged (its entry is dropped) and what landed must
-// not be used.
+// means a page was damaged (every damaged page's entry is dropped) and
+// what landed must not be used.
 //
 //export cxl_kvpool_get
 func cxl_kvpool_get(h C.uint64_t, keys *C.uint8_t, n C.int64_t, pages *C.int64_t, errbuf *C.char, errlen C.int) (code C.int) {

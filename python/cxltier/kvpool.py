@@ -52,7 +52,8 @@ class KVPool(_native.Child):
         launch (a load with no model to overlap a layer at a time: a
         prefill's pages landing in a decode). All or none: NotFoundError
         before anything is copied when one is gone; ChecksumError when a
-        page was damaged (its entry is dropped; do not use what landed)."""
+        page was damaged (every damaged page's entry is dropped; do not use
+        what landed)."""
         n = block.n
         if len(pages) != n:
             raise ValueError(f"cxltier: {n} keys but {len(pages)} pages")

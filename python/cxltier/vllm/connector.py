@@ -656,7 +656,7 @@ class CxlTierConnector(KVConnectorBase_V1):
     def _land_run(self, raw, blocks):
         """Lands one run of blocks a layer at a time, every check on: a
         damaged page fails the run, and every damaged entry of it is
-        dropped (a pool's get, one launch, drops the first only)."""
+        dropped."""
         load = self._pool.load(self._entry_keys(raw), blocks)
         try:
             for layer in range(self._pool.layers):
