@@ -611,7 +611,10 @@ class _Side:
         timeout. A lease is the other side's word in the tier: it only ends
         this side's wait."""
         gone = self._gone_lease(records)
-        return gone is not None and self._conclude_gone(gone, other) is not None
+        if gone is None:
+            return False
+        self._conclude_gone(gone, other)
+        return True
 
     def _gone_lease(self, records):
         """The first of records whose lease has ended, or None (also when
@@ -854,7 +857,7 @@ class CxlTierKVSender(_Side, BaseKVSender):
             if all(p.acked for p in self.peers):
                 self._conclude(KVPoll.Success)
                 return KVPoll.Success
-            if gone is not None and gone in [p.hello for p in self.peers if not p.acked]:
+            if gone is not None and any(p.hello is gone and not p.acked for p in self.peers):
                 return self._conclude_gone(gone, "decode")
             return self._waited("the decode side's ack", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", KVPoll.Transferring)
         except (_native.CxlTierError, DisaggError) as e:
