@@ -27,6 +27,16 @@ def build(tmp):
     return lib, cli
 
 
+def cpu_model():
+    """The first CPU's model name, from /proc/cpuinfo ("" where it cannot
+    tell): what a result says of the machine it ran on."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        return ""
+
+
 class ShmTier:
     """A fresh /dev/shm tier of size (the CLI's form: "256MiB"), formatted by
     the CLI with 1 MiB chunks, removed on exit; spec is its device."""

@@ -3,6 +3,7 @@ package prefix
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -332,4 +333,62 @@ func filledAsTransferred(t *testing.T, s *Store, keys []Key, sizes []int64) (*Fi
 		copy(b, p)
 	}
 	return f, blocks, want
+}
+
+// turnCounter is a kernels.Pacer that counts the turns asked of it.
+type turnCounter struct {
+	mu           sync.Mutex
+	turns, bytes int64
+}
+
+func (p *turnCounter) Turn(n int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.turns++
+	p.bytes += n
+}
+
+// A paced fill's commit takes a turn for each page it checks, of that
+// page's bytes, before it reads it, on one core or several; a page the
+// transfer did not fill is not read and takes none.
+func TestAPacedFillTakesATurnAPage(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		n     int
+		size  int64
+		unset int // a key the transfer failed
+	}{
+		{"small", 5, 3000, 2},
+		{"megabytes, on several cores", 20, 1 << 20, 19},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, c := tiertest.Format(t, 1, 64<<20, 1<<20)
+			s := testStore(t, c, int64(tc.n), tc.size)
+			keys := keysN(tc.n)
+			sizes := make([]int64, tc.n)
+			filled := make([]bool, tc.n)
+			for i := range sizes {
+				sizes[i], filled[i] = tc.size-int64(i), i != tc.unset
+			}
+			f, _, want := filledAsTransferred(t, s, keys, sizes)
+			p := &turnCounter{}
+			f.Pace(p)
+			ok, err := f.Commit(filled, WantChecksums(func(i int) Key { return keys[i] }, want))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var bytes int64
+			for i := range ok {
+				if ok[i] != filled[i] {
+					t.Errorf("key %d: published %v, filled %v", i, ok[i], filled[i])
+				}
+				if filled[i] {
+					bytes += sizes[i]
+				}
+			}
+			if p.turns != int64(tc.n-1) || p.bytes != bytes {
+				t.Errorf("%d turns of %d bytes, want %d of %d", p.turns, p.bytes, tc.n-1, bytes)
+			}
+		})
+	}
 }

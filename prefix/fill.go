@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/tier"
 )
 
@@ -28,8 +29,9 @@ type Fill struct {
 	held tier.Hold
 	res  []Reservation
 
-	mu   sync.Mutex
-	over bool // committed or closed
+	mu    sync.Mutex
+	over  bool          // committed or closed
+	pacer kernels.Pacer // the link's turns for the commit's checks; nil: none
 
 	// flush, in tests, stands in for the payload flush (tier.Region.Publish).
 	flush func(off tier.Offset, n int64) error
@@ -49,6 +51,19 @@ func (s *Store) BeginFill(keys []Key, sizes []int64) (*Fill, error) {
 	}
 	f := &Fill{s: s, held: held, res: res, flush: s.flushData}
 	return f, err
+}
+
+// Pace makes the commit take a turn of p for each page before it reads it
+// (its check, and a keyed index's copy to sign): a fill's check reads
+// every byte the transfer wrote, bulk traffic on the node's link (the
+// tier's memory), which gives way while another transfer's deadline is
+// due as the engines' block calls do (tier/link). A page is the piece: a
+// deadline waits for at most one page's check on each core. Call it
+// before Commit; nil stops pacing.
+func (f *Fill) Pace(p kernels.Pacer) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pacer = p
 }
 
 // Statuses is each key's reservation status (Reserved: it has a block).
@@ -147,7 +162,7 @@ func (f *Fill) Commit(filled []bool, check Check) ([]bool, error) {
 			f.res[i].Status = NoSpace
 		}
 	}
-	return f.s.publishWritten(f.res, check, f.flush)
+	return f.s.publishWritten(f.res, check, f.flush, f.pacer)
 }
 
 // Close aborts whatever the fill did not commit; after Commit it does
@@ -167,7 +182,7 @@ func (f *Fill) Close() error {
 // by a transfer, pass check, and aborts the others: a damaged, short or
 // forged transfer becomes a miss, never an entry. A block that cannot be
 // flushed aborts every reservation not yet published.
-func (s *Store) publishWritten(res []Reservation, check Check, flush func(tier.Offset, int64) error) ([]bool, error) {
+func (s *Store) publishWritten(res []Reservation, check Check, flush func(tier.Offset, int64) error, pacer kernels.Pacer) ([]bool, error) {
 	held, herr := s.hold("publish written")
 	if herr != nil {
 		return nil, errors.Join(herr, s.Abort(res))
@@ -176,7 +191,7 @@ func (s *Store) publishWritten(res []Reservation, check Check, flush func(tier.O
 	ok := make([]bool, len(res))
 	good, crcs := make([]Reservation, 0, len(res)), make([]uint32, 0, len(res))
 	bad := make([]Reservation, 0)
-	checked := s.checkWritten(res, check)
+	checked := s.checkWritten(res, check, pacer)
 	for i, r := range res {
 		if r.Status != Reserved {
 			continue
@@ -221,7 +236,7 @@ type written struct {
 // from memory (the transfer wrote it there, not into this core's cache),
 // and a fetch of a batch of 2 MiB pages spent as long checking as the
 // network took to bring them. Checks touch nothing but their own payload.
-func (s *Store) checkWritten(res []Reservation, check Check) []written {
+func (s *Store) checkWritten(res []Reservation, check Check, pacer kernels.Pacer) []written {
 	out := make([]written, len(res))
 	var total int64
 	for _, r := range res {
@@ -234,6 +249,9 @@ func (s *Store) checkWritten(res []Reservation, check Check) []written {
 			return
 		}
 		w := &out[i]
+		if pacer != nil {
+			pacer.Turn(res[i].Len)
+		}
 		if w.payload, w.err = s.payload(res[i].Offset, res[i].Len); w.err != nil {
 			return
 		}

@@ -42,7 +42,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(REPO, "python"))
 sys.path.insert(0, os.path.join(REPO, "bench"))
 
-from pybuild import ShmTier, build  # noqa: E402
+from pybuild import ShmTier, build, cpu_model  # noqa: E402
 
 HEADS, HEAD_DIM, LATENT = 8, 128, 576
 DEFAULT_LAYERS = {"vllm-fa": 32, "sglang-mha": 32, "mla": 61}
@@ -194,12 +194,7 @@ def provenance(device, torch):
         except (OSError, subprocess.SubprocessError):
             return ""
 
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
-    except OSError:
-        pass
+    cpu = cpu_model()
     out = {"commit": git("rev-parse", "HEAD") or os.environ.get("CXLTIER_COMMIT", ""),
            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "cpu": cpu, "cpus": os.cpu_count(),

@@ -2,14 +2,17 @@
 // that have a deadline on the same link: an Engram prefetcher calls at its
 // per-layer cadence, each call due within its deadline, while other
 // processes store and load KV pages through the tier at full speed, as
-// two engines' KV traffic does. Every party is an OS process of its own,
+// two engines' KV traffic does, and another fills the tier as the node's
+// uplink does from the cluster (a part at a time, every page checked
+// before it is published). Every party is an OS process of its own,
 // mapping one tier file, on the CPU engine, where the link they share is
 // the host's memory bandwidth and its cores, or on a GPU (-engine cuda),
 // where it is that GPU's PCIe link and the host memory behind it.
 //
-// Each round runs three phases of -seconds each: the prefetcher alone
-// (its idle miss rate and latency), the KV processes alone (their
-// throughput alone), and all of them at once. The table gives each
+// Each round runs its phases of -seconds each: the prefetcher alone (its
+// idle miss rate and latency), the bulk processes (KV and fills) alone
+// (their throughput alone) and beside a process that only spins a core,
+// then all of them at once, without the arbiter and with it. The table gives each
 // phase's figures and the goals the issue on deadlines sets for a node
 // that arbitrates its link (deadline misses at most the idle rate plus
 // 0.5 points, p99 latency at most 1.2 times idle, bulk throughput at least
@@ -72,6 +75,8 @@ type opts struct {
 	seconds  float64
 	rounds   int
 	kv       int
+	fill     int   // cluster-fill processes (uplinks)
+	fillPart int64 // the part a fill moves in
 	base     int64
 	batch    int
 	deadline time.Duration
@@ -107,6 +112,8 @@ func parseOpts(args []string, stderr io.Writer) (opts, error) {
 	fs.Float64Var(&o.seconds, "seconds", 3, "length of each phase")
 	fs.IntVar(&o.rounds, "rounds", 2, "rounds of the three phases, one after another")
 	fs.IntVar(&o.kv, "kv", 2, "KV processes (each stores and loads its own pages)")
+	fs.IntVar(&o.fill, "fill", 1, "cluster-fill processes (each fills its own index as the node's uplink does: a part at a time, every page checked)")
+	fillPartSize := fs.String("fill-part", tierflags.HumanSize(fillPart), "fill: the part a fill moves in, a link turn before each (the uplink's on a node's link; 0: one part)")
 	fs.Int64Var(&o.base, "base", 20000, "Engram table base size per order (rows spread over base × orders)")
 	fs.IntVar(&o.batch, "batch", 1, "decode tokens per Engram call")
 	fs.DurationVar(&o.deadline, "deadline", 56*time.Microsecond, "time allowed from an Engram call to its rows being ready")
@@ -135,9 +142,14 @@ func parseOpts(args []string, stderr io.Writer) (opts, error) {
 		return o, fmt.Errorf("-tier-size: %w", err)
 	}
 	o.tierSize = n
+	if o.fillPart, err = tierflags.ParseSize(*fillPartSize); err != nil {
+		return o, fmt.Errorf("-fill-part: %w", err)
+	}
 	switch {
 	case o.seconds <= 0 || o.rounds < 1 || o.kv < 1 || o.batch < 1 || o.layers < 1 || o.pages < 1:
 		return o, errors.New("-seconds, -rounds, -kv, -batch, -layers and -pages must be positive")
+	case o.fill < 0:
+		return o, fmt.Errorf("-fill %d: want 0 or more", o.fill)
 	case o.base < 1 || o.deadline <= 0 || o.gap < 0:
 		return o, errors.New("-base and -deadline must be positive, -gap at least 0")
 	case o.chunk < 64 || o.chunk%64 != 0:
@@ -203,8 +215,13 @@ type Phase struct {
 	Engram *Party  `json:"engram,omitempty"`
 	TopK   *Party  `json:"topk,omitempty"`
 	KV     []Party `json:"kv,omitempty"`
-	// KVBytesPerSec is all KV processes' bytes (stored plus loaded) a second.
-	KVBytesPerSec float64 `json:"kv_bytes_per_sec,omitempty"`
+	Fill   []Party `json:"fill,omitempty"`
+	// KVBytesPerSec is all KV processes' bytes (stored plus loaded) a
+	// second, FillBytesPerSec the fill processes' (filled), and
+	// BulkBytesPerSec both: the bulk traffic the goal is set on.
+	KVBytesPerSec   float64 `json:"kv_bytes_per_sec,omitempty"`
+	FillBytesPerSec float64 `json:"fill_bytes_per_sec,omitempty"`
+	BulkBytesPerSec float64 `json:"bulk_bytes_per_sec,omitempty"`
 }
 
 // Round is one round's phases and the ratios the goals are set on.
@@ -230,8 +247,9 @@ type Outcome struct {
 	MissPointsOverIdle float64 `json:"miss_points_over_idle"`
 	// P99OverIdle: the mixed phase's p99 call over the idle one's (goal ≤ 1.2).
 	P99OverIdle float64 `json:"p99_over_idle"`
-	// BulkKept: the KV throughput mixed over alone (goal ≥ 0.9), and over
-	// beside a spinning core (what is left once the cores are shared).
+	// BulkKept: the bulk throughput (KV and fills) mixed over alone (goal
+	// ≥ 0.9), and over beside a spinning core (what is left once the cores
+	// are shared).
 	BulkKept              float64 `json:"bulk_kept"`
 	BulkKeptBesideCompute float64 `json:"bulk_kept_beside_compute"`
 }
@@ -248,8 +266,8 @@ func outcome(rd *Round, mixed *Phase) *Outcome {
 	return &Outcome{
 		MissPointsOverIdle:    100 * (mixed.deadline().MissRate - rd.Idle.deadline().MissRate),
 		P99OverIdle:           mixed.deadline().P99us / rd.Idle.deadline().P99us,
-		BulkKept:              mixed.KVBytesPerSec / rd.Bulk.KVBytesPerSec,
-		BulkKeptBesideCompute: mixed.KVBytesPerSec / rd.BesideCompute.KVBytesPerSec,
+		BulkKept:              mixed.BulkBytesPerSec / rd.Bulk.BulkBytesPerSec,
+		BulkKeptBesideCompute: mixed.BulkBytesPerSec / rd.BesideCompute.BulkBytesPerSec,
 	}
 }
 
@@ -282,7 +300,11 @@ type Report struct {
 	KVProcs     int       `json:"kv_processes"`
 	KVPageBytes int64     `json:"kv_page_bytes"`
 	KVPages     int       `json:"kv_pages"`
-	Rounds      []Round   `json:"rounds"`
+	// Fill processes, their pages (the KV pages' size and count) and
+	// the part each moves in.
+	FillProcs     int     `json:"fill_processes"`
+	FillPartBytes int64   `json:"fill_part_bytes"`
+	Rounds        []Round `json:"rounds"`
 }
 
 func run(args []string, stdout, stderr io.Writer) error {
@@ -298,7 +320,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		defer os.RemoveAll(dir)
 	}
 	o.tierPath = filepath.Join(dir, "tier")
-	fmt.Fprintf(stderr, "formatting a %s tier at %s; the %s party's data and %d KV indexes...\n", tierflags.HumanSize(o.tierSize), o.tierPath, o.party, o.kv)
+	fmt.Fprintf(stderr, "formatting a %s tier at %s; the %s party's data, %d KV indexes and %d to fill...\n", tierflags.HumanSize(o.tierSize), o.tierPath, o.party, o.kv, o.fill)
 	if err := prepare(o, stderr); err != nil {
 		return err
 	}
@@ -309,7 +331,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	defer eng.Close()
 	rep := Report{Run: report.NewRun(eng), Engine: eng.Name(), Arbitration: o.arbiter, PieceBytes: o.piece, Share: o.share, Tier: o.tierPath, TierFS: mountOf(o.tierDir), Seconds: o.seconds,
 		Geometry: o.geometry, Batch: o.batch, DeadlineUs: us(o.deadline), GapUs: us(o.gap),
-		KVProcs: o.kv, KVPageBytes: o.kvBlockBytes(), KVPages: o.pages, Party: o.party}
+		KVProcs: o.kv, KVPageBytes: o.kvBlockBytes(), KVPages: o.pages, Party: o.party, FillProcs: o.fill, FillPartBytes: o.fillPart}
 	if o.party == "topk" {
 		rep.TopK = &TopKSpec{TopK: o.topK, Context: o.context, Hit: o.topkHit, Layers: o.topkLayers, DeadlineUs: us(o.topkDeadline), EntryBytes: topkEntryBytes}
 	}
@@ -348,10 +370,17 @@ func prepare(o opts, log io.Writer) error {
 			return err
 		}
 	}
+	var names []string
 	for i := range o.kv {
-		s, err := prefix.Create(c, prefix.Config{Name: kvName(i), Blocks: int64(o.pages), BlockBytes: o.kvBlockBytes(), PinsPerClient: 4 * int64(o.pages)})
+		names = append(names, kvName(i))
+	}
+	for i := range o.fill {
+		names = append(names, fillName(i))
+	}
+	for _, name := range names {
+		s, err := prefix.Create(c, prefix.Config{Name: name, Blocks: int64(o.pages), BlockBytes: o.kvBlockBytes(), PinsPerClient: 4 * int64(o.pages)})
 		if err != nil {
-			return fmt.Errorf("KV index %d: %w (a larger -tier-size, or fewer -pages)", i, err)
+			return fmt.Errorf("index %s: %w (a larger -tier-size, or fewer -pages)", name, err)
 		}
 		if err := s.Close(); err != nil {
 			return err
@@ -376,7 +405,8 @@ func makeEngramTable(c *tier.Client, o opts, log io.Writer) error {
 	return nil
 }
 
-func kvName(i int) string { return "link-kv" + strconv.Itoa(i) }
+func kvName(i int) string   { return "link-kv" + strconv.Itoa(i) }
+func fillName(i int) string { return "link-fill" + strconv.Itoa(i) }
 
 // phaseSpec is one phase: who takes part, and whether under the arbiter.
 type phaseSpec struct {
@@ -425,7 +455,7 @@ func runRound(o opts, round int, log io.Writer) (Round, error) {
 func runPhase(o opts, spec phaseSpec) (Phase, error) {
 	// The parties start at one instant, after each has set itself up (on
 	// a GPU, a context and the tier pinned in each).
-	setup := time.Second + time.Duration(o.kv)*200*time.Millisecond
+	setup := time.Second + time.Duration(o.kv+o.fill)*200*time.Millisecond
 	if o.engine == "cuda" {
 		setup = 3*time.Second + time.Duration(o.kv)*time.Second
 	}
@@ -468,6 +498,10 @@ func runPhase(o opts, spec phaseSpec) (Phase, error) {
 		err = add("kv", append(arb, "-index", kvName(i), "-layers", strconv.Itoa(o.layers), "-pages", strconv.Itoa(o.pages),
 			"-chunk", strconv.FormatInt(o.chunk, 10))...)
 	}
+	for i := 0; spec.kv && i < o.fill && err == nil; i++ {
+		err = add("fill", append(arb, "-index", fillName(i), "-layers", strconv.Itoa(o.layers), "-pages", strconv.Itoa(o.pages),
+			"-chunk", strconv.FormatInt(o.chunk, 10), "-fill-part", strconv.FormatInt(o.fillPart, 10))...)
+	}
 	ph := Phase{Name: spec.name}
 	// A party past its phase by this much is stuck: it is killed, and the
 	// phase fails naming it, rather than the run waiting for ever.
@@ -498,6 +532,11 @@ func runPhase(o opts, spec phaseSpec) (Phase, error) {
 		case "kv":
 			ph.KV = append(ph.KV, p)
 			ph.KVBytesPerSec += p.BytesPerSec
+			ph.BulkBytesPerSec += p.BytesPerSec
+		case "fill":
+			ph.Fill = append(ph.Fill, p)
+			ph.FillBytesPerSec += p.BytesPerSec
+			ph.BulkBytesPerSec += p.BytesPerSec
 		}
 	}
 	return ph, nil
@@ -510,16 +549,16 @@ func printTable(w io.Writer, rep Report) {
 	} else {
 		fmt.Fprintf(w, "Engram %s, batch %d, deadline %.0f µs, a call every %.0f µs after the last one's rows", rep.Geometry, rep.Batch, rep.DeadlineUs, rep.GapUs)
 	}
-	fmt.Fprintf(w, "; %d KV processes of %d × %s pages; arbiter: %s (pieces of %s)\n",
-		rep.KVProcs, rep.KVPages, tierflags.HumanSize(rep.KVPageBytes), rep.Arbitration, tierflags.HumanSize(rep.PieceBytes))
+	fmt.Fprintf(w, "; %d KV processes and %d fills (parts of %s) of %d × %s pages; arbiter: %s (pieces of %s)\n",
+		rep.KVProcs, rep.FillProcs, tierflags.HumanSize(rep.FillPartBytes), rep.KVPages, tierflags.HumanSize(rep.KVPageBytes), rep.Arbitration, tierflags.HumanSize(rep.PieceBytes))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "round\tphase\tcalls\tmisses %\tp50 µs\tp99 µs\tKV GB/s\t")
+	fmt.Fprintln(tw, "round\tphase\tcalls\tmisses %\tp50 µs\tp99 µs\tKV GB/s\tfill GB/s\t")
 	for i, rd := range rep.Rounds {
 		for _, ph := range []*Phase{&rd.Idle, &rd.Bulk, &rd.BesideCompute, rd.Mixed, rd.Arbitrated} {
 			if ph == nil {
 				continue
 			}
-			calls, miss, p50, p99, kv := "-", "-", "-", "-", "-"
+			calls, miss, p50, p99, kv, fill := "-", "-", "-", "-", "-", "-"
 			if e := ph.deadline(); e != nil {
 				calls, miss = strconv.Itoa(e.Calls), fmt.Sprintf("%.2f", 100*e.MissRate)
 				p50, p99 = fmt.Sprintf("%.1f", e.P50us), fmt.Sprintf("%.1f", e.P99us)
@@ -527,12 +566,15 @@ func printTable(w io.Writer, rep Report) {
 			if ph.KV != nil {
 				kv = fmt.Sprintf("%.2f", ph.KVBytesPerSec/1e9)
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", i+1, ph.Name, calls, miss, p50, p99, kv)
+			if ph.Fill != nil {
+				fill = fmt.Sprintf("%.2f", ph.FillBytesPerSec/1e9)
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", i+1, ph.Name, calls, miss, p50, p99, kv, fill)
 		}
 	}
 	tw.Flush()
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "round\tarbiter\tmisses over idle (goal ≤ 0.5 pt)\tp99 over idle (goal ≤ 1.2×)\tKV kept (goal ≥ 0.9×)\tKV kept beside a spinning core\t")
+	fmt.Fprintln(tw, "round\tarbiter\tmisses over idle (goal ≤ 0.5 pt)\tp99 over idle (goal ≤ 1.2×)\tbulk kept (goal ≥ 0.9×)\tbulk kept beside a spinning core\t")
 	for i, rd := range rep.Rounds {
 		for _, oc := range []struct {
 			name string

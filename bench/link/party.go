@@ -29,7 +29,9 @@ type Party struct {
 	P50us    float64 `json:"p50_us,omitempty"`
 	P99us    float64 `json:"p99_us,omitempty"`
 	// A KV process's bytes stored and loaded (every page verified as it
-	// lands), and its rounds of a store and a load of all its pages.
+	// lands), and its rounds of a store and a load of all its pages; a
+	// fill process's bytes filled (every page checked before it is
+	// published), and its rounds of a fill of all its pages.
 	Bytes       int64   `json:"bytes,omitempty"`
 	KVRounds    int     `json:"kv_rounds,omitempty"`
 	BytesPerSec float64 `json:"bytes_per_sec,omitempty"`
@@ -50,12 +52,13 @@ type partyOpts struct {
 	topkHit                         float64
 	piece                           int64
 	share                           float64
+	fillPart                        int64
 }
 
 func runRole(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("link party", flag.ContinueOnError)
 	var p partyOpts
-	fs.StringVar(&p.role, "role", "", "engram, topk, kv or spin")
+	fs.StringVar(&p.role, "role", "", "engram, topk, kv, fill or spin")
 	fs.StringVar(&p.tierPath, "tier", "", "tier file")
 	fs.StringVar(&p.engine, "engine", "cpu", "cpu or cuda")
 	fs.Int64Var(&p.start, "start", 0, "phase start, Unix ns")
@@ -75,6 +78,7 @@ func runRole(args []string, stdout io.Writer) error {
 	fs.BoolVar(&p.arbiter, "arbiter", false, "join the node's link arbiter")
 	fs.Int64Var(&p.piece, "piece", kernels.DefaultPiece, "kv: bytes between looks at the link's claims")
 	fs.Float64Var(&p.share, "share", 0, "kv: the most of each window one process's claims may hold it (0: the arbiter's default)")
+	fs.Int64Var(&p.fillPart, "fill-part", fillPart, "fill: bytes of a part (a link turn before each)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -92,46 +96,56 @@ func runRole(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer c.Close()
-	if p.role == "spin" { // moves nothing: no engine, no seat on the link
-		if err := untilStart(p); err != nil {
-			return fmt.Errorf("spin party: %w", err)
-		}
-		spin(time.Until(time.Unix(0, p.end)))
-		return json.NewEncoder(stdout).Encode(Party{Role: p.role})
-	}
-	eng, err := partyEngine(p.engine)
-	if err != nil {
-		return err
-	}
-	defer eng.Close()
-	var lk *link.Link
-	if p.arbiter {
-		if lk, err = link.Open(c, link.Config{Name: "bench", Share: p.share}); err != nil {
-			return err
-		}
-		defer lk.Close()
-		pe, ok := eng.(kernels.Paced)
-		if !ok {
-			return fmt.Errorf("engine %s cannot be paced", eng.Name())
-		}
-		pe.SetPacer(lk, p.piece)
-	}
-	var res Party
-	switch p.role {
-	case "engram":
-		res, err = engramParty(r, c, eng, lk, p)
-	case "topk":
-		res, err = topkParty(c, eng, lk, p)
-	case "kv":
-		res, err = kvParty(c, eng, p)
-	default:
-		err = fmt.Errorf("role %q: want engram, topk, kv or spin", p.role)
-	}
+	res, err := runParty(r, c, p)
 	if err != nil {
 		return fmt.Errorf("%s party: %w", p.role, err)
 	}
 	res.Role = p.role
 	return json.NewEncoder(stdout).Encode(res)
+}
+
+// runParty runs the party p.role names on tier r as client c, with a
+// seat on the link when p.arbiter.
+func runParty(r *tier.Region, c *tier.Client, p partyOpts) (Party, error) {
+	if p.role == "spin" { // moves nothing: no engine, no seat on the link
+		if err := untilStart(p); err != nil {
+			return Party{}, err
+		}
+		spin(time.Until(time.Unix(0, p.end)))
+		return Party{}, nil
+	}
+	var lk *link.Link
+	if p.arbiter {
+		var err error
+		if lk, err = link.Open(c, link.Config{Name: "bench", Share: p.share}); err != nil {
+			return Party{}, err
+		}
+		defer lk.Close()
+	}
+	if p.role == "fill" { // the transfer engine's writes and the commit's checks: no engine of ours
+		return fillParty(c, lk, p)
+	}
+	eng, err := partyEngine(p.engine)
+	if err != nil {
+		return Party{}, err
+	}
+	defer eng.Close()
+	if lk != nil {
+		pe, ok := eng.(kernels.Paced)
+		if !ok {
+			return Party{}, fmt.Errorf("engine %s cannot be paced", eng.Name())
+		}
+		pe.SetPacer(lk, p.piece)
+	}
+	switch p.role {
+	case "engram":
+		return engramParty(r, c, eng, lk, p)
+	case "topk":
+		return topkParty(c, eng, lk, p)
+	case "kv":
+		return kvParty(c, eng, p)
+	}
+	return Party{}, fmt.Errorf("role %q: want engram, topk, kv, fill or spin", p.role)
 }
 
 // partyEngine is a party's engine: on the CPU one worker (a party is one

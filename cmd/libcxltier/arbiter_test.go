@@ -241,3 +241,97 @@ func testEngineJoinsTheLink(t *testing.T, kind string, openFirst bool) {
 		t.Fatalf("link stats %+v: want %d bulk bytes and a wait", st, pages*chunk)
 	}
 }
+
+// TestAFillsCommitGivesWayToDeadlines: on a tier that joined the link, a
+// cluster fill's commit reads every page it checks as bulk traffic: it
+// waits while another client's claim is due, goes on when the claim ends,
+// publishes what matches its checksum, and the table counts the pages'
+// bytes and the wait.
+func TestAFillsCommitGivesWayToDeadlines(t *testing.T) {
+	devices := formatTest(t)
+	h, err := attach(devices, "uplink")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer detach(h)
+	other, err := attach(devices, "claimant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer detach(other)
+	cfg := link.Config{Name: "t", Horizon: time.Hour, Window: time.Hour, Share: 1}
+	if _, err := joinArbiter(h, cfg, 0); err != nil {
+		t.Fatal(err)
+	}
+	oa, _ := tierOf(other)
+	claimant, err := link.Open(oa.c, link.Config{Name: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ixh, err := prefixOpen(h, "m", "", 16, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := get[*index](&handles, ixh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []prefix.Key{prefix.StringKey("a"), prefix.StringKey("b"), prefix.StringKey("c")}
+	sizes := []int64{64 << 10, 1000, 40 << 10}
+	id, st, err := fillBegin(s, keys, sizes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl, err := get[*filling](&handles, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks, err := fl.f.Blocks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]uint32, len(keys))
+	for i, b := range blocks {
+		if st[i] != prefix.Reserved {
+			t.Fatalf("key %d: %v", i, st[i])
+		}
+		for j := range b {
+			b[j] = byte(i*31 + j)
+		}
+		want[i] = prefix.WireChecksum(keys[i], b)
+	}
+	blocks[1][7] ^= 1 // damaged in transit: checked, and refused
+
+	claimant.Claim(time.Now().Add(time.Hour))
+	type result struct {
+		ok  []bool
+		err error
+	}
+	committed := make(chan result, 1)
+	go func() {
+		ok, err := fl.f.Commit([]bool{true, true, true}, prefix.WantChecksums(func(i int) prefix.Key { return keys[i] }, want))
+		committed <- result{ok, err}
+	}()
+	select {
+	case r := <-committed:
+		t.Fatalf("the commit read its pages past a due claim: %v, %v", r.ok, r.err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	claimant.Done(false)
+	select {
+	case r := <-committed:
+		if r.err != nil || !r.ok[0] || r.ok[1] || !r.ok[2] {
+			t.Fatalf("commit: %v, %v; want [true false true]", r.ok, r.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the commit did not go on when the claim ended")
+	}
+	handles.forgetChild(id, fl.child)
+	ls, err := link.ReadStats(oa.r, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ls.BulkBytes != uint64(sizes[0]+sizes[1]+sizes[2]) || ls.BulkWaits < 1 || ls.BulkWaited < 50*time.Millisecond {
+		t.Fatalf("link stats %+v: want the three pages' %d bytes and a wait", ls, sizes[0]+sizes[1]+sizes[2])
+	}
+}

@@ -423,6 +423,9 @@ func fillBegin(s *index, ks []prefix.Key, lens []int64) (uint64, []prefix.Status
 		f.Close()
 		return 0, nil, aerr
 	}
+	if l := a.claimer(); l != nil {
+		f.Pace(l) // the commit's checks read every page: bulk on the node's link
+	}
 	fl := &filling{f: f, s: s, keys: slices.Clone(ks), lens: lens}
 	fl.child = child{tier: s.tier, close: f.Close}
 	return handles.addChild(a, fl, fl.child), f.Statuses(), err

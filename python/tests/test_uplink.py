@@ -1166,6 +1166,58 @@ def test_a_fetch_in_parts_serves_every_page(cluster):
         tb.close()
 
 
+def test_a_fill_on_the_link_gives_way_between_parts(cluster, built, tmp_path):
+    """Issue 67: an uplink whose tier joined the node's link (CXLTIER_LINK)
+    moves a fetch in parts of about 32 MiB without --fill-part, a link turn
+    before each part's transfer and one before each page its commit
+    checks: the link's table counts every fetched byte twice (moved, then
+    read by its check), and the pages are served as a fetch in one part
+    serves them."""
+    m = cluster.master()
+    a = cluster.node("a", size="256MiB").start_uplink(m, segment="128MiB")
+    b = cluster.node("b", size="256MiB").start_uplink(m, env={"CXLTIER_LINK": "fills"}, args=["--verbose"])
+    n, size, block = 70, 1_000_000, 1 << 20  # 70 MB: two parts of 32 MiB or more
+    keys = [cxltier.string_key(f"linked-{i}") for i in range(n)]
+    ramp = bytes(range(251)) * (size // 251 + 2)
+    payloads = [ramp[i % 251: i % 251 + size] for i in range(n)]
+    ta, tb = cxltier.Tier(a.devices), cxltier.Tier(b.devices)
+    ia, ib = ta.prefix("m", blocks=72, block_bytes=block), tb.prefix("m", blocks=72, block_bytes=block)
+    try:
+        before = tb.link_stats("fills")
+        assert before["processes"] == 1 and before["bulk_bytes"] == 0, before  # the uplink, joined at attach
+        store_on(a, ia, keys, payloads)
+        # The miss is asked from a client that waits for the 70 MB as long
+        # as a loaded machine may take (its wait is read at attach).
+        go = tmp_path / "go"
+        go.write_text("")
+        env = dict(os.environ, CXLTIER_LIB=built["lib"], PYTHONPATH=os.path.join(ch.REPO, "python"),
+                   CXLTIER_UPLINK_TIMEOUT="60s")
+        r = subprocess.run([sys.executable, "-c", CLIENT.replace("page-0-", "linked-"), b.devices, str(go), str(n)],
+                           capture_output=True, text=True, env=env, timeout=120)
+        assert r.stdout.strip() == str(n), (r.stdout, r.stderr[-2000:], b.tail(20))
+        bufs = [bytearray(block) for _ in keys]
+        got, lens = ib.get(keys, bufs)
+        assert got == n and all(bytes(bufs[i][: lens[i]]) == payloads[i] for i in range(n))
+        parts = [int(x) for x in re.findall(r"fetch of 70 pages in (\d+) part", b.tail(200))]
+        assert parts == [2], b.tail(20)
+        st = tb.link_stats("fills")
+        assert st["bulk_bytes"] == 2 * n * size, st
+        assert b.metrics()["fetched_pages"] == n
+    finally:
+        ta.close()
+        tb.close()
+
+
+def test_the_fill_part_follows_the_link():
+    """--fill-part as given wins (0: one part); without it a fetch is one
+    part, or parts of LINK_FILL_PART on a tier that joined a link."""
+    assert up._fill_part(None, False) == 0
+    assert up._fill_part(None, True) == up.LINK_FILL_PART == 32 << 20
+    assert up._fill_part(0, True) == 0 and up._fill_part(1 << 20, False) == 1 << 20
+    with pytest.raises(up.UplinkError, match="want 0"):
+        up._fill_part(-1, True)
+
+
 def test_a_failure_in_a_later_part_keeps_the_parts_before_it(cluster):
     """A fetch in parts that fails in its second part's transfer has
     published its first part (the leading pages are hits), answers the

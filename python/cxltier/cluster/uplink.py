@@ -370,6 +370,29 @@ def _parts(sizes, part_bytes):
     return parts
 
 
+LINK_FILL_PART = 32 << 20
+"""The part a fetch moves in when its tier joined the node's link
+(CXLTIER_LINK) and --fill-part was not given. A transfer engine's call
+cannot be paced from outside, so a fill gives way to the link's deadlines
+between its calls: a link turn before each part's transfer (and one before
+each page its commit checks, whatever the part). Each call costs a round
+trip to the cluster and a part's own reserve and publish: over loopback
+TCP on 2 cores (bench/cluster/parts.py, 128 MiB fetched), parts of 32 MiB
+kept 0.86 of a fetch in one part's throughput, of 16 MiB 0.82, of 8 MiB
+0.74; a fetch under two parts (64 MiB) is one part and pays nothing."""
+
+
+def _fill_part(fill_part, linked):
+    """The part a fetch moves in: fill_part as given (0: one part), or, when
+    None, LINK_FILL_PART on a tier that joined a link and one part on one
+    that did not."""
+    if fill_part is None:
+        return LINK_FILL_PART if linked else 0
+    if fill_part < 0:
+        raise UplinkError(f"fill part of {fill_part} bytes: want 0 (one part) or more")
+    return fill_part
+
+
 def _replica_size(descs):
     """The object size a replica list names, or None."""
     for r in descs or []:
@@ -389,11 +412,12 @@ class Uplink:
     (everything then stays local)."""
 
     def __init__(self, devices, store, replicas=1, admit="all", queue_pages=65536, batch=256, keys=None,
-                 fill_timeout=1.0, name="cxltier-uplink", prefault=True, cluster_key=None, fill_part=0):
+                 fill_timeout=1.0, name="cxltier-uplink", prefault=True, cluster_key=None, fill_part=None):
         from .. import _native
         from ..tier import Tier
 
         self._native = _native
+        _fill_part(fill_part, False)  # a bad part is refused before the tier is attached
         self.tier = Tier(devices, name=name)
         _native.call("cxl_uplink_off", self.tier.handle)  # the uplink never asks itself
         self.store = store
@@ -403,9 +427,7 @@ class Uplink:
         self.keys = dict(keys or {})
         self.cluster_key = cluster_key
         self.fill_timeout = fill_timeout
-        if fill_part < 0:
-            raise UplinkError(f"fill part of {fill_part} bytes: want 0 (one part) or more")
-        self.part_bytes = fill_part
+        self.part_bytes = _fill_part(fill_part, self.tier.link is not None)
         self._transfers = 0  # transfers begun (a count for the tests' injected failures)
         self.metrics = Metrics()
         self.queue = queue.Queue(maxsize=queue_pages)
@@ -1563,10 +1585,12 @@ def main(argv=None):
                         "a keyed index needs its key in --keys, and one stream carries one tenant's indexes")
     p.add_argument("--events-interval", type=float, default=0.5, help="seconds between scans for changes")
     p.add_argument("--fill-timeout", type=float, default=1.0, help="seconds a fill waits for a fetch it joined")
-    p.add_argument("--fill-part", default="0",
+    p.add_argument("--fill-part", default=None,
                    help="a fetch of at least twice this many bytes (e.g. 32MiB) moves in parts of it, each part "
                         "checked and published while the next transfers; worth it where transfers leave cores "
-                        "idle (RDMA), not where TCP and the checks share a few (default 0: one part)")
+                        "idle (RDMA), not where TCP and the checks share a few (default: one part, or parts of "
+                        "32MiB on a tier that joined the node's link with CXLTIER_LINK, each part a turn on the "
+                        "link; 0: one part)")
     p.add_argument("--verbose", action="store_true", help="log every fetch with where its time went")
     p.add_argument("--no-prefault", dest="prefault", action="store_false",
                    help="do not fault the tier's pages in at start (a huge tier on 4 KiB pages takes a while)")
@@ -1583,7 +1607,8 @@ def main(argv=None):
         cluster_key = _cluster_key_file(args.cluster_key)
         segment = parse_size(args.segment)
         try:
-            args.fill_part = parse_size(args.fill_part)
+            if args.fill_part is not None:
+                args.fill_part = parse_size(args.fill_part)
         except ValueError as e:
             raise ValueError(f"--fill-part: {e}") from None
         master = _master_address(args.master) if args.master else None
