@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
@@ -42,7 +41,7 @@ func fillParty(c *tier.Client, lk *link.Link, p partyOpts) (Party, error) {
 		want[i] = prefix.WireChecksum(keys[i], src[int64(i)*page:int64(i+1)*page])
 	}
 	parts := fillParts(p.pages, page, p.fillPart)
-	round := func() error {
+	round := func(int) error {
 		for _, pt := range parts {
 			if err := fillOnePart(s, lk, keys[pt[0]:pt[1]], sizes[pt[0]:pt[1]], want[pt[0]:pt[1]], src[int64(pt[0])*page:int64(pt[1])*page]); err != nil {
 				return fmt.Errorf("pages %d..%d: %w", pt[0], pt[1], err)
@@ -53,22 +52,12 @@ func fillParty(c *tier.Client, lk *link.Link, p partyOpts) (Party, error) {
 		}
 		return nil
 	}
-	if err := round(); err != nil { // page in the blocks and the buffer
+	rounds, took, err := roundsInPhase(p, round)
+	if err != nil {
 		return Party{}, err
 	}
-	if err := untilStart(p); err != nil {
-		return Party{}, err
-	}
-	res := Party{}
-	t0 := time.Now()
-	for time.Now().UnixNano() < p.end {
-		if err := round(); err != nil {
-			return Party{}, err
-		}
-		res.KVRounds++
-	}
-	res.Bytes = int64(res.KVRounds) * int64(p.pages) * page
-	res.BytesPerSec = float64(res.Bytes) / time.Since(t0).Seconds()
+	res := Party{KVRounds: rounds, Bytes: int64(rounds) * int64(p.pages) * page}
+	res.BytesPerSec = float64(res.Bytes) / took.Seconds()
 	return res, nil
 }
 

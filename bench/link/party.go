@@ -303,24 +303,33 @@ func kvParty(c *tier.Client, eng kernels.Engine, p partyOpts) (Party, error) {
 		}
 		return nil
 	}
-	if err := round(-1); err != nil { // page in the pool and the tier's blocks
+	rounds, took, err := roundsInPhase(p, round) // round -1 pages in the pool and the tier's blocks
+	if err != nil {
 		return Party{}, err
-	}
-	if err := untilStart(p); err != nil {
-		return Party{}, err
-	}
-	res := Party{}
-	t0 := time.Now()
-	for time.Now().UnixNano() < p.end {
-		if err := round(res.KVRounds); err != nil {
-			return Party{}, err
-		}
-		res.KVRounds++
 	}
 	page := 2 * int64(p.layers) * p.chunk
-	res.Bytes = 2 * int64(res.KVRounds) * int64(p.pages) * page
-	res.BytesPerSec = float64(res.Bytes) / time.Since(t0).Seconds()
+	res := Party{KVRounds: rounds, Bytes: 2 * int64(rounds) * int64(p.pages) * page}
+	res.BytesPerSec = float64(res.Bytes) / took.Seconds()
 	return res, nil
+}
+
+// roundsInPhase runs round(-1) before the phase (to page in what the
+// rounds touch), then round(0), round(1), ... from the phase's start until
+// its end: the rounds run and how long they took.
+func roundsInPhase(p partyOpts, round func(n int) error) (int, time.Duration, error) {
+	if err := round(-1); err != nil {
+		return 0, 0, err
+	}
+	if err := untilStart(p); err != nil {
+		return 0, 0, err
+	}
+	n, t0 := 0, time.Now()
+	for ; time.Now().UnixNano() < p.end; n++ {
+		if err := round(n); err != nil {
+			return n, 0, err
+		}
+	}
+	return n, time.Since(t0), nil
 }
 
 // spin waits d on the core, as the thread that drives a GPU waits for its

@@ -22,34 +22,12 @@ import (
 // an Engram prefetcher opened on the same tier, whose row calls run on an
 // engine of their own (never queued behind a paced copy).
 func TestKVPoolJoinsTheLink(t *testing.T) {
-	devices := formatTest(t)
-	h, err := attach(devices, "engine")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer detach(h)
-	other, err := attach(devices, "claimant")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer detach(other)
-
-	// The mover obeys claims an hour ahead and waits on them as long as
-	// they last, so that a slow machine cannot end the wait early.
-	cfg := link.Config{Name: "t", Horizon: time.Hour, Window: time.Hour, Share: 1}
-	if got, err := joinArbiter(h, cfg, 4096); err != nil || got != "t" {
-		t.Fatalf("join: %q, %v", got, err)
-	}
-	if got, err := joinArbiter(h, cfg, 4096); err != nil || got != "t" {
+	h, other, claimant := joinedWithAClaimant(t, "engine", 4096)
+	if got, err := joinArbiter(h, strictLink, 4096); err != nil || got != "t" {
 		t.Fatalf("joining again: %q, %v", got, err)
 	}
 	if _, err := joinArbiter(h, link.Config{Name: "u"}, 4096); !errors.Is(err, errBadArg) {
 		t.Fatalf("joining another link: %v, want errBadArg", err)
-	}
-	oa, _ := tierOf(other)
-	claimant, err := link.Open(oa.c, link.Config{Name: "t"})
-	if err != nil {
-		t.Fatal(err)
 	}
 
 	ix, err := prefixOpen(h, "m", "", 16, 64<<10)
@@ -127,6 +105,37 @@ func TestKVPoolJoinsTheLink(t *testing.T) {
 	}
 }
 
+// strictLink is the link table "t" as the tests join it: its movers obey
+// claims an hour ahead and wait on them as long as they last, so that a
+// slow machine cannot end a wait early.
+var strictLink = link.Config{Name: "t", Horizon: time.Hour, Window: time.Hour, Share: 1}
+
+// joinedWithAClaimant attaches two clients to a fresh tier: the first,
+// named name, joins strictLink with pieces of piece bytes; the second
+// opens a seat on it to claim from. Both detach when the test ends.
+func joinedWithAClaimant(t *testing.T, name string, piece int64) (h, other uint64, claimant *link.Link) {
+	t.Helper()
+	devices := formatTest(t)
+	h, err := attach(devices, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { detach(h) })
+	if other, err = attach(devices, "claimant"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { detach(other) })
+	if got, err := joinArbiter(h, strictLink, piece); err != nil || got != "t" {
+		t.Fatalf("join: %q, %v", got, err)
+	}
+	oa, _ := tierOf(other)
+	if claimant, err = link.Open(oa.c, link.Config{Name: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { claimant.Close() })
+	return h, other, claimant
+}
+
 // engramOn loads a tiny Engram table into tier h and opens a prefetcher
 // on engine kind with flags and deadline over it.
 func engramOn(t *testing.T, h uint64, a *attached, kind string, flags int, deadline time.Duration) *prefetcher {
@@ -185,8 +194,7 @@ func testEngineJoinsTheLink(t *testing.T, kind string, openFirst bool) {
 	if openFirst {
 		open()
 	}
-	cfg := link.Config{Name: "t", Horizon: time.Hour, Window: time.Hour, Share: 1}
-	if _, err := joinArbiter(h, cfg, 4096); err != nil {
+	if _, err := joinArbiter(h, strictLink, 4096); err != nil {
 		t.Fatal(err)
 	}
 	if !openFirst {
@@ -248,26 +256,8 @@ func testEngineJoinsTheLink(t *testing.T, kind string, openFirst bool) {
 // publishes what matches its checksum, and the table counts the pages'
 // bytes and the wait.
 func TestAFillsCommitGivesWayToDeadlines(t *testing.T) {
-	devices := formatTest(t)
-	h, err := attach(devices, "uplink")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer detach(h)
-	other, err := attach(devices, "claimant")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer detach(other)
-	cfg := link.Config{Name: "t", Horizon: time.Hour, Window: time.Hour, Share: 1}
-	if _, err := joinArbiter(h, cfg, 0); err != nil {
-		t.Fatal(err)
-	}
+	h, other, claimant := joinedWithAClaimant(t, "uplink", 0)
 	oa, _ := tierOf(other)
-	claimant, err := link.Open(oa.c, link.Config{Name: "t"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ixh, err := prefixOpen(h, "m", "", 16, 64<<10)
 	if err != nil {
 		t.Fatal(err)
