@@ -20,6 +20,7 @@ var gated = []struct {
 	{"prefix", []string{"Store", "Mover", "LayerLoad", "Fill"}, map[string]string{
 		"Fill.Blocks": "under the fill's own hold, taken by BeginFill", "Fill.Slack": "under the fill's own hold, taken by BeginFill",
 		"Fill.Statuses":   "Go memory",
+		"Fill.Pace":       "Go memory: the pacer the commit uses",
 		"Store.Namespace": "a string", "Store.Room": "the geometry", "Store.Checksum": "hashes the caller's bytes",
 		"Store.VerifyReads": "a flag", "Store.Extent": "the geometry", "Store.Name": "a string",
 		"Store.BlockBytes": "the geometry", "Store.TenantSecret": "Go memory", "Mover.Close": "engine ranges only", "LayerLoad.Pages": "a count",
