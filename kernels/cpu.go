@@ -267,6 +267,9 @@ func (e *CPU) blocks(b Blocks, toTier bool) (Handle, error) {
 	e.mu.Lock()
 	pacer, piece := e.pacer, e.piece
 	e.mu.Unlock()
+	if pacer != nil && b.Pacer != nil {
+		pacer = b.Pacer
+	}
 	return e.submit(len(tier)*nc, b.ChunkBytes, check, detach, begin, finish, func(mem *[MaxRanges][]byte, lo, hi int) {
 		n, stride := b.ChunkBytes, b.PageStride // set by check
 		var crc uint32

@@ -100,6 +100,12 @@ type Blocks struct {
 	// the one queued just before it on the same slice (a layer-wise load
 	// queues layer i+1 before it waits for layer i).
 	CRCs []uint32
+
+	// Pacer, when not nil, paces this call's pieces in place of the
+	// engine's pacer on an engine that is paced (SetPacer): a transfer of
+	// another class on the same link, such as a request's load that its
+	// first token waits on. An engine not paced ignores it.
+	Pacer Pacer
 }
 
 // Span is a place in a buffer.

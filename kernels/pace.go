@@ -70,6 +70,9 @@ func runBlocksPaced(e Launcher, pc *pacing, ranges *rangeTable, fns blockKernels
 	if p == nil {
 		return runBlocks(e, ranges, fns, b, chunks, toTier, shifts)
 	}
+	if b.Pacer != nil {
+		p = b.Pacer
+	}
 	if err := ranges.checkBlocks(b); err != nil {
 		return nil, err
 	}

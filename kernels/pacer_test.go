@@ -245,3 +245,55 @@ func TestDeviceEngineWaitsForItsPacer(t *testing.T) {
 		t.Fatal("a row call was paced")
 	}
 }
+
+// A block call's own pacer takes the place of its engine's, on the CPU
+// engine and on a device engine, for every byte of the call; an engine
+// that is not paced asks neither.
+func TestACallsOwnPacerTakesTheEnginesPlace(t *testing.T) {
+	sim, err := NewSim(SimOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	cpu := NewCPU(3)
+	defer cpu.Close()
+	for _, tc := range []struct {
+		name string
+		eng  interface {
+			Engine
+			Paced
+		}
+		paced bool
+	}{{"cpu", cpu, true}, {"sim", sim, true}, {"cpu, not paced", NewCPU(1), false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			engine, own := &countingPacer{}, &countingPacer{}
+			if tc.paced {
+				tc.eng.SetPacer(engine, 128<<10)
+				defer tc.eng.SetPacer(nil, 0)
+			}
+			const chunk, nblocks = 64 << 10, 16
+			f := newFixture(t, tc.eng, 5, nblocks*chunk)
+			buf, err := tc.eng.Alloc(nblocks * chunk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer buf.Free()
+			b := Blocks{ChunkBytes: chunk, Chunks: []Span{{Buf: buf}}, Pacer: own}
+			for i := range nblocks {
+				b.Tier, b.Pages = append(b.Tier, At(f.ids[0], int64(i)*chunk)), append(b.Pages, int64(i))
+			}
+			for _, call := range []func(Blocks) (Handle, error){tc.eng.GatherBlocks, tc.eng.ScatterBlocks} {
+				if h, err := call(b); err != nil || h.Wait() != nil {
+					t.Fatal(err)
+				}
+			}
+			want := int64(0)
+			if tc.paced {
+				want = 2 * nblocks * chunk
+			}
+			if engine.bytes.Load() != 0 || own.bytes.Load() != want {
+				t.Fatalf("the engine's pacer asked for %d bytes and the call's for %d, want 0 and %d", engine.bytes.Load(), own.bytes.Load(), want)
+			}
+		})
+	}
+}

@@ -38,6 +38,18 @@ type Mover struct {
 	// every page, and its signature, whatever Verify says (mac.go).
 	Verify bool
 
+	// FirstToken, when set, begins a transfer that a request's first
+	// token waits on: each load (Get, GetAll, and a LayerLoad until its
+	// last layer has landed) and, with FirstTokenStores, each Put. The
+	// transfer's pieces take turns with pace in place of the engine's
+	// pacer, and end is called once it no longer moves. libcxltier sets it
+	// on a tier that joined its node's link (link.Link.BeginFirst), so a
+	// request's KV load goes ahead of the stores, write-behind and fills.
+	FirstToken func() (pace kernels.Pacer, end func())
+	// FirstTokenStores makes Put a first-token transfer too: the stores
+	// of a prefill whose decode waits for its pages.
+	FirstTokenStores bool
+
 	afterReserve func() // tests only: a pause between Put's reserve and its scatter
 }
 
@@ -141,7 +153,7 @@ func (m *Mover) Put(keys []Key, l Layout, pages []int64) ([]Status, error) {
 			m.s.Abort(res)
 			return nil, fmt.Errorf("prefix: %q: scatter %d pages: %w", m.s.name, len(b.Tier), ferr)
 		}
-		if werr := wait(m.eng.ScatterBlocks(b)); werr != nil {
+		if werr := m.move(m.eng.ScatterBlocks, &b, m.FirstTokenStores); werr != nil {
 			m.s.Abort(res)
 			return nil, fmt.Errorf("prefix: %q: scatter %d pages: %w", m.s.name, len(b.Tier), werr)
 		}
@@ -237,7 +249,7 @@ func (m *Mover) get(keys []Key, l Layout, pages []int64, all bool) (int, error) 
 		}
 	}
 	if len(b.Tier) > 0 {
-		if werr := wait(m.eng.GatherBlocks(b)); werr != nil {
+		if werr := m.move(m.eng.GatherBlocks, &b, true); werr != nil {
 			return 0, fmt.Errorf("prefix: %q: gather %d pages: %w", m.s.name, len(b.Tier), werr)
 		}
 	}
@@ -264,6 +276,17 @@ func (m *Mover) get(keys []Key, l Layout, pages []int64, all bool) (int, error) 
 	}
 	m.s.count(ctrBytesOut, uint64(n)*uint64(l.BlockBytes()))
 	return n, err
+}
+
+// move runs the block call and waits for it, as a first-token transfer
+// when first says it is one and the Mover has FirstToken.
+func (m *Mover) move(call func(kernels.Blocks) (kernels.Handle, error), b *kernels.Blocks, first bool) error {
+	if first && m.FirstToken != nil {
+		pace, end := m.FirstToken()
+		defer end()
+		b.Pacer = pace
+	}
+	return wait(call(*b))
 }
 
 // fresh is the engine address of n bytes of the tier at off, which the
@@ -315,6 +338,10 @@ type LayerLoad struct {
 	ahead    kernels.Handle // layer next's gather, queued by the call before; nil if none
 	err      error          // the first failure; every later call reports it
 	released bool
+	// first is the pacer of the load's first-token transfer, and end ends
+	// it (nil: none, or ended).
+	first kernels.Pacer
+	end   func()
 }
 
 // Layers is how many layers a load of l in perLayer chunks has.
@@ -367,7 +394,11 @@ func (m *Mover) StartLoad(keys []Key, l Layout, perLayer int, pages []int64) (*L
 			macs[j] = m.s.mac.begin(&hits[j].Key)
 		}
 	}
-	return &LayerLoad{m: m, l: l, perLayer: perLayer, hits: hits, pages: slices.Clone(pages), crcs: crcs, macs: macs}, nil
+	ld := &LayerLoad{m: m, l: l, perLayer: perLayer, hits: hits, pages: slices.Clone(pages), crcs: crcs, macs: macs}
+	if m.FirstToken != nil {
+		ld.first, ld.end = m.FirstToken()
+	}
+	return ld, nil
 }
 
 // Pages is how many pages the load moves.
@@ -404,15 +435,25 @@ func (ld *LayerLoad) Layer(i int) error {
 	}
 	ld.next++
 	if ld.next == layers {
+		ld.endFirst()
 		ld.err = ld.verify()
 	}
 	return ld.err
+}
+
+// endFirst ends the load's first-token transfer, once.
+func (ld *LayerLoad) endFirst() {
+	if ld.end != nil {
+		ld.end()
+		ld.first, ld.end = nil, nil
+	}
 }
 
 // fail ends a failed load: it goes no further, so its pins go now, not at
 // Close, once no gather queued ahead still reads the pinned entries.
 func (ld *LayerLoad) fail() {
 	ld.waitAhead()
+	ld.endFirst()
 	ld.release()
 }
 
@@ -423,7 +464,7 @@ func (ld *LayerLoad) queueLayer(i int) (kernels.Handle, error) {
 	span := int64(ld.perLayer) * ld.l.ChunkBytes
 	lo := int64(i) * span
 	b := kernels.Blocks{ChunkBytes: ld.l.ChunkBytes, Chunks: ld.l.Chunks[i*ld.perLayer : (i+1)*ld.perLayer],
-		PageStride: ld.l.PageStride, Pages: ld.pages, Tier: make([]kernels.Addr, len(ld.hits))}
+		PageStride: ld.l.PageStride, Pages: ld.pages, Tier: make([]kernels.Addr, len(ld.hits)), Pacer: ld.first}
 	if ld.m.verifying() {
 		b.CRCs = ld.crcs // the layers before this one's, updated in place
 	}
@@ -534,6 +575,7 @@ func (ld *LayerLoad) release() {
 // landed is then incomplete).
 func (ld *LayerLoad) Close() error {
 	ld.waitAhead()
+	ld.endFirst()
 	ld.release()
 	if ld.err != nil {
 		return ld.err

@@ -19,8 +19,14 @@
 // 0.9 times alone), which these figures, taken with no arbiter, are the
 // baseline for.
 //
+// With -with ttft the party with a deadline is a request's KV load, which
+// its first token waits on: with the arbiter it is a first-token transfer
+// (tier/link), which the stores and fills give way to, as a KV pool's
+// loads are on a tier that joined the link.
+//
 //	go run ./bench/link
 //	go run ./bench/link -kv 2 -batch 32 -seconds 5 -rounds 3
+//	go run ./bench/link -with ttft
 //	bench-link -engine cuda            (a cuda build: scripts/gpu-suite link)
 package main
 
@@ -101,6 +107,10 @@ type opts struct {
 	topkHit      float64
 	topkLayers   int
 	topkDeadline time.Duration
+	// ttft: the load a request's first token waits on.
+	ttftPages    int
+	ttftGap      time.Duration
+	ttftDeadline time.Duration
 }
 
 func parseOpts(args []string, stderr io.Writer) (opts, error) {
@@ -128,12 +138,15 @@ func parseOpts(args []string, stderr io.Writer) (opts, error) {
 	fs.StringVar(&o.engine, "engine", "cpu", "the parties' engine: cpu, or cuda (device 0; a build with -tags cuda)")
 	fs.Int64Var(&o.piece, "piece", 0, "with the arbiter: bytes a KV process moves between looks at the link's claims (0: the engine's default, 256 KiB on the CPU, 1 MiB on a GPU)")
 	fs.Float64Var(&o.share, "share", 0.25, "with the arbiter: the most of each 100 ms window a KV process waits on one process's claims")
-	fs.StringVar(&o.party, "with", "engram", "the transfer with a deadline: engram (a prefetch each layer) or topk (a sparse-attention decode's top-k fetches, a layer at a time)")
+	fs.StringVar(&o.party, "with", "engram", "the transfer with a deadline: engram (a prefetch each layer), topk (a sparse-attention decode's top-k fetches, a layer at a time) or ttft (a request's KV load, which its first token waits on)")
 	fs.IntVar(&o.topK, "topk", 2048, "topk: selections per request and layer")
 	fs.Int64Var(&o.context, "context", 32768, "topk: tokens of each request's context (-batch requests)")
 	fs.Float64Var(&o.topkHit, "topk-hit", 0.9, "topk: the share of a layer's selection kept from the step before")
 	fs.IntVar(&o.topkLayers, "topk-layers", 8, "topk: sparse-attention layers of a step")
 	fs.DurationVar(&o.topkDeadline, "topk-deadline", 300*time.Microsecond, "topk: time allowed for one layer's fetches")
+	fs.IntVar(&o.ttftPages, "ttft-pages", 16, "ttft: pages of a request's load (KV pages of -layers and -chunk)")
+	fs.DurationVar(&o.ttftGap, "ttft-gap", 20*time.Millisecond, "ttft: time between one load's end and the next request's")
+	fs.DurationVar(&o.ttftDeadline, "ttft-deadline", 20*time.Millisecond, "ttft: time a load may take before it is late")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -162,8 +175,11 @@ func parseOpts(args []string, stderr io.Writer) (opts, error) {
 		return o, fmt.Errorf("-engine %q: cpu or cuda", o.engine)
 	case o.share <= 0 || o.share > 1:
 		return o, fmt.Errorf("-share %v: want (0, 1]", o.share)
-	case o.party != "engram" && o.party != "topk":
-		return o, fmt.Errorf("-with %q: engram or topk", o.party)
+	case o.party != "engram" && o.party != "topk" && o.party != "ttft":
+		return o, fmt.Errorf("-with %q: engram, topk or ttft", o.party)
+	case o.ttftPages < 1 || o.ttftGap < 0 || o.ttftDeadline <= 0:
+		return o, fmt.Errorf("-ttft-pages %d, -ttft-gap %v, -ttft-deadline %v: want positive pages and deadline, a gap of at least 0",
+			o.ttftPages, o.ttftGap, o.ttftDeadline)
 	case o.topK < 1 || o.context < int64(o.topK) || o.context > 1<<31-1 || o.topkLayers < 1 || o.topkDeadline <= 0:
 		return o, fmt.Errorf("-topk %d, -context %d, -topk-layers %d, -topk-deadline %v: want positive, a context of at least -topk tokens",
 			o.topK, o.context, o.topkLayers, o.topkDeadline)
@@ -214,6 +230,7 @@ type Phase struct {
 	Name   string  `json:"name"`
 	Engram *Party  `json:"engram,omitempty"`
 	TopK   *Party  `json:"topk,omitempty"`
+	TTFT   *Party  `json:"ttft,omitempty"`
 	KV     []Party `json:"kv,omitempty"`
 	Fill   []Party `json:"fill,omitempty"`
 	// KVBytesPerSec is all KV processes' bytes (stored plus loaded) a
@@ -256,8 +273,11 @@ type Outcome struct {
 
 // deadline is the phase's party with a deadline (nil: none ran).
 func (ph *Phase) deadline() *Party {
-	if ph.TopK != nil {
+	switch {
+	case ph.TopK != nil:
 		return ph.TopK
+	case ph.TTFT != nil:
+		return ph.TTFT
 	}
 	return ph.Engram
 }
@@ -281,6 +301,14 @@ type TopKSpec struct {
 	EntryBytes int     `json:"entry_bytes"`
 }
 
+// TTFTSpec is the first-token party's shape.
+type TTFTSpec struct {
+	Pages      int     `json:"pages"`
+	PageBytes  int64   `json:"page_bytes"`
+	GapMs      float64 `json:"gap_ms"`
+	DeadlineMs float64 `json:"deadline_ms"`
+}
+
 // Report is the JSON result.
 type Report struct {
 	report.Run
@@ -288,6 +316,7 @@ type Report struct {
 	Arbitration string    `json:"arbitration"` // off, on or both
 	Party       string    `json:"party"`       // engram or topk
 	TopK        *TopKSpec `json:"topk,omitempty"`
+	TTFT        *TTFTSpec `json:"ttft,omitempty"`
 	PieceBytes  int64     `json:"piece_bytes"`
 	Share       float64   `json:"share"`
 	Tier        string    `json:"tier"`
@@ -335,6 +364,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if o.party == "topk" {
 		rep.TopK = &TopKSpec{TopK: o.topK, Context: o.context, Hit: o.topkHit, Layers: o.topkLayers, DeadlineUs: us(o.topkDeadline), EntryBytes: topkEntryBytes}
 	}
+	if o.party == "ttft" {
+		rep.TTFT = &TTFTSpec{Pages: o.ttftPages, PageBytes: o.kvBlockBytes(), GapMs: us(o.ttftGap) / 1e3, DeadlineMs: us(o.ttftDeadline) / 1e3}
+	}
 	for i := range o.rounds {
 		rd, err := runRound(o, i, stderr)
 		if err != nil {
@@ -370,17 +402,24 @@ func prepare(o opts, log io.Writer) error {
 			return err
 		}
 	}
-	var names []string
+	type index struct {
+		name  string
+		pages int
+	}
+	var names []index
+	if o.party == "ttft" {
+		names = append(names, index{ttftIndex, o.ttftPages})
+	}
 	for i := range o.kv {
-		names = append(names, kvName(i))
+		names = append(names, index{kvName(i), o.pages})
 	}
 	for i := range o.fill {
-		names = append(names, fillName(i))
+		names = append(names, index{fillName(i), o.pages})
 	}
-	for _, name := range names {
-		s, err := prefix.Create(c, prefix.Config{Name: name, Blocks: int64(o.pages), BlockBytes: o.kvBlockBytes(), PinsPerClient: 4 * int64(o.pages)})
+	for _, ix := range names {
+		s, err := prefix.Create(c, prefix.Config{Name: ix.name, Blocks: int64(ix.pages), BlockBytes: o.kvBlockBytes(), PinsPerClient: 4 * int64(ix.pages)})
 		if err != nil {
-			return fmt.Errorf("index %s: %w (a larger -tier-size, or fewer -pages)", name, err)
+			return fmt.Errorf("index %s: %w (a larger -tier-size, or fewer -pages)", ix.name, err)
 		}
 		if err := s.Close(); err != nil {
 			return err
@@ -487,6 +526,9 @@ func runPhase(o opts, spec phaseSpec) (Phase, error) {
 		err = add("topk", append(arb, "-batch", strconv.Itoa(o.batch), "-layers", strconv.Itoa(o.topkLayers), "-topk", strconv.Itoa(o.topK),
 			"-context", strconv.FormatInt(o.context, 10), "-topk-hit", strconv.FormatFloat(o.topkHit, 'g', -1, 64),
 			"-deadline", o.topkDeadline.String(), "-gap", o.gap.String())...)
+	case spec.engram && o.party == "ttft":
+		err = add("ttft", append(arb, "-index", ttftIndex, "-layers", strconv.Itoa(o.layers), "-pages", strconv.Itoa(o.ttftPages),
+			"-chunk", strconv.FormatInt(o.chunk, 10), "-deadline", o.ttftDeadline.String(), "-gap", o.ttftGap.String())...)
 	case spec.engram:
 		err = add("engram", append(arb, "-geometry", o.geometry, "-base", strconv.FormatInt(o.base, 10), "-batch", strconv.Itoa(o.batch),
 			"-deadline", o.deadline.String(), "-gap", o.gap.String())...)
@@ -529,6 +571,8 @@ func runPhase(o opts, spec phaseSpec) (Phase, error) {
 			ph.Engram = &p
 		case "topk":
 			ph.TopK = &p
+		case "ttft":
+			ph.TTFT = &p
 		case "kv":
 			ph.KV = append(ph.KV, p)
 			ph.KVBytesPerSec += p.BytesPerSec
@@ -543,7 +587,10 @@ func runPhase(o opts, spec phaseSpec) (Phase, error) {
 }
 
 func printTable(w io.Writer, rep Report) {
-	if t := rep.TopK; t != nil {
+	if t := rep.TTFT; t != nil {
+		fmt.Fprintf(w, "a request's KV load of %d × %s pages (every page checked), late past %.1f ms, a request %.1f ms after the last one's load; calls are loads",
+			t.Pages, tierflags.HumanSize(t.PageBytes), t.DeadlineMs, t.GapMs)
+	} else if t := rep.TopK; t != nil {
 		fmt.Fprintf(w, "top-k steps of %d layers, batch %d, %d of %d tokens a layer (%.0f%% kept from the step before), deadline %.0f µs a layer, %.0f µs of attention after each; p50 and p99 are a step's",
 			t.Layers, rep.Batch, t.TopK, t.Context, 100*t.Hit, t.DeadlineUs, rep.GapUs)
 	} else {

@@ -25,6 +25,9 @@ func TestBadFlags(t *testing.T) {
 		{"-with topk -topk-deadline 0s", "-topk-deadline"},
 		{"-fill -1", "-fill"},
 		{"-fill-part lots", "-fill-part"},
+		{"-with ttft -ttft-pages 0", "-ttft-pages"},
+		{"-with ttft -ttft-deadline 0s", "-ttft-deadline"},
+		{"-with ttft -ttft-gap -1s", "-ttft-gap"},
 	} {
 		_, err := parseOpts(strings.Fields(tc.args), io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

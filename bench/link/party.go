@@ -58,7 +58,7 @@ type partyOpts struct {
 func runRole(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("link party", flag.ContinueOnError)
 	var p partyOpts
-	fs.StringVar(&p.role, "role", "", "engram, topk, kv, fill or spin")
+	fs.StringVar(&p.role, "role", "", "engram, topk, ttft, kv, fill or spin")
 	fs.StringVar(&p.tierPath, "tier", "", "tier file")
 	fs.StringVar(&p.engine, "engine", "cpu", "cpu or cuda")
 	fs.Int64Var(&p.start, "start", 0, "phase start, Unix ns")
@@ -142,10 +142,12 @@ func runParty(r *tier.Region, c *tier.Client, p partyOpts) (Party, error) {
 		return engramParty(r, c, eng, lk, p)
 	case "topk":
 		return topkParty(c, eng, lk, p)
+	case "ttft":
+		return ttftParty(c, eng, lk, p)
 	case "kv":
-		return kvParty(c, eng, p)
+		return kvParty(c, eng, lk, p)
 	}
-	return Party{}, fmt.Errorf("role %q: want engram, topk, kv, fill or spin", p.role)
+	return Party{}, fmt.Errorf("role %q: want engram, topk, ttft, kv, fill or spin", p.role)
 }
 
 // partyEngine is a party's engine: on the CPU one worker (a party is one
@@ -248,40 +250,27 @@ func engramParty(r *tier.Region, c *tier.Client, eng kernels.Engine, lk *link.Li
 // kvParty stores all its pages and loads them back (every page checked
 // against its checksum as it lands), then deletes them, in a loop, as
 // fast as the link lets it: one engine's KV stores and loads of other
-// requests.
-func kvParty(c *tier.Client, eng kernels.Engine, p partyOpts) (Party, error) {
+// requests. With the arbiter its loads are first-token transfers, as a KV
+// pool's are on a tier that joined the link, and its stores bulk.
+func kvParty(c *tier.Client, eng kernels.Engine, lk *link.Link, p partyOpts) (Party, error) {
 	s, err := prefix.Open(c, p.index)
 	if err != nil {
 		return Party{}, err
 	}
 	defer s.Close()
-	l := prefix.Layout{ChunkBytes: p.chunk}
-	for range 2 * p.layers {
-		buf, err := eng.Alloc(int64(2*p.pages) * p.chunk)
-		if err != nil {
-			return Party{}, err
-		}
-		defer buf.Free()
-		fill := make([]byte, buf.Len())
-		for i := range fill {
-			fill[i] = byte(i*31 + i>>9)
-		}
-		if err := eng.Upload(buf, 0, fill); err != nil {
-			return Party{}, err
-		}
-		l.Chunks = append(l.Chunks, kernels.Span{Buf: buf})
+	l, keys, err := kvPages(eng, p, "kv")
+	if err != nil {
+		return Party{}, err
 	}
+	defer freeLayout(l)
 	m, err := prefix.NewMover(s, eng, nil)
 	if err != nil {
 		return Party{}, err
 	}
 	defer m.Close()
 	m.Verify = true
-	keys := make([]prefix.Key, p.pages)
-	src, dst := make([]int64, p.pages), make([]int64, p.pages)
-	for i := range p.pages {
-		src[i], dst[i] = int64(i), int64(p.pages+i)
-	}
+	firstTokenLoads(m, lk, firstTokenBudget)
+	src, dst := pageRange(0, p.pages), pageRange(p.pages, p.pages)
 	round := func(n int) error {
 		for i := range keys {
 			keys[i] = prefix.StringKey(fmt.Sprintf("%s/%d/%d", p.index, n, i))
@@ -312,6 +301,10 @@ func kvParty(c *tier.Client, eng kernels.Engine, p partyOpts) (Party, error) {
 	res.BytesPerSec = float64(res.Bytes) / took.Seconds()
 	return res, nil
 }
+
+// firstTokenBudget is the deadline of a KV party's loads with the
+// arbiter: libcxltier's for a KV pool's.
+const firstTokenBudget = 2 * time.Second
 
 // roundsInPhase runs round(-1) before the phase (to page in what the
 // rounds touch), then round(0), round(1), ... from the phase's start until

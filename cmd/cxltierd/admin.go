@@ -367,7 +367,8 @@ func writeMetrics(w io.Writer, s adminapi.Status) {
 
 // writeLinkMetrics writes one family per counter with a sample per link
 // table and, where the counter has one, its class ("deadline": transfers
-// that claimed the link; "bulk": pieces paced by the claims).
+// that claimed the link; "first_token": transfers a request's first token
+// waits on, which wait for claims only; "bulk": pieces paced by both).
 func writeLinkMetrics(w io.Writer, links []link.Stats) {
 	if len(links) == 0 {
 		return
@@ -389,6 +390,10 @@ func writeLinkMetrics(w io.Writer, links []link.Stats) {
 	family("cxltier_link_bulk_bytes_total", "counter", "Bytes bulk transfers moved in paced pieces.", "bulk", func(s link.Stats) any { return s.BulkBytes })
 	family("cxltier_link_bulk_waits_total", "counter", "Bulk pieces that waited for a claim.", "bulk", func(s link.Stats) any { return s.BulkWaits })
 	family("cxltier_link_bulk_waited_seconds_total", "counter", "Time bulk pieces waited for claims.", "bulk", func(s link.Stats) any { return s.BulkWaited.Seconds() })
+	family("cxltier_link_first_token_transfers_total", "counter", "Transfers a request's first token waited on (KV loads, a prefill's pages for its decode).", "first_token", func(s link.Stats) any { return s.FirstTransfers })
+	family("cxltier_link_first_token_misses_total", "counter", "Of those, the ones that ended past their deadline.", "first_token", func(s link.Stats) any { return s.FirstMisses })
+	family("cxltier_link_first_token_bytes_total", "counter", "Bytes first-token transfers moved in paced pieces.", "first_token", func(s link.Stats) any { return s.FirstBytes })
+	family("cxltier_link_first_token_waited_seconds_total", "counter", "Time first-token pieces waited for claims.", "first_token", func(s link.Stats) any { return s.FirstWaited.Seconds() })
 }
 
 // labelValue quotes a label value as the Prometheus text format wants:

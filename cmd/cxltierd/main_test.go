@@ -500,11 +500,17 @@ func TestLinkMetrics(t *testing.T) {
 	lk.Claim(time.Now().Add(time.Millisecond))
 	lk.Done(true)
 	lk.Turn(4096)
+	f := lk.BeginFirst(time.Now().Add(time.Minute))
+	f.Turn(8192)
+	f.End()
 	_, body := get(t, "http://"+addr+"/metrics")
 	for _, want := range []string{`cxltier_link_processes{link="node0"} 1`,
 		`cxltier_link_deadline_transfers_total{link="node0",class="deadline"} 1`,
 		`cxltier_link_deadline_misses_total{link="node0",class="deadline"} 1`,
-		`cxltier_link_bulk_bytes_total{link="node0",class="bulk"} 4096`} {
+		`cxltier_link_bulk_bytes_total{link="node0",class="bulk"} 4096`,
+		`cxltier_link_first_token_transfers_total{link="node0",class="first_token"} 1`,
+		`cxltier_link_first_token_misses_total{link="node0",class="first_token"} 0`,
+		`cxltier_link_first_token_bytes_total{link="node0",class="first_token"} 8192`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q", want)
 		}

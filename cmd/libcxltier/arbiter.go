@@ -6,6 +6,7 @@ import "C"
 import (
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/cxltier/cxltier/kernels"
 	"github.com/cxltier/cxltier/tier/link"
@@ -71,6 +72,23 @@ func (a *attached) claimer() *link.Link {
 		return nil
 	}
 	return a.arbiter.l
+}
+
+// firstTokenBudget is the deadline of a first-token transfer (a KV pool's
+// load, a prefill's stores for its decode): a time to first token an
+// operator would call late. A transfer that runs past it stops holding up
+// the bulk traffic and is counted late (cxltier_link_first_token_misses).
+const firstTokenBudget = 2 * time.Second
+
+// firstToken begins a first-token transfer on the link the tier joined,
+// for a KV pool's mover (prefix.Mover.FirstToken); with no link, nothing.
+func (a *attached) firstToken() (kernels.Pacer, func()) {
+	l := a.claimer()
+	if l == nil {
+		return nil, func() {}
+	}
+	f := l.BeginFirst(time.Now().Add(firstTokenBudget))
+	return f, f.End
 }
 
 // pace makes p the pacer of the tier's engines, those open and those

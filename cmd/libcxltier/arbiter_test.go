@@ -90,11 +90,13 @@ func TestKVPoolJoinsTheLink(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Two pages moved (a store, a load), one piece waited; the claimant's
-	// claim and the prefetch's. The wait began when the store's goroutine
-	// reached its piece, after the 100 ms the claim lasted had started
-	// (99.2 ms once, on a loaded machine): half of it is the bound.
-	if st.Processes != 2 || st.BulkBytes != 2*64<<10 || st.BulkWaits != 1 || st.BulkWaited < 50*time.Millisecond || st.Claims != 2 {
+	// Two pages moved (a store, a load: both bulk on the CPU engine by
+	// default), one piece waited; the claimant's claim and the
+	// prefetch's. The wait began when the store's goroutine reached its
+	// piece, after the 100 ms the claim lasted had started (99.2 ms once,
+	// on a loaded machine): half of it is the bound.
+	if st.Processes != 2 || st.BulkBytes != 2*64<<10 || st.FirstBytes != 0 || st.FirstTransfers != 0 ||
+		st.BulkWaits != 1 || st.BulkWaited < 50*time.Millisecond || st.Claims != 2 {
 		t.Fatalf("link stats %+v", st)
 	}
 	if _, err := link.ReadStats(a.r, "missing"); !errors.Is(err, tier.ErrNotFound) {
@@ -108,7 +110,7 @@ func TestKVPoolJoinsTheLink(t *testing.T) {
 // strictLink is the link table "t" as the tests join it: its movers obey
 // claims an hour ahead and wait on them as long as they last, so that a
 // slow machine cannot end a wait early.
-var strictLink = link.Config{Name: "t", Horizon: time.Hour, Window: time.Hour, Share: 1}
+var strictLink = link.Config{Name: "t", Horizon: time.Hour, FirstHorizon: time.Hour, Window: time.Hour, Share: 1}
 
 // joinedWithAClaimant attaches two clients to a fresh tier: the first,
 // named name, joins strictLink with pieces of piece bytes; the second
@@ -134,6 +136,123 @@ func joinedWithAClaimant(t *testing.T, name string, piece int64) (h, other uint6
 	}
 	t.Cleanup(func() { claimant.Close() })
 	return h, other, claimant
+}
+
+// TestAKVPoolsLoadGoesAheadOfStores: on a tier that joined the link, a KV
+// pool's loads are first-token transfers (a GPU engine's by default, a CPU
+// engine's when asked for): while another client's is in
+// flight the pool's store waits and its loads (whole-page and layer-wise)
+// do not; a pool whose stores are first-token ones (a PD prefill's) does
+// not wait either; and the pool's own load holds up another client's bulk
+// piece until it ends.
+func TestAKVPoolsLoadGoesAheadOfStores(t *testing.T) {
+	h, other, claimant := joinedWithAClaimant(t, "engine", 64<<10)
+	ix, err := prefixOpen(h, "m", "", 16, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4*64<<10)
+	for i := range buf {
+		buf[i] = byte(i * 5)
+	}
+	defer runtime.KeepAlive(buf)
+	sp := kvPoolSpec{ptrs: []unsafe.Pointer{unsafe.Pointer(&buf[0])}, lens: []int64{int64(len(buf))}, perLayer: 1,
+		chunkBytes: 64 << 10, pageStride: 64 << 10, where: onHost}
+	p, err := openKVPool(ix, "cpu", 0, sp, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := func(s string) []prefix.Key { return []prefix.Key{prefix.StringKey(s)} }
+	if _, err := p.mover.Put(key("a"), p.layout, []int64{0}); err != nil {
+		t.Fatal(err)
+	}
+	if p.mover.FirstToken != nil {
+		t.Fatal("a CPU engine's pool has first-token loads by default")
+	}
+	if err := p.firstToken(1, false); err != nil {
+		t.Fatal(err)
+	}
+	f := claimant.BeginFirst(time.Now().Add(time.Hour))
+	returns := func(what string, fn func() error) bool {
+		done := make(chan error, 1)
+		go func() { done <- fn() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			return true
+		case <-time.After(100 * time.Millisecond):
+		}
+		f.End()
+		if err := <-done; err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return false
+	}
+	if !returns("a whole-page load", func() error { return p.mover.GetAll(key("a"), p.layout, []int64{1}) }) {
+		t.Fatal("a KV pool's load waited for another first-token transfer")
+	}
+	if !returns("a layer-wise load", func() error {
+		ld, err := p.mover.StartLoad(key("a"), p.layout, 1, []int64{2})
+		if err == nil {
+			err = errors.Join(ld.Layer(0), ld.Close())
+		}
+		return err
+	}) {
+		t.Fatal("a layer-wise load waited for another first-token transfer")
+	}
+	if string(buf[:64<<10]) != string(buf[64<<10:2*64<<10]) || string(buf[:64<<10]) != string(buf[2*64<<10:3*64<<10]) {
+		t.Fatal("the pages landed differ from the one stored")
+	}
+	if returns("a store", func() error { _, err := p.mover.Put(key("b"), p.layout, []int64{0}); return err }) {
+		t.Fatal("a KV pool's store went ahead of a first-token transfer in flight")
+	}
+	f = claimant.BeginFirst(time.Now().Add(time.Hour))
+	if err := p.firstToken(-1, true); err != nil {
+		t.Fatal(err)
+	}
+	if !returns("a prefill's store", func() error { _, err := p.mover.Put(key("c"), p.layout, []int64{3}); return err }) {
+		t.Fatal("a pool's first-token store waited for another first-token transfer")
+	}
+	f.End()
+
+	// The pool's layer-wise load holds up the other client's bulk piece
+	// until its last layer lands.
+	oa, _ := tierOf(other)
+	bulk, err := link.Open(oa.c, strictLink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bulk.Close()
+	ld, err := p.mover.StartLoad(key("b"), p.layout, 1, []int64{1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	turned := make(chan struct{}) // waited for: the tier must outlive the piece
+	go func() { bulk.Turn(1 << 20); close(turned) }()
+	select {
+	case <-turned:
+		t.Fatal("another client's bulk piece went ahead of a KV pool's load in flight")
+	case <-time.After(100 * time.Millisecond):
+	}
+	if err := errors.Join(ld.Layer(0), ld.Close()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-turned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a bulk piece still waits after the load landed")
+	}
+	a, _ := tierOf(h)
+	st, err := link.ReadStats(a.r, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The pool's four first-token transfers and the claimant's two.
+	if st.FirstTransfers != 6 || st.FirstMisses != 0 || st.FirstBytes != 4*64<<10 || st.BulkBytes != 2*64<<10+1<<20 || st.BulkWaits != 2 {
+		t.Fatalf("link stats %+v", st)
+	}
 }
 
 // engramOn loads a tiny Engram table into tier h and opens a prefetcher

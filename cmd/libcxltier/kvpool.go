@@ -183,6 +183,9 @@ func openKVPool(ixh uint64, engine string, stream uintptr, sp kvPoolSpec, verify
 		return nil, errors.Join(err, a.engines.release(se))
 	}
 	mover.Verify = verify
+	if _, device := se.eng.(kernels.DeviceWrapper); device {
+		mover.FirstToken = a.firstToken // see cxl_kvpool_first_token
+	}
 	p := &kvPool{index: ixh, a: a, se: se, mover: mover, perLayer: sp.perLayer, loads: map[uint64]*kvLoad{},
 		layout: prefix.Layout{ChunkBytes: sp.chunkBytes, Chunks: spans, PageStride: sp.pageStride}}
 	p.child = child{tier: ix.tier, close: p.shut}
@@ -199,6 +202,50 @@ func cxl_kvpool_close(h C.uint64_t, errbuf *C.char, errlen C.int) (code C.int) {
 	}
 	defer done.Done()
 	return report(handles.closeChild(uint64(h), p.child), errbuf, errlen)
+}
+
+// A KV pool's loads are first-token transfers on the tier's link
+// (tier/link: stores, write-behind and fills wait for them) by default on
+// a GPU's engine only. There the copies of every process queue first in,
+// first out on one PCIe link, so a burst of stores delays a request's
+// load by its whole length. On the CPU engine the link is the host's cores
+// and memory, and a load that wakes gets a core of its own: bench/link
+// -with ttft measured on 2 cores that a request's load beside two KV
+// processes and a fill takes what it takes alone at the median with or
+// without the class, while the stores and fills waiting for the loads
+// kept 0.48-0.87x of their throughput (bench/results/link-cpu-ttft*.json).
+// cxl_kvpool_first_token turns the class on or off for one pool.
+
+// cxl_kvpool_first_token makes the pool's loads first-token transfers on
+// the tier's link (loads > 0) or bulk (loads == 0; below 0: as they are,
+// the engine's default), and with stores != 0 its stores take the class
+// of its loads (a prefill's pages, which its decode's first token waits
+// on).
+//
+//export cxl_kvpool_first_token
+func cxl_kvpool_first_token(h C.uint64_t, loads, stores C.int, errbuf *C.char, errlen C.int) (code C.int) {
+	defer recoverCall("cxl_kvpool_first_token", errbuf, errlen, &code)
+	p, done, err := use[*kvPool](uint64(h))
+	if err != nil {
+		return report(err, errbuf, errlen)
+	}
+	defer done.Done()
+	return report(p.firstToken(int(loads), stores != 0), errbuf, errlen)
+}
+
+// firstToken sets the class of the pool's loads (loads > 0: first-token,
+// 0: bulk, below 0: unchanged) and whether its stores take theirs.
+func (p *kvPool) firstToken(loads int, stores bool) error {
+	return p.whileOpen(func() error {
+		switch {
+		case loads > 0:
+			p.mover.FirstToken = p.a.firstToken
+		case loads == 0:
+			p.mover.FirstToken = nil
+		}
+		p.mover.FirstTokenStores = stores
+		return nil
+	})
 }
 
 // poolPages is the start of the keyed pool calls: the pool, its n keys and

@@ -100,6 +100,7 @@
 //	                 an engine's paged KV buffers (layer-major, per_layer a layer): page p's chunk is
 //	                 chunk_bytes at p*page_stride in each; an entry is a page's chunks in order
 //	cxl_kvpool_close(pool)                      also closes its loads
+//	cxl_kvpool_first_token(pool, loads, stores) the class of its loads on the link (1 first-token, 0 bulk, -1 as they are: first-token on a GPU's engine) and whether its stores take it
 //	cxl_kvpool_store(pool, keys, n, pages, statuses)   pages[i] under keys[i], one scatter launch
 //	cxl_kvpool_get(pool, keys, n, pages)        every page whole into pages[i], one gather launch, or CXL_ENOTFOUND; CXL_ECHECKSUM if a page was damaged
 //	cxl_kvpool_load_start(pool, keys, n, pages, &load)   pins every entry, or CXL_ENOTFOUND
@@ -130,7 +131,7 @@ package main
 import "C"
 
 // abiVersion changes whenever a call's meaning or signature does.
-const abiVersion = 20
+const abiVersion = 21
 
 //export cxl_abi_version
 func cxl_abi_version() C.int { return abiVersion }

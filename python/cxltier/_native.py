@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 
-ABI_VERSION = 20
+ABI_VERSION = 21
 _ERRLEN = 1024
 
 
@@ -128,6 +128,7 @@ _PROTOTYPES = {
     "cxl_prefix_room": [_u64, _p(_i64)] + _err,
     "cxl_kvpool_open": [_u64, _cstr, _u64, _i64, _i64, _p(ctypes.c_void_p), _p(_i64), _i64, _i64, _int, _int, _p(_u64)] + _err,
     "cxl_kvpool_close": [_u64] + _err,
+    "cxl_kvpool_first_token": [_u64, _int, _int] + _err,
     "cxl_kvpool_store": [_u64, _bytes, _i64, _p(_i64), _p(_i8)] + _err,
     "cxl_kvpool_get": [_u64, _bytes, _i64, _p(_i64)] + _err,
     "cxl_kvpool_load_start": [_u64, _bytes, _i64, _p(_i64), _p(_u64)] + _err,

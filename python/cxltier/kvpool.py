@@ -47,6 +47,17 @@ class KVPool(_native.Child):
         _native.call("cxl_kvpool_store", self.handle, block.array, n, (ctypes.c_int64 * max(n, 1))(*pages), st)
         return [_STATUS[st[i]] for i in range(n)]
 
+    def first_token(self, loads=None, stores=False):
+        """The class of this pool's transfers on the tier's link
+        (Tier.join_link). loads=True makes its loads first-token transfers,
+        which stores, write-behind and cluster fills wait for, and which
+        wait for deadline claims only; False makes them bulk; None leaves
+        them as they are: first-token on a GPU's engine, bulk on the CPU's
+        (where, measured, a load gains nothing from the class and the
+        stores lose). stores=True gives the stores the class of the loads:
+        a prefill's pages, which its decode's first token waits on."""
+        _native.call("cxl_kvpool_first_token", self.handle, -1 if loads is None else int(bool(loads)), int(bool(stores)))
+
     def get(self, block, pages):
         """Lands every entry of block in pages, each page whole, with one
         launch (a load with no model to overlap a layer at a time: a

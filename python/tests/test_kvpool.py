@@ -262,10 +262,23 @@ def test_a_pool_on_a_tier_that_joined_the_link(built, device):
         assert all(page(buf, 5) == page(buf, 0) and page(buf, 6) == page(buf, 1) for buf in bufs)
         st = t.link_stats()
         assert st["name"] == t.link and st["processes"] == 1, st
-        assert st["bulk_bytes"] == 4 * pool.page_bytes, st  # two pages stored, two landed
-        assert st["claims"] == 0 and st["bulk_waits"] == 0, st
+        assert st["bulk_bytes"] == 4 * pool.page_bytes, st  # two pages stored, two landed: the CPU engine's are bulk
+        assert st["first_token_transfers"] == 0 and st["claims"] == 0 and st["bulk_waits"] == 0, st
+        pool.first_token(stores=True)  # the loads' class, bulk here: nothing changes
+        assert pool.store(keys("c"), [2]) == ["stored"]
+        pool.first_token(True, stores=True)  # a request's loads go ahead of stores; these stores too (a prefill's)
+        pool.get(keys("a", "c"), [5, 6])
+        assert pool.store(keys("d"), [3]) == ["stored"]
+        pool.first_token(None, stores=False)  # the loads as they are, the stores bulk again
+        assert pool.store(keys("e"), [4]) == ["stored"]
+        pool.first_token(False)
+        pool.get(keys("a"), [5])
+        st = t.link_stats()
+        assert st["first_token_bytes"] == 3 * pool.page_bytes, st  # a load of two, a store of one
+        assert st["first_token_transfers"] == 2 and st["first_token_misses"] == 0, st
+        assert st["bulk_bytes"] == 7 * pool.page_bytes, st  # and four more stores and loads of one page each
         t.link_turn(1000)  # a piece another transfer engine writes (the uplink's fills)
-        assert t.link_stats()["bulk_bytes"] == 4 * pool.page_bytes + 1000
+        assert t.link_stats()["bulk_bytes"] == 7 * pool.page_bytes + 1000
         with pytest.raises(cxltier.InvalidError):
             t.link_turn(-1)
 
@@ -282,7 +295,7 @@ def test_a_pool_on_a_tier_that_joined_the_link(built, device):
                                  env=dict(os.environ, CXLTIER_LIB=built["lib"], CXLTIER_LINK=t.link))
         try:
             seen = json.loads(child.stdout.readline())
-            assert seen["processes"] == 2 and seen["bulk_bytes"] == 4 * pool.page_bytes + 1000, seen
+            assert seen["processes"] == 2 and seen["bulk_bytes"] == 7 * pool.page_bytes + 1000, seen
         finally:
             child.communicate("\n", timeout=60)
         assert child.returncode == 0

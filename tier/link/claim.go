@@ -48,14 +48,23 @@ func (l *Link) Done(missed bool) {
 	l.showLocked()
 }
 
-// showLocked writes the earliest open deadline into the slot (0: none) and
-// publishes the line.
+// showLocked writes the earliest open claim's deadline and the earliest
+// first-token transfer's into the slot (0: none) and publishes the line.
+// The sleepers are woken once no claim is open: a first-token mover obeys
+// claims only, and a bulk mover asleep on a first-token transfer is woken
+// when it ends, since a slot with no claim wakes at every change. (A bulk
+// mover woken by a claim's end while a first-token transfer is in flight
+// finds it due and sleeps again.)
 func (l *Link) showLocked() {
-	var d uint64
+	var d, f uint64
 	if len(l.due) > 0 {
 		d = uint64(slices.MinFunc(l.due, time.Time.Compare).UnixNano())
 	}
+	if len(l.firsts) > 0 {
+		f = uint64(slices.MinFunc(l.firsts, func(a, b *First) int { return a.deadline.Compare(b.deadline) }).deadline.UnixNano())
+	}
 	store(l.mine, offDeadline, d)
+	store(l.mine, offFirst, f)
 	wake := word32(l.mine, offWake)
 	atomic.AddUint32(wake, 1)
 	_ = l.r.Publish(l.slotOff(l.slot), line) // a no-op on one host; a failed flush shows as a later claim
@@ -69,28 +78,12 @@ func (l *Link) showLocked() {
 const livenessEvery = 50 * time.Millisecond
 
 // Turn is called by a bulk mover before a piece of n bytes: it returns at
-// once unless a claim of some process on the link is due, and otherwise
-// when no claim it obeys is left (each is withdrawn, passes its deadline,
-// or spends its owner's share of the window).
+// once unless a claim or a first-token transfer of some process on the
+// link is due, and otherwise when none it obeys is left (each is
+// withdrawn, passes its deadline, or spends its owner's share of the
+// window).
 func (l *Link) Turn(n int64) {
-	var waited time.Duration
-	for try := 0; ; try++ {
-		now := time.Now()
-		i, left := l.dueClaim(now)
-		if i < 0 {
-			break
-		}
-		if try < spinTries {
-			yield(try)
-		} else {
-			l.sleep(i, min(left, livenessEvery))
-		}
-		dt := time.Since(now)
-		waited += dt
-		l.mu.Lock()
-		l.peers[i].waited += dt
-		l.mu.Unlock()
-	}
+	waited := l.await(true)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -103,6 +96,29 @@ func (l *Link) Turn(n int64) {
 	}
 }
 
+// await waits while a claim is due, or (for a bulk mover) a first-token
+// transfer, and says for how long.
+func (l *Link) await(bulk bool) time.Duration {
+	var waited time.Duration
+	for try := 0; ; try++ {
+		now := time.Now()
+		i, left := l.dueClaim(now, bulk)
+		if i < 0 {
+			return waited
+		}
+		if try < spinTries {
+			yield(try)
+		} else {
+			l.sleep(i, min(left, livenessEvery), bulk)
+		}
+		dt := time.Since(now)
+		waited += dt
+		l.mu.Lock()
+		l.peers[i].waited += dt
+		l.mu.Unlock()
+	}
+}
+
 // spinTries is how often a bulk mover yields before it sleeps on a claim:
 // a claim of a few microseconds (an Engram layer's rows) ends within
 // them, and a longer one gets the core while the mover sleeps.
@@ -110,8 +126,9 @@ const spinTries = 16
 
 // sleep waits on slot i's wake word until its owner changes its claim, or
 // for at most d (the claim's deadline, or a sleep quantum where the tier
-// spans hosts, whose processes' futexes are not shared).
-func (l *Link) sleep(i int, d time.Duration) {
+// spans hosts, whose processes' futexes are not shared). A bulk mover
+// sleeps on a first-token transfer as well.
+func (l *Link) sleep(i int, d time.Duration, bulk bool) {
 	b := l.lines[i]
 	if l.shared {
 		time.Sleep(min(d, 50*time.Microsecond))
@@ -123,7 +140,7 @@ func (l *Link) sleep(i int, d time.Duration) {
 	defer atomic.AddUint32(sleepers, ^uint32(0))
 	// The claim may have ended since dueClaim looked; its owner bumped the
 	// wake word first, so a sleep on v returns at once then.
-	if load(b, offDeadline) == 0 {
+	if load(b, offDeadline) == 0 && (!bulk || load(b, offFirst) == 0) {
 		return
 	}
 	sleepOn(wake, v, d)
@@ -139,11 +156,13 @@ func yield(try int) {
 	_, _, _ = unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 }
 
-// dueClaim is the slot of a claim the bulk mover must wait for at now and
-// how long it may wait for it at most (to the deadline, or the end of the
+// dueClaim is the slot of a claim the mover must wait for at now and how
+// long it may wait for it at most (to the deadline, or the end of the
 // owner's share), or -1: a deadline ahead of now and within the horizon,
 // of a slot whose owner runs and has not spent its share of the window.
-func (l *Link) dueClaim(now time.Time) (int, time.Duration) {
+// A bulk mover obeys a first-token transfer's deadline as well, within
+// its own horizon; the owner's share is one for both.
+func (l *Link) dueClaim(now time.Time, bulk bool) (int, time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -157,13 +176,21 @@ func (l *Link) dueClaim(now time.Time) (int, time.Duration) {
 	}
 	share := time.Duration(l.cfg.Share * float64(l.cfg.Window))
 	ns, horizon := uint64(now.UnixNano()), uint64(now.Add(l.cfg.Horizon).UnixNano())
+	firstHorizon := uint64(now.Add(l.cfg.FirstHorizon).UnixNano())
 	for i := range l.peers {
 		b, err := l.line(i)
 		if err != nil {
 			return -1, 0 // a table this process cannot read holds no one up
 		}
+		if l.peers[i].waited >= share {
+			continue
+		}
 		d := load(b, offDeadline)
-		if d <= ns || d > horizon || l.peers[i].waited >= share {
+		due := d > ns && d <= horizon
+		if f := load(b, offFirst); !due && bulk {
+			d, due = f, f > ns && f <= firstHorizon
+		}
+		if !due {
 			continue
 		}
 		if l.runs(i, load(b, offOwner), now) {

@@ -9,6 +9,13 @@
 // (a futex in the shared mapping), so that on a host with few cores the
 // core goes to the deadline transfer, and is woken when the claim ends.
 //
+// Between the two is the traffic a request's first token waits on (its KV
+// load, a prefill's pages for its decode): a First moves in pieces that
+// wait for deadline claims only, and while it is in flight the rest of the
+// bulk (stores, write-behind, cluster fills) waits for it as for a claim.
+// So three classes share the link by what waits on them: a layer's rows,
+// then a request's first token, then nobody soon.
+//
 // The arbiter's state is a table in the tier ("link/<name>", one per node)
 // that each process reads without a lock: a slot per process, written by
 // that process alone, except its owner word, which changes under the
@@ -21,9 +28,17 @@
 //	  claim; 0: none) · wake u32 (the owner adds one at every change of
 //	  its deadline: the word bulk movers sleep on) · sleepers u32 (a hint
 //	  the sleepers keep, so that the owner wakes them only when one is
-//	  there; a wrong one costs a wake-up or a sleep until the deadline)
+//	  there; a wrong one costs a wake-up or a sleep until the deadline) ·
+//	  first u64 (Unix ns of the earliest due of its first-token transfers
+//	  in flight; 0: none) · first-token transfers ended u64 · of those,
+//	  ended past their deadline u64
 //	  then claims u64 · misses u64 · claimed ns u64 · bulk bytes u64 ·
-//	  bulk waits u64 · bulk waited ns u64
+//	  bulk waits u64 · bulk waited ns u64 · first-token bytes u64 ·
+//	  first-token waited ns u64
+//
+// The first-token words were added to version 1 in bytes its first
+// writers left zero: a process that does not know them neither shows nor
+// obeys a first-token transfer, and is otherwise unchanged.
 //
 // Any process that can write the tier can write any slot, so a reader
 // trusts no claim further than it costs the others to: a claim whose
@@ -70,12 +85,17 @@ const (
 	offDeadline = 8
 	offWake     = 16
 	offSleepers = 20
+	offFirst    = 24
+	offFirsts   = 32
+	offFirstMis = 40
 	offClaims   = line
 	offMisses   = line + 8
 	offClaimed  = line + 16
 	offBytes    = line + 24
 	offWaits    = line + 32
 	offWaited   = line + 40
+	offFirstB   = line + 48
+	offFirstW   = line + 56
 )
 
 // Config shapes the arbiter of one process.
@@ -90,6 +110,10 @@ type Config struct {
 	// (default 10 ms): an Engram layer's deadline is tens of microseconds,
 	// a top-k step's a few milliseconds.
 	Horizon time.Duration
+	// FirstHorizon is the same for a first-token transfer's deadline
+	// (default 10 s): a request's first token waits for its load for as
+	// long as the load takes, so the bound is a sanity check only.
+	FirstHorizon time.Duration
 	// Window and Share bound how long a bulk mover waits on one process's
 	// claims: at most Share of each Window (defaults 100 ms and 0.25).
 	Window time.Duration
@@ -106,6 +130,9 @@ func (cfg *Config) defaults(node int) error {
 	if cfg.Horizon == 0 {
 		cfg.Horizon = 10 * time.Millisecond
 	}
+	if cfg.FirstHorizon == 0 {
+		cfg.FirstHorizon = 10 * time.Second
+	}
 	if cfg.Window == 0 {
 		cfg.Window = 100 * time.Millisecond
 	}
@@ -115,8 +142,8 @@ func (cfg *Config) defaults(node int) error {
 	switch {
 	case cfg.Slots < 1 || cfg.Slots > maxSlots:
 		return fmt.Errorf("%w: %d slots: want 1..%d", ErrBadConfig, cfg.Slots, maxSlots)
-	case cfg.Horizon < 0 || cfg.Window < 0:
-		return fmt.Errorf("%w: horizon %v, window %v: want positive", ErrBadConfig, cfg.Horizon, cfg.Window)
+	case cfg.Horizon < 0 || cfg.FirstHorizon < 0 || cfg.Window < 0:
+		return fmt.Errorf("%w: horizons %v and %v, window %v: want positive", ErrBadConfig, cfg.Horizon, cfg.FirstHorizon, cfg.Window)
 	case cfg.Share < 0 || cfg.Share > 1:
 		return fmt.Errorf("%w: share %v: want 0..1", ErrBadConfig, cfg.Share)
 	}
@@ -142,6 +169,7 @@ type Link struct {
 	mu      sync.Mutex
 	due     []time.Time // this process's open claims' deadlines
 	started []time.Time // when each was claimed
+	firsts  []*First    // this process's first-token transfers in flight
 	peers   []peer      // what this process knows of each slot
 	window  time.Time   // start of the current share window
 	closed  bool

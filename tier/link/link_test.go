@@ -140,7 +140,19 @@ func TestClaimsNotDueAreIgnored(t *testing.T) {
 				t.Fatal(err)
 			}
 			l.Claim(time.Now().Add(5 * time.Second))
+			l.BeginFirst(time.Now().Add(5 * time.Second))
 			gone.Close() // its slot still shows the claim; its lease is gone
+		}},
+		{"first-token, past its deadline", func(t *testing.T, r *tier.Region, c *tier.Client) {
+			open(t, c, patient).BeginFirst(time.Now().Add(-time.Millisecond))
+		}},
+		{"first-token, beyond its horizon", func(t *testing.T, r *tier.Region, c *tier.Client) {
+			open(t, c, patient).BeginFirst(time.Now().Add(time.Hour))
+		}},
+		{"first-token, ended", func(t *testing.T, r *tier.Region, c *tier.Client) {
+			f := open(t, c, patient).BeginFirst(time.Now().Add(5 * time.Second))
+			f.End()
+			f.End() // again: nothing
 		}},
 	}
 	for _, tc := range cases {
@@ -158,23 +170,36 @@ func TestClaimsNotDueAreIgnored(t *testing.T) {
 	}
 }
 
-// A process that claims the link all the time costs the others its share
-// of each window and no more.
+// A process that claims the link all the time, or says it has a
+// first-token transfer in flight all the time, or both, costs the others
+// its share of each window and no more.
 func TestAClaimThatNeverEndsCostsOnlyItsShare(t *testing.T) {
-	r, c := tiertest.Format(t, 1, 16<<20, 64<<10)
-	liar := open(t, attach(t, r, "liar"), patient)
-	liar.Claim(time.Now().Add(8 * time.Second))
-	// A window no slow machine outlasts: the share is spent once, 60 ms.
-	bulk := open(t, c, Config{Name: "test", Horizon: 10 * time.Second, Window: time.Minute, Share: 0.001})
-	start := time.Now()
-	for range 3 {
-		if _, ok := turnReturns(bulk, 5*time.Second); !ok {
-			t.Fatal("a bulk piece waits past its share of the window")
-		}
-	}
-	st, _ := ReadStats(r, "test")
-	if st.BulkWaits != 1 || st.BulkWaited < 50*time.Millisecond || st.BulkWaited > time.Since(start) {
-		t.Fatalf("three pieces behind a claim that never ends: %+v (the first waits out the share, the others none)", st)
+	for _, tc := range []struct {
+		name         string
+		claim, first bool
+	}{{"claim", true, false}, {"first-token", false, true}, {"both", true, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, c := tiertest.Format(t, 1, 16<<20, 64<<10)
+			liar := open(t, attach(t, r, "liar"), patient)
+			if tc.claim {
+				liar.Claim(time.Now().Add(8 * time.Second))
+			}
+			if tc.first {
+				liar.BeginFirst(time.Now().Add(8 * time.Second))
+			}
+			// A window no slow machine outlasts: the share is spent once, 60 ms.
+			bulk := open(t, c, Config{Name: "test", Horizon: 10 * time.Second, Window: time.Minute, Share: 0.001})
+			start := time.Now()
+			for range 3 {
+				if _, ok := turnReturns(bulk, 5*time.Second); !ok {
+					t.Fatal("a bulk piece waits past its share of the window")
+				}
+			}
+			st, _ := ReadStats(r, "test")
+			if st.BulkWaits != 1 || st.BulkWaited < 50*time.Millisecond || st.BulkWaited > time.Since(start) {
+				t.Fatalf("three pieces behind a claim that never ends: %+v (the first waits out the share, the others none)", st)
+			}
+		})
 	}
 }
 
@@ -272,4 +297,86 @@ func FuzzDecodeHeader(f *testing.F) {
 			t.Fatalf("accepted %d slots in %d bytes", slots, size)
 		}
 	})
+}
+
+// A first-token transfer of one process holds up another's bulk pieces
+// until it ends, and its own pieces wait for a deadline claim only: not
+// for bulk, not for another first-token transfer.
+func TestBulkWaitsForAFirstTokenTransfer(t *testing.T) {
+	r, c := tiertest.Format(t, 1, 16<<20, 64<<10)
+	loader, other := open(t, c, patient), open(t, attach(t, r, "other"), patient)
+	bulk := open(t, attach(t, r, "bulk"), patient)
+	f := loader.BeginFirst(time.Now().Add(5 * time.Second))
+	g := other.BeginFirst(time.Now().Add(5 * time.Second))
+	for _, x := range []*First{f, g} {
+		if ok := pieceReturns(x.Turn, 5*time.Second); !ok {
+			t.Fatal("a first-token piece waits for another first-token transfer")
+		}
+	}
+	g.End()
+	done, returned := turnReturns(bulk, 100*time.Millisecond)
+	if returned {
+		t.Fatal("a bulk piece went ahead of a first-token transfer in flight")
+	}
+	if n := atomic.LoadUint32(word32(loader.mine, offSleepers)); n != 1 {
+		t.Fatalf("%d bulk movers asleep on the transfer, want 1", n)
+	}
+	f.End()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a bulk piece still waits after the first-token transfer ended")
+	}
+	st, err := ReadStats(r, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.FirstTransfers != 2 || st.FirstMisses != 0 || st.FirstBytes != 2<<20 || st.FirstWaited != 0 ||
+		st.BulkWaits != 1 || st.BulkBytes != 1<<20 || st.BulkWaited < 50*time.Millisecond {
+		t.Fatalf("stats %+v", st)
+	}
+	late := loader.BeginFirst(time.Now().Add(time.Millisecond))
+	time.Sleep(2 * time.Millisecond)
+	late.End()
+	if st, _ := ReadStats(r, "test"); st.FirstTransfers != 3 || st.FirstMisses != 1 {
+		t.Fatalf("a late first-token transfer: %+v", st)
+	}
+}
+
+// A first-token transfer's piece waits while a deadline claim is due.
+func TestAFirstTokenPieceWaitsForAClaim(t *testing.T) {
+	r, c := tiertest.Format(t, 1, 16<<20, 64<<10)
+	urgent, loader := open(t, c, patient), open(t, attach(t, r, "loader"), patient)
+	f := loader.BeginFirst(time.Now().Add(5 * time.Second))
+	defer f.End()
+	urgent.Claim(time.Now().Add(5 * time.Second))
+	done := make(chan struct{})
+	go func() { f.Turn(1 << 20); close(done) }()
+	select {
+	case <-done:
+		t.Fatal("a first-token piece went ahead of a due claim")
+	case <-time.After(100 * time.Millisecond):
+	}
+	urgent.Done(false)
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a first-token piece still waits after the claim was done")
+	}
+	if st, _ := ReadStats(r, "test"); st.FirstBytes != 1<<20 || st.FirstWaited < 50*time.Millisecond || st.BulkWaits != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// pieceReturns runs turn for a piece and reports whether it returned
+// within d.
+func pieceReturns(turn func(int64), d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { turn(1 << 20); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
+	}
 }

@@ -24,6 +24,13 @@ type Stats struct {
 	BulkBytes  uint64        `json:"bulk_bytes"`
 	BulkWaits  uint64        `json:"bulk_waits"`
 	BulkWaited time.Duration `json:"bulk_waited_ns"`
+	// First-token transfers: those ended, those ended past their
+	// deadline, the bytes they moved in pieces, and the time their pieces
+	// waited for claims.
+	FirstTransfers uint64        `json:"first_token_transfers"`
+	FirstMisses    uint64        `json:"first_token_misses"`
+	FirstBytes     uint64        `json:"first_token_bytes"`
+	FirstWaited    time.Duration `json:"first_token_waited_ns"`
 }
 
 // ReadStats reads the table called name. A table missing is
@@ -65,6 +72,10 @@ func ReadStats(r *tier.Region, name string) (Stats, error) {
 		st.BulkBytes += load(b, offBytes)
 		st.BulkWaits += load(b, offWaits)
 		st.BulkWaited += time.Duration(load(b, offWaited))
+		st.FirstTransfers += load(b, offFirsts)
+		st.FirstMisses += load(b, offFirstMis)
+		st.FirstBytes += load(b, offFirstB)
+		st.FirstWaited += time.Duration(load(b, offFirstW))
 	}
 	return st, nil
 }

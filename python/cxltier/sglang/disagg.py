@@ -254,6 +254,8 @@ class CxlTierKVManager(BaseKVManager):
             raise DisaggError(f"cxltier disaggregation: index {self.index_name!r} has "
                               f"{index.stats()['block_bytes']}-byte blocks; a page is {self.page_bytes} bytes")
         self.pool = KVPool(index, buffers, self.per_layer, self.chunk, self.chunk, engine=engine, device=engine != "cpu")
+        if self.mode == "prefill":
+            self.pool.first_token(stores=True)  # a decode's first token waits on these pages: the class of a load
         self.index = index
 
     def ready_index(self):
