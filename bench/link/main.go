@@ -111,6 +111,7 @@ type opts struct {
 	ttftPages    int
 	ttftGap      time.Duration
 	ttftDeadline time.Duration
+	kvFirst      bool // with the arbiter, the KV processes' loads are first-token transfers
 }
 
 func parseOpts(args []string, stderr io.Writer) (opts, error) {
@@ -147,6 +148,7 @@ func parseOpts(args []string, stderr io.Writer) (opts, error) {
 	fs.IntVar(&o.ttftPages, "ttft-pages", 16, "ttft: pages of a request's load (KV pages of -layers and -chunk)")
 	fs.DurationVar(&o.ttftGap, "ttft-gap", 20*time.Millisecond, "ttft: time between one load's end and the next request's")
 	fs.DurationVar(&o.ttftDeadline, "ttft-deadline", 20*time.Millisecond, "ttft: time a load may take before it is late")
+	kvFirst := fs.String("kv-first-token", "auto", "with the arbiter, the KV processes' loads are first-token transfers (on) or bulk (off); auto: as a KV pool's on the engine, first-token on cuda, bulk on cpu")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -157,6 +159,14 @@ func parseOpts(args []string, stderr io.Writer) (opts, error) {
 	o.tierSize = n
 	if o.fillPart, err = tierflags.ParseSize(*fillPartSize); err != nil {
 		return o, fmt.Errorf("-fill-part: %w", err)
+	}
+	switch *kvFirst {
+	case "auto":
+		o.kvFirst = o.engine == "cuda"
+	case "on", "off":
+		o.kvFirst = *kvFirst == "on"
+	default:
+		return o, fmt.Errorf("-kv-first-token %q: auto, on or off", *kvFirst)
 	}
 	switch {
 	case o.seconds <= 0 || o.rounds < 1 || o.kv < 1 || o.batch < 1 || o.layers < 1 || o.pages < 1:
@@ -333,6 +343,9 @@ type Report struct {
 	// the part each moves in.
 	FillProcs     int     `json:"fill_processes"`
 	FillPartBytes int64   `json:"fill_part_bytes"`
+	// KVFirstToken: with the arbiter the KV processes' loads were
+	// first-token transfers.
+	KVFirstToken bool `json:"kv_first_token"`
 	Rounds        []Round `json:"rounds"`
 }
 
@@ -360,7 +373,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	defer eng.Close()
 	rep := Report{Run: report.NewRun(eng), Engine: eng.Name(), Arbitration: o.arbiter, PieceBytes: o.piece, Share: o.share, Tier: o.tierPath, TierFS: mountOf(o.tierDir), Seconds: o.seconds,
 		Geometry: o.geometry, Batch: o.batch, DeadlineUs: us(o.deadline), GapUs: us(o.gap),
-		KVProcs: o.kv, KVPageBytes: o.kvBlockBytes(), KVPages: o.pages, Party: o.party, FillProcs: o.fill, FillPartBytes: o.fillPart}
+		KVProcs: o.kv, KVPageBytes: o.kvBlockBytes(), KVPages: o.pages, Party: o.party, FillProcs: o.fill, FillPartBytes: o.fillPart, KVFirstToken: o.kvFirst}
 	if o.party == "topk" {
 		rep.TopK = &TopKSpec{TopK: o.topK, Context: o.context, Hit: o.topkHit, Layers: o.topkLayers, DeadlineUs: us(o.topkDeadline), EntryBytes: topkEntryBytes}
 	}
@@ -537,7 +550,7 @@ func runPhase(o opts, spec phaseSpec) (Phase, error) {
 		err = add("spin")
 	}
 	for i := 0; spec.kv && i < o.kv && err == nil; i++ {
-		err = add("kv", append(arb, "-index", kvName(i), "-layers", strconv.Itoa(o.layers), "-pages", strconv.Itoa(o.pages),
+		err = add("kv", append(arb, "-first-token="+strconv.FormatBool(o.kvFirst), "-index", kvName(i), "-layers", strconv.Itoa(o.layers), "-pages", strconv.Itoa(o.pages),
 			"-chunk", strconv.FormatInt(o.chunk, 10))...)
 	}
 	for i := 0; spec.kv && i < o.fill && err == nil; i++ {
@@ -596,8 +609,12 @@ func printTable(w io.Writer, rep Report) {
 	} else {
 		fmt.Fprintf(w, "Engram %s, batch %d, deadline %.0f µs, a call every %.0f µs after the last one's rows", rep.Geometry, rep.Batch, rep.DeadlineUs, rep.GapUs)
 	}
-	fmt.Fprintf(w, "; %d KV processes and %d fills (parts of %s) of %d × %s pages; arbiter: %s (pieces of %s)\n",
-		rep.KVProcs, rep.FillProcs, tierflags.HumanSize(rep.FillPartBytes), rep.KVPages, tierflags.HumanSize(rep.KVPageBytes), rep.Arbitration, tierflags.HumanSize(rep.PieceBytes))
+	kvLoads := "bulk"
+	if rep.KVFirstToken {
+		kvLoads = "first-token"
+	}
+	fmt.Fprintf(w, "; %d KV processes (loads %s with the arbiter) and %d fills (parts of %s) of %d × %s pages; arbiter: %s (pieces of %s)\n",
+		rep.KVProcs, kvLoads, rep.FillProcs, tierflags.HumanSize(rep.FillPartBytes), rep.KVPages, tierflags.HumanSize(rep.KVPageBytes), rep.Arbitration, tierflags.HumanSize(rep.PieceBytes))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "round\tphase\tcalls\tmisses %\tp50 µs\tp99 µs\tKV GB/s\tfill GB/s\t")
 	for i, rd := range rep.Rounds {

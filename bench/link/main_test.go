@@ -28,6 +28,7 @@ func TestBadFlags(t *testing.T) {
 		{"-with ttft -ttft-pages 0", "-ttft-pages"},
 		{"-with ttft -ttft-deadline 0s", "-ttft-deadline"},
 		{"-with ttft -ttft-gap -1s", "-ttft-gap"},
+		{"-kv-first-token maybe", "-kv-first-token"},
 	} {
 		_, err := parseOpts(strings.Fields(tc.args), io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -35,10 +36,10 @@ func TestBadFlags(t *testing.T) {
 		}
 	}
 	o, err := parseOpts(nil, io.Discard)
-	if err != nil || o.arbiter != "both" || o.engine != "cpu" || o.piece != kernels.DefaultPiece {
+	if err != nil || o.arbiter != "both" || o.engine != "cpu" || o.piece != kernels.DefaultPiece || o.kvFirst {
 		t.Fatalf("defaults: %+v, %v", o, err)
 	}
-	if o, err := parseOpts([]string{"-engine", "cuda"}, io.Discard); err != nil || o.piece != kernels.DevicePiece {
+	if o, err := parseOpts([]string{"-engine", "cuda"}, io.Discard); err != nil || o.piece != kernels.DevicePiece || !o.kvFirst {
 		t.Fatalf("a GPU's piece: %+v, %v", o, err)
 	}
 }

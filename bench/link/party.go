@@ -53,6 +53,7 @@ type partyOpts struct {
 	piece                           int64
 	share                           float64
 	fillPart                        int64
+	firstToken                      bool
 }
 
 func runRole(args []string, stdout io.Writer) error {
@@ -79,6 +80,7 @@ func runRole(args []string, stdout io.Writer) error {
 	fs.Int64Var(&p.piece, "piece", kernels.DefaultPiece, "kv: bytes between looks at the link's claims")
 	fs.Float64Var(&p.share, "share", 0, "kv: the most of each window one process's claims may hold it (0: the arbiter's default)")
 	fs.Int64Var(&p.fillPart, "fill-part", fillPart, "fill: bytes of a part (a link turn before each)")
+	fs.BoolVar(&p.firstToken, "first-token", true, "kv: with the arbiter, loads are first-token transfers")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -269,7 +271,9 @@ func kvParty(c *tier.Client, eng kernels.Engine, lk *link.Link, p partyOpts) (Pa
 	}
 	defer m.Close()
 	m.Verify = true
-	firstTokenLoads(m, lk, firstTokenBudget)
+	if p.firstToken {
+		firstTokenLoads(m, lk, firstTokenBudget)
+	}
 	src, dst := pageRange(0, p.pages), pageRange(p.pages, p.pages)
 	round := func(n int) error {
 		for i := range keys {
