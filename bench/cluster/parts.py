@@ -47,6 +47,11 @@ def parse_parts(text):
     return parts
 
 
+
+def _part_name(part):
+    """A part size as the table names it: 0 is the fetch in one part."""
+    return "one part" if part == 0 else f"{part >> 10} KiB"
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pages", type=int, default=32, help="pages a fetch brings")
@@ -100,7 +105,7 @@ def main():
                     ib.delete(keys)
                 finally:
                     b.stop_uplink()
-            print(f"round {rnd + 1}: " + ", ".join(f"{p >> 10} KiB {times[p][-1] * 1e3:.1f} ms" for p in parts),
+            print(f"round {rnd + 1}: " + ", ".join(f"{_part_name(p)} {times[p][-1] * 1e3:.1f} ms" for p in parts),
                   flush=True)
         ta.close()
         tb.close()
@@ -115,7 +120,7 @@ def main():
         med = statistics.median(times[p])
         rows.append({"part_bytes": p, "fetch_ms": [t * 1e3 for t in times[p]], "median_ms": med * 1e3,
                      "gb_per_s": total / med / 1e9, "of_first": one / med})
-        print(f"{('one part' if p == 0 else f'{p >> 10} KiB'):>10} {med * 1e3:18.1f} {total / med / 1e9:6.2f} "
+        print(f"{_part_name(p):>10} {med * 1e3:18.1f} {total / med / 1e9:6.2f} "
               f"{one / med:17.2f}x")
     result = {"date": datetime.date.today().isoformat(), "bench": "cluster-parts",
               "machine": {"arch": platform.machine(), "cpus": os.cpu_count(), "cpu": cpu_model()},

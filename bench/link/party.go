@@ -2,12 +2,10 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"slices"
 	"time"
 
 	"github.com/cxltier/cxltier/engram"
@@ -235,18 +233,7 @@ func engramParty(r *tier.Region, c *tier.Client, eng kernels.Engine, lk *link.Li
 		lat = append(lat, d)
 		spin(p.gap)
 	}
-	if len(lat) == 0 {
-		return Party{}, errors.New("no call in the phase")
-	}
-	slices.Sort(lat)
-	res := Party{Calls: len(lat), P50us: us(lat[len(lat)/2]), P99us: us(lat[len(lat)*99/100])}
-	for _, d := range lat {
-		if d > p.deadline {
-			res.Misses++
-		}
-	}
-	res.MissRate = float64(res.Misses) / float64(len(lat))
-	return res, nil
+	return latencies(lat, p.deadline)
 }
 
 // kvParty stores all its pages and loads them back (every page checked
@@ -255,22 +242,12 @@ func engramParty(r *tier.Region, c *tier.Client, eng kernels.Engine, lk *link.Li
 // requests. With the arbiter its loads are first-token transfers, as a KV
 // pool's are on a tier that joined the link, and its stores bulk.
 func kvParty(c *tier.Client, eng kernels.Engine, lk *link.Link, p partyOpts) (Party, error) {
-	s, err := prefix.Open(c, p.index)
+	kv, err := openKV(c, eng, p, "kv")
 	if err != nil {
 		return Party{}, err
 	}
-	defer s.Close()
-	l, keys, err := kvPages(eng, p, "kv")
-	if err != nil {
-		return Party{}, err
-	}
-	defer freeLayout(l)
-	m, err := prefix.NewMover(s, eng, nil)
-	if err != nil {
-		return Party{}, err
-	}
-	defer m.Close()
-	m.Verify = true
+	defer kv.close()
+	s, m, l, keys := kv.s, kv.m, kv.l, kv.keys
 	if p.firstToken {
 		firstTokenLoads(m, lk, firstTokenBudget)
 	}

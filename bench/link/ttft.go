@@ -25,22 +25,12 @@ const ttftIndex = "link-ttft"
 // stores and fills wait for it, and it waits for deadline claims only.
 // A load is late past -deadline.
 func ttftParty(c *tier.Client, eng kernels.Engine, lk *link.Link, p partyOpts) (Party, error) {
-	s, err := prefix.Open(c, p.index)
+	kv, err := openKV(c, eng, p, "ttft")
 	if err != nil {
 		return Party{}, err
 	}
-	defer s.Close()
-	l, keys, err := kvPages(eng, p, "ttft")
-	if err != nil {
-		return Party{}, err
-	}
-	defer freeLayout(l)
-	m, err := prefix.NewMover(s, eng, nil)
-	if err != nil {
-		return Party{}, err
-	}
-	defer m.Close()
-	m.Verify = true
+	defer kv.close()
+	m, l, keys := kv.m, kv.l, kv.keys
 	firstTokenLoads(m, lk, p.deadline)
 	src, dst := pageRange(0, p.pages), pageRange(p.pages, p.pages)
 	if _, err := m.Put(keys, l, src); err != nil { // the request's pages, stored once
@@ -66,19 +56,63 @@ func ttftParty(c *tier.Client, eng kernels.Engine, lk *link.Link, p partyOpts) (
 		lat = append(lat, d)
 		time.Sleep(p.gap) // requests arrive apart; nothing due in between
 	}
+	res, err := latencies(lat, p.deadline)
+	res.Bytes = int64(len(lat)) * int64(p.pages) * 2 * int64(p.layers) * p.chunk
+	return res, err
+}
+
+// latencies is a party's calls of latencies lat: their count,
+// percentiles, and those past deadline.
+func latencies(lat []time.Duration, deadline time.Duration) (Party, error) {
 	if len(lat) == 0 {
-		return Party{}, errors.New("no load in the phase")
+		return Party{}, errors.New("no call in the phase")
 	}
 	slices.Sort(lat)
 	res := Party{Calls: len(lat), P50us: us(lat[len(lat)/2]), P99us: us(lat[len(lat)*99/100])}
 	for _, d := range lat {
-		if d > p.deadline {
+		if d > deadline {
 			res.Misses++
 		}
 	}
 	res.MissRate = float64(res.Misses) / float64(len(lat))
-	res.Bytes = int64(len(lat)) * int64(p.pages) * 2 * int64(p.layers) * p.chunk
 	return res, nil
+}
+
+// kvOpen is a KV party's index, its pool of pages, their keys and the
+// mover between them (every page checked as it lands).
+type kvOpen struct {
+	s    *prefix.Store
+	l    prefix.Layout
+	keys []prefix.Key
+	m    *prefix.Mover
+}
+
+// openKV opens p.index and a pool on eng for a KV party (tag names its
+// keys).
+func openKV(c *tier.Client, eng kernels.Engine, p partyOpts, tag string) (*kvOpen, error) {
+	s, err := prefix.Open(c, p.index)
+	if err != nil {
+		return nil, err
+	}
+	l, keys, err := kvPages(eng, p, tag)
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	m, err := prefix.NewMover(s, eng, nil)
+	if err != nil {
+		freeLayout(l)
+		s.Close()
+		return nil, err
+	}
+	m.Verify = true
+	return &kvOpen{s: s, l: l, keys: keys, m: m}, nil
+}
+
+func (kv *kvOpen) close() {
+	kv.m.Close()
+	freeLayout(kv.l)
+	kv.s.Close()
 }
 
 // firstTokenLoads makes m's loads first-token transfers on lk, due
