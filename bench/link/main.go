@@ -341,12 +341,12 @@ type Report struct {
 	KVPages     int       `json:"kv_pages"`
 	// Fill processes, their pages (the KV pages' size and count) and
 	// the part each moves in.
-	FillProcs     int     `json:"fill_processes"`
-	FillPartBytes int64   `json:"fill_part_bytes"`
+	FillProcs     int   `json:"fill_processes"`
+	FillPartBytes int64 `json:"fill_part_bytes"`
 	// KVFirstToken: with the arbiter the KV processes' loads were
 	// first-token transfers.
-	KVFirstToken bool `json:"kv_first_token"`
-	Rounds        []Round `json:"rounds"`
+	KVFirstToken bool    `json:"kv_first_token"`
+	Rounds       []Round `json:"rounds"`
 }
 
 func run(args []string, stdout, stderr io.Writer) error {
