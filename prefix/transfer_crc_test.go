@@ -69,14 +69,20 @@ func enginePool(t testing.TB, eng kernels.Engine, layers, pages int, chunk int64
 func TestMoverChecksumsOnEveryEngine(t *testing.T) {
 	for name, mk := range moverEngines(t) {
 		for _, chunk := range []int64{4096, 656} { // vectors in every lane, and a tail
-			t.Run(fmt.Sprintf("%s/chunk=%d", name, chunk), func(t *testing.T) {
-				testMoverChecksums(t, mk(), chunk)
-			})
+			for _, first := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/chunk=%d/first-token=%v", name, chunk, first), func(t *testing.T) {
+					testMoverChecksums(t, mk(), chunk, first)
+				})
+			}
 		}
 	}
 }
 
-func testMoverChecksums(t *testing.T, eng kernels.Engine, chunk int64) {
+// testMoverChecksums stores, loads and damages pages through a mover on
+// eng; with first, on an engine paced in small pieces, with its loads as
+// first-token transfers (Mover.FirstToken), which must check every page
+// as the bulk path does.
+func testMoverChecksums(t *testing.T, eng kernels.Engine, chunk int64, first bool) {
 	const layers, pages = 2, 8
 	r, c := testTier(t, 1)
 	s := testStore(t, c, 16, 2*layers*chunk)
@@ -87,6 +93,21 @@ func testMoverChecksums(t *testing.T, eng kernels.Engine, chunk int64) {
 		t.Fatal(err)
 	}
 	defer m.Close()
+	var bulk, loads turnCounter
+	begun, ended := 0, 0 // the mover's calls are this goroutine's
+	if first {
+		eng.(kernels.Paced).SetPacer(&bulk, 3*chunk)
+		m.FirstToken = func() (kernels.Pacer, func()) { begun++; return &loads, func() { ended++ } }
+		defer func() {
+			page := 2 * layers * chunk
+			// Four pages stored; loads of 4, 4 (the engine moves every
+			// page, damaged or not), then 2 pages a layer at a time.
+			if bulk.bytes != 4*page || loads.bytes != 10*page || begun != 3 || ended != 3 {
+				t.Errorf("bulk %d bytes, first-token %d bytes in %d transfers (%d ended); want %d, %d, 3, 3",
+					bulk.bytes, loads.bytes, begun, ended, 4*page, 10*page)
+			}
+		}()
+	}
 	keys := keysN(4)
 	if st, err := m.Put(keys, l, []int64{0, 1, 2, 3}); err != nil || st[3] != Reserved {
 		t.Fatalf("Put = %v, %v", st, err)
