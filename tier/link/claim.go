@@ -187,8 +187,9 @@ func (l *Link) dueClaim(now time.Time, bulk bool) (int, time.Duration) {
 		}
 		d := load(b, offDeadline)
 		due := d > ns && d <= horizon
-		if f := load(b, offFirst); !due && bulk {
-			d, due = f, f > ns && f <= firstHorizon
+		if !due && bulk {
+			d = load(b, offFirst)
+			due = d > ns && d <= firstHorizon
 		}
 		if !due {
 			continue
