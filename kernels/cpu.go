@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/cxltier/cxltier/internal/crccopy"
+	"github.com/cxltier/cxltier/internal/lowprio"
 	"github.com/cxltier/cxltier/internal/rowgather"
 )
 
@@ -28,6 +29,9 @@ type CPU struct {
 	closed bool
 	pacer  Pacer // paces block calls; nil: none
 	piece  int64
+	// background copies the calls marked Background; nil: they are
+	// copied as any other.
+	background *lowprio.Pool
 }
 
 // Pacer paces an engine's bulk copies, its block calls: Turn(n) is called
@@ -50,6 +54,57 @@ func (e *CPU) SetPacer(p Pacer, piece int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.pacer, e.piece = p, piece
+}
+
+// Priority is how far the threads that copy an engine's background calls
+// are lowered: PriorityNormal (not at all), PriorityLow (nice 19) or
+// PriorityIdle (SCHED_IDLE). ParsePriority reads its name.
+type Priority = lowprio.Policy
+
+const (
+	PriorityNormal = lowprio.Normal
+	PriorityLow    = lowprio.Low
+	PriorityIdle   = lowprio.Idle
+)
+
+// ParsePriority reads a priority's name: "normal", "low" (also "") or
+// "idle"; any other is an error wrapping lowprio's ErrBadPolicy.
+func ParsePriority(s string) (Priority, error) { return lowprio.ParsePolicy(s) }
+
+// SetBackground copies the block calls marked Background from now on on
+// threads of their own, as many as the engine's workers, lowered to p:
+// on a host whose cores are all busy the kernel then gives a core to a
+// thread with a deadline (an Engram prefetch, a top-k step, a request's
+// load) as soon as it wakes, and the stores take what is left.
+// PriorityNormal stops it. If the threads cannot be lowered (a system
+// that refuses it), the error says so and the calls are copied as
+// before.
+func (e *CPU) SetBackground(p Priority) error {
+	var pool *lowprio.Pool
+	if p != PriorityNormal {
+		var err error
+		if pool, err = lowprio.Start(e.workers, p); err != nil {
+			return fmt.Errorf("kernels: cpu: background threads: %w", err)
+		}
+	}
+	e.mu.Lock()
+	old := e.background
+	e.background = pool
+	e.mu.Unlock()
+	if old != nil {
+		old.Close() // a call queued with it copies on the caller's goroutine
+	}
+	return nil
+}
+
+// Background is the priority of the engine's background threads.
+func (e *CPU) Background() Priority {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.background == nil {
+		return PriorityNormal
+	}
+	return e.background.Policy()
 }
 
 // NewCPU returns a CPU engine using up to workers goroutines per call
@@ -217,7 +272,7 @@ func (e *CPU) rows(r Rows, toTier bool) (Handle, error) {
 	n, buf := r.RowBytes, hb.b
 	check := func() error { return e.ranges.checkRows(&r) }
 	detach := func() { r.Tier, r.Slots = slices.Clone(r.Tier), slices.Clone(r.Slots) }
-	return e.submit(len(r.Tier), n, check, detach, nil, nil, func(mem *[MaxRanges][]byte, lo, hi int) {
+	return e.submit(len(r.Tier), n, nil, check, detach, nil, nil, func(mem *[MaxRanges][]byte, lo, hi int) {
 		// Runs of rows in one range go to rowgather a run at a time: its
 		// vector copy keeps many rows' misses in flight where a memmove per
 		// row kept about four.
@@ -266,11 +321,15 @@ func (e *CPU) blocks(b Blocks, toTier bool) (Handle, error) {
 	}
 	e.mu.Lock()
 	pacer, piece := e.pacer, e.piece
+	var bg *lowprio.Pool
+	if b.Background {
+		bg = e.background
+	}
 	e.mu.Unlock()
 	if pacer != nil && b.Pacer != nil {
 		pacer = b.Pacer
 	}
-	return e.submit(len(tier)*nc, b.ChunkBytes, check, detach, begin, finish, func(mem *[MaxRanges][]byte, lo, hi int) {
+	return e.submit(len(tier)*nc, b.ChunkBytes, bg, check, detach, begin, finish, func(mem *[MaxRanges][]byte, lo, hi int) {
 		n, stride := b.ChunkBytes, b.PageStride // set by check
 		var crc uint32
 		perPiece := int(max(1, (piece+n-1)/n)) // rows: a piece is whole chunks
@@ -370,8 +429,9 @@ const parallelBytes = 256 << 10
 // any) once every row is copied. A call with nothing ahead of
 // it and too small to split runs at once on the caller's goroutine; only
 // a call that is queued runs detach first, to stop sharing the caller's
-// index slices.
-func (e *CPU) submit(rows int, rowBytes int64, check func() error, detach, begin, finish func(), copyRows func(mem *[MaxRanges][]byte, lo, hi int)) (Handle, error) {
+// index slices. With bg, the rows are copied on bg's threads, however
+// the call runs.
+func (e *CPU) submit(rows int, rowBytes int64, bg *lowprio.Pool, check func() error, detach, begin, finish func(), copyRows func(mem *[MaxRanges][]byte, lo, hi int)) (Handle, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -386,9 +446,16 @@ func (e *CPU) submit(rows int, rowBytes int64, check func() error, detach, begin
 		if begin != nil {
 			begin()
 		}
-		if parts <= 1 {
+		switch {
+		case bg != nil:
+			fns := make([]func(), max(1, parts))
+			for p := range fns {
+				fns[p] = func() { copyRows(mem, rows*p/len(fns), rows*(p+1)/len(fns)) }
+			}
+			bg.Run(fns...)
+		case parts <= 1:
 			copyRows(mem, 0, rows)
-		} else {
+		default:
 			var wg sync.WaitGroup
 			for p := range parts {
 				wg.Go(func() { copyRows(mem, rows*p/parts, rows*(p+1)/parts) })
@@ -437,6 +504,12 @@ func (e *CPU) Close() error {
 		}
 	}
 	e.mem = new([MaxRanges][]byte)
+	if e.background != nil {
+		// A call queued since the Sync above copies on its caller's
+		// goroutine once the pool is closed.
+		e.background.Close()
+		e.background = nil
+	}
 	return nil
 }
 

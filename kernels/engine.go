@@ -106,6 +106,13 @@ type Blocks struct {
 	// another class on the same link, such as a request's load that its
 	// first token waits on. An engine not paced ignores it.
 	Pacer Pacer
+
+	// Background says that nobody waits on this call soon (a KV pool's
+	// store): a CPU engine given background threads (CPU.SetBackground)
+	// copies it on them, at a lowered CPU priority, so the threads with
+	// deadlines keep the cores. Other engines, whose copies a GPU's copy
+	// engines and multiprocessors make, ignore it.
+	Background bool
 }
 
 // Span is a place in a buffer.
