@@ -153,6 +153,9 @@ func (m *Mover) Put(keys []Key, l Layout, pages []int64) ([]Status, error) {
 			m.s.Abort(res)
 			return nil, fmt.Errorf("prefix: %q: scatter %d pages: %w", m.s.name, len(b.Tier), ferr)
 		}
+		// Nobody waits on a store soon, unless it is a first-token one: a
+		// CPU engine with background threads copies it at their priority.
+		b.Background = !(m.FirstTokenStores && m.FirstToken != nil)
 		if werr := m.move(m.eng.ScatterBlocks, &b, m.FirstTokenStores); werr != nil {
 			m.s.Abort(res)
 			return nil, fmt.Errorf("prefix: %q: scatter %d pages: %w", m.s.name, len(b.Tier), werr)

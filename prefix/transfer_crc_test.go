@@ -16,7 +16,16 @@ import (
 // a CUDA engine takes; not under -race, where the interpreter is too slow,
 // and .ci/run runs this package once more without it).
 func moverEngines(t testing.TB) map[string]func() kernels.Engine {
-	m := map[string]func() kernels.Engine{"cpu": func() kernels.Engine { return kernels.NewCPU(2) }}
+	m := map[string]func() kernels.Engine{
+		"cpu": func() kernels.Engine { return kernels.NewCPU(2) },
+		"cpu-background": func() kernels.Engine { // stores copied on threads at nice 19
+			e := kernels.NewCPU(2)
+			if err := e.SetBackground(kernels.PriorityLow); err != nil {
+				t.Fatal(err)
+			}
+			return e
+		},
+	}
 	if !raceEnabled {
 		m["ptxsim"] = func() kernels.Engine {
 			e, err := kernels.NewSim(kernels.SimOptions{})
