@@ -61,6 +61,7 @@ func joinArbiter(h uint64, cfg link.Config, piece int64) (string, error) {
 	// paces on a seat given back; those opened later close first.
 	a.c.OnClose(l.Close)
 	a.engines.pace(l, piece)
+	a.engines.lowerBulk()
 	return want, nil
 }
 

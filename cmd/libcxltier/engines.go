@@ -28,6 +28,10 @@ type engines struct {
 	// bulk copies in pieces of piece bytes (see arbiter.go).
 	pacer kernels.Pacer
 	piece int64
+	// bulk is where the CPU engines copy their background calls (a KV
+	// pool's stores): lowered once the tier joined its link, or as
+	// cxl_tier_bulk_priority set it (see bulk.go).
+	bulk bulkPriority
 }
 
 // deviceFinder tells which GPU a caller means when it does not say.
@@ -186,6 +190,7 @@ func (es *engines) acquireFor(kind string, stream uintptr, rows bool, n int, mem
 	se := &sharedEngine{key: key, eng: eng, ids: ids, refs: 1}
 	if !key.rows {
 		paceEngine(eng, es.pacer, es.piece)
+		es.bulk.apply(eng)
 	}
 	if es.open == nil {
 		es.open = map[engineKey]*sharedEngine{}

@@ -131,7 +131,7 @@ package main
 import "C"
 
 // abiVersion changes whenever a call's meaning or signature does.
-const abiVersion = 21
+const abiVersion = 22
 
 //export cxl_abi_version
 func cxl_abi_version() C.int { return abiVersion }

@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 
-ABI_VERSION = 21
+ABI_VERSION = 22
 _ERRLEN = 1024
 
 
@@ -104,6 +104,7 @@ _PROTOTYPES = {
     "cxl_tier_link": [_u64, _cstr, _i64, ctypes.c_char_p, _int] + _err,
     "cxl_link_stats": [_u64, _cstr, ctypes.c_char_p, _int] + _err,
     "cxl_link_turn": [_u64, _i64] + _err,
+    "cxl_tier_bulk_priority": [_u64, _cstr, ctypes.c_char_p, _int] + _err,
     "cxl_rooms_open": [_u64, _cstr, _cstr, _i64, _i64, _p(_u64)] + _err,
     "cxl_rooms_close": [_u64] + _err,
     "cxl_rooms_claim": [_u64, _u64, ctypes.c_uint32, _p(_i64), _p(ctypes.c_uint32)] + _err,

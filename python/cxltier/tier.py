@@ -118,7 +118,27 @@ class Tier:
         buf = ctypes.create_string_buffer(256)
         _native.call("cxl_tier_link", self.handle, name.encode() if name else None, int(piece), buf, len(buf))
         self.link = buf.value.decode()
+        want = os.environ.get("CXLTIER_BULK_PRIORITY", "")
+        if want:
+            self.bulk_priority(want)
         return self.link
+
+    def bulk_priority(self, priority=None):
+        """Sets the priority of the threads that copy this tier's KV pool
+        stores on the CPU engine, for the pools open and those opened later:
+        "normal" (the caller's), "low" (nice 19, what join_link sets) or
+        "idle" (SCHED_IDLE); None leaves it. Nobody waits on a store soon,
+        so on a host whose cores are all busy a lowered store gives a core
+        at once to a thread with a deadline (an Engram prefetch, a top-k
+        step, a request's load, in this process or another of its CPU
+        cgroup). Loads keep the caller's priority; a GPU's engine ignores
+        it. Returns {"wanted", "engines", "error"}: the priority asked for,
+        each CPU engine's, and why one could not be lowered (a system that
+        refuses it raises here). CXLTIER_BULK_PRIORITY sets it at
+        join_link."""
+        buf = ctypes.create_string_buffer(1024)
+        _native.call("cxl_tier_bulk_priority", self.handle, priority.encode() if priority else None, buf, len(buf))
+        return json.loads(buf.value)
 
     def link_turn(self, nbytes):
         """A bulk piece's turn on the link this tier joined: returns at once

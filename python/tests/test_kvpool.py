@@ -277,8 +277,20 @@ def test_a_pool_on_a_tier_that_joined_the_link(built, device):
         assert st["first_token_bytes"] == 3 * pool.page_bytes, st  # a load of two, a store of one
         assert st["first_token_transfers"] == 2 and st["first_token_misses"] == 0, st
         assert st["bulk_bytes"] == 7 * pool.page_bytes, st  # and four more stores and loads of one page each
+        # Joining lowered the threads that copy the stores (nice 19); the
+        # stores above went through them and every page still landed.
+        assert t.bulk_priority() == {"wanted": "low", "engines": ["low"]}
+        assert t.bulk_priority("idle") == {"wanted": "idle", "engines": ["idle"]}
+        assert pool.store(keys("f"), [7]) == ["stored"]
+        pool.get(keys("f"), [5])
+        assert all(page(buf, 5) == page(buf, 7) for buf in bufs)
+        assert t.bulk_priority("normal")["engines"] == ["normal"]
+        with pytest.raises(cxltier.InvalidError):
+            t.bulk_priority("high")
+        st = t.link_stats()
+        assert st["bulk_bytes"] == 9 * pool.page_bytes, st
         t.link_turn(1000)  # a piece another transfer engine writes (the uplink's fills)
-        assert t.link_stats()["bulk_bytes"] == 7 * pool.page_bytes + 1000
+        assert t.link_stats()["bulk_bytes"] == 9 * pool.page_bytes + 1000
         with pytest.raises(cxltier.InvalidError):
             t.link_turn(-1)
 
@@ -295,7 +307,7 @@ def test_a_pool_on_a_tier_that_joined_the_link(built, device):
                                  env=dict(os.environ, CXLTIER_LIB=built["lib"], CXLTIER_LINK=t.link))
         try:
             seen = json.loads(child.stdout.readline())
-            assert seen["processes"] == 2 and seen["bulk_bytes"] == 7 * pool.page_bytes + 1000, seen
+            assert seen["processes"] == 2 and seen["bulk_bytes"] == 9 * pool.page_bytes + 1000, seen
         finally:
             child.communicate("\n", timeout=60)
         assert child.returncode == 0
