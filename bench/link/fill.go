@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 
+	"github.com/cxltier/cxltier/internal/lowprio"
 	"github.com/cxltier/cxltier/prefix"
 	"github.com/cxltier/cxltier/tier"
 	"github.com/cxltier/cxltier/tier/link"
@@ -41,9 +42,25 @@ func fillParty(c *tier.Client, lk *link.Link, p partyOpts) (Party, error) {
 		want[i] = prefix.WireChecksum(keys[i], src[int64(i)*page:int64(i+1)*page])
 	}
 	parts := fillParts(p.pages, page, p.fillPart)
+	// A lowered fill stands in for an uplink run at that priority
+	// (nice -n 19 cxltier-uplink ...): its parts are written and checked
+	// on a thread of it.
+	onThread := func(fn func()) { fn() }
+	if p.bulkPriority != lowprio.Normal {
+		pool, err := lowprio.Start(1, p.bulkPriority)
+		if err != nil {
+			return Party{}, err
+		}
+		defer pool.Close()
+		onThread = func(fn func()) { pool.Run(fn) }
+	}
 	round := func(int) error {
 		for _, pt := range parts {
-			if err := fillOnePart(s, lk, keys[pt[0]:pt[1]], sizes[pt[0]:pt[1]], want[pt[0]:pt[1]], src[int64(pt[0])*page:int64(pt[1])*page]); err != nil {
+			var err error
+			onThread(func() {
+				err = fillOnePart(s, lk, keys[pt[0]:pt[1]], sizes[pt[0]:pt[1]], want[pt[0]:pt[1]], src[int64(pt[0])*page:int64(pt[1])*page])
+			})
+			if err != nil {
 				return fmt.Errorf("pages %d..%d: %w", pt[0], pt[1], err)
 			}
 		}

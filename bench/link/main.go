@@ -112,6 +112,9 @@ type opts struct {
 	ttftGap      time.Duration
 	ttftDeadline time.Duration
 	kvFirst      bool // with the arbiter, the KV processes' loads are first-token transfers
+	// bulkPriority: with the arbiter, the KV processes' stores are copied
+	// on threads of this priority (the CPU engine's background threads).
+	bulkPriority kernels.Priority
 }
 
 func parseOpts(args []string, stderr io.Writer) (opts, error) {
@@ -148,6 +151,7 @@ func parseOpts(args []string, stderr io.Writer) (opts, error) {
 	fs.IntVar(&o.ttftPages, "ttft-pages", 16, "ttft: pages of a request's load (KV pages of -layers and -chunk)")
 	fs.DurationVar(&o.ttftGap, "ttft-gap", 20*time.Millisecond, "ttft: time between one load's end and the next request's")
 	fs.DurationVar(&o.ttftDeadline, "ttft-deadline", 20*time.Millisecond, "ttft: time a load may take before it is late")
+	bulkPriority := fs.String("bulk-priority", "low", "with the arbiter, the CPU threads that copy the KV processes' stores (low: nice 19, as on a tier that joined the link; idle: SCHED_IDLE; or normal) and those of the fills (as an uplink run at that priority)")
 	kvFirst := fs.String("kv-first-token", "auto", "with the arbiter, the KV processes' loads are first-token transfers (on) or bulk (off); auto: as a KV pool's on the engine, first-token on cuda, bulk on cpu")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -159,6 +163,9 @@ func parseOpts(args []string, stderr io.Writer) (opts, error) {
 	o.tierSize = n
 	if o.fillPart, err = tierflags.ParseSize(*fillPartSize); err != nil {
 		return o, fmt.Errorf("-fill-part: %w", err)
+	}
+	if o.bulkPriority, err = kernels.ParsePriority(*bulkPriority); err != nil || *bulkPriority == "" {
+		return o, fmt.Errorf("-bulk-priority %q: low, idle or normal", *bulkPriority)
 	}
 	switch *kvFirst {
 	case "auto":
@@ -345,7 +352,10 @@ type Report struct {
 	FillPartBytes int64 `json:"fill_part_bytes"`
 	// KVFirstToken: with the arbiter the KV processes' loads were
 	// first-token transfers.
-	KVFirstToken bool    `json:"kv_first_token"`
+	KVFirstToken bool `json:"kv_first_token"`
+	// BulkPriority: with the arbiter, the priority of the CPU threads
+	// that copied the KV processes' stores.
+	BulkPriority string  `json:"bulk_priority"`
 	Rounds       []Round `json:"rounds"`
 }
 
@@ -373,7 +383,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	defer eng.Close()
 	rep := Report{Run: report.NewRun(eng), Engine: eng.Name(), Arbitration: o.arbiter, PieceBytes: o.piece, Share: o.share, Tier: o.tierPath, TierFS: mountOf(o.tierDir), Seconds: o.seconds,
 		Geometry: o.geometry, Batch: o.batch, DeadlineUs: us(o.deadline), GapUs: us(o.gap),
-		KVProcs: o.kv, KVPageBytes: o.kvBlockBytes(), KVPages: o.pages, Party: o.party, FillProcs: o.fill, FillPartBytes: o.fillPart, KVFirstToken: o.kvFirst}
+		KVProcs: o.kv, KVPageBytes: o.kvBlockBytes(), KVPages: o.pages, Party: o.party, FillProcs: o.fill, FillPartBytes: o.fillPart, KVFirstToken: o.kvFirst, BulkPriority: o.bulkPriority.String()}
 	if o.party == "topk" {
 		rep.TopK = &TopKSpec{TopK: o.topK, Context: o.context, Hit: o.topkHit, Layers: o.topkLayers, DeadlineUs: us(o.topkDeadline), EntryBytes: topkEntryBytes}
 	}
@@ -550,11 +560,19 @@ func runPhase(o opts, spec phaseSpec) (Phase, error) {
 		err = add("spin")
 	}
 	for i := 0; spec.kv && i < o.kv && err == nil; i++ {
-		err = add("kv", append(arb, "-first-token="+strconv.FormatBool(o.kvFirst), "-index", kvName(i), "-layers", strconv.Itoa(o.layers), "-pages", strconv.Itoa(o.pages),
+		prio := kernels.PriorityNormal
+		if spec.arbd {
+			prio = o.bulkPriority
+		}
+		err = add("kv", append(arb, "-first-token="+strconv.FormatBool(o.kvFirst), "-bulk-priority", prio.String(), "-index", kvName(i), "-layers", strconv.Itoa(o.layers), "-pages", strconv.Itoa(o.pages),
 			"-chunk", strconv.FormatInt(o.chunk, 10))...)
 	}
 	for i := 0; spec.kv && i < o.fill && err == nil; i++ {
-		err = add("fill", append(arb, "-index", fillName(i), "-layers", strconv.Itoa(o.layers), "-pages", strconv.Itoa(o.pages),
+		prio := kernels.PriorityNormal
+		if spec.arbd {
+			prio = o.bulkPriority
+		}
+		err = add("fill", append(arb, "-bulk-priority", prio.String(), "-index", fillName(i), "-layers", strconv.Itoa(o.layers), "-pages", strconv.Itoa(o.pages),
 			"-chunk", strconv.FormatInt(o.chunk, 10), "-fill-part", strconv.FormatInt(o.fillPart, 10))...)
 	}
 	ph := Phase{Name: spec.name}
@@ -613,8 +631,8 @@ func printTable(w io.Writer, rep Report) {
 	if rep.KVFirstToken {
 		kvLoads = "first-token"
 	}
-	fmt.Fprintf(w, "; %d KV processes (loads %s with the arbiter) and %d fills (parts of %s) of %d × %s pages; arbiter: %s (pieces of %s)\n",
-		rep.KVProcs, kvLoads, rep.FillProcs, tierflags.HumanSize(rep.FillPartBytes), rep.KVPages, tierflags.HumanSize(rep.KVPageBytes), rep.Arbitration, tierflags.HumanSize(rep.PieceBytes))
+	fmt.Fprintf(w, "; %d KV processes (with the arbiter: loads %s, stores on threads of %s priority) and %d fills (parts of %s) of %d × %s pages; arbiter: %s (pieces of %s)\n",
+		rep.KVProcs, kvLoads, rep.BulkPriority, rep.FillProcs, tierflags.HumanSize(rep.FillPartBytes), rep.KVPages, tierflags.HumanSize(rep.KVPageBytes), rep.Arbitration, tierflags.HumanSize(rep.PieceBytes))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "round\tphase\tcalls\tmisses %\tp50 µs\tp99 µs\tKV GB/s\tfill GB/s\t")
 	for i, rd := range rep.Rounds {

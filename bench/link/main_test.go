@@ -29,6 +29,8 @@ func TestBadFlags(t *testing.T) {
 		{"-with ttft -ttft-deadline 0s", "-ttft-deadline"},
 		{"-with ttft -ttft-gap -1s", "-ttft-gap"},
 		{"-kv-first-token maybe", "-kv-first-token"},
+		{"-bulk-priority high", "-bulk-priority"},
+		{"-bulk-priority=", "-bulk-priority"},
 	} {
 		_, err := parseOpts(strings.Fields(tc.args), io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -36,7 +38,7 @@ func TestBadFlags(t *testing.T) {
 		}
 	}
 	o, err := parseOpts(nil, io.Discard)
-	if err != nil || o.arbiter != "both" || o.engine != "cpu" || o.piece != kernels.DefaultPiece || o.kvFirst {
+	if err != nil || o.arbiter != "both" || o.engine != "cpu" || o.piece != kernels.DefaultPiece || o.kvFirst || o.bulkPriority != kernels.PriorityLow {
 		t.Fatalf("defaults: %+v, %v", o, err)
 	}
 	if o, err := parseOpts([]string{"-engine", "cuda"}, io.Discard); err != nil || o.piece != kernels.DevicePiece || !o.kvFirst {

@@ -52,6 +52,7 @@ type partyOpts struct {
 	share                           float64
 	fillPart                        int64
 	firstToken                      bool
+	bulkPriority                    kernels.Priority
 }
 
 func runRole(args []string, stdout io.Writer) error {
@@ -79,7 +80,12 @@ func runRole(args []string, stdout io.Writer) error {
 	fs.Float64Var(&p.share, "share", 0, "kv: the most of each window one process's claims may hold it (0: the arbiter's default)")
 	fs.Int64Var(&p.fillPart, "fill-part", fillPart, "fill: bytes of a part (a link turn before each)")
 	fs.BoolVar(&p.firstToken, "first-token", true, "kv: with the arbiter, loads are first-token transfers")
+	bulkPriority := fs.String("bulk-priority", "normal", "kv: the priority of the CPU threads that copy the stores; fill: of the thread that writes and checks the parts (low, idle or normal)")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var err error
+	if p.bulkPriority, err = kernels.ParsePriority(*bulkPriority); err != nil {
 		return err
 	}
 	b, err := tier.ParseBacking("file:" + p.tierPath)
@@ -136,6 +142,11 @@ func runParty(r *tier.Region, c *tier.Client, p partyOpts) (Party, error) {
 			return Party{}, fmt.Errorf("engine %s cannot be paced", eng.Name())
 		}
 		pe.SetPacer(lk, p.piece)
+	}
+	if cpu, ok := eng.(*kernels.CPU); ok && p.bulkPriority != kernels.PriorityNormal {
+		if err := cpu.SetBackground(p.bulkPriority); err != nil {
+			return Party{}, err
+		}
 	}
 	switch p.role {
 	case "engram":
