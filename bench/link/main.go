@@ -115,6 +115,8 @@ type opts struct {
 	// bulkPriority: with the arbiter, the KV processes' stores are copied
 	// on threads of this priority (the CPU engine's background threads).
 	bulkPriority kernels.Priority
+	// mixedPriority: the same in the mixed phase, without the arbiter.
+	mixedPriority kernels.Priority
 }
 
 func parseOpts(args []string, stderr io.Writer) (opts, error) {
@@ -152,6 +154,7 @@ func parseOpts(args []string, stderr io.Writer) (opts, error) {
 	fs.DurationVar(&o.ttftGap, "ttft-gap", 20*time.Millisecond, "ttft: time between one load's end and the next request's")
 	fs.DurationVar(&o.ttftDeadline, "ttft-deadline", 20*time.Millisecond, "ttft: time a load may take before it is late")
 	bulkPriority := fs.String("bulk-priority", "low", "with the arbiter, the CPU threads that copy the KV processes' stores (low: nice 19, as on a tier that joined the link; idle: SCHED_IDLE; or normal) and those of the fills (as an uplink run at that priority)")
+	mixedPriority := fs.String("mixed-bulk-priority", "normal", "the same in the mixed phase, without the arbiter: low or idle measures lowering the bulk threads alone")
 	kvFirst := fs.String("kv-first-token", "auto", "with the arbiter, the KV processes' loads are first-token transfers (on) or bulk (off); auto: as a KV pool's on the engine, first-token on cuda, bulk on cpu")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -166,6 +169,9 @@ func parseOpts(args []string, stderr io.Writer) (opts, error) {
 	}
 	if o.bulkPriority, err = kernels.ParsePriority(*bulkPriority); err != nil || *bulkPriority == "" {
 		return o, fmt.Errorf("-bulk-priority %q: low, idle or normal", *bulkPriority)
+	}
+	if o.mixedPriority, err = kernels.ParsePriority(*mixedPriority); err != nil || *mixedPriority == "" {
+		return o, fmt.Errorf("-mixed-bulk-priority %q: low, idle or normal", *mixedPriority)
 	}
 	switch *kvFirst {
 	case "auto":
@@ -355,8 +361,10 @@ type Report struct {
 	KVFirstToken bool `json:"kv_first_token"`
 	// BulkPriority: with the arbiter, the priority of the CPU threads
 	// that copied the KV processes' stores.
-	BulkPriority string  `json:"bulk_priority"`
-	Rounds       []Round `json:"rounds"`
+	BulkPriority string `json:"bulk_priority"`
+	// MixedBulkPriority: the same in the mixed phase, without the arbiter.
+	MixedBulkPriority string  `json:"mixed_bulk_priority"`
+	Rounds            []Round `json:"rounds"`
 }
 
 func run(args []string, stdout, stderr io.Writer) error {
@@ -383,7 +391,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	defer eng.Close()
 	rep := Report{Run: report.NewRun(eng), Engine: eng.Name(), Arbitration: o.arbiter, PieceBytes: o.piece, Share: o.share, Tier: o.tierPath, TierFS: mountOf(o.tierDir), Seconds: o.seconds,
 		Geometry: o.geometry, Batch: o.batch, DeadlineUs: us(o.deadline), GapUs: us(o.gap),
-		KVProcs: o.kv, KVPageBytes: o.kvBlockBytes(), KVPages: o.pages, Party: o.party, FillProcs: o.fill, FillPartBytes: o.fillPart, KVFirstToken: o.kvFirst, BulkPriority: o.bulkPriority.String()}
+		KVProcs: o.kv, KVPageBytes: o.kvBlockBytes(), KVPages: o.pages, Party: o.party, FillProcs: o.fill, FillPartBytes: o.fillPart, KVFirstToken: o.kvFirst, BulkPriority: o.bulkPriority.String(), MixedBulkPriority: o.mixedPriority.String()}
 	if o.party == "topk" {
 		rep.TopK = &TopKSpec{TopK: o.topK, Context: o.context, Hit: o.topkHit, Layers: o.topkLayers, DeadlineUs: us(o.topkDeadline), EntryBytes: topkEntryBytes}
 	}
@@ -474,6 +482,7 @@ func fillName(i int) string { return "link-fill" + strconv.Itoa(i) }
 type phaseSpec struct {
 	name                   string
 	engram, kv, spin, arbd bool
+	bulk                   kernels.Priority // of the KV processes' stores and the fills
 }
 
 // runRound runs the phases alone, then mixed without the arbiter and with
@@ -490,10 +499,10 @@ func runRound(o opts, round int, log io.Writer) (Round, error) {
 		{phaseSpec{name: "bulk+spin", kv: true, spin: true}, func(p Phase) { rd.BesideCompute = p }},
 	}
 	if o.arbiter != "on" {
-		steps = append(steps, step{phaseSpec{name: "mixed", engram: true, kv: true}, func(p Phase) { rd.Mixed = &p }})
+		steps = append(steps, step{phaseSpec{name: "mixed", engram: true, kv: true, bulk: o.mixedPriority}, func(p Phase) { rd.Mixed = &p }})
 	}
 	if o.arbiter != "off" {
-		steps = append(steps, step{phaseSpec{name: "arbitrated", engram: true, kv: true, arbd: true}, func(p Phase) { rd.Arbitrated = &p }})
+		steps = append(steps, step{phaseSpec{name: "arbitrated", engram: true, kv: true, arbd: true, bulk: o.bulkPriority}, func(p Phase) { rd.Arbitrated = &p }})
 	}
 	for _, st := range steps {
 		fmt.Fprintf(log, "round %d: %s phase (%.1f s)...\n", round+1, st.spec.name, o.seconds)
@@ -560,19 +569,11 @@ func runPhase(o opts, spec phaseSpec) (Phase, error) {
 		err = add("spin")
 	}
 	for i := 0; spec.kv && i < o.kv && err == nil; i++ {
-		prio := kernels.PriorityNormal
-		if spec.arbd {
-			prio = o.bulkPriority
-		}
-		err = add("kv", append(arb, "-first-token="+strconv.FormatBool(o.kvFirst), "-bulk-priority", prio.String(), "-index", kvName(i), "-layers", strconv.Itoa(o.layers), "-pages", strconv.Itoa(o.pages),
+		err = add("kv", append(arb, "-first-token="+strconv.FormatBool(o.kvFirst), "-bulk-priority", spec.bulk.String(), "-index", kvName(i), "-layers", strconv.Itoa(o.layers), "-pages", strconv.Itoa(o.pages),
 			"-chunk", strconv.FormatInt(o.chunk, 10))...)
 	}
 	for i := 0; spec.kv && i < o.fill && err == nil; i++ {
-		prio := kernels.PriorityNormal
-		if spec.arbd {
-			prio = o.bulkPriority
-		}
-		err = add("fill", append(arb, "-bulk-priority", prio.String(), "-index", fillName(i), "-layers", strconv.Itoa(o.layers), "-pages", strconv.Itoa(o.pages),
+		err = add("fill", append(arb, "-bulk-priority", spec.bulk.String(), "-index", fillName(i), "-layers", strconv.Itoa(o.layers), "-pages", strconv.Itoa(o.pages),
 			"-chunk", strconv.FormatInt(o.chunk, 10), "-fill-part", strconv.FormatInt(o.fillPart, 10))...)
 	}
 	ph := Phase{Name: spec.name}
@@ -631,8 +632,8 @@ func printTable(w io.Writer, rep Report) {
 	if rep.KVFirstToken {
 		kvLoads = "first-token"
 	}
-	fmt.Fprintf(w, "; %d KV processes (with the arbiter: loads %s, stores on threads of %s priority) and %d fills (parts of %s) of %d × %s pages; arbiter: %s (pieces of %s)\n",
-		rep.KVProcs, kvLoads, rep.BulkPriority, rep.FillProcs, tierflags.HumanSize(rep.FillPartBytes), rep.KVPages, tierflags.HumanSize(rep.KVPageBytes), rep.Arbitration, tierflags.HumanSize(rep.PieceBytes))
+	fmt.Fprintf(w, "; %d KV processes (with the arbiter: loads %s, stores on threads of %s priority; without: %s) and %d fills (parts of %s) of %d × %s pages; arbiter: %s (pieces of %s)\n",
+		rep.KVProcs, kvLoads, rep.BulkPriority, rep.MixedBulkPriority, rep.FillProcs, tierflags.HumanSize(rep.FillPartBytes), rep.KVPages, tierflags.HumanSize(rep.KVPageBytes), rep.Arbitration, tierflags.HumanSize(rep.PieceBytes))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "round\tphase\tcalls\tmisses %\tp50 µs\tp99 µs\tKV GB/s\tfill GB/s\t")
 	for i, rd := range rep.Rounds {

@@ -31,6 +31,7 @@ func TestBadFlags(t *testing.T) {
 		{"-kv-first-token maybe", "-kv-first-token"},
 		{"-bulk-priority high", "-bulk-priority"},
 		{"-bulk-priority=", "-bulk-priority"},
+		{"-mixed-bulk-priority nice", "-mixed-bulk-priority"},
 	} {
 		_, err := parseOpts(strings.Fields(tc.args), io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -38,7 +39,7 @@ func TestBadFlags(t *testing.T) {
 		}
 	}
 	o, err := parseOpts(nil, io.Discard)
-	if err != nil || o.arbiter != "both" || o.engine != "cpu" || o.piece != kernels.DefaultPiece || o.kvFirst || o.bulkPriority != kernels.PriorityLow {
+	if err != nil || o.arbiter != "both" || o.engine != "cpu" || o.piece != kernels.DefaultPiece || o.kvFirst || o.bulkPriority != kernels.PriorityLow || o.mixedPriority != kernels.PriorityNormal {
 		t.Fatalf("defaults: %+v, %v", o, err)
 	}
 	if o, err := parseOpts([]string{"-engine", "cuda"}, io.Discard); err != nil || o.piece != kernels.DevicePiece || !o.kvFirst {
