@@ -62,12 +62,16 @@ class Tier:
         _attached.add(self)
         self.link = None
         link = _link_from_env()
-        if link is not None:
-            try:
-                self.join_link(link)
-            except BaseException:
-                self.close()
-                raise
+        try:
+            if link is not None:
+                self.join_link(link)  # which applies CXLTIER_BULK_PRIORITY
+            elif os.environ.get("CXLTIER_BULK_PRIORITY", ""):
+                # Lowered without the arbiter: on the CPU engine, what
+                # bench/link measured to cost an Engram prefetch the least.
+                self.bulk_priority(os.environ["CXLTIER_BULK_PRIORITY"])
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def handle(self):
@@ -134,8 +138,8 @@ class Tier:
         cgroup). Loads keep the caller's priority; a GPU's engine ignores
         it. Returns {"wanted", "engines", "error"}: the priority asked for,
         each CPU engine's, and why one could not be lowered (a system that
-        refuses it raises here). CXLTIER_BULK_PRIORITY sets it at
-        join_link."""
+        refuses it raises here). CXLTIER_BULK_PRIORITY sets it at attach
+        (after joining the link where CXLTIER_LINK is set too)."""
         buf = ctypes.create_string_buffer(1024)
         _native.call("cxl_tier_bulk_priority", self.handle, priority.encode() if priority else None, buf, len(buf))
         return json.loads(buf.value)

@@ -233,6 +233,37 @@ def test_detaching_with_an_open_load_returns(built, device):
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
 
+def test_bulk_priority_from_the_environment_without_the_link(device):
+    """CXLTIER_BULK_PRIORITY alone lowers the stores' threads at attach,
+    without joining a link, and every page still lands; a bad name fails
+    the attach, naming the setting."""
+    import os
+
+    bufs = buffers()
+    os.environ["CXLTIER_BULK_PRIORITY"] = "idle"
+    try:
+        t = cxltier.Tier(device)
+    finally:
+        del os.environ["CXLTIER_BULK_PRIORITY"]
+    try:
+        assert t.link is None
+        assert t.bulk_priority() == {"wanted": "idle", "engines": []}  # no pool yet: none open
+        pool = pool_on(t.prefix("kv-bulk-env", 8, 2 * LAYERS * CHUNK), bufs)
+        assert t.bulk_priority() == {"wanted": "idle", "engines": ["idle"]}
+        assert pool.store(keys("a"), [0]) == ["stored"]
+        pool.get(keys("a"), [5])
+        assert all(page(buf, 5) == page(buf, 0) for buf in bufs)
+        pool.close()
+    finally:
+        t.close()
+    os.environ["CXLTIER_BULK_PRIORITY"] = "high"
+    try:
+        with pytest.raises(cxltier.InvalidError, match="bulk priority"):
+            cxltier.Tier(device)
+    finally:
+        del os.environ["CXLTIER_BULK_PRIORITY"]
+
+
 def test_a_pool_on_a_tier_that_joined_the_link(built, device):
     """With CXLTIER_LINK set every Tier joins its node's link arbiter at
     attach: a pool's stores and loads move as bulk pieces counted in the
