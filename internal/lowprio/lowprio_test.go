@@ -37,6 +37,27 @@ func TestParsePolicy(t *testing.T) {
 	}
 }
 
+// FuzzParsePolicy: a name comes from another process (CXLTIER_BULK_PRIORITY,
+// the C ABI): any string is a policy that names itself back, or an error
+// wrapping ErrBadPolicy.
+func FuzzParsePolicy(f *testing.F) {
+	for _, s := range []string{"", "low", "idle", "normal", "LOW", "low\x00", " idle"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		p, err := ParsePolicy(s)
+		if err != nil {
+			if !errors.Is(err, ErrBadPolicy) {
+				t.Fatalf("ParsePolicy(%q): %v does not wrap ErrBadPolicy", s, err)
+			}
+			return
+		}
+		if back, err := ParsePolicy(p.String()); err != nil || back != p {
+			t.Fatalf("ParsePolicy(%q) = %v, which parses back as %v, %v", s, p, back, err)
+		}
+	})
+}
+
 func TestStartRefusesBadArguments(t *testing.T) {
 	if _, err := Start(0, Low); err == nil {
 		t.Error("Start(0, Low): no error")
