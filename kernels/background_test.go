@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"bytes"
+	"errors"
 	"runtime"
 	"slices"
 	"sync"
@@ -118,6 +119,17 @@ func TestBackgroundCallsCopyOnLoweredThreads(t *testing.T) {
 		if n != 0 {
 			t.Fatalf("a background piece copied at nice %d after SetBackground(PriorityNormal)", n)
 		}
+	}
+}
+
+func TestSetBackgroundOnAClosedEngine(t *testing.T) {
+	cpu := NewCPU(2)
+	cpu.Close()
+	if err := cpu.SetBackground(PriorityLow); !errors.Is(err, ErrClosed) {
+		t.Fatalf("SetBackground after Close: %v, want ErrClosed", err)
+	}
+	if got := cpu.Background(); got != PriorityNormal {
+		t.Fatalf("a closed engine kept background threads at %v", got)
 	}
 }
 

@@ -78,7 +78,7 @@ func ParsePriority(s string) (Priority, error) { return lowprio.ParsePolicy(s) }
 // load) as soon as it wakes, and the stores take what is left.
 // PriorityNormal stops it. If the threads cannot be lowered (a system
 // that refuses it), the error says so and the calls are copied as
-// before.
+// before. A closed engine returns ErrClosed.
 func (e *CPU) SetBackground(p Priority) error {
 	var pool *lowprio.Pool
 	if p != PriorityNormal {
@@ -88,6 +88,13 @@ func (e *CPU) SetBackground(p Priority) error {
 		}
 	}
 	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		if pool != nil {
+			pool.Close() // Close has run: nothing would end its threads
+		}
+		return ErrClosed
+	}
 	old := e.background
 	e.background = pool
 	e.mu.Unlock()
