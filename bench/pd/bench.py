@@ -60,6 +60,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import shutil
 import signal
 import socket
@@ -119,10 +120,30 @@ def mount_of(path):
     return best
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n, rng=random.SystemRandom()):
+    """The first of n consecutive loopback ports free now, outside the
+    kernel's ephemeral range: the workers bind them seconds later (SGLang's
+    bootstrap server, the two sides' gloo stores), and a port in that range
+    may be taken meanwhile by any connection's local end (the machine's
+    other workers open many). Outside it only a deliberate bind takes one."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split()[:2])
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    spans = [(a, b - n) for a, b in ((10_000, low), (high + 1, 65_536)) if b - n > a]
+    if not spans:
+        raise RuntimeError(f"the ephemeral port range {low}-{high} leaves no room for the bench's {n} ports")
+    for _ in range(200):
+        base = rng.randrange(*rng.choice(spans))
+        try:
+            for k in range(n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", base + k))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {n} consecutive free loopback ports outside the ephemeral range {low}-{high}")
 
 
 def cpu_model():
@@ -215,7 +236,7 @@ class Pair:
     rank on each side, fed requests on stdin."""
 
     def __init__(self, backend, cfg, env, tp, forks=None):
-        port = free_port()
+        port = free_ports(3)  # the bootstrap server's, then the prefill's and the decode's gloo stores (worker.py)
         env = dict(env, PD_BENCH_BOOTSTRAP_PORT=str(port))
         self.tp = {"prefill": tp[0], "decode": tp[1]}
         self.procs = {}
@@ -257,6 +278,15 @@ class Pair:
         self.send("decode", line)
         return ([self.read(("prefill", rank)) for rank in range(self.tp["prefill"])],
                 [self.read(("decode", rank)) for rank in range(self.tp["decode"])])
+
+    def logs(self, tail=1500):
+        """The end of every worker's stderr, for a failure's report (SGLang
+        logs why a bootstrap or a transfer failed there, not in its state)."""
+        def end(p):  # a started worker's pipe reads to its end: only once it has ended
+            if isinstance(p, subprocess.Popen) and p.poll() is None:
+                return "(still running; --no-fork workers' logs are read when they end)"
+            return p.stderr.read()[-tail:]
+        return "\n".join(f"--- {role} rank {rank}'s stderr (its end):\n{end(p)}" for (role, rank), p in self.procs.items())
 
     def pause(self, stop=True):
         """Stops (or resumes) every worker of the pair while another
@@ -326,7 +356,10 @@ def measure_pairs(pairs, name, cfg, sizes, repeat, tp, pause=True):
                     finally:
                         for q in others:
                             q.pause(False)
-                    check(backend, name, tokens, name_tp, cfg["kind"], tp, prs, drs)
+                    try:
+                        check(backend, name, tokens, name_tp, cfg["kind"], tp, prs, drs)
+                    except RuntimeError as e:
+                        raise RuntimeError(f"{e}\n{pair.logs()}") from None
                     # The transfer starts at the first rank's send, or earlier where
                     # a decode rank began landing pages already stored (a repeated
                     # prefix), and ends when the last decode rank has its pages.

@@ -264,6 +264,14 @@ def manager(cfg, role, pool, meta):
 
     backend, rank, tp = cfg["backend"], cfg.get("tp_rank", 0), cfg.get("tp_size", 1)
     sa = server_args(cfg, role)
+    server = None
+    if role == "prefill" and rank == 0:
+        # SGLang starts it before the schedulers (start_disagg_service), so
+        # every rank finds it when it registers. Here it starts before the
+        # process groups, which no other prefill rank passes without this one.
+        server = get_kv_class(TransferBackend(backend), KVClassType.BOOTSTRAP_SERVER)(host="127.0.0.1", port=BOOTSTRAP_PORT)
+        if backend == "mooncake":
+            await_bootstrap_server(BOOTSTRAP_PORT)
     if backend == "mooncake":
         os.environ["MC_FORCE_TCP"] = "1"
         from sglang.srt.runtime_context import SpawnRanks, publish
@@ -284,13 +292,31 @@ def manager(cfg, role, pool, meta):
             assert not current_platform.capabilities.supports_pynccl
             initialize_model_parallel(backend="gloo")
         init_mooncake_transfer_engine(hostname="127.0.0.1", gpu_id=rank, ib_device=None)
-    server = None
-    if role == "prefill" and rank == 0:  # SGLang starts it before the schedulers (start_disagg_service)
-        server = get_kv_class(TransferBackend(backend), KVClassType.BOOTSTRAP_SERVER)(host="127.0.0.1", port=BOOTSTRAP_PORT)
     cls = get_kv_class(TransferBackend(backend), KVClassType.MANAGER)
     args = kv_args(backend, pool, meta, cfg["layers"], rank, cfg["heads"])
     mgr = cls(args, DisaggregationMode(role), sa, is_mla_backend=cfg["kind"] == "mla")
     return mgr, server
+
+
+def await_bootstrap_server(port, limit=60):
+    """Until SGLang's bootstrap server answers on port: it binds in a thread
+    of its own and only logs a failure there (a port taken since the bench
+    chose it), after which every rank's registration and the decode's query
+    would fail quietly and the request time out a minute later."""
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                s.sendall(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+                status = s.recv(64).split(b"\r\n", 1)[0]  # "HTTP/1.1 200 OK"
+                if status.startswith(b"HTTP/1.") and status.split()[1:2] == [b"200"]:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"SGLang's bootstrap server is not answering on 127.0.0.1:{port} after {limit} s "
+                               "(its log above says why: a port in use?)")
+        time.sleep(0.05)
 
 
 def main():
