@@ -106,7 +106,7 @@ func (l *Link) await(bulk bool) time.Duration {
 		if i < 0 {
 			return waited
 		}
-		if try < spinTries {
+		if yields(try, left) {
 			yield(try)
 		} else {
 			l.sleep(i, min(left, livenessEvery), bulk)
@@ -123,6 +123,22 @@ func (l *Link) await(bulk bool) time.Duration {
 // a claim of a few microseconds (an Engram layer's rows) ends within
 // them, and a longer one gets the core while the mover sleeps.
 const spinTries = 16
+
+// yieldWithin: a mover keeps yielding, not sleeping, on a claim due
+// within it. A claim's owner wakes the sleepers when it ends, on its own
+// thread and before its caller goes on, and a woken mover can take that
+// thread's core at once: at Engram batch 32 (claims of 80-150 µs due in
+// 200 µs) ending a claim took 25-47 µs at p99 and up to 13 ms with
+// sleepers, and 1-3 µs (at most 0.4 ms) with movers that yielded through
+// such claims. A claim due further off is worth a sleep; when it comes
+// within this, the mover yields out its end.
+const yieldWithin = 500 * time.Microsecond
+
+// yields says whether a mover on its try-th look at a claim due in left
+// yields the core (and looks again) rather than sleep on the claim.
+func yields(try int, left time.Duration) bool {
+	return try < spinTries || left <= yieldWithin
+}
 
 // sleep waits on slot i's wake word until its owner changes its claim, or
 // for at most d (the claim's deadline, or a sleep quantum where the tier

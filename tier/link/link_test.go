@@ -71,6 +71,20 @@ func attach(t testing.TB, r *tier.Region, name string) *tier.Client {
 	return c
 }
 
+// sleepersReach looks at l's count of movers asleep on its slot until it
+// is want, for up to 5 s, and returns the last it saw: a sleeper wakes to
+// look again at least every livenessEvery, and is briefly not asleep.
+func sleepersReach(l *Link, want uint32) uint32 {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n := atomic.LoadUint32(word32(l.mine, offSleepers))
+		if n == want || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // turnReturns runs Turn and reports whether it returned within d.
 func turnReturns(l *Link, d time.Duration) (<-chan struct{}, bool) {
 	done := make(chan struct{})
@@ -93,7 +107,9 @@ func TestBulkWaitsForADueClaim(t *testing.T) {
 	if returned {
 		t.Fatal("a bulk piece went ahead of a due claim")
 	}
-	if n := atomic.LoadUint32(word32(urgent.mine, offSleepers)); n != 1 {
+	if n := sleepersReach(urgent, 1); n != 1 {
+		urgent.Done(false)
+		<-done // the mover is out of the tier before the test unmaps it
 		t.Fatalf("%d bulk movers asleep on the claim, want 1: it spins instead of giving the core up", n)
 	}
 	urgent.Done(false)
@@ -119,6 +135,36 @@ func TestBulkWaitsForADueClaim(t *testing.T) {
 // Claims no one should wait for are ignored: one past its deadline, one
 // beyond the horizon (a liar's, or a clock gone wrong), one of a client
 // whose lease ended.
+// A mover yields through a claim due soon (its owner would wake it on
+// the thread that waits for the claim's rows) and sleeps on one due later.
+func TestAMoverYieldsThroughAClaimDueSoon(t *testing.T) {
+	for _, tc := range []struct {
+		try  int
+		left time.Duration
+		want bool
+	}{
+		{0, time.Second, true},
+		{spinTries - 1, time.Second, true},
+		{spinTries, time.Second, false},
+		{spinTries, yieldWithin + time.Nanosecond, false},
+		{spinTries, yieldWithin, true},
+		{1000, 200 * time.Microsecond, true},
+		{1000, 0, true},
+	} {
+		if got := yields(tc.try, tc.left); got != tc.want {
+			t.Errorf("yields(try %d, due in %v) = %v, want %v", tc.try, tc.left, got, tc.want)
+		}
+	}
+	// And a piece behind a claim due soon that is never ended goes on
+	// at its deadline.
+	r, c := tiertest.Format(t, 1, 16<<20, 64<<10)
+	urgent, bulk := open(t, c, patient), open(t, attach(t, r, "bulk"), patient)
+	urgent.Claim(time.Now().Add(yieldWithin))
+	if _, ok := turnReturns(bulk, 5*time.Second); !ok {
+		t.Fatal("a bulk piece still waits on a claim past its deadline")
+	}
+}
+
 func TestClaimsNotDueAreIgnored(t *testing.T) {
 	cases := []struct {
 		name  string
@@ -318,7 +364,9 @@ func TestBulkWaitsForAFirstTokenTransfer(t *testing.T) {
 	if returned {
 		t.Fatal("a bulk piece went ahead of a first-token transfer in flight")
 	}
-	if n := atomic.LoadUint32(word32(loader.mine, offSleepers)); n != 1 {
+	if n := sleepersReach(loader, 1); n != 1 {
+		f.End()
+		<-done
 		t.Fatalf("%d bulk movers asleep on the transfer, want 1", n)
 	}
 	f.End()
