@@ -21,12 +21,17 @@ import (
 // Run says where a result file's figures come from: the commit they were
 // measured at (with "dirty" when the tree had changes), when, and on what.
 type Run struct {
-	Commit string    `json:"commit"`
-	Dirty  bool      `json:"dirty,omitempty"`
-	Date   time.Time `json:"date"`
-	Go     string    `json:"go"`
-	CPU    string    `json:"cpu"`
-	GPU    string    `json:"gpu,omitempty"` // the engine's device, when it has one
+	Commit string `json:"commit"`
+	// CommitFrom says where Commit was read: "build" (the binary's build
+	// information) or "working directory" (git where it ran, which need
+	// not be the tree it was built from: a binary built with
+	// -buildvcs=false carries no commit).
+	CommitFrom string    `json:"commit_from,omitempty"`
+	Dirty      bool      `json:"dirty,omitempty"`
+	Date       time.Time `json:"date"`
+	Go         string    `json:"go"`
+	CPU        string    `json:"cpu"`
+	GPU        string    `json:"gpu,omitempty"` // the engine's device, when it has one
 }
 
 // NewRun describes this run on eng: the commit from the binary's build
@@ -38,7 +43,7 @@ func NewRun(eng kernels.Engine) Run {
 		for _, s := range bi.Settings {
 			switch s.Key {
 			case "vcs.revision":
-				r.Commit = s.Value
+				r.Commit, r.CommitFrom = s.Value, "build"
 			case "vcs.modified":
 				r.Dirty = s.Value == "true"
 			}
@@ -46,7 +51,7 @@ func NewRun(eng kernels.Engine) Run {
 	}
 	if r.Commit == "unknown" { // go run does not stamp; ask git, if there is one
 		if out, err := exec.Command("git", "rev-parse", "HEAD").Output(); err == nil {
-			r.Commit = strings.TrimSpace(string(out))
+			r.Commit, r.CommitFrom = strings.TrimSpace(string(out)), "working directory"
 			st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output()
 			r.Dirty = err == nil && len(st) > 0
 		}
