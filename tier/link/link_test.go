@@ -132,9 +132,6 @@ func TestBulkWaitsForADueClaim(t *testing.T) {
 	}
 }
 
-// Claims no one should wait for are ignored: one past its deadline, one
-// beyond the horizon (a liar's, or a clock gone wrong), one of a client
-// whose lease ended.
 // A mover yields through a claim due soon (its owner would wake it on
 // the thread that waits for the claim's rows) and sleeps on one due later.
 func TestAMoverYieldsThroughAClaimDueSoon(t *testing.T) {
@@ -165,6 +162,9 @@ func TestAMoverYieldsThroughAClaimDueSoon(t *testing.T) {
 	}
 }
 
+// Claims no one should wait for are ignored: one past its deadline, one
+// beyond the horizon (a liar's, or a clock gone wrong), one of a client
+// whose lease ended.
 func TestClaimsNotDueAreIgnored(t *testing.T) {
 	cases := []struct {
 		name  string
